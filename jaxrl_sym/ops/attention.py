@@ -1,0 +1,290 @@
+"""The library's attention op: one JAX primitive, one masked reference, four patterns.
+
+Users call :func:`attend` inside their Flax model. Under plain JAX (jit, grad, vmap) the
+primitive lowers to :func:`reference_attention`, a masked computation over every key it is given:
+that *is* the padded baseline. The tracer recognises the primitive in a jaxpr (it is the one op
+allowed to mix sequence positions) and turns it into a PDG edge whose index expression is the
+pattern's S(t); the runtime then reads keys from a store sized by that expression.
+
+Masking is by *positions* and *segment ids*, never by array index, so the same reference serves a
+full padded sequence, a packed batch of sequences, a ring buffer whose slots are out of order and a
+right-aligned microbatch whose rows start at different slots. A key/query whose position is < 0 is
+empty (padding or an unfilled slot); an empty query's output is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jaxrl_sym.errors import InputError, PatternError
+
+# --------------------------------------------------------------------------- patterns
+
+
+@dataclass(frozen=True)
+class Causal:
+    """Full causal attention, S(t) = 0:t+1."""
+
+    name = "causal"
+
+    def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        return k_pos <= q_pos
+
+
+@dataclass(frozen=True)
+class Window:
+    """Sliding window of ``size`` keys ending at the query, S(t) = max(0, t-w+1):t+1."""
+
+    size: int
+    name = "window"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise PatternError(
+                f"Window(size={self.size!r}): the window must be an int >= 1 (it is the number "
+                "of keys a query sees, itself included); use Causal() for unbounded attention."
+            )
+
+    def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        return (k_pos <= q_pos) & (k_pos > q_pos - self.size)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Causal attention within aligned blocks of ``size``, S(t) = t-(t mod b):t+1."""
+
+    size: int
+    name = "block"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
+            raise PatternError(
+                f"Block(size={self.size!r}): the block size must be an int >= 1."
+            )
+
+    def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        return (k_pos <= q_pos) & (k_pos >= q_pos - q_pos % self.size)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Kernelised causal linear attention (paper Eq. 2) with feature map phi(x) = elu(x) + 1.
+
+    A[t] = phi(q_t)^T S_t / phi(q_t)^T z_t with S_t = sum_{s<=t} phi(k_s) v_s^T and
+    z_t = sum_{s<=t} phi(k_s): S(t) = 0:t+1, but the consumer is a sum, so the planner keeps a
+    recurrent state (S, z) instead of the keys.
+    """
+
+    name = "linear"
+
+    def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        return k_pos <= q_pos
+
+
+Pattern = Causal | Window | Block | Linear
+
+
+def parse_pattern(spec: str) -> Pattern:
+    """Parse ``full|causal``, ``window:W``, ``block:B`` or ``linear`` (the CLI's syntax)."""
+    kind, _, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind in ("full", "causal"):
+        return Causal()
+    if kind == "linear":
+        return Linear()
+    if kind in ("window", "block"):
+        try:
+            size = int(arg)
+        except ValueError:
+            raise PatternError(
+                f"attention pattern {spec!r}: expected '{kind}:<int>', e.g. '{kind}:128'"
+            ) from None
+        return Window(size) if kind == "window" else Block(size)
+    raise PatternError(
+        f"unknown attention pattern {spec!r}: use full, window:W, block:B or linear"
+    )
+
+
+def phi(x: jax.Array) -> jax.Array:
+    """Linear-attention feature map elu(x)+1 (positive, so the normaliser never vanishes)."""
+    return jax.nn.elu(x) + 1.0
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def attention_mask(
+    pattern: Pattern,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    q_seg: jax.Array,
+    k_seg: jax.Array,
+) -> jax.Array:
+    """[B, Tq, Tk] boolean: which key each query may read."""
+    qp = q_pos[:, :, None]
+    kp = k_pos[:, None, :]
+    same = q_seg[:, :, None] == k_seg[:, None, :]
+    valid = (qp >= 0) & (kp >= 0)
+    return valid & same & pattern.allows(qp, kp)
+
+
+def reference_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    q_pos: jax.Array,
+    k_pos: jax.Array,
+    q_seg: jax.Array,
+    k_seg: jax.Array,
+    *,
+    pattern: Pattern,
+    scale: float,
+) -> jax.Array:
+    """Masked attention over every key given; fp32 accumulation; returns q.dtype.
+
+    Shapes: q [B,Tq,Hq,D], k [B,Tk,Hkv,D], v [B,Tk,Hkv,Dv], positions/segments [B,T*] int32.
+    Grouped-query attention: query head h reads kv head h // (Hq // Hkv).
+    """
+    b, tq, hq, d = q.shape
+    hkv = k.shape[2]
+    g = hq // hkv
+    mask = attention_mask(pattern, q_pos, k_pos, q_seg, k_seg)[:, None, None]  # B,1,1,Tq,Tk
+    qg = q.reshape(b, tq, hkv, g, d).astype(jnp.float32)
+    kf = k.astype(jnp.float32)
+    vf = v.astype(jnp.float32)
+    if isinstance(pattern, Linear):
+        w = jnp.einsum("bqhgd,bkhd->bhgqk", phi(qg), phi(kf))
+        w = jnp.where(mask, w, 0.0)
+        num = jnp.einsum("bhgqk,bkhd->bqhgd", w, vf)
+        den = jnp.sum(w, axis=-1)  # b h g q
+        den = jnp.moveaxis(den, 3, 1)[..., None]  # b q h g 1
+        out = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+    else:
+        s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, kf) * scale
+        s = jnp.where(mask, s, -jnp.inf)
+        m = jnp.max(s, axis=-1, keepdims=True)
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        p = jnp.exp(s - m)
+        den = jnp.sum(p, axis=-1, keepdims=True)
+        p = p / jnp.where(den > 0, den, 1.0)
+        out = jnp.einsum("bhgqk,bkhd->bqhgd", p, vf)
+    return out.reshape(b, tq, hq, v.shape[-1]).astype(q.dtype)
+
+
+# --------------------------------------------------------------------------- primitive
+
+attention_p = Primitive("sym_attention")
+"""The primitive the tracer looks for. Params: ``pattern`` (a Pattern), ``scale`` (float)."""
+
+
+def _impl(*args: jax.Array, pattern: Pattern, scale: float) -> jax.Array:
+    return jax.jit(reference_attention, static_argnames=("pattern", "scale"))(
+        *args, pattern=pattern, scale=scale
+    )
+
+
+def _abstract(q, k, v, q_pos, k_pos, q_seg, k_seg, *, pattern: Pattern, scale: float):
+    return jax.core.ShapedArray((*q.shape[:3], v.shape[-1]), q.dtype)
+
+
+def _jvp(primals, tangents, *, pattern: Pattern, scale: float):
+    # Differentiate the masked reference itself: positions/segments are integer, so their
+    # tangents are float0 and the reference treats them as constants.
+    q, k, v, *rest = primals
+    tq, tk, tv, *_ = tangents
+    f = lambda q_, k_, v_: reference_attention(q_, k_, v_, *rest, pattern=pattern, scale=scale)
+    tq, tk, tv = (ad.instantiate_zeros(t) for t in (tq, tk, tv))
+    return jax.jvp(f, (q, k, v), (tq, tk, tv))
+
+
+def _batch(args, dims, *, pattern: Pattern, scale: float):
+    # vmap of the masked reference (not of the primitive: that would recurse into this rule).
+    f = lambda *a: reference_attention(*a, pattern=pattern, scale=scale)
+    dims = tuple(d if isinstance(d, int) else None for d in dims)
+    return jax.vmap(f, in_axes=dims)(*args), 0
+
+
+attention_p.def_impl(_impl)
+attention_p.def_abstract_eval(_abstract)
+ad.primitive_jvps[attention_p] = _jvp
+batching.primitive_batchers[attention_p] = _batch
+mlir.register_lowering(
+    attention_p,
+    mlir.lower_fun(
+        lambda *a, pattern, scale: reference_attention(*a, pattern=pattern, scale=scale),
+        multiple_results=False,
+    ),
+)
+
+
+# --------------------------------------------------------------------------- user API
+
+
+def _check(name: str, x: jax.Array, rank: int, *, floating: bool) -> None:
+    if x.ndim != rank:
+        raise InputError(f"attend(): argument {name!r} must have rank {rank}, got shape {x.shape}")
+    if floating and not jnp.issubdtype(x.dtype, jnp.floating):
+        raise InputError(
+            f"attend(): argument {name!r} must be a floating dtype, got {x.dtype}; "
+            "cast it with .astype(jnp.float32) or bfloat16"
+        )
+    if not floating and x.dtype != jnp.int32:
+        raise InputError(
+            f"attend(): argument {name!r} must be int32 positions/segment ids, got {x.dtype}"
+        )
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    pattern: Pattern,
+    *,
+    q_positions: jax.Array,
+    kv_positions: jax.Array,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    scale: float | None = None,
+) -> jax.Array:
+    """Attention with a symbolic access pattern.
+
+    Args:
+      q: [B, Tq, Hq, D] queries. k: [B, Tk, Hkv, D] keys. v: [B, Tk, Hkv, Dv] values.
+        Hq must be a multiple of Hkv (grouped-query attention).
+      pattern: Causal(), Window(w), Block(b) or Linear().
+      q_positions / kv_positions: [B, T*] int32 token positions; < 0 marks an empty slot.
+      q_segment_ids / kv_segment_ids: [B, T*] int32; queries only see keys of their segment
+        (packed sequences). Default: one segment.
+      scale: softmax scale, default 1/sqrt(D).
+    """
+    if not isinstance(pattern, Causal | Window | Block | Linear):
+        raise PatternError(
+            f"attend(): pattern must be Causal(), Window(w), Block(b) or Linear(), got {pattern!r}"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check(name, x, 4, floating=True)
+    for name, x in (("q_positions", q_positions), ("kv_positions", kv_positions)):
+        _check(name, x, 2, floating=False)
+    if q.shape[2] % k.shape[2] != 0:
+        raise InputError(
+            f"attend(): {q.shape[2]} query heads is not a multiple of {k.shape[2]} kv heads"
+        )
+    if k.shape[:3] != v.shape[:3] or q.shape[-1] != k.shape[-1]:
+        raise InputError(f"attend(): shapes q{q.shape} k{k.shape} v{v.shape} do not agree")
+    if q_segment_ids is None:
+        q_segment_ids = jnp.zeros_like(q_positions)
+    if kv_segment_ids is None:
+        kv_segment_ids = jnp.zeros_like(kv_positions)
+    for name, x in (("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids)):
+        _check(name, x, 2, floating=False)
+    if scale is None:
+        scale = 1.0 / float(q.shape[-1]) ** 0.5
+    return attention_p.bind(
+        q, k, v, q_positions, kv_positions, q_segment_ids, kv_segment_ids,
+        pattern=pattern, scale=float(scale),
+    )

@@ -1,0 +1,83 @@
+"""Counting what costs: XLA compiles, dispatches, and bytes held — the same accounting for every
+system (symbolic runtime, padded baseline, per-shape baseline)."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import jax
+import jax.monitoring as monitoring
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class CompileCounter:
+    """Counts XLA backend compiles (every one: jitted programs and eager ops alike) while active.
+
+    Uses JAX's public monitoring listener API; the listener is removed on exit.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+
+    def _listener(self, event: str, duration: float, **_: object) -> None:
+        if event == _COMPILE_EVENT:
+            self.count += 1
+            self.seconds += duration
+
+    def __enter__(self) -> CompileCounter:
+        monitoring.register_event_duration_secs_listener(self._listener)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        monitoring.unregister_event_duration_listener(self._listener)
+
+
+def tree_bytes(tree: object) -> int:
+    """Bytes of all arrays in a pytree."""
+    return sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "nbytes"))
+
+
+def executable_temp_bytes(compiled: object) -> int:
+    """XLA's own temporaries for a compiled executable (0 if the backend does not report)."""
+    try:
+        ma = compiled.memory_analysis()  # type: ignore[attr-defined]
+        return int(ma.temp_size_in_bytes) if ma is not None else 0
+    except Exception:  # pragma: no cover - some backends do not implement it
+        return 0
+
+
+@dataclass
+class MemoryMeter:
+    """Peak of (bytes held in buffers + the running executable's temporaries) over a run.
+
+    On GPU, :func:`device_peak_bytes` (the allocator's own peak) is reported instead when present.
+    """
+
+    peak: int = 0
+    samples: list[tuple[int, int]] = field(default_factory=list)
+
+    def observe(self, held: int | Iterable[object], temp: int = 0, *, step: int = -1) -> None:
+        held_b = held if isinstance(held, int) else sum(tree_bytes(h) for h in held)
+        total = held_b + temp
+        self.samples.append((step, total))
+        self.peak = max(self.peak, total)
+
+
+def device_peak_bytes() -> int | None:
+    """The device allocator's peak bytes (GPU), or None where the backend keeps no statistics."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:
+        return None
+    if not stats or "peak_bytes_in_use" not in stats:
+        return None
+    return int(stats["peak_bytes_in_use"])
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
