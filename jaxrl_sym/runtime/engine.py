@@ -1,0 +1,341 @@
+"""SymbolicLM: a Flax LM traced once into a PDG, planned, and run on exact-size buffers.
+
+Data flow: tracer (PDG) → passes (generation loop, storage plan) → programs (jitted per shape
+bucket) → this host loop. The host loop is plain integer code: it decides when a growing store
+doubles, when finished rows are compacted away, which slot the next step writes; sympy is never
+touched here (the live-slot counts come from functions compiled once by the planner).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import (
+    GenerationConfig,
+    GenerationResult,
+    row_limits,
+    validate_prompts,
+)
+from jaxrl_sym.passes.generation import add_generation_loop
+from jaxrl_sym.passes.storage import StoragePlan, live_count_fn, plan_storage
+from jaxrl_sym.runtime.evaluate import constant_values
+from jaxrl_sym.runtime.metrics import CompileCounter, MemoryMeter, device_peak_bytes, tree_bytes
+from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache, StepBuilder, store_specs
+from jaxrl_sym.tracer.trace import trace_model
+
+
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def length_bucket(n: int, *, per_octave: int = 4, minimum: int = 8) -> int:
+    """Round up to a geometric grid with ``per_octave`` steps (≤ 1/per_octave waste)."""
+    if n <= minimum:
+        return minimum
+    top = next_pow2(n)
+    step = max(1, top // (2 * per_octave))
+    return -(-n // step) * step
+
+
+def microbatches(lengths: Sequence[int], *, max_rows: int | None, spread: float) -> list[list[int]]:
+    """Aligned microbatches (paper §4.2): sort by prompt length, cut when the longest prompt in a
+    group would exceed the shortest by more than ``spread`` (fraction) + 8 tokens, or the group
+    is full. Rows of a group are right-aligned, so they all decode at the same step."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if (g is not None and (max_rows is None or len(g) < max_rows)
+                and lengths[i] <= lengths[g[0]] * (1 + spread) + 8):
+            g.append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+@dataclass
+class _Rows:
+    """Host-side bookkeeping of one microbatch (plain ints and numpy)."""
+
+    ids: np.ndarray  # request row index per batch slot (-1 = filler)
+    limits: np.ndarray  # per slot
+    done: np.ndarray  # per slot
+
+
+class SymbolicLM:
+    """Generation and packed scoring for a Flax NNX LM without padding to a maximum length.
+
+    Args:
+      model: an NNX module called as ``model(tokens, positions, segment_ids) -> logits``.
+      min_capacity: initial slots of a growing store (it then doubles).
+      max_len: optional user cap; with it, full-attention stores are allocated at that size.
+      microbatch_rows / prompt_spread: aligned-microbatch policy.
+      sync_every: host checks for finished rows every this many steps (1 = every step).
+    """
+
+    def __init__(
+        self,
+        model: nnx.Module,
+        *,
+        min_capacity: int = 128,
+        max_len: int | None = None,
+        microbatch_rows: int | None = None,
+        prompt_spread: float = 0.25,
+        backend: str = "xla",
+    ) -> None:
+        if backend not in ("xla",):
+            raise InputError(f"backend={backend!r}: this build supports 'xla'")
+        self.program, self.graphdef, state = trace_model(model)
+        self.vocab_size = int(self.program.pdg.node(self.program.pdg.outputs[0]).shape[-1])
+        self.pdg = add_generation_loop(self.program.pdg)
+        self.plan: StoragePlan = plan_storage(self.pdg, max_len=max_len)
+        self.bindings = self.program.binding_dict
+        self.specs = store_specs(self.pdg, self.plan, self.bindings)
+        self.builder = StepBuilder(self.pdg, self.specs, constant_values(self.program.consts))
+        self.leaves = jax.tree_util.tree_leaves(state)
+        self.min_capacity = min_capacity
+        self.max_len = max_len
+        self.microbatch_rows = microbatch_rows
+        self.prompt_spread = prompt_spread
+        self.cache = ProgramCache()
+        self._live_fns = {str(s.node): live_count_fn(s, self.bindings)
+                          for s in self.plan.stores if s.kind != "slot"}
+        self._growing = tuple(str(n) for n, s in self.specs.items() if s.kind == "growing")
+        self._hoisted: tuple[jax.Array, ...] | None = None
+
+    # ------------------------------------------------------------------ parameters
+    def set_params(self, state: Any) -> None:
+        """Swap in new parameters (same structure); hoisted values are recomputed lazily."""
+        self.leaves = jax.tree_util.tree_leaves(state)
+        self._hoisted = None
+
+    def _hoist(self) -> tuple[jax.Array, ...]:
+        if self._hoisted is None:
+            key = ("hoist",)
+            build = lambda: jax.jit(self.builder.hoist).lower(self.leaves).compile()
+            self._hoisted = self.cache.run(key, build, self.leaves)
+        return self._hoisted
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompts: Sequence[Any], cfg: GenerationConfig) -> GenerationResult:
+        prompts = validate_prompts(prompts, self.vocab_size, cfg)
+        limits = row_limits(cfg, len(prompts))
+        lengths = [len(p) for p in prompts]
+        meter = MemoryMeter()
+        toks: list[list[int]] = [[] for _ in prompts]
+        lps: list[list[float]] = [[] for _ in prompts]
+        logits: list[list[np.ndarray]] | None = [[] for _ in prompts] if cfg.return_logits else None
+        compiles0, disp0 = self.cache.compiles, self.cache.dispatches
+        t0 = time.perf_counter()
+        with CompileCounter() as cc:
+            hoisted = self._hoist()
+            weights_bytes = tree_bytes(self.leaves) + tree_bytes(hoisted)
+            for group in microbatches(lengths, max_rows=self.microbatch_rows,
+                                      spread=self.prompt_spread):
+                self._run_group(group, prompts, limits, cfg, hoisted, weights_bytes, meter,
+                                toks, lps, logits)
+        elapsed = time.perf_counter() - t0
+        dev_peak = device_peak_bytes()
+        stats = {
+            "xla_compiles": cc.count,
+            "program_compiles": self.cache.compiles - compiles0,
+            "compile_seconds": cc.seconds,
+            "dispatches": self.cache.dispatches - disp0,
+            "peak_bytes": dev_peak if dev_peak is not None else meter.peak,
+            "accounted_peak_bytes": meter.peak,
+            "run_seconds": elapsed,
+            "generated_tokens": int(sum(len(t) for t in toks)),
+        }
+        return GenerationResult(
+            tokens=[np.asarray(t, np.int32) for t in toks],
+            logprobs=[np.asarray(lp, np.float32) for lp in lps],
+            logits=None if logits is None else [
+                np.stack(x) if x else np.zeros((0, self.vocab_size), np.float32) for x in logits],
+            stats=stats,
+        )
+
+    def _run(self, name: str, cfg: GenerationConfig, *args: Any) -> tuple[Any, tuple]:
+        """Run the prefill/decode program for these shapes, compiling it on first use."""
+        stores = args[1]
+        caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
+        shape = args[2].shape
+        key = (name, shape, caps, cfg.temperature, cfg.return_logits)
+        fn = getattr(self.builder, name)
+
+        def build() -> Any:
+            jitted = jax.jit(fn, static_argnames=("temperature", "want_logits"),
+                             donate_argnums=(1,))
+            return jitted.lower(*args, temperature=cfg.temperature,
+                                want_logits=cfg.return_logits).compile()
+
+        exe = self.cache.get(key, build)
+        self.cache.dispatches += 1
+        return exe(*args), key
+
+    def _run_group(self, group, prompts, limits, cfg, hoisted, weights_bytes, meter, toks, lps,
+                   logits) -> None:
+        n = len(group)
+        bcap = next_pow2(n)
+        plen = max(len(prompts[i]) for i in group)
+        pcap = length_bucket(plen)
+        horizon = int(max(limits[i] for i in group))
+        total = pcap + horizon  # slots this group can ever need
+        cap = min(max(self.min_capacity, next_pow2(pcap + 1)), total)
+        if self.max_len is not None:
+            cap = self.max_len + (pcap - plen)
+        # Right-aligned prompt block (left padding within the microbatch only).
+        tok_in = np.zeros((bcap, pcap), np.int32)
+        pos_in = np.full((bcap, pcap), -1, np.int32)
+        pos0 = np.full((bcap,), DEAD_POSITION, np.int32)
+        ids = np.full((bcap,), -1, np.int64)
+        lim = np.zeros((bcap,), np.int64)
+        for slot, i in enumerate(group):
+            p = prompts[i]
+            tok_in[slot, pcap - len(p):] = p
+            pos_in[slot, pcap - len(p):] = np.arange(len(p))
+            pos0[slot] = len(p)
+            ids[slot] = i
+            lim[slot] = limits[i]
+        rows = _Rows(ids=ids, limits=lim, done=ids < 0)
+        seed = jnp.asarray(cfg.seed, jnp.uint32)
+        row_ids = jnp.asarray(np.maximum(ids, 0), jnp.int32)
+        key_init = ("init", bcap, cap)
+        stores = self.cache.run(key_init, lambda: jax.jit(
+            self.builder.init_stores, static_argnums=(0, 1)).lower(bcap, cap).compile())
+        pos0_d = jnp.asarray(pos0)
+        # ---- prefill: the whole prompt block is one chunk
+        (stores, tok, lp, lg), key = self._run(
+            "prefill", cfg, hoisted, stores, jnp.asarray(tok_in), jnp.asarray(pos_in), row_ids,
+            seed)
+        store_bytes = tree_bytes(stores)
+        meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=0)
+        step = 0
+        while True:
+            tok_h = np.asarray(tok)
+            lp_h = np.asarray(lp)
+            lg_h = np.asarray(lg) if cfg.return_logits else None
+            for slot in np.nonzero(~rows.done)[0]:
+                i = int(rows.ids[slot])
+                toks[i].append(int(tok_h[slot]))
+                lps[i].append(float(lp_h[slot]))
+                if logits is not None:
+                    logits[i].append(lg_h[slot])
+                if (cfg.eos_id is not None and tok_h[slot] == cfg.eos_id) or \
+                        len(toks[i]) >= rows.limits[slot]:
+                    rows.done[slot] = True
+            if rows.done.all():
+                break
+            step += 1
+            write = pcap + step - 1  # slot of the token being fed back
+            # ---- compaction: drop finished rows once at most half the bucket is live
+            live = np.nonzero(~rows.done)[0]
+            if bcap > 1 and len(live) <= bcap // 2:
+                new_b = next_pow2(len(live))
+                keep = np.concatenate([live, np.repeat(live[:1], new_b - len(live))])
+                key_c = ("compact", bcap, new_b, tuple(sorted(
+                    (k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s)))
+                filler = np.arange(new_b) >= len(live)
+                cargs = (stores, jnp.asarray(keep, jnp.int32), jnp.asarray(filler), tok, pos0_d,
+                         row_ids)
+                stores, tok, pos0_d, row_ids = self.cache.run(
+                    key_c, lambda a=cargs: jax.jit(self.builder.compact, donate_argnums=(0,))
+                    .lower(*a).compile(), *cargs)
+                rows = _Rows(ids=np.where(filler, -1, rows.ids[keep]),
+                             limits=rows.limits[keep], done=filler.copy())
+                bcap = new_b
+                store_bytes = tree_bytes(stores)
+            # ---- growth: a growing store doubles when the next write would not fit
+            need = max((self._live_fns[k](write)[0] for k in self._growing), default=0)
+            cur = min((s["pos"].shape[1] for k, s in stores.items() if k in self._growing),
+                      default=need)
+            if need > cur:
+                new_cap = min(max(2 * cur, need), total)
+                key_g = ("grow", bcap, cur, new_cap)
+                stores = self.cache.run(key_g, lambda s=stores, nc=new_cap: jax.jit(
+                    self.builder.grow, static_argnums=(1, 2), donate_argnums=(0,)).lower(
+                        s, nc, self._growing).compile(), stores)
+                store_bytes = tree_bytes(stores)
+            (stores, tok, lp, lg), key = self._run(
+                "decode", cfg, hoisted, stores, tok, pos0_d, np.int32(step), np.int32(write),
+                row_ids, seed)
+            meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=step)
+
+    # ------------------------------------------------------------------ packed forward
+    def pack(self, sequences: Sequence[np.ndarray]) -> PackedBatch:
+        return PackedBatch.build(sequences)
+
+    def forward_fn(self):
+        """``f(leaves, tokens, positions, segment_ids) -> logits`` (pure; jit/grad it)."""
+        return self.builder.forward
+
+    def packed_logits(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Logits for each sequence (exact lengths), computed on packed rows."""
+        pb = PackedBatch.build(sequences)
+        key = ("forward", pb.tokens.shape)
+        out = self.cache.run(key, lambda: jax.jit(self.builder.forward).lower(
+            self.leaves, pb.tokens, pb.positions, pb.segment_ids).compile(),
+            self.leaves, pb.tokens, pb.positions, pb.segment_ids)
+        return pb.unpack(np.asarray(out))
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Sequences bin-packed into rows of a bucketed length (no MAX_LEN padding).
+
+    ``where[i] = (row, start, length)`` locates sequence i. Positions restart at 0 for each
+    sequence and segment ids keep sequences from attending to each other; unused slots have
+    position -1.
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    segment_ids: np.ndarray
+    where: tuple[tuple[int, int, int], ...]
+
+    @staticmethod
+    def build(sequences: Sequence[np.ndarray], *, row_len: int | None = None) -> PackedBatch:
+        lens = [len(s) for s in sequences]
+        if not lens or min(lens) < 1:
+            raise InputError("packed forward needs at least one non-empty sequence")
+        row_len = row_len or length_bucket(max(lens))
+        if max(lens) > row_len:
+            raise InputError(f"a sequence of {max(lens)} tokens does not fit rows of {row_len}")
+        fill: list[int] = []
+        where: list[tuple[int, int, int]] = [(0, 0, 0)] * len(lens)
+        for i in sorted(range(len(lens)), key=lambda i: -lens[i]):  # first-fit decreasing
+            for r, used in enumerate(fill):
+                if used + lens[i] <= row_len:
+                    where[i] = (r, used, lens[i])
+                    fill[r] += lens[i]
+                    break
+            else:
+                where[i] = (len(fill), 0, lens[i])
+                fill.append(lens[i])
+        rows = next_pow2(len(fill))
+        tokens = np.zeros((rows, row_len), np.int32)
+        positions = np.full((rows, row_len), -1, np.int32)
+        segs = np.full((rows, row_len), -1, np.int32)
+        for i, (r, s, n) in enumerate(where):
+            tokens[r, s:s + n] = sequences[i]
+            positions[r, s:s + n] = np.arange(n)
+            segs[r, s:s + n] = i
+        return PackedBatch(tokens, positions, segs, tuple(where))
+
+    @property
+    def padding_fraction(self) -> float:
+        used = sum(n for _, _, n in self.where)
+        return 1.0 - used / self.tokens.size
+
+    def unpack(self, per_slot: np.ndarray) -> list[np.ndarray]:
+        return [per_slot[r, s:s + n] for r, s, n in self.where]

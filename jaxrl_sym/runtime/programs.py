@@ -1,0 +1,195 @@
+"""Compiled programs built from the PDG: hoist (weights → static values), step (one chunk of
+every row through the whole model, stores in/out, next token out), grow, compact, and the
+packed full-sequence forward.
+
+Each program is compiled ahead of time once per distinct shape key and kept in an instance-owned
+cache, so compiles are counted exactly and XLA's memory analysis of each executable is available
+for the peak-bytes accounting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_sym.generation import select_tokens
+from jaxrl_sym.passes.storage import StoragePlan
+from jaxrl_sym.pdg.ir import PDG
+from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
+from jaxrl_sym.runtime.metrics import executable_temp_bytes
+from jaxrl_sym.runtime.stores import (
+    StoreSpec,
+    attend_with_store,
+    grow_store,
+    init_store,
+    take_rows,
+)
+
+
+@dataclass
+class ProgramCache:
+    """AOT-compiled executables keyed by (name, shape key); counts compiles and dispatches."""
+
+    compiled: dict[tuple, Any] = field(default_factory=dict)
+    temp_bytes: dict[tuple, int] = field(default_factory=dict)
+    compiles: int = 0
+    dispatches: int = 0
+
+    def get(self, key: tuple, build: Callable[[], Any]) -> Any:
+        exe = self.compiled.get(key)
+        if exe is None:
+            exe = build()
+            self.compiled[key] = exe
+            self.temp_bytes[key] = executable_temp_bytes(exe)
+            self.compiles += 1
+        return exe
+
+    def run(self, key: tuple, build: Callable[[], Any], *args: Any) -> Any:
+        exe = self.get(key, build)
+        self.dispatches += 1
+        return exe(*args)
+
+
+def store_specs(pdg: PDG, plan: StoragePlan, bindings: dict[str, int]) -> dict[int, StoreSpec]:
+    """Concrete layouts for every attention node's store."""
+    out: dict[int, StoreSpec] = {}
+    for sp in plan.stores:
+        if sp.kind == "slot":
+            continue
+        node = pdg.node(sp.node)
+        ins = {e.port: pdg.node(e.src) for e in pdg.in_edges(node.id)}
+        k, v = ins[1], ins[2]
+        out[sp.node] = StoreSpec(
+            node=sp.node, kind=sp.kind, capacity=sp.capacity_value(bindings),
+            hkv=int(k.shape[2]), d=int(k.shape[3]), dv=int(v.shape[3]),
+            dtype=jnp.dtype(k.dtype), pattern=node.params["pattern"],
+            scale=float(node.params["scale"]),
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class StepBuilder:
+    """Pure functions (to be jitted) over a generation PDG and its store specs."""
+
+    pdg: PDG
+    specs: dict[int, StoreSpec]
+    consts: dict[int, tuple[Any, ...]]
+
+    @property
+    def boundary(self) -> tuple[int, ...]:
+        """Static nodes read by per-step nodes: the hoisted values a step program takes."""
+        static = static_nodes(self.pdg)
+        return tuple(sorted({e.src for e in self.pdg.edges
+                             if e.src in static and e.dst not in static and e.kind == "data"}))
+
+    def weight_ids(self) -> tuple[int, ...]:
+        return tuple(nid for role, nid in self.pdg.inputs if role.startswith("weight:"))
+
+    def hoist(self, leaves: list[jax.Array]) -> tuple[jax.Array, ...]:
+        vals = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
+        vals.update(self.consts)
+        static = static_nodes(self.pdg)
+        vals = evaluate(self.pdg, vals, {}, _no_attention, only=static)
+        return tuple(vals[nid][0] for nid in self.boundary)
+
+    def init_stores(self, batch: int, capacity: int) -> dict[str, dict[str, jax.Array]]:
+        return {str(nid): init_store(spec, batch, spec.capacity or capacity)
+                for nid, spec in self.specs.items()}
+
+    def prefill(self, hoisted, stores, tokens, positions, row_ids, seed, *, temperature: float,
+                want_logits: bool):
+        """The right-aligned prompt block as one chunk, written from slot 0."""
+        steps = jnp.zeros(tokens.shape[:1], jnp.int32)
+        return self._chunk(hoisted, stores, tokens, positions, jnp.zeros((), jnp.int32), steps,
+                           row_ids, seed, temperature=temperature, want_logits=want_logits)
+
+    def decode(self, hoisted, stores, prev_tokens, pos0, step, write_index, row_ids, seed, *,
+               temperature: float, want_logits: bool):
+        """Decode step ``step`` (>= 1): feed back token step-1 (the t-1 feedback edge)."""
+        positions = (pos0 + (step - 1))[:, None]
+        steps = jnp.full(prev_tokens.shape, step, jnp.int32)
+        return self._chunk(hoisted, stores, prev_tokens[:, None], positions, write_index, steps,
+                           row_ids, seed, temperature=temperature, want_logits=want_logits)
+
+    def _chunk(
+        self,
+        hoisted: tuple[jax.Array, ...],
+        stores: dict[str, dict[str, jax.Array]],
+        tokens: jax.Array,
+        positions: jax.Array,
+        write_index: jax.Array,
+        steps: jax.Array,
+        row_ids: jax.Array,
+        seed: jax.Array,
+        *,
+        temperature: float,
+        want_logits: bool,
+    ) -> tuple[Any, ...]:
+        """One chunk for every row: model forward on [B, c] with stores, then token selection."""
+        pdg = self.pdg
+        vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
+                                             zip(self.boundary, hoisted, strict=True)}
+        vals[pdg.input_id("tokens")] = (tokens,)
+        vals[pdg.input_id("positions")] = (positions,)
+        vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions),)
+        new_stores: dict[str, dict[str, jax.Array]] = {}
+
+        def attn(node: Any, args: list[jax.Array]) -> jax.Array:
+            out, new = attend_with_store(self.specs[node.id], stores[str(node.id)], args,
+                                         write_index)
+            new_stores[str(node.id)] = new
+            return out
+
+        b, c = tokens.shape
+        logits_id = pdg.outputs[0]
+        out = evaluate(pdg, vals, {"B": b, "T": c}, attn, only=_dynamic(pdg))
+        logits = out[logits_id][0][:, -1].astype(jnp.float32)
+        tok, lp = select_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
+                                temperature=temperature)
+        return new_stores, tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
+
+    @staticmethod
+    def grow(stores: dict[str, dict[str, jax.Array]], capacity: int, growing: tuple[str, ...]):
+        return {k: (grow_store(s, capacity) if k in growing else s) for k, s in stores.items()}
+
+    @staticmethod
+    def compact(stores, rows, filler, tok, pos0, row_ids):
+        """Keep ``rows`` (finished rows dropped); filler slots get dead (negative) positions."""
+        pos0 = jnp.where(filler, DEAD_POSITION, jnp.take(pos0, rows, axis=0))
+        return ({k: take_rows(s, rows) for k, s in stores.items()},
+                jnp.take(tok, rows, axis=0), pos0, jnp.take(row_ids, rows, axis=0))
+
+    def forward(self, leaves: list[jax.Array], tokens: jax.Array, positions: jax.Array,
+                segment_ids: jax.Array) -> jax.Array:
+        """Full-sequence forward (packed rows): logits [R, L, V]; differentiable in leaves."""
+        pdg = self.pdg
+        vals = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
+        vals.update(self.consts)
+        vals[pdg.input_id("tokens")] = (tokens,)
+        vals[pdg.input_id("positions")] = (positions,)
+        vals[pdg.input_id("segment_ids")] = (segment_ids,)
+        r, length = tokens.shape
+
+        def attn(node: Any, args: list[jax.Array]) -> jax.Array:
+            # The primitive itself: masked by positions and segments, differentiable.
+            return node.prim.bind(*args, **node.params)
+
+        out = evaluate(pdg, vals, {"B": r, "T": length}, attn)
+        return out[pdg.outputs[0]][0]
+
+
+DEAD_POSITION = -(1 << 30)  # position offset of filler rows: their positions stay negative (masked)
+
+
+def _no_attention(node: Any, args: list[jax.Array]) -> jax.Array:  # pragma: no cover
+    raise AssertionError("static region contains attention")
+
+
+def _dynamic(pdg: PDG) -> frozenset[int]:
+    static = static_nodes(pdg)
+    return frozenset(n.id for n in pdg.nodes if n.id not in static)

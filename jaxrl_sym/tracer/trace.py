@@ -1,0 +1,345 @@
+"""jaxpr (traced with symbolic B and T) → PDG.
+
+``jax.make_jaxpr`` runs the user's Flax model once with ``tokens: int32[B, T]``; JAX carries the
+symbolic extents through every shape. We inline call-like primitives (jit, custom_jvp, …), label
+each axis whose extent is exactly ``B`` or ``T``, check every equation against the rule table in
+:mod:`jaxrl_sym.tracer.rules`, and emit one PDG node per equation. Position-wise data flow becomes
+``Point`` edges; the library's attention primitive turns its key/value inputs into ``Range`` edges
+given by the pattern's S(t).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy
+from flax import nnx
+from jax.extend import core as jcore
+
+from jaxrl_sym.dimexpr import is_symbolic, to_sympy
+from jaxrl_sym.errors import NonCausalMixingError, SymbolError, source_line
+from jaxrl_sym.ops.attention import Block, Causal, Linear, Pattern, Window
+from jaxrl_sym.pdg.ir import PDG, Edge, Node
+from jaxrl_sym.symbols import IndexExpr, Point, Range, SymbolTable
+from jaxrl_sym.tracer.rules import EqnView, check_equation
+
+# extent symbol -> iterator symbol of the domain
+DOMAIN = (("r", "B"), ("t", "T"))
+ITER = {"B": "r", "T": "t"}
+# ports of sym_attention that read keys (k, v, kv_positions, kv_segment_ids)
+KV_PORTS = (1, 2, 4, 6)
+_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+@dataclass(frozen=True)
+class SeqInput:
+    """A sequence input of the traced function: shape spec over B/T and dtype."""
+
+    role: str
+    shape: str  # e.g. "B, T"
+    dtype: Any = jnp.int32
+
+
+def _base_table(patterns: Sequence[Pattern]) -> tuple[SymbolTable, dict[Pattern, Range]]:
+    """Symbols for the domain plus one symbol per distinct window/block size."""
+    windows = sorted({p.size for p in patterns if isinstance(p, Window)})
+    blocks = sorted({p.size for p in patterns if isinstance(p, Block)})
+    wnames = ["w"] if len(windows) == 1 else [f"w{i}" for i in range(len(windows))]
+    bnames = ["b"] if len(blocks) == 1 else [f"b{i}" for i in range(len(blocks))]
+    names = ["r", "t", "B", "T", *wnames, *bnames]
+    table = SymbolTable.create(
+        ", ".join(names), constraints=["t <= T - 1", "r <= B - 1"],
+        bounds={n: (1, None) for n in (*wnames, *bnames)},
+    )
+    t = table.sym("t")
+    ranges: dict[Pattern, Range] = {}
+    for p in patterns:
+        if isinstance(p, Window):
+            w = table.sym(wnames[windows.index(p.size)])
+            ranges[p] = Range(sympy.Max(0, t - w + 1), t + 1)
+        elif isinstance(p, Block):
+            b = table.sym(bnames[blocks.index(p.size)])
+            ranges[p] = Range(t - sympy.Mod(t, b), t + 1)
+        else:
+            ranges[p] = Range(sympy.Integer(0), t + 1)
+    return table, ranges
+
+
+def pattern_bindings(table: SymbolTable, patterns: Sequence[Pattern]) -> dict[str, int]:
+    """Concrete values of the pattern symbols (w, b, …) for this model."""
+    out: dict[str, int] = {}
+    windows = sorted({p.size for p in patterns if isinstance(p, Window)})
+    blocks = sorted({p.size for p in patterns if isinstance(p, Block)})
+    for sizes, base in ((windows, "w"), (blocks, "b")):
+        for i, s in enumerate(sizes):
+            out[base if len(sizes) == 1 else f"{base}{i}"] = s
+    return out
+
+
+def _map_dims(obj: Any, f: Callable[[Any], Any]) -> Any:
+    """Apply ``f`` to every JAX symbolic dim inside (nested) tuples/lists/namedtuples."""
+    if is_symbolic(obj):
+        return f(obj)
+    if isinstance(obj, tuple):
+        items = [_map_dims(x, f) for x in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, list):
+        return [_map_dims(x, f) for x in obj]
+    return obj
+
+
+def _inner_jaxpr(eqn: Any) -> jcore.ClosedJaxpr | None:
+    for name in _CALL_PARAMS:
+        j = eqn.params.get(name)
+        if isinstance(j, jcore.ClosedJaxpr):
+            return j
+        if isinstance(j, jcore.Jaxpr):
+            return jcore.ClosedJaxpr(j, ())
+    return None
+
+
+class _Builder:
+    """Mutable scratchpad used only while building; the result is an immutable PDG."""
+
+    def __init__(self, table: SymbolTable, ranges: Mapping[Pattern, Range]) -> None:
+        self.table = table
+        self.ranges = ranges
+        self.nodes: list[Node] = []
+        self.edges: list[Edge] = []
+        self.env: dict[Any, tuple[int, int]] = {}  # jaxpr Var -> (node id, output index)
+        self.consts: dict[int, Any] = {}  # node id -> constant value
+        self.T = table.sym("T")
+        self.B = table.sym("B")
+
+    def shape(self, aval: Any, where: str) -> tuple[tuple[sympy.Expr, ...], tuple[str | None, ...]]:
+        dims = tuple(to_sympy(d, self.table) for d in aval.shape)
+        labels: list[str | None] = []
+        for d in dims:
+            if d == self.T:
+                labels.append("T")
+            elif d == self.B:
+                labels.append("B")
+            elif d.free_symbols & {self.T, self.B}:
+                which = "sequence dimension T" if self.T in d.free_symbols else "batch dimension B"
+                raise NonCausalMixingError(
+                    f"{where} produces an axis of extent {d}, which mixes the {which} (a slice "
+                    f"like x[:, 1:], padding or concatenation along it, or a reshape merging it "
+                    f"with another axis); such positions cannot be computed one step at a time."
+                )
+            else:
+                labels.append(None)
+        for lab in ("B", "T"):
+            if labels.count(lab) > 1:
+                raise NonCausalMixingError(
+                    f"{where} builds an array with two axes of extent {lab} (shape "
+                    f"{tuple(dims)}): a pairwise position×position tensor, as in hand-written "
+                    f"attention. Use jaxrl_sym.attend(q, k, v, pattern, …) instead."
+                )
+        return dims, tuple(labels)
+
+    def add_node(self, **kw: Any) -> int:
+        nid = len(self.nodes)
+        self.nodes.append(Node(id=nid, **kw))
+        return nid
+
+    def domain(self, labels: Sequence[str | None]) -> tuple[str, ...]:
+        return tuple(ITER[lab] for lab in ("B", "T") if lab in labels)
+
+    def index_for(self, src: Node, dst_prim: str, port: int, params: Mapping[str, Any]) -> tuple:
+        out: list[IndexExpr] = []
+        for it in src.domain:
+            sym = self.table.sym(it)
+            if it == "t" and dst_prim == "sym_attention" and port in KV_PORTS:
+                out.append(self.ranges[params["pattern"]])
+            else:
+                out.append(Point(sym))
+        return tuple(out)
+
+    def add_var_node(self, var: Any, op: str, name: str, value: Any = None) -> int:
+        dims, labels = self.shape(var.aval, f"input {name!r}")
+        nid = self.add_node(op=op, domain=self.domain(labels), shape=dims, axes=labels,
+                            dtype=str(var.aval.dtype), name=name)
+        self.env[var] = (nid, 0)
+        if value is not None:
+            self.consts[nid] = value
+        return nid
+
+    def read(self, atom: Any) -> tuple[int, int] | None:
+        if isinstance(atom, jcore.Literal):
+            return None
+        return self.env[atom]
+
+    def equations(self, jaxpr: jcore.Jaxpr, consts: Sequence[Any]) -> None:
+        for var, val in zip(jaxpr.constvars, consts, strict=True):
+            self.add_var_node(var, "weight", f"const{len(self.consts)}", np.asarray(val))
+        for eqn in jaxpr.eqns:
+            inner = _inner_jaxpr(eqn)
+            if inner is not None:
+                self.inline(eqn, inner)
+            else:
+                self.equation(eqn)
+
+    def inline(self, eqn: Any, inner: jcore.ClosedJaxpr) -> None:
+        for cv, val in zip(inner.jaxpr.constvars, inner.consts, strict=True):
+            self.add_var_node(cv, "weight", f"const{len(self.consts)}", np.asarray(val))
+        n_in = len(inner.jaxpr.invars)
+        outer_in = eqn.invars[-n_in:] if n_in else []  # custom_vjp may prepend extra operands
+        literal_nodes: dict[Any, Any] = {}
+        for iv, ov in zip(inner.jaxpr.invars, outer_in, strict=True):
+            if isinstance(ov, jcore.Literal):
+                literal_nodes[iv] = ov
+            else:
+                self.env[iv] = self.env[ov]
+        if literal_nodes:
+            # Literal operands of a call become constant nodes inside the inlined body.
+            for iv, lit in literal_nodes.items():
+                self.add_var_node(iv, "weight", f"const{len(self.consts)}", np.asarray(lit.val))
+        for eqn_inner in inner.jaxpr.eqns:
+            sub = _inner_jaxpr(eqn_inner)
+            if sub is not None:
+                self.inline(eqn_inner, sub)
+            else:
+                self.equation(eqn_inner)
+        for ov, iv in zip(eqn.outvars, inner.jaxpr.outvars, strict=True):
+            if isinstance(iv, jcore.Literal):
+                self.add_var_node(ov, "weight", f"const{len(self.consts)}", np.asarray(iv.val))
+            else:
+                self.env[ov] = self.env[iv]
+
+    def equation(self, eqn: Any) -> None:
+        prim = eqn.primitive.name
+        src = source_line(eqn)
+        where = f"primitive '{prim}' at {src}"
+        in_shapes, in_labels, in_lits = [], [], []
+        for a in eqn.invars:
+            dims, labels = self.shape(a.aval, where)
+            in_shapes.append(dims)
+            in_labels.append(labels)
+            in_lits.append(a.val if isinstance(a, jcore.Literal) else None)
+        out_shapes, out_labels = [], []
+        for v in eqn.outvars:
+            dims, labels = self.shape(v.aval, where)
+            out_shapes.append(dims)
+            out_labels.append(labels)
+        params = {k: _map_dims(v, lambda d: to_sympy(d, self.table))
+                  for k, v in eqn.params.items()}
+        check_equation(EqnView(prim, params, tuple(in_shapes), tuple(in_labels),
+                               tuple(out_shapes), tuple(out_labels), tuple(in_lits), src))
+        nid = self.add_node(
+            op=prim, domain=self.domain(out_labels[0]), shape=out_shapes[0], axes=out_labels[0],
+            dtype=str(eqn.outvars[0].aval.dtype), name=str(eqn.outvars[0]), source=src,
+            prim=eqn.primitive, params=params,
+            literals=tuple((i, lit) for i, lit in enumerate(in_lits)
+                           if isinstance(eqn.invars[i], jcore.Literal)),
+            n_inputs=len(eqn.invars),
+        )
+        for port, a in enumerate(eqn.invars):
+            ref = self.read(a)
+            if ref is None:
+                continue
+            src_node = self.nodes[ref[0]]
+            self.edges.append(Edge(ref[0], nid, port, self.index_for(src_node, prim, port, params),
+                                   src_out=ref[1]))
+        for k, v in enumerate(eqn.outvars):
+            self.env[v] = (nid, k)
+
+
+@dataclass(frozen=True)
+class TracedProgram:
+    """A PDG plus what is needed to feed it: the weight leaves and their treedef, bindings."""
+
+    pdg: PDG
+    weight_treedef: Any
+    consts: tuple[tuple[int, Any], ...]  # (node id, value) for captured constants
+    bindings: tuple[tuple[str, int], ...]  # pattern symbols (w, b, …) -> values
+    patterns: tuple[Pattern, ...]
+
+    @property
+    def binding_dict(self) -> dict[str, int]:
+        return dict(self.bindings)
+
+
+def trace_function(
+    fn: Callable[..., Any],
+    weights: Any,
+    seq_inputs: Sequence[SeqInput],
+    patterns: Sequence[Pattern] = (Causal(),),
+) -> TracedProgram:
+    """Trace ``fn(weights, *seq_inputs)`` with symbolic B, T and build its PDG.
+
+    ``patterns`` lists the attention patterns the function may use, so that each distinct
+    window/block size gets its own symbol (w, b, w0, w1, …).
+    """
+    table, ranges = _base_table(patterns)
+    leaves, treedef = jax.tree_util.tree_flatten(weights)
+    symdims = dict(zip(("B", "T"), jax.export.symbolic_shape("B, T"), strict=True))
+    specs = []
+    for s in seq_inputs:
+        names = [n.strip() for n in s.shape.split(",") if n.strip()]
+        try:
+            shape = tuple(symdims[n] if n in symdims else int(n) for n in names)
+        except ValueError:
+            raise SymbolError(
+                f"sequence input {s.role!r} has shape {s.shape!r}: use B, T or integers"
+            ) from None
+        specs.append(jax.ShapeDtypeStruct(shape, s.dtype))
+    leaf_specs = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+
+    def flat(leaves_: list[Any], *seq: Any) -> Any:
+        return fn(jax.tree_util.tree_unflatten(treedef, leaves_), *seq)
+
+    closed = jax.make_jaxpr(flat)(leaf_specs, *specs)
+    b = _Builder(table, ranges)
+    inputs: list[tuple[str, int]] = []
+    n_leaves = len(leaves)
+    for k, var in enumerate(closed.jaxpr.invars):
+        if k < n_leaves:
+            nid = b.add_var_node(var, "weight", f"w{k}")
+            inputs.append((f"weight:{k}", nid))
+        else:
+            role = seq_inputs[k - n_leaves].role
+            inputs.append((role, b.add_var_node(var, "input", role)))
+    b.equations(closed.jaxpr, closed.consts)
+    outputs = []
+    for ov in closed.jaxpr.outvars:
+        if isinstance(ov, jcore.Literal):
+            raise SymbolError("the traced function returns a constant; return model outputs")
+        ref = b.env[ov]
+        if ref[1] != 0:
+            raise SymbolError("multi-output primitives as program outputs are not supported")
+        outputs.append(ref[0])
+    pdg = PDG(tuple(b.nodes), tuple(b.edges), table, tuple(inputs), tuple(outputs), DOMAIN)
+    return TracedProgram(pdg, treedef, tuple(b.consts.items()),
+                         tuple(pattern_bindings(table, patterns).items()), tuple(patterns))
+
+
+def model_patterns(model: nnx.Module) -> tuple[Pattern, ...]:
+    cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "layer_patterns"):
+        return tuple(cfg.layer_patterns())
+    return (Causal(), Linear())
+
+
+def trace_model(model: nnx.Module) -> tuple[TracedProgram, Any, Any]:
+    """Trace a Flax NNX LM called as ``model(tokens, positions, segment_ids) -> logits``.
+
+    Returns (program, graphdef, params-state): the params state is the weights pytree the runtime
+    feeds, so training can swap in new parameters without re-tracing.
+    """
+    graphdef, state = nnx.split(model)
+
+    def fn(st: Any, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> Any:
+        return nnx.merge(graphdef, st)(tokens, positions, segment_ids)
+
+    prog = trace_function(
+        fn, state,
+        [SeqInput("tokens", "B, T"), SeqInput("positions", "B, T"),
+         SeqInput("segment_ids", "B, T")],
+        patterns=model_patterns(model),
+    )
+    return prog, graphdef, state
