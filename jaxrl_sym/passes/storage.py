@@ -18,7 +18,7 @@ import sympy
 from jaxrl_sym.errors import SymbolError
 from jaxrl_sym.ops.attention import Linear, Pattern
 from jaxrl_sym.pdg.ir import PDG
-from jaxrl_sym.symbols import IndexExpr, classify_access, compile_int
+from jaxrl_sym.symbols import IndexExpr, SymbolTable, classify_access, compile_int
 
 KINDS = ("growing", "ring", "block", "state", "slot", "fixed")
 
@@ -37,7 +37,8 @@ class StorePlan:
     def capacity_value(self, bindings: dict[str, int]) -> int | None:
         if self.capacity is None:
             return None
-        val = self.capacity.subs({sympy.Symbol(k, integer=True): v for k, v in bindings.items()})
+        subs = {s: bindings[s.name] for s in self.capacity.free_symbols if s.name in bindings}
+        val = self.capacity.subs(subs)
         if not val.is_Integer:
             raise SymbolError(
                 f"store for node %{self.node}: capacity {self.capacity} is not determined by the "
@@ -108,14 +109,14 @@ def plan_storage(pdg: PDG, *, max_len: int | None = None) -> StoragePlan:
     return StoragePlan(tuple(stores))
 
 
-def live_count_fn(plan: StorePlan, bindings: dict[str, int]):
+def live_count_fn(table: SymbolTable, plan: StorePlan, bindings: dict[str, int]):
     """Compile (once) the number of live slots after writing step ``t``: plain integer code.
 
     growing/fixed: t+1; ring/block (a ring of ``capacity`` slots): min(t+1, capacity).
     """
-    t = sympy.Symbol("t", integer=True)
+    t = table.sym("t")
     if plan.kind in ("ring", "block"):
         expr = sympy.Min(t + 1, plan.capacity_value(bindings))
     else:
         expr = t + 1
-    return compile_int(None, [expr], ["t"])
+    return compile_int(table, [expr], ["t"])

@@ -109,7 +109,7 @@ class SymbolicLM:
         self.microbatch_rows = microbatch_rows
         self.prompt_spread = prompt_spread
         self.cache = ProgramCache()
-        self._live_fns = {str(s.node): live_count_fn(s, self.bindings)
+        self._live_fns = {str(s.node): live_count_fn(self.pdg.symbols, s, self.bindings)
                           for s in self.plan.stores if s.kind != "slot"}
         self._growing = tuple(str(n) for n, s in self.specs.items() if s.kind == "growing")
         self._hoisted: tuple[jax.Array, ...] | None = None

@@ -33,6 +33,8 @@ def instantiate(obj: Any, env: Mapping[sympy.Symbol, int]) -> Any:
         return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     if isinstance(obj, list):
         return [instantiate(x, env) for x in obj]
+    if isinstance(obj, dict):
+        return {k: instantiate(v, env) for k, v in obj.items()}
     return obj
 
 

@@ -63,10 +63,17 @@ Rule = Callable[[EqnView], None]
 
 
 def _elementwise(view: EqnView) -> None:
+    # jaxpr elementwise ops have equal ranks; since JAX 0.4.3x an operand axis of extent 1 may
+    # broadcast implicitly. A labelled result axis may therefore come from a size-1 operand axis
+    # (a value repeated over B/T), but never from a differently labelled one.
     out = view.out_labels[0]
     for labs, shp in zip(view.in_labels, view.in_shapes, strict=True):
-        if shp and labs != out:
-            raise _mix(view, next(lab for lab in (*labs, *out) if lab), "broadcasts/misaligns")
+        if not shp:
+            continue
+        for ax, (lab, dim) in enumerate(zip(labs, shp, strict=True)):
+            if lab != out[ax] and not (lab is None and dim == 1):
+                raise _mix(view, lab or out[ax],
+                           f"broadcasts/misaligns (operand {shp} vs result {view.out_shapes[0]})")
 
 
 def _axes_param(name: str, what: str) -> Rule:
@@ -132,9 +139,15 @@ def _pad(view: EqnView) -> None:
 
 
 def _gather(view: EqnView) -> None:
-    batching = view.params["dimension_numbers"].operand_batching_dims
+    # Fine if every labelled operand axis is either vmapped (a batching dim) or taken whole
+    # without being indexed: that is how x[..., :d//2] appears under symbolic shapes.
+    dn = view.params["dimension_numbers"]
+    sizes = view.params["slice_sizes"]
     for ax, lab in view.labelled("in", 0).items():
-        if ax not in batching:
+        if ax in dn.operand_batching_dims:
+            continue
+        whole = sympy.simplify(sympy.sympify(sizes[ax]) - view.in_shapes[0][ax]) == 0
+        if ax in dn.start_index_map or ax in dn.collapsed_slice_dims or not whole:
             raise _mix(view, lab, "gathers (indexes data at computed positions)")
 
 
