@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -31,8 +30,6 @@ from jaxrl_sym.runtime.evaluate import constant_values
 from jaxrl_sym.runtime.metrics import CompileCounter, MemoryMeter, device_peak_bytes, tree_bytes
 from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache, StepBuilder, store_specs
 from jaxrl_sym.tracer.trace import trace_model
-
-
 
 
 def next_pow2(n: int) -> int:
@@ -113,6 +110,7 @@ class SymbolicLM:
                           for s in self.plan.stores if s.kind != "slot"}
         self._growing = tuple(str(n) for n, s in self.specs.items() if s.kind == "growing")
         self._hoisted: tuple[jax.Array, ...] | None = None
+        self._hoisted_bytes = 0
 
     # ------------------------------------------------------------------ parameters
     def set_params(self, state: Any) -> None:
@@ -124,7 +122,9 @@ class SymbolicLM:
         if self._hoisted is None:
             key = ("hoist",)
             build = lambda: jax.jit(self.builder.hoist).lower(self.leaves).compile()
-            self._hoisted = self.cache.run(key, build, self.leaves)
+            computed = self.cache.run(key, build, self.leaves)
+            self._hoisted_bytes = tree_bytes(computed)
+            self._hoisted = self.builder.assemble(self.leaves, computed)
         return self._hoisted
 
     # ------------------------------------------------------------------ generation
@@ -140,7 +140,7 @@ class SymbolicLM:
         t0 = time.perf_counter()
         with CompileCounter() as cc:
             hoisted = self._hoist()
-            weights_bytes = tree_bytes(self.leaves) + tree_bytes(hoisted)
+            weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
             for group in microbatches(lengths, max_rows=self.microbatch_rows,
                                       spread=self.prompt_spread):
                 self._run_group(group, prompts, limits, cfg, hoisted, weights_bytes, meter,
@@ -208,15 +208,15 @@ class SymbolicLM:
             ids[slot] = i
             lim[slot] = limits[i]
         rows = _Rows(ids=ids, limits=lim, done=ids < 0)
-        seed = jnp.asarray(cfg.seed, jnp.uint32)
-        row_ids = jnp.asarray(np.maximum(ids, 0), jnp.int32)
+        seed = jax.device_put(np.uint32(cfg.seed))
+        row_ids = jax.device_put(np.maximum(ids, 0).astype(np.int32))
         key_init = ("init", bcap, cap)
         stores = self.cache.run(key_init, lambda: jax.jit(
             self.builder.init_stores, static_argnums=(0, 1)).lower(bcap, cap).compile())
-        pos0_d = jnp.asarray(pos0)
+        pos0_d = jax.device_put(pos0)
         # ---- prefill: the whole prompt block is one chunk
         (stores, tok, lp, lg), key = self._run(
-            "prefill", cfg, hoisted, stores, jnp.asarray(tok_in), jnp.asarray(pos_in), row_ids,
+            "prefill", cfg, hoisted, stores, jax.device_put(tok_in), jax.device_put(pos_in), row_ids,
             seed)
         store_bytes = tree_bytes(stores)
         meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=0)
@@ -246,10 +246,10 @@ class SymbolicLM:
                 key_c = ("compact", bcap, new_b, tuple(sorted(
                     (k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s)))
                 filler = np.arange(new_b) >= len(live)
-                cargs = (stores, jnp.asarray(keep, jnp.int32), jnp.asarray(filler), tok, pos0_d,
+                cargs = (stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler), tok, pos0_d,
                          row_ids)
                 stores, tok, pos0_d, row_ids = self.cache.run(
-                    key_c, lambda a=cargs: jax.jit(self.builder.compact, donate_argnums=(0,))
+                    key_c, lambda a=cargs: jax.jit(self.builder.compact)
                     .lower(*a).compile(), *cargs)
                 rows = _Rows(ids=np.where(filler, -1, rows.ids[keep]),
                              limits=rows.limits[keep], done=filler.copy())
@@ -263,7 +263,7 @@ class SymbolicLM:
                 new_cap = min(max(2 * cur, need), total)
                 key_g = ("grow", bcap, cur, new_cap)
                 stores = self.cache.run(key_g, lambda s=stores, nc=new_cap: jax.jit(
-                    self.builder.grow, static_argnums=(1, 2), donate_argnums=(0,)).lower(
+                    self.builder.grow, static_argnums=(1, 2)).lower(
                         s, nc, self._growing).compile(), stores)
                 store_bytes = tree_bytes(stores)
             (stores, tok, lp, lg), key = self._run(

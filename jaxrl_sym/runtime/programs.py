@@ -90,12 +90,24 @@ class StepBuilder:
     def weight_ids(self) -> tuple[int, ...]:
         return tuple(nid for role, nid in self.pdg.inputs if role.startswith("weight:"))
 
+    def computed_boundary(self) -> tuple[int, ...]:
+        """Boundary nodes that compute something (casts, transposes of weights): hoisted once.
+        Boundary weights themselves are passed by reference, never copied."""
+        return tuple(n for n in self.boundary if self.pdg.node(n).op != "weight")
+
     def hoist(self, leaves: list[jax.Array]) -> tuple[jax.Array, ...]:
         vals = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
         vals.update(self.consts)
         static = static_nodes(self.pdg)
         vals = evaluate(self.pdg, vals, {}, _no_attention, only=static)
-        return tuple(vals[nid][0] for nid in self.boundary)
+        return tuple(vals[nid][0] for nid in self.computed_boundary())
+
+    def assemble(self, leaves: list[jax.Array], hoisted: tuple[jax.Array, ...]):
+        """The step programs' static inputs in boundary order: weights by reference."""
+        by_id = dict(zip(self.weight_ids(), leaves, strict=True))
+        by_id.update({nid: v[0] for nid, v in self.consts.items()})
+        by_id.update(zip(self.computed_boundary(), hoisted, strict=True))
+        return tuple(by_id[nid] for nid in self.boundary)
 
     def init_stores(self, batch: int, capacity: int) -> dict[str, dict[str, jax.Array]]:
         return {str(nid): init_store(spec, batch, spec.capacity or capacity)
