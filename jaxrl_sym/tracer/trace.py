@@ -113,6 +113,7 @@ class _Builder:
         self.edges: list[Edge] = []
         self.env: dict[Any, tuple[int, int]] = {}  # jaxpr Var -> (node id, output index)
         self.consts: dict[int, Any] = {}  # node id -> constant value
+        self.call_sources: list[str] = []  # user lines of the calls being inlined
         self.T = table.sym("T")
         self.B = table.sym("B")
 
@@ -184,7 +185,22 @@ class _Builder:
             else:
                 self.equation(eqn)
 
+    def source(self, eqn: Any) -> str:
+        """The user's line; for library internals inlined from a call, the call's line."""
+        src = source_line(eqn)
+        for outer in reversed(self.call_sources):
+            if src.startswith("<unknown") or "/site-packages/jax/" in src:
+                src = outer
+        return src
+
     def inline(self, eqn: Any, inner: jcore.ClosedJaxpr) -> None:
+        self.call_sources.append(self.source(eqn))
+        try:
+            self._inline(eqn, inner)
+        finally:
+            self.call_sources.pop()
+
+    def _inline(self, eqn: Any, inner: jcore.ClosedJaxpr) -> None:
         for cv, val in zip(inner.jaxpr.constvars, inner.consts, strict=True):
             self.add_var_node(cv, "weight", f"const{len(self.consts)}", np.asarray(val))
         n_in = len(inner.jaxpr.invars)
@@ -213,7 +229,7 @@ class _Builder:
 
     def equation(self, eqn: Any) -> None:
         prim = eqn.primitive.name
-        src = source_line(eqn)
+        src = self.source(eqn)
         where = f"primitive '{prim}' at {src}"
         in_shapes, in_labels, in_lits = [], [], []
         for a in eqn.invars:
@@ -293,7 +309,16 @@ def trace_function(
     def flat(leaves_: list[Any], *seq: Any) -> Any:
         return fn(jax.tree_util.tree_unflatten(treedef, leaves_), *seq)
 
-    closed = jax.make_jaxpr(flat)(leaf_specs, *specs)
+    try:
+        closed = jax.make_jaxpr(flat)(leaf_specs, *specs)
+    except TypeError as err:
+        if "shape" not in str(err):
+            raise
+        raise SymbolError(
+            f"tracing with symbolic B, T failed: {err}. Arrays whose extents are different "
+            f"symbolic expressions (e.g. T and T - 1) were combined; every sequence input and "
+            f"intermediate must keep the same B and T."
+        ) from err
     b = _Builder(table, ranges)
     inputs: list[tuple[str, int]] = []
     n_leaves = len(leaves)
