@@ -1,0 +1,135 @@
+"""Functional KV caches for the baselines (pytrees, so they flow through jit/scan as arguments).
+
+Two layouts, matching what JAX decoding code does today:
+
+* :class:`PaddedKVCache` is preallocated at ``MAX_LEN`` slots and written in place with
+  ``lax.dynamic_update_slice``; one compiled program serves every step, but every step attends over
+  all ``MAX_LEN`` slots (empty ones masked by ``pos = -1``). That masked work and memory is the
+  padded baseline's cost.
+* :class:`ExactKVCache` grows by concatenation, so its length is always exact; the price is a new
+  shape (an XLA recompile) at every length. That is the per-shape baseline's cost.
+
+Both store keys *after* RoPE, together with each slot's token position and segment id: attention
+masks by positions, never by slot index, so left-padded rows and unfilled slots need no extra
+bookkeeping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxrl_sym.errors import InputError
+
+if TYPE_CHECKING:
+    from jaxrl_sym.models.lm import LMConfig
+
+
+def _empty(batch: int, length: int, cfg: LMConfig) -> tuple[jax.Array, ...]:
+    kv_shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    return (
+        jnp.zeros(kv_shape, cfg.dtype),
+        jnp.zeros(kv_shape, cfg.dtype),
+        jnp.full((batch, length), -1, jnp.int32),
+        jnp.zeros((batch, length), jnp.int32),
+    )
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class PaddedKVCache:
+    """Fixed-size cache: k/v [B, L, Hkv, D], pos [B, L] int32 (-1 = empty), seg [B, L] int32."""
+
+    k: jax.Array
+    v: jax.Array
+    pos: jax.Array
+    seg: jax.Array
+
+    @staticmethod
+    def init(batch: int, max_len: int, cfg: LMConfig) -> PaddedKVCache:
+        """An empty cache of ``max_len`` slots (every position -1, so every slot is masked)."""
+        return PaddedKVCache(*_empty(batch, max_len, cfg))
+
+    def update(
+        self,
+        k_new: jax.Array,
+        v_new: jax.Array,
+        pos_new: jax.Array,
+        seg_new: jax.Array,
+        index: jax.Array | int | None,
+    ) -> PaddedKVCache:
+        """Write T_new entries at slots ``index .. index+T_new-1`` (``index`` may be traced).
+
+        Like ``lax.dynamic_update_slice`` itself, an out-of-range index is clamped, so callers
+        must size the cache to hold every write (the baselines do).
+        """
+        if index is None:
+            raise InputError(
+                "PaddedKVCache.update needs the slot index to write at; pass cache_index= to "
+                "DecoderLM.__call__"
+            )
+        i = jnp.asarray(index, jnp.int32)
+        z = jnp.zeros((), jnp.int32)
+        return PaddedKVCache(
+            k=lax.dynamic_update_slice(self.k, k_new.astype(self.k.dtype), (z, i, z, z)),
+            v=lax.dynamic_update_slice(self.v, v_new.astype(self.v.dtype), (z, i, z, z)),
+            pos=lax.dynamic_update_slice(self.pos, pos_new.astype(jnp.int32), (z, i)),
+            seg=lax.dynamic_update_slice(self.seg, seg_new.astype(jnp.int32), (z, i)),
+        )
+
+    @property
+    def length(self) -> int:
+        """Number of slots (the static MAX_LEN)."""
+        return int(self.pos.shape[1])
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class ExactKVCache:
+    """Growing cache: same fields as :class:`PaddedKVCache`, length = tokens written so far."""
+
+    k: jax.Array
+    v: jax.Array
+    pos: jax.Array
+    seg: jax.Array
+
+    @staticmethod
+    def init(batch: int, cfg: LMConfig) -> ExactKVCache:
+        """An empty (length-0) cache."""
+        return ExactKVCache(*_empty(batch, 0, cfg))
+
+    def update(
+        self,
+        k_new: jax.Array,
+        v_new: jax.Array,
+        pos_new: jax.Array,
+        seg_new: jax.Array,
+        index: jax.Array | int | None = None,
+    ) -> ExactKVCache:
+        """Append T_new entries (``index`` is ignored: the write slot is always the end)."""
+        del index
+        return ExactKVCache(
+            k=jnp.concatenate([self.k, k_new.astype(self.k.dtype)], axis=1),
+            v=jnp.concatenate([self.v, v_new.astype(self.v.dtype)], axis=1),
+            pos=jnp.concatenate([self.pos, pos_new.astype(jnp.int32)], axis=1),
+            seg=jnp.concatenate([self.seg, seg_new.astype(jnp.int32)], axis=1),
+        )
+
+    @property
+    def length(self) -> int:
+        """Number of entries written so far."""
+        return int(self.pos.shape[1])
+
+
+def init_padded_caches(cfg: LMConfig, batch: int, max_len: int) -> tuple[PaddedKVCache, ...]:
+    """One empty :class:`PaddedKVCache` per layer."""
+    return tuple(PaddedKVCache.init(batch, max_len, cfg) for _ in range(cfg.n_layers))
+
+
+def init_exact_caches(cfg: LMConfig, batch: int) -> tuple[ExactKVCache, ...]:
+    """One empty :class:`ExactKVCache` per layer."""
+    return tuple(ExactKVCache.init(batch, cfg) for _ in range(cfg.n_layers))

@@ -1,0 +1,268 @@
+"""A small decoder-only LM (Llama/Qwen-style) in Flax NNX, written for the symbolic tracer.
+
+Why it looks the way it does:
+
+* Positions are an *input*. RoPE angles come from ``positions`` (never from ``jnp.arange`` over the
+  sequence axis), so the same forward serves a left-padded prompt batch, a packed batch of several
+  sequences, a single decode step and the tracer's symbolic-length program. Positions < 0 mark
+  padding; they are clamped to 0 for the angles (their outputs are masked by ``attend`` anyway).
+* The forward without caches is position-wise except for :func:`attend`: no reduction, cumsum,
+  slice or pad over the sequence axis and no reshape that merges batch and sequence. The tracer
+  relies on this to treat ``attend`` as the only op that mixes positions. Reshapes are written
+  ``x.reshape(*x.shape[:2], heads, head_dim)`` so symbolic ``B, T`` dimensions pass through.
+* KV caches are optional and only for the baselines: with ``caches`` the attention layer writes its
+  new keys/values into the cache and attends against the whole cache, masked by cached positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.ops.attention import Causal, Pattern, Window, attend
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """Architecture hyper-parameters. Frozen (hashable) so it can be a static jit argument."""
+
+    vocab_size: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    ffn_dim: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    patterns: tuple[Pattern, ...] = ()
+    dtype: Any = jnp.float32
+
+    def __post_init__(self) -> None:
+        # Fail at construction with the offending field named, not deep inside a matmul.
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                     "ffn_dim"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+                raise InputError(f"LMConfig.{name}={val!r}: must be an int >= 1")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise InputError(
+                f"LMConfig: n_heads={self.n_heads} is not a multiple of n_kv_heads="
+                f"{self.n_kv_heads} (grouped-query attention shares each kv head among "
+                "n_heads // n_kv_heads query heads)"
+            )
+        if self.head_dim % 2 != 0:
+            raise InputError(
+                f"LMConfig.head_dim={self.head_dim}: RoPE rotates pairs of features, so head_dim "
+                "must be even"
+            )
+        if self.patterns and len(self.patterns) != self.n_layers:
+            raise InputError(
+                f"LMConfig.patterns has {len(self.patterns)} entries for n_layers={self.n_layers}; "
+                "give one pattern per layer, or () for Causal() everywhere"
+            )
+
+    def layer_patterns(self) -> tuple[Pattern, ...]:
+        """One attention pattern per layer (default: full causal everywhere)."""
+        return self.patterns if self.patterns else tuple(Causal() for _ in range(self.n_layers))
+
+    @staticmethod
+    def mixed(window: int, **kw: Any) -> LMConfig:
+        """Gemma-2 style stack: even layers Window(window), odd layers full causal."""
+        n_layers = kw.pop("n_layers", LMConfig.n_layers)
+        pats = tuple(Window(window) if i % 2 == 0 else Causal() for i in range(n_layers))
+        return LMConfig(n_layers=n_layers, patterns=pats, **kw)
+
+
+_PRESETS: dict[str, dict[str, Any]] = {
+    # Unit tests: small enough that a CPU compile + run takes well under a second.
+    "tiny": dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                 ffn_dim=64),
+    # CLI default on CPU.
+    "small": dict(vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32,
+                  ffn_dim=384),
+    # GPT-2 small's sizes (with this file's RoPE/RMSNorm/SwiGLU blocks).
+    "gpt2-small": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12,
+                       head_dim=64, ffn_dim=3072),
+    # Qwen2.5-0.5B's sizes.
+    "qwen2.5-0.5b": dict(vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2,
+                         head_dim=64, ffn_dim=4864, rope_theta=1e6),
+}
+
+
+def preset_names() -> tuple[str, ...]:
+    """Names accepted by :func:`preset`."""
+    return tuple(_PRESETS)
+
+
+def preset(name: str, **overrides: Any) -> LMConfig:
+    """A named configuration; ``overrides`` replace fields (e.g. ``patterns=``, ``dtype=``)."""
+    try:
+        base = _PRESETS[name]
+    except KeyError:
+        raise InputError(
+            f"unknown model preset {name!r}; choose one of {', '.join(_PRESETS)}"
+        ) from None
+    return LMConfig(**{**base, **overrides})
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding of x [B, T, H, D] at ``positions`` [B, T] (rotate-half convention).
+
+    Negative positions (padding) are clamped to 0: their values are never read by a valid query,
+    and clamping keeps the angles finite. Computed in fp32 and cast back.
+    """
+    d = x.shape[-1]
+    inv_freq = jnp.asarray(1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d), jnp.float32)
+    pos = jnp.maximum(positions, 0).astype(jnp.float32)
+    ang = pos[..., None, None] * inv_freq  # [B, T, 1, D/2]
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2 :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with RoPE; the sequence mixing is entirely inside ``attend``."""
+
+    def __init__(self, cfg: LMConfig, pattern: Pattern, *, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        self.pattern = pattern
+        lin = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.dtype, rngs=rngs)
+        self.q_proj = nnx.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, **lin)
+        self.k_proj = nnx.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, **lin)
+        self.v_proj = nnx.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, **lin)
+        self.o_proj = nnx.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, **lin)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+        cache: Any = None,
+        cache_index: jax.Array | int | None = None,
+    ) -> tuple[jax.Array, Any]:
+        cfg = self.cfg
+        q = self.q_proj(x).reshape(*x.shape[:2], cfg.n_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
+        q = rope(q, positions, cfg.rope_theta)
+        k = rope(k, positions, cfg.rope_theta)
+        if cache is None:
+            kv_pos, kv_seg, new_cache = positions, segment_ids, None
+        else:
+            new_cache = cache.update(k, v, positions, segment_ids, cache_index)
+            k, v, kv_pos, kv_seg = new_cache.k, new_cache.v, new_cache.pos, new_cache.seg
+        out = attend(
+            q, k, v, self.pattern,
+            q_positions=positions, kv_positions=kv_pos,
+            q_segment_ids=segment_ids, kv_segment_ids=kv_seg,
+        )
+        out = out.reshape(*out.shape[:2], cfg.n_heads * cfg.head_dim)
+        return self.o_proj(out), new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs) -> None:
+        lin = dict(use_bias=False, dtype=cfg.dtype, param_dtype=cfg.dtype, rngs=rngs)
+        self.gate = nnx.Linear(cfg.d_model, cfg.ffn_dim, **lin)
+        self.up = nnx.Linear(cfg.d_model, cfg.ffn_dim, **lin)
+        self.down = nnx.Linear(cfg.ffn_dim, cfg.d_model, **lin)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class DecoderBlock(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)); x + mlp(norm(x))."""
+
+    def __init__(self, cfg: LMConfig, pattern: Pattern, *, rngs: nnx.Rngs) -> None:
+        norm = dict(epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.dtype, rngs=rngs)
+        self.attn_norm = nnx.RMSNorm(cfg.d_model, **norm)
+        self.attn = Attention(cfg, pattern, rngs=rngs)
+        self.mlp_norm = nnx.RMSNorm(cfg.d_model, **norm)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+        cache: Any = None,
+        cache_index: jax.Array | int | None = None,
+    ) -> tuple[jax.Array, Any]:
+        h, new_cache = self.attn(self.attn_norm(x), positions, segment_ids, cache, cache_index)
+        x = x + h
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, new_cache
+
+
+# --------------------------------------------------------------------------- model
+
+
+class DecoderLM(nnx.Module):
+    """Token embedding → blocks → final RMSNorm → tied head (fp32 logits)."""
+
+    def __init__(self, cfg: LMConfig, *, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        self.embed = nnx.Embed(
+            cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.dtype, rngs=rngs
+        )
+        self.layers = nnx.List([DecoderBlock(cfg, p, rngs=rngs) for p in cfg.layer_patterns()])
+        self.final_norm = nnx.RMSNorm(
+            cfg.d_model, epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.dtype, rngs=rngs
+        )
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array | None = None,
+        caches: tuple[Any, ...] | None = None,
+        cache_index: jax.Array | int | None = None,
+    ) -> jax.Array | tuple[jax.Array, tuple[Any, ...]]:
+        """Logits [B, T, V] (fp32); with ``caches`` also the updated caches.
+
+        tokens / positions / segment_ids: [B, T] int32; positions < 0 are padding.
+        caches: one cache per layer (``PaddedKVCache`` or ``ExactKVCache``).
+        cache_index: slot where this call's T entries are written into a ``PaddedKVCache``
+          (a traced int32 scalar is fine); ignored by ``ExactKVCache``, which appends.
+        """
+        if segment_ids is None:
+            segment_ids = jnp.zeros_like(positions)
+        if caches is not None and len(caches) != len(self.layers):
+            raise InputError(
+                f"DecoderLM: got {len(caches)} caches for {len(self.layers)} layers; pass one "
+                "cache per layer"
+            )
+        x = self.embed(tokens)
+        new_caches = []
+        for i, layer in enumerate(self.layers):
+            cache = None if caches is None else caches[i]
+            x, nc = layer(x, positions, segment_ids, cache, cache_index)
+            new_caches.append(nc)
+        h = self.final_norm(x).astype(jnp.float32)
+        logits = h @ self.embed.embedding[...].astype(jnp.float32).T
+        if caches is None:
+            return logits
+        return logits, tuple(new_caches)
+
+
+def init_model(cfg: LMConfig, seed: int = 0) -> DecoderLM:
+    """A freshly initialised model (convenience for tests and the CLI)."""
+    return DecoderLM(cfg, rngs=nnx.Rngs(seed))
+
