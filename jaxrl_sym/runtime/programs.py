@@ -118,7 +118,8 @@ class StepBuilder:
         """The right-aligned prompt block as one chunk, written from slot 0."""
         steps = jnp.zeros(tokens.shape[:1], jnp.int32)
         return self._chunk(hoisted, stores, tokens, positions, jnp.zeros((), jnp.int32), steps,
-                           row_ids, seed, temperature=temperature, want_logits=want_logits)
+                           row_ids, seed, temperature=temperature, want_logits=want_logits,
+                           fresh=True)
 
     def decode(self, hoisted, stores, prev_tokens, pos0, step, write_index, row_ids, seed, *,
                temperature: float, want_logits: bool):
@@ -141,6 +142,7 @@ class StepBuilder:
         *,
         temperature: float,
         want_logits: bool,
+        fresh: bool = False,
     ) -> tuple[Any, ...]:
         """One chunk for every row: model forward on [B, c] with stores, then token selection."""
         pdg = self.pdg
@@ -153,7 +155,7 @@ class StepBuilder:
 
         def attn(node: Any, args: list[jax.Array]) -> jax.Array:
             out, new = attend_with_store(self.specs[node.id], stores[str(node.id)], args,
-                                         write_index)
+                                         write_index, fresh=fresh)
             new_stores[str(node.id)] = new
             return out
 

@@ -108,12 +108,15 @@ def attend_with_store(
     store: Store,
     args: list[jax.Array],
     write_index: jax.Array,
+    *,
+    fresh: bool = False,
 ) -> tuple[jax.Array, Store]:
     """One attention node in a step program: read the store, add the chunk, return new store.
 
     args are the primitive's operands for the chunk: q, k, v, q_pos, k_pos, q_seg, k_seg
     ([B, c, …]); ``write_index`` is the slot of the chunk's first element (a device scalar, so
-    one program serves every step).
+    one program serves every step). ``fresh`` (static) says the store is empty (the prompt
+    chunk): attention then needs only the chunk, and the store is written in place from slot 0.
     """
     q, k, v, q_pos, k_pos = args[:5]
     c = q.shape[1]
@@ -121,6 +124,19 @@ def attend_with_store(
         return _linear_chunk(spec, store, q, k, v, q_pos, k_pos)
     cap = store["pos"].shape[1]
     ring = spec.kind in ("ring", "block")
+    if fresh and (not ring or c <= cap):
+        out = reference_attention(q, k, v, q_pos, k_pos, _zeros_seg(q_pos), _zeros_seg(k_pos),
+                                  pattern=spec.pattern, scale=spec.scale)
+        m = min(c, cap)
+        zero = jnp.zeros((), jnp.int32)
+        new = {
+            "k": lax.dynamic_update_slice(store["k"], k[:, c - m:].astype(store["k"].dtype),
+                                          (zero, zero, zero, zero)),
+            "v": lax.dynamic_update_slice(store["v"], v[:, c - m:].astype(store["v"].dtype),
+                                          (zero, zero, zero, zero)),
+            "pos": lax.dynamic_update_slice(store["pos"], k_pos[:, c - m:], (zero, zero)),
+        }
+        return out, new
     if not ring:
         # Growing/fixed: write first, then one masked pass over the capacity.
         zero = jnp.zeros((), jnp.int32)
