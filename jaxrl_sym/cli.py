@@ -158,8 +158,8 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
             out = os.path.join(tmp, f"{s}.npz")
             with open(spec_path, "w") as f:
                 json.dump(_spec(args, s), f)
-            proc = subprocess.run([sys.executable, "-m", "jaxrl_sym.cli", "_system", spec_path, out],
-                                  capture_output=True, text=True)
+            cmd = [sys.executable, "-m", "jaxrl_sym.cli", "_system", spec_path, out]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 results[s] = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
                 continue

@@ -51,7 +51,7 @@ def _nll_padded(model, seqs):
 
 
 def _nll_packed(engine, model, seqs):
-    graphdef, state = nnx.split(model)
+    _, state = nnx.split(model)
     leaves, treedef = jax.tree_util.tree_flatten(state)
     pb = PackedBatch.build(seqs)
     fwd = engine.forward_fn()

@@ -52,7 +52,7 @@ def _compare(kind: str, prompts, cfg: GenerationConfig):
 
 def _eos_for(kind: str, prompts, limit: int) -> int:
     """A token greedy decoding emits at different steps in different rows (so rows end apart)."""
-    model, engine = model_and_engine(kind)
+    _, engine = model_and_engine(kind)
     free = engine.generate(prompts, GenerationConfig(max_new_tokens=limit))
     firsts: dict[int, set[int]] = {}
     for toks in free.tokens:

@@ -23,14 +23,14 @@ from jaxrl_sym.ops.attention import Block, Causal, Linear, Window, attend, parse
 from jaxrl_sym.passes.generation import add_generation_loop
 from jaxrl_sym.passes.storage import plan_storage
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.symbols import Point, Range
+from jaxrl_sym.symbols import Point
 from jaxrl_sym.tracer.trace import SeqInput, trace_function, trace_model
 
 X = [SeqInput("x", "B, T, 8", jnp.float32)]
 
 
-def _trace(fn, patterns=(Causal(),)):
-    return trace_function(lambda w, x: fn(x), {}, X, patterns=patterns)
+def _trace(fn, patterns=None):
+    return trace_function(lambda w, x: fn(x), {}, X, patterns=patterns or (Causal(),))
 
 
 def _tiny(patterns):
@@ -106,7 +106,7 @@ def test_unsupported_primitive_is_named() -> None:
     _trace(lambda x: jax.lax.cummax(x, axis=2) + jax.lax.sort(x, dimension=2))
     with pytest.raises(UnsupportedPrimitiveError, match="cummax"):
         _trace(lambda x: jax.lax.cummax(x, axis=1))
-    with pytest.raises(UnsupportedPrimitiveError, match="'top_k'.*no rule"):
+    with pytest.raises(UnsupportedPrimitiveError, match=r"'top_k'.*no rule"):
         _trace(lambda x: jax.lax.top_k(x, 2)[0])
 
 
@@ -151,7 +151,7 @@ def test_generation_input_errors() -> None:
     ok = np.arange(3, dtype=np.int32)
     with pytest.raises(InputError, match="prompt 1 is empty"):
         engine.generate([ok, np.zeros(0, np.int32)], GenerationConfig(max_new_tokens=2))
-    with pytest.raises(InputError, match="prompt 0 has 3 tokens.*exceeds max_len=4"):
+    with pytest.raises(InputError, match=r"prompt 0 has 3 tokens.*exceeds max_len=4"):
         engine.generate([ok], GenerationConfig(max_new_tokens=2, max_len=4))
     with pytest.raises(InputError, match="prompt 0 has dtype float"):
         engine.generate([ok.astype(np.float32)], GenerationConfig(max_new_tokens=2))

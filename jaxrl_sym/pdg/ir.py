@@ -120,7 +120,10 @@ class PDG:
         return tuple(order)
 
     def with_nodes_edges(
-        self, nodes: tuple[Node, ...], edges: tuple[Edge, ...], outputs: tuple[int, ...] | None = None
+        self,
+        nodes: tuple[Node, ...],
+        edges: tuple[Edge, ...],
+        outputs: tuple[int, ...] | None = None,
     ) -> PDG:
         return PDG(nodes, edges, self.symbols, self.inputs,
                    self.outputs if outputs is None else outputs, self.domain_dims)

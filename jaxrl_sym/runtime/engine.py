@@ -216,8 +216,8 @@ class SymbolicLM:
         pos0_d = jax.device_put(pos0)
         # ---- prefill: the whole prompt block is one chunk
         (stores, tok, lp, lg), key = self._run(
-            "prefill", cfg, hoisted, stores, jax.device_put(tok_in), jax.device_put(pos_in), row_ids,
-            seed)
+            "prefill", cfg, hoisted, stores, jax.device_put(tok_in), jax.device_put(pos_in),
+            row_ids, seed)
         store_bytes = tree_bytes(stores)
         meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=0)
         step = 0
@@ -246,8 +246,8 @@ class SymbolicLM:
                 key_c = ("compact", bcap, new_b, tuple(sorted(
                     (k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s)))
                 filler = np.arange(new_b) >= len(live)
-                cargs = (stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler), tok, pos0_d,
-                         row_ids)
+                cargs = (stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
+                         tok, pos0_d, row_ids)
                 stores, tok, pos0_d, row_ids = self.cache.run(
                     key_c, lambda a=cargs: jax.jit(self.builder.compact)
                     .lower(*a).compile(), *cargs)

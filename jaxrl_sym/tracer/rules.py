@@ -155,7 +155,8 @@ def _dynamic_slice(view: EqnView) -> None:
     sizes = view.params.get("slice_sizes")
     for ax, lab in view.labelled("in", 0).items():
         start = view.in_literal[1 + ax] if len(view.in_literal) > 1 + ax else None
-        same = sizes is None or sympy.simplify(sympy.sympify(sizes[ax]) - view.in_shapes[0][ax]) == 0
+        size = None if sizes is None else sympy.sympify(sizes[ax])
+        same = size is None or sympy.simplify(size - view.in_shapes[0][ax]) == 0
         if not (same and start == 0):
             raise _mix(view, lab, "slices at a run-time offset")
 
@@ -202,7 +203,17 @@ def _attention(view: EqnView) -> None:
 
 
 ELEMENTWISE = frozenset(
-    ["abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2", "atanh", "bitcast_convert_type", "cbrt", "ceil", "clamp", "conj", "convert_element_type", "copy", "copy_p", "cos", "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt", "igamma", "imag", "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "population_count", "pow", "real", "reduce_precision", "rem", "round", "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "sub", "tan", "tanh", "xor", "sharding_constraint", "optimization_barrier"]
+    [
+        "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2",
+        "atanh", "bitcast_convert_type", "cbrt", "ceil", "clamp", "conj", "convert_element_type",
+        "copy", "copy_p", "cos", "cosh", "digamma", "div", "eq", "erf", "erf_inv", "erfc", "exp",
+        "exp2", "expm1", "floor", "ge", "gt", "igamma", "imag", "integer_pow", "is_finite", "le",
+        "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter",
+        "not", "or", "population_count", "pow", "real", "reduce_precision", "rem", "round",
+        "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical",
+        "sign", "sin", "sinh", "sqrt", "square", "stop_gradient", "sub", "tan", "tanh", "xor",
+        "sharding_constraint", "optimization_barrier",
+    ]
 )
 
 RULES: dict[str, Rule] = {name: _elementwise for name in ELEMENTWISE}

@@ -1,0 +1,13 @@
+"""Kernel backends behind the runtime's backend seam.
+
+``triton_ops`` holds the JAX-facing Triton operations (decode attention over a slot store, packed
+varlen attention with a custom VJP, linear attention decode and packed forms); ``launch`` is the one
+place that runs a Triton kernel, through jax-triton on a GPU or Triton's interpreter on the CPU.
+Importing this package imports neither triton nor jax-triton.
+"""
+
+from __future__ import annotations
+
+from jaxrl_sym.backends.launch import backend_name, triton_available
+
+__all__ = ["backend_name", "triton_available"]
