@@ -159,7 +159,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
             with open(spec_path, "w") as f:
                 json.dump(_spec(args, s), f)
             cmd = [sys.executable, "-m", "jaxrl_sym.cli", "_system", spec_path, out]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            # GPU: the allocator's peak is only meaningful without XLA's preallocation.
+            env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 results[s] = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
                 continue
