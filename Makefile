@@ -9,8 +9,8 @@ demo: setup
 	.venv/bin/jaxrl-sym decode --attention window --window 32 --tokens 128 --batch 4 --systems sym,padded,pershape
 
 test: setup
-	.venv/bin/ruff check jaxrl_sym kernels tests
+	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -q -p no:cacheprovider tests
 
 lint: setup
-	.venv/bin/ruff check jaxrl_sym kernels tests
+	.venv/bin/ruff check .

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 find_python() {
   for c in python3.12 "$HOME/.pyenv/versions/3.12.1/bin/python" /root/.pyenv/versions/3.12*/bin/python \
            /usr/local/bin/python3.12 /usr/bin/python3.12; do
-    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+    if command -v "$c" >/dev/null 2>&1 && "$c" 2>/dev/null -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
       command -v "$c"; return 0
     fi
   done
