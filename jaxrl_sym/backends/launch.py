@@ -48,7 +48,6 @@ _INTERPRETER_LOCK = threading.Lock()
 """Serialises interpreted launches (Triton's interpreter keeps the grid index in a global)."""
 
 
-
 # --------------------------------------------------------------------------- backend detection
 
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxrl_sym.backends import launch as _launch
 from jaxrl_sym.errors import InputError, PatternError
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Pattern, Window
+from kernels import LOG2E, PATTERN_BLOCK, PATTERN_CAUSAL, PATTERN_WINDOW
 
 _TARGET_PROGRAMS = 512
 """Split-K aims for ~4 programs per SM of an H100 (132 SMs): enough to hide memory latency."""
@@ -43,8 +44,6 @@ def _block(n: int) -> int:
 
 
 def _pattern_code(pattern: Pattern, op: str) -> tuple[int, int]:
-    from kernels import PATTERN_BLOCK, PATTERN_CAUSAL, PATTERN_WINDOW
-
     if isinstance(pattern, Window):
         return PATTERN_WINDOW, pattern.size
     if isinstance(pattern, Block):
@@ -161,8 +160,6 @@ def decode_attention(
         raise InputError(f"{op}(): num_splits must be a power of two >= 1, got {num_splits}")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kmod = _launch.import_kernels("decode_attention")
-    from kernels import LOG2E
-
     g = hq // hkv
     block_dv = _block(dv)
     consts = dict(
@@ -312,8 +309,6 @@ class _PackedConfig:
 
 
 def _packed_consts(cfg: _PackedConfig, q: jax.Array, v: jax.Array, hkv: int) -> dict[str, Any]:
-    from kernels import LOG2E
-
     n, hq, d = q.shape
     dv = v.shape[-1]
     return dict(
@@ -352,12 +347,17 @@ def _packed(
     return _packed_fwd_impl(q, k, v, cu, cfg)
 
 
-def _packed_fwd(q, k, v, cu, cfg):
+def _packed_fwd(
+    q: jax.Array, k: jax.Array, v: jax.Array, cu: jax.Array, cfg: _PackedConfig
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, ...]]:
     out, lse = _packed_fwd_impl(q, k, v, cu, cfg)
     return (out, lse), (q, k, v, cu, out, lse)
 
 
-def _packed_bwd(cfg, res, cts):
+def _packed_bwd(
+    cfg: _PackedConfig, res: tuple[jax.Array, ...], cts: tuple[jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array, jax.Array, None]:
+    """FlashAttention-2 backward: delta on the host side of XLA, then the dq and dk/dv kernels."""
     q, k, v, cu, out, lse = res
     d_out, d_lse = cts
     n, hq, _ = q.shape

@@ -1,0 +1,191 @@
+"""Split-K (flash-decoding) attention for one query token per row over a slot store.
+
+Store contract (fixed by the runtime): ``q [B, Hq, D]``; ``k_store [B, C, Hkv, D]``,
+``v_store [B, C, Hkv, Dv]`` (C = capacity); ``kv_pos [B, C]`` int32 (-1 = empty slot);
+``q_pos [B]`` int32; ``n_live [B]`` int32 = number of leading slots that may hold data. Slots at or
+beyond ``n_live`` are never read. Masking is by *position*, never by slot index, so the same kernel
+serves an append-only causal store, a ring buffer for a window (C = w slots written in arbitrary
+order) and a block store.
+
+WHY split-K: a decode step has one query per (row, head), so a kernel that gives each
+(row, kv head) one program leaves most of an H100's 132 SMs idle at small batch while each program
+streams the whole cache. Splitting the live slots of each row into ``NUM_SPLITS`` chunks gives one
+program per (row, kv head, chunk); each writes a partial softmax state (running max ``m``,
+normaliser ``l``, unnormalised output ``acc``), and :func:`decode_reduce_kernel` combines them. The
+chunk length is computed *in the kernel* from ``n_live`` (a device array), so all splits work on
+the live prefix whatever the capacity: the grid is static, the work distribution is not.
+
+WHY a head group per program: with grouped-query attention the ``Hq // Hkv`` query heads sharing
+a kv head read the same keys; loading K/V once per group divides the memory traffic (the whole
+cost of decode) by the group size. The group is padded to ``BLOCK_H >= 16`` rows so the scores
+are a ``tl.dot`` (tensor cores need M >= 16); padded rows are masked.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kvpos_ptr,
+    qpos_ptr,
+    nlive_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    CAP: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PATTERN: tl.constexpr,
+    SIZE: tl.constexpr,
+    QK_SCALE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    F32_DOT: tl.constexpr,
+):
+    """One (row b, kv head, split) program: partial softmax over a chunk of the live slots.
+
+    Outputs (fp32): ``m [B, HQ, NUM_SPLITS]`` running max in log2 units, ``l`` its normaliser,
+    ``acc [B, HQ, NUM_SPLITS, DV]`` the unnormalised weighted values. When ``NUM_SPLITS == 1``
+    no reduce launch follows: ``acc`` is then ``[B, HQ, 1, DV]`` in the output dtype and holds the
+    normalised result (one launch per decode step instead of two).
+    """
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    sp = tl.program_id(2)
+    G = HQ // HKV
+    b64 = b.to(tl.int64)
+
+    n_live = tl.minimum(tl.load(nlive_ptr + b), CAP)
+    qpos = tl.load(qpos_ptr + b)
+    # Chunk of the live prefix owned by this split, rounded to whole blocks.
+    chunk = tl.cdiv(tl.cdiv(n_live, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = sp * chunk
+    hi = tl.minimum(lo + chunk, n_live)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    h_mask = offs_h < G
+    d_mask = offs_d < D
+    dv_mask = offs_dv < DV
+    heads = hk * G + offs_h
+
+    q = tl.load(
+        q_ptr + b64 * (HQ * D) + heads[:, None] * D + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if F32_DOT:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+
+    k_base = k_ptr + b64 * (CAP * HKV * D) + hk * D
+    v_base = v_ptr + b64 * (CAP * HKV * DV) + hk * DV
+    for start in range(lo, hi, BLOCK_N):
+        n = start + offs_n
+        kpos = tl.load(kvpos_ptr + b64 * CAP + n, mask=n < hi, other=-1)
+        valid = (kpos >= 0) & (kpos <= qpos) & (qpos >= 0)
+        if PATTERN == 1:
+            valid = valid & (kpos > qpos - SIZE)
+        if PATTERN == 2:
+            valid = valid & (kpos >= qpos - qpos % SIZE)
+        # Masked-off slots (empty, outside the window/block) are not fetched: a predicated-off
+        # load moves no bytes, so a window over a long append-only store reads ~w slots of K/V.
+        k = tl.load(
+            k_base + n[:, None] * (HKV * D) + offs_d[None, :],
+            mask=valid[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + n[:, None] * (HKV * DV) + offs_dv[None, :],
+            mask=valid[:, None] & dv_mask[None, :],
+            other=0.0,
+        )
+        if F32_DOT:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(valid[None, :], s * QK_SCALE, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with no valid key so far keeps m = -inf; shift by 0 instead to avoid inf - inf.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if F32_DOT:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    row = b64 * HQ + heads
+    if NUM_SPLITS == 1:
+        # No valid key (empty query, nothing live) leaves l = 0 and acc = 0: output 0.
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(
+            acc_ptr + row[:, None] * DV + offs_dv[None, :],
+            out.to(acc_ptr.dtype.element_ty),
+            mask=h_mask[:, None] & dv_mask[None, :],
+        )
+    else:
+        part = row * NUM_SPLITS + sp
+        tl.store(m_ptr + part, m_i, mask=h_mask)
+        tl.store(l_ptr + part, l_i, mask=h_mask)
+        tl.store(
+            acc_ptr + part[:, None] * DV + offs_dv[None, :],
+            acc,
+            mask=h_mask[:, None] & dv_mask[None, :],
+        )
+
+
+@triton.jit
+def decode_reduce_kernel(
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    o_ptr,
+    HQ: tl.constexpr,
+    DV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Combine the ``NUM_SPLITS`` partial states of one (row, query head) into the output.
+
+    out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s with M = max_s m_s; splits that saw no
+    valid key carry m = -inf, l = 0, acc = 0 and drop out; if every split is empty, out = 0.
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    row = b.to(tl.int64) * HQ + h
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_mask = offs_dv < DV
+    m = tl.load(m_ptr + row * NUM_SPLITS + offs_s)
+    l_s = tl.load(l_ptr + row * NUM_SPLITS + offs_s)
+    acc = tl.load(
+        acc_ptr + (row * NUM_SPLITS + offs_s)[:, None] * DV + offs_dv[None, :],
+        mask=dv_mask[None, :],
+        other=0.0,
+    )
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.exp2(m - m_safe)
+    denom = tl.sum(w * l_s, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(denom > 0.0, denom, 1.0)
+    tl.store(o_ptr + row * DV + offs_dv, out.to(o_ptr.dtype.element_ty), mask=dv_mask)
