@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--preset", default="decode-cpu",
                    help="model preset: decode-cpu (default), tiny, small, gpt2-small, qwen2.5-0.5b")
-    d.add_argument("--backend", default="xla", choices=("xla",))
+    d.add_argument("--backend", default="xla", choices=("xla", "triton", "auto"),
+                   help="sym's kernels: xla, triton (interpreted on CPU), auto")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--no-warm", action="store_true", help="skip the warm (timing) run")
     r = sub.add_parser("_system", help=argparse.SUPPRESS)
@@ -98,7 +99,7 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
     if system == "sym":
         from jaxrl_sym.runtime.engine import SymbolicLM
 
-        engine = SymbolicLM(model)
+        engine = SymbolicLM(model, backend=spec["backend"])
         gen = engine.generate
     elif system == "padded":
         from jaxrl_sym.baselines.padded import padded_generate

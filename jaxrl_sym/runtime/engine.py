@@ -32,6 +32,25 @@ from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache, StepBuilder,
 from jaxrl_sym.tracer.trace import trace_model
 
 
+def resolve_backend(backend: str) -> str:
+    """``xla`` everywhere; ``triton`` = jax-triton on a GPU, Triton's interpreter on CPU (slow,
+    for checking); ``auto`` = triton where it runs compiled (a GPU with jax-triton), else xla."""
+    from jaxrl_sym.backends.launch import backend_name
+
+    if backend == "auto":
+        return "triton" if backend_name() == "gpu" else "xla"
+    if backend == "xla":
+        return backend
+    if backend == "triton":
+        if backend_name() is None:
+            raise InputError(
+                "backend='triton' needs triton (pip install -e '.[interp]' on CPU, '.[gpu]' with "
+                "jax-triton on a GPU); use backend='xla' otherwise"
+            )
+        return backend
+    raise InputError(f"backend={backend!r}: choose 'xla', 'triton' or 'auto'")
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -78,7 +97,8 @@ class SymbolicLM:
       min_capacity: initial slots of a growing store (it then doubles).
       max_len: optional user cap; with it, full-attention stores are allocated at that size.
       microbatch_rows / prompt_spread: aligned-microbatch policy.
-      sync_every: host checks for finished rows every this many steps (1 = every step).
+      backend: ``xla``, ``triton`` (Triton kernels for decode steps; interpreted on CPU) or
+        ``auto``.
     """
 
     def __init__(
@@ -91,14 +111,13 @@ class SymbolicLM:
         prompt_spread: float = 0.25,
         backend: str = "xla",
     ) -> None:
-        if backend not in ("xla",):
-            raise InputError(f"backend={backend!r}: this build supports 'xla'")
+        self.backend = resolve_backend(backend)
         self.program, self.graphdef, state = trace_model(model)
         self.vocab_size = int(self.program.pdg.node(self.program.pdg.outputs[0]).shape[-1])
         self.pdg = add_generation_loop(self.program.pdg)
         self.plan: StoragePlan = plan_storage(self.pdg, max_len=max_len)
         self.bindings = self.program.binding_dict
-        self.specs = store_specs(self.pdg, self.plan, self.bindings)
+        self.specs = store_specs(self.pdg, self.plan, self.bindings, self.backend)
         self.builder = StepBuilder(self.pdg, self.specs, constant_values(self.program.consts))
         self.leaves = jax.tree_util.tree_leaves(state)
         self.min_capacity = min_capacity

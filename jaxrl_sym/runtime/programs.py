@@ -54,7 +54,9 @@ class ProgramCache:
         return exe(*args)
 
 
-def store_specs(pdg: PDG, plan: StoragePlan, bindings: dict[str, int]) -> dict[int, StoreSpec]:
+def store_specs(
+    pdg: PDG, plan: StoragePlan, bindings: dict[str, int], backend: str = "xla"
+) -> dict[int, StoreSpec]:
     """Concrete layouts for every attention node's store."""
     out: dict[int, StoreSpec] = {}
     for sp in plan.stores:
@@ -67,7 +69,7 @@ def store_specs(pdg: PDG, plan: StoragePlan, bindings: dict[str, int]) -> dict[i
             node=sp.node, kind=sp.kind, capacity=sp.capacity_value(bindings),
             hkv=int(k.shape[2]), d=int(k.shape[3]), dv=int(v.shape[3]),
             dtype=jnp.dtype(k.dtype), pattern=node.params["pattern"],
-            scale=float(node.params["scale"]),
+            scale=float(node.params["scale"]), backend=backend,
         )
     return out
 

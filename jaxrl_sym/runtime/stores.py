@@ -40,6 +40,7 @@ class StoreSpec:
     dtype: Any
     pattern: Pattern
     scale: float
+    backend: str = "xla"  # "xla" | "triton": who computes single-token decode attention
 
 
 def init_store(spec: StoreSpec, batch: int, capacity: int) -> Store:
@@ -120,6 +121,8 @@ def attend_with_store(
     """
     q, k, v, q_pos, k_pos = args[:5]
     c = q.shape[1]
+    if spec.backend == "triton" and c == 1 and not fresh:
+        return _triton_decode(spec, store, q, k, v, q_pos, k_pos, write_index)
     if spec.kind == "state":
         return _linear_chunk(spec, store, q, k, v, q_pos, k_pos)
     cap = store["pos"].shape[1]
@@ -177,3 +180,38 @@ def attend_with_store(
         "pos": store["pos"].at[:, slots].set(k_pos[:, c - m:]),
     }
     return out, new
+
+
+def _triton_decode(
+    spec: StoreSpec, store: Store, q: jax.Array, k: jax.Array, v: jax.Array,
+    q_pos: jax.Array, k_pos: jax.Array, write_index: jax.Array,
+) -> tuple[jax.Array, Store]:
+    """Single-token decode through the Triton kernels: only live slots are read.
+
+    The live count is a device value derived from ``write_index`` (growing: t+1; ring/block:
+    min(t+1, capacity) — the planner's live-count expression), so one compiled program serves
+    every step of a capacity bucket.
+    """
+    from jaxrl_sym.backends import triton_ops  # imported only when this backend is chosen
+
+    b = q.shape[0]
+    if spec.kind == "state":
+        out, s_new, z_new = triton_ops.linear_decode(q[:, 0], k[:, 0], v[:, 0], store["S"],
+                                                     store["z"])
+        return out[:, None], {"S": s_new, "z": z_new}
+    cap = store["pos"].shape[1]
+    ring = spec.kind in ("ring", "block")
+    slot = write_index % cap if ring else write_index
+    zero = jnp.zeros((), jnp.int32)
+    new = {
+        "k": lax.dynamic_update_slice(store["k"], k.astype(store["k"].dtype),
+                                      (zero, slot, zero, zero)),
+        "v": lax.dynamic_update_slice(store["v"], v.astype(store["v"].dtype),
+                                      (zero, slot, zero, zero)),
+        "pos": lax.dynamic_update_slice(store["pos"], k_pos, (zero, slot)),
+    }
+    live = jnp.minimum(write_index + 1, cap) if ring else write_index + 1
+    n_live = jnp.full((b,), live, jnp.int32)
+    out = triton_ops.decode_attention(q[:, 0], new["k"], new["v"], new["pos"], q_pos[:, 0],
+                                      n_live, pattern=spec.pattern, scale=spec.scale)
+    return out[:, None], new
