@@ -18,12 +18,12 @@ from flax import nnx
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from jaxrl_sym.baselines.padded import padded_generate  # noqa: E402
-from jaxrl_sym.errors import InputError  # noqa: E402
-from jaxrl_sym.generation import GenerationConfig  # noqa: E402
-from jaxrl_sym.models.lm import DecoderLM, preset  # noqa: E402
-from jaxrl_sym.ops.attention import Block, Causal, Linear, Window  # noqa: E402
-from jaxrl_sym.runtime.engine import SymbolicLM, resolve_backend  # noqa: E402
+from jaxrl_sym.baselines.padded import padded_generate
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.models.lm import DecoderLM, preset
+from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
+from jaxrl_sym.runtime.engine import SymbolicLM, resolve_backend
 
 
 def test_triton_backend_matches_padded_on_every_store_kind() -> None:
