@@ -114,6 +114,14 @@ def test_packing_is_exact_and_tight(lens) -> None:
     used = (pb.segment_ids >= 0).sum()
     assert used == sum(lens)
     assert pb.tokens.shape[1] < 2 * max(lens) + 8
+    # flattened boundaries for the varlen kernel: every sequence is exactly one segment
+    cu = pb.cu_seqlens.tolist()
+    assert cu[0] == 0 and cu == sorted(cu) and cu[-1] == pb.tokens.size
+    bounds = set(cu)
+    for r, st_, n in pb.where:
+        start = r * pb.tokens.shape[1] + st_
+        assert start in bounds and start + n in bounds
+        assert not any(start < b < start + n for b in bounds)
 
 
 def test_packing_rejects_empty() -> None:

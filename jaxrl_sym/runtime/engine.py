@@ -118,7 +118,8 @@ class SymbolicLM:
         self.plan: StoragePlan = plan_storage(self.pdg, max_len=max_len)
         self.bindings = self.program.binding_dict
         self.specs = store_specs(self.pdg, self.plan, self.bindings, self.backend)
-        self.builder = StepBuilder(self.pdg, self.specs, constant_values(self.program.consts))
+        self.builder = StepBuilder(self.pdg, self.specs, constant_values(self.program.consts),
+                                   self.backend)
         self.leaves = jax.tree_util.tree_leaves(state)
         self.min_capacity = min_capacity
         self.max_len = max_len
@@ -301,10 +302,11 @@ class SymbolicLM:
     def packed_logits(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Logits for each sequence (exact lengths), computed on packed rows."""
         pb = PackedBatch.build(sequences)
-        key = ("forward", pb.tokens.shape)
-        out = self.cache.run(key, lambda: jax.jit(self.builder.forward).lower(
-            self.leaves, pb.tokens, pb.positions, pb.segment_ids).compile(),
-            self.leaves, pb.tokens, pb.positions, pb.segment_ids)
+        args = (self.leaves, pb.tokens, pb.positions, pb.segment_ids,
+                pb.cu_seqlens if self.backend == "triton" else None)
+        key = ("forward", pb.tokens.shape, None if args[-1] is None else args[-1].shape)
+        out = self.cache.run(key, lambda: jax.jit(self.builder.forward).lower(*args).compile(),
+                             *args)
         return pb.unpack(np.asarray(out))
 
 
@@ -350,6 +352,27 @@ class PackedBatch:
             positions[r, s:s + n] = np.arange(n)
             segs[r, s:s + n] = i
         return PackedBatch(tokens, positions, segs, tuple(where))
+
+    @property
+    def cu_seqlens(self) -> np.ndarray:
+        """Boundaries of the rows flattened end to end, for the packed varlen kernel.
+
+        Every sequence and every unused gap is its own segment (gaps attend only to themselves
+        and are never read back); the array is padded to a power of two with empty segments so
+        that batches with different sequence counts share a compiled program.
+        """
+        length = self.tokens.shape[1]
+        starts = sorted((r * length + s, n) for r, s, n in self.where)
+        bounds = [0]
+        for start, n in starts:
+            if start > bounds[-1]:
+                bounds.append(start)  # a gap before this sequence
+            bounds.append(start + n)
+        total = self.tokens.size
+        if bounds[-1] < total:
+            bounds.append(total)
+        size = next_pow2(len(bounds))
+        return np.asarray(bounds + [total] * (size - len(bounds)), np.int32)
 
     @property
     def padding_fraction(self) -> float:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sym.generation import select_tokens
+from jaxrl_sym.ops.attention import Linear
 from jaxrl_sym.passes.storage import StoragePlan
 from jaxrl_sym.pdg.ir import PDG
 from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
@@ -81,6 +82,7 @@ class StepBuilder:
     pdg: PDG
     specs: dict[int, StoreSpec]
     consts: dict[int, tuple[Any, ...]]
+    backend: str = "xla"
 
     @property
     def boundary(self) -> tuple[int, ...]:
@@ -181,8 +183,13 @@ class StepBuilder:
                 jnp.take(tok, rows, axis=0), pos0, jnp.take(row_ids, rows, axis=0))
 
     def forward(self, leaves: list[jax.Array], tokens: jax.Array, positions: jax.Array,
-                segment_ids: jax.Array) -> jax.Array:
-        """Full-sequence forward (packed rows): logits [R, L, V]; differentiable in leaves."""
+                segment_ids: jax.Array, cu_seqlens: jax.Array | None = None) -> jax.Array:
+        """Full-sequence forward (packed rows): logits [R, L, V]; differentiable in leaves.
+
+        With the Triton backend and ``cu_seqlens`` (see ``PackedBatch.cu_seqlens``), softmax
+        attention runs in the packed variable-length kernel (forward + backward kernels via
+        custom_vjp) over the rows flattened end to end; otherwise the masked primitive.
+        """
         pdg = self.pdg
         vals = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
         vals.update(self.consts)
@@ -192,6 +199,16 @@ class StepBuilder:
         r, length = tokens.shape
 
         def attn(node: Any, args: list[jax.Array]) -> jax.Array:
+            pattern = node.params["pattern"]
+            if self.backend == "triton" and cu_seqlens is not None and \
+                    not isinstance(pattern, Linear):
+                from jaxrl_sym.backends import triton_ops
+
+                q, k, v = args[:3]
+                flat = lambda x: x.reshape(r * length, *x.shape[2:])
+                out = triton_ops.packed_attention(flat(q), flat(k), flat(v), cu_seqlens,
+                                                  pattern=pattern, scale=node.params["scale"])
+                return out.reshape(r, length, *out.shape[1:])
             # The primitive itself: masked by positions and segments, differentiable.
             return node.prim.bind(*args, **node.params)
 
