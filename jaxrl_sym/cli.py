@@ -8,6 +8,7 @@ compares sym's tokens and logits against padded's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -174,10 +175,19 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     report["config"].pop("system")
     if "sym" in arrays and "padded" in arrays:
         report["check"] = _check(arrays["sym"], arrays["padded"])
+    import datetime
+    import importlib.metadata as md
+
     import jax
 
     report["device"] = str(jax.devices()[0].device_kind)
-    report["versions"] = {"jax": jax.__version__}
+    versions = {}
+    for pkg in ("jax", "jaxlib", "flax", "numpy", "triton", "jax-triton"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[pkg] = md.version(pkg)
+    report["versions"] = versions
+    report["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    report["command"] = "jaxrl-sym " + " ".join(sys.argv[1:])
     return report
 
 
