@@ -139,3 +139,33 @@ def test_growth_and_compaction_happen_and_compile_count_is_logarithmic() -> None
 def test_mixed_config_helper_interleaves() -> None:
     cfg = LMConfig.mixed(4, n_layers=4)
     assert [type(p).__name__ for p in cfg.layer_patterns()] == ["Window", "Causal"] * 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 300), min_size=1, max_size=20),
+    limit=st.integers(1, 2000),
+    frac=st.sampled_from([0.0, 0.05, 0.1, 0.5]),
+    rows=st.sampled_from([None, 1, 3]),
+)
+def test_property_microbatches_partition_and_bound_padding(lens, limit, frac, rows) -> None:
+    from jaxrl_sym.runtime.engine import microbatches
+
+    limits = [limit] * len(lens)
+    groups = microbatches(lens, limits, max_rows=rows, max_pad_fraction=frac)
+    assert sorted(i for g in groups for i in g) == list(range(len(lens)))
+    for g in groups:
+        assert rows is None or len(g) <= rows
+        top = max(lens[i] for i in g)
+        pad = sum(top - lens[i] for i in g)
+        assert pad <= frac * sum(top + limit for _ in g) or len(g) == 1
+
+
+def test_microbatches_keep_long_generations_together() -> None:
+    from jaxrl_sym.runtime.engine import microbatches
+
+    # 16 tokens of prompt padding next to 1024 generated tokens: one group, one set of programs
+    assert len(microbatches([8, 24, 9, 22], [1024] * 4, max_rows=None,
+                            max_pad_fraction=0.1)) == 1
+    # short generations after very different prompts: split
+    assert len(microbatches([4, 200], [4, 4], max_rows=None, max_pad_fraction=0.1)) == 2

@@ -32,6 +32,8 @@ from jaxrl_sym.runtime.metrics import (
     tree_bytes,
 )
 
+_RELEASE_EVERY = 128  # steps between releases of per-length executables
+
 
 def _build_steps(graphdef: Any, model_cfg: Any, b: int, gen: GenerationConfig):
     """Jitted prefill and decode step; temperature and seed are static, as in the padded program."""
@@ -115,6 +117,12 @@ def pershape_generate(
                 done |= tok_host == cfg.eos_id
             if done.all() or s == n:
                 break
+            if s % _RELEASE_EVERY == 0:
+                # Lengths only grow, so no earlier executable is reused within this run. Release
+                # them: XLA:CPU otherwise runs out of JIT code memory after several hundred
+                # executables ("LLVM ERROR: Unable to allocate section memory", seen at 1024
+                # tokens). Every length is still compiled exactly once.
+                jax.clear_caches()
             pos = (batch.prompt_lens + s - 1).astype(np.int32)
             args = (state, caches, tok, jax.device_put(pos), np.int32(s))
             compiled, (new_caches, tok, lp, lg) = run(step, *args)
