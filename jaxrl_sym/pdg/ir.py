@@ -80,7 +80,7 @@ class PDG:
     symbols: SymbolTable
     inputs: tuple[tuple[str, int], ...]  # (role, node id): role in weight:<i>, tokens, positions…
     outputs: tuple[int, ...]
-    domain_dims: tuple[tuple[str, str], ...] = (("b", "B"), ("t", "T"))  # iterator -> extent
+    domain_dims: tuple[tuple[str, str], ...] = (("r", "B"), ("t", "T"))  # iterator -> extent
 
     # ---------------------------------------------------------------- queries
     def node(self, i: int) -> Node:
