@@ -104,6 +104,18 @@ def _linear_chunk(
     return out.reshape(b, c, hq, v.shape[-1]).astype(q.dtype), new
 
 
+def _write(store: Store, k: jax.Array, v: jax.Array, pos: jax.Array, slot: jax.Array) -> Store:
+    """Write a contiguous run of entries at ``slot`` (in place when the store is donated)."""
+    zero = jnp.zeros((), jnp.int32)
+    return {
+        "k": lax.dynamic_update_slice(store["k"], k.astype(store["k"].dtype),
+                                      (zero, slot, zero, zero)),
+        "v": lax.dynamic_update_slice(store["v"], v.astype(store["v"].dtype),
+                                      (zero, slot, zero, zero)),
+        "pos": lax.dynamic_update_slice(store["pos"], pos, (zero, slot)),
+    }
+
+
 def attend_with_store(
     spec: StoreSpec,
     store: Store,
@@ -131,38 +143,16 @@ def attend_with_store(
         out = reference_attention(q, k, v, q_pos, k_pos, _zeros_seg(q_pos), _zeros_seg(k_pos),
                                   pattern=spec.pattern, scale=spec.scale)
         m = min(c, cap)
-        zero = jnp.zeros((), jnp.int32)
-        new = {
-            "k": lax.dynamic_update_slice(store["k"], k[:, c - m:].astype(store["k"].dtype),
-                                          (zero, zero, zero, zero)),
-            "v": lax.dynamic_update_slice(store["v"], v[:, c - m:].astype(store["v"].dtype),
-                                          (zero, zero, zero, zero)),
-            "pos": lax.dynamic_update_slice(store["pos"], k_pos[:, c - m:], (zero, zero)),
-        }
-        return out, new
+        return out, _write(store, k[:, c - m:], v[:, c - m:], k_pos[:, c - m:],
+                           jnp.zeros((), jnp.int32))
     if not ring:
         # Growing/fixed: write first, then one masked pass over the capacity.
-        zero = jnp.zeros((), jnp.int32)
-        new = {
-            "k": lax.dynamic_update_slice(store["k"], k.astype(store["k"].dtype),
-                                          (zero, write_index, zero, zero)),
-            "v": lax.dynamic_update_slice(store["v"], v.astype(store["v"].dtype),
-                                          (zero, write_index, zero, zero)),
-            "pos": lax.dynamic_update_slice(store["pos"], k_pos, (zero, write_index)),
-        }
+        new = _write(store, k, v, k_pos, write_index)
         out = reference_attention(q, new["k"], new["v"], q_pos, new["pos"], _zeros_seg(q_pos),
                                   _zeros_seg(new["pos"]), pattern=spec.pattern, scale=spec.scale)
         return out, new
     if c == 1:
-        slot = write_index % cap
-        zero = jnp.zeros((), jnp.int32)
-        new = {
-            "k": lax.dynamic_update_slice(store["k"], k.astype(store["k"].dtype),
-                                          (zero, slot, zero, zero)),
-            "v": lax.dynamic_update_slice(store["v"], v.astype(store["v"].dtype),
-                                          (zero, slot, zero, zero)),
-            "pos": lax.dynamic_update_slice(store["pos"], k_pos, (zero, slot)),
-        }
+        new = _write(store, k, v, k_pos, write_index % cap)
         out = reference_attention(q, new["k"], new["v"], q_pos, new["pos"], _zeros_seg(q_pos),
                                   _zeros_seg(new["pos"]), pattern=spec.pattern, scale=spec.scale)
         return out, new
@@ -201,15 +191,7 @@ def _triton_decode(
         return out[:, None], {"S": s_new, "z": z_new}
     cap = store["pos"].shape[1]
     ring = spec.kind in ("ring", "block")
-    slot = write_index % cap if ring else write_index
-    zero = jnp.zeros((), jnp.int32)
-    new = {
-        "k": lax.dynamic_update_slice(store["k"], k.astype(store["k"].dtype),
-                                      (zero, slot, zero, zero)),
-        "v": lax.dynamic_update_slice(store["v"], v.astype(store["v"].dtype),
-                                      (zero, slot, zero, zero)),
-        "pos": lax.dynamic_update_slice(store["pos"], k_pos, (zero, slot)),
-    }
+    new = _write(store, k, v, k_pos, write_index % cap if ring else write_index)
     live = jnp.minimum(write_index + 1, cap) if ring else write_index + 1
     n_live = jnp.full((b,), live, jnp.int32)
     out = triton_ops.decode_attention(q[:, 0], new["k"], new["v"], new["pos"], q_pos[:, 0],
