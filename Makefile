@@ -6,7 +6,7 @@ setup:
 
 # The main job: a small padding-vs-symbolic decoding comparison on CPU (same model, same weights).
 demo: setup
-	.venv/bin/jaxrl-sym decode --attention window --window 32 --tokens 128 --batch 4 --systems sym,padded,pershape
+	.venv/bin/jaxrl-sym decode --attention window --window 32 --tokens 256 --batch 4 --systems sym,padded
 
 test: setup
 	.venv/bin/ruff check .
