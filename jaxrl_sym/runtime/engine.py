@@ -9,7 +9,7 @@ touched here (the live-slot counts come from functions compiled once by the plan
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,16 @@ class SymbolicLM:
         return self._hoisted
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: Sequence[Any], cfg: GenerationConfig) -> GenerationResult:
+    def generate(self, prompts: Sequence[Any], cfg: GenerationConfig, *,
+                 on_finished: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        """Generate for every prompt until EOS or its limit.
+
+        on_finished: called from the host loop with the indices of rows that just finished
+          (their tokens and log-probs in ``toks``/``lps`` are final), while other rows still
+          decode. The RL step uses it to queue reference scoring of finished rows behind the
+          decode steps, so that work fills the device while the long tail generates instead of
+          running as a separate pass afterwards.
+        """
         prompts = validate_prompts(prompts, self.vocab_size, cfg)
         limits = row_limits(cfg, len(prompts))
         lengths = [len(p) for p in prompts]
@@ -174,7 +183,7 @@ class SymbolicLM:
             for group in microbatches(lengths, limits, max_rows=self.microbatch_rows,
                                       max_pad_fraction=self.max_pad_fraction):
                 self._run_group(group, prompts, limits, cfg, hoisted, weights_bytes, meter,
-                                toks, lps, logits)
+                                toks, lps, logits, on_finished)
         elapsed = time.perf_counter() - t0
         dev_peak = device_peak_bytes()
         stats = {
@@ -214,7 +223,7 @@ class SymbolicLM:
         return exe(*args), key
 
     def _run_group(self, group, prompts, limits, cfg, hoisted, weights_bytes, meter, toks, lps,
-                   logits) -> None:
+                   logits, on_finished=None) -> None:
         n = len(group)
         bcap = next_pow2(n)
         plen = max(len(prompts[i]) for i in group)
@@ -255,6 +264,7 @@ class SymbolicLM:
             tok_h = np.asarray(tok)
             lp_h = np.asarray(lp)
             lg_h = np.asarray(lg) if cfg.return_logits else None
+            finished: list[int] = []
             for slot in np.nonzero(~rows.done)[0]:
                 i = int(rows.ids[slot])
                 toks[i].append(int(tok_h[slot]))
@@ -264,6 +274,9 @@ class SymbolicLM:
                 if (cfg.eos_id is not None and tok_h[slot] == cfg.eos_id) or \
                         len(toks[i]) >= rows.limits[slot]:
                     rows.done[slot] = True
+                    finished.append(i)
+            if finished and on_finished is not None:
+                on_finished(finished)
             if rows.done.all():
                 break
             step += 1

@@ -1,0 +1,188 @@
+"""One RL fine-tuning step (GRPO + KL), symbolic runtime vs padded baseline, at a CPU preset.
+
+Setting (FIELD_NOTES §5, scaled down by ``--scale`` for a CPU): a shrunk Qwen2.5-like model
+(GQA 7:1, head dim 16, SwiGLU, tied embeddings, RoPE θ = 1e6), 16 prompts × 8 generations, prompt
+lengths uniform in [64, 512] / scale, response lengths log-normal with median 275 / scale capped
+at 1024 / scale. Random weights never emit EOS, so every row is given its sampled length as its
+generation limit (the row ends there, as if EOS had been sampled); both systems get the same
+prompts and lengths.
+
+Each system runs in its own process (so peak RSS is its own): one warm-up step (compiles), then
+``--steps`` measured steps on the same prompts and lengths with fresh sampling seeds (same shapes,
+so nothing recompiles; the padded baseline's generation compiles on every call by design and its
+compile time is reported separately, not in the stage times).
+
+    .venv/bin/python bench/rlft_step.py                 # table
+    .venv/bin/python bench/rlft_step.py --json out.json # also write the report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+# Qwen2.5-0.5B: 24 layers, d 896, 14 q / 2 kv heads of 64, FFN 4864, vocab 151,936, θ 1e6.
+# Shrunk for a 2-core CPU, keeping the ratios that shape the cost (GQA 7:1, FFN ≈ 5.4·d).
+QWEN_CPU: dict[str, Any] = dict(vocab_size=2048, d_model=112, n_layers=4, n_heads=7,
+                                n_kv_heads=1, head_dim=16, ffn_dim=608, rope_theta=1e6)
+STAGES = ("generation", "pack", "reference", "reward", "advantage", "update")
+
+
+def workload(args: argparse.Namespace) -> tuple[list[np.ndarray], list[int]]:
+    """Prompts and per-sample response lengths (prompt-major, G per prompt), seeded."""
+    rng = np.random.default_rng(args.seed)
+    lo, hi = max(1, 64 // args.scale), max(1, 512 // args.scale)
+    cap, median = max(1, 1024 // args.scale), 275 / args.scale
+    prompts = [rng.integers(0, QWEN_CPU["vocab_size"], size=int(rng.integers(lo, hi + 1)),
+                            dtype=np.int32) for _ in range(args.prompts)]
+    lengths = np.exp(np.log(median) + args.sigma * rng.standard_normal(args.prompts * args.group))
+    limits = [int(x) for x in np.clip(np.round(lengths), 1, cap)]
+    return prompts, limits
+
+
+def reward_fn(prompt: np.ndarray, response: np.ndarray) -> float:
+    """A cheap stand-in reward: share of response tokens in the lower half of the vocabulary."""
+    return float(np.mean(response < QWEN_CPU["vocab_size"] // 2))
+
+
+def run_system(args: argparse.Namespace) -> dict[str, Any]:
+    from jaxrl_sym.models.lm import init_model, preset
+    from jaxrl_sym.rl import RLConfig, RLTrainer
+    from jaxrl_sym.runtime.metrics import peak_rss_bytes
+
+    prompts, limits = workload(args)
+    cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
+                   max_new_tokens=max(limits), eos_id=None, lr=1e-4)
+    trainer = RLTrainer(init_model(preset("small", **QWEN_CPU), args.seed), reward_fn, cfg,
+                        system=args.system, min_capacity=32)
+    warm = trainer.step(prompts, seed=1, limits=limits)
+    steps = [trainer.step(prompts, seed=2 + k, limits=limits) for k in range(args.steps)]
+
+    def med(f):
+        return statistics.median(f(m) for m in steps)
+
+    stage = {s: med(lambda m, s=s: m["seconds"][s]) for s in STAGES}
+    # generation without compile: the padded baseline re-compiles its program on every call
+    stage["generation"] = med(lambda m: m["generation_run_seconds"])
+    total = sum(stage.values())
+    m0 = steps[0]
+    return {
+        "system": args.system,
+        "seconds": {**stage, "total": total},
+        "generation_compile_seconds_per_step": med(lambda m: m["generation_compile_seconds"]),
+        "warmup_seconds": warm["seconds"]["total"],
+        "warmup_compiles": warm["compiles"],
+        "measured_step_compiles": [m["compiles"] for m in steps],
+        "useful_tokens": m0["useful_tokens"],
+        "generated_tokens": m0["generated_tokens"],
+        "useful_tokens_per_s": m0["useful_tokens"] / total,
+        "generation_tokens_per_s": m0["generated_tokens"] / stage["generation"],
+        "train_tokens_per_s": m0["useful_tokens"] / stage["update"],
+        "padding_fraction": m0["padding_fraction"],
+        "layout_shape": m0["layout_shape"],
+        "accounted_peak_bytes": max(m["peak_bytes"] for m in [warm, *steps]),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "kl": m0["kl"],
+        "reward": m0["reward"],
+    }
+
+
+def _table(report: dict[str, Any]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="RL step (GRPO, beta={beta}), {prompts}x{group}, scale 1/{scale}".format(
+        **report["config"]))
+    t.add_column("metric")
+    systems = list(report["systems"])
+    for s in systems:
+        t.add_column(s, justify="right")
+    rows: list[tuple[str, Any]] = [(f"{s} s", lambda r, s=s: r["seconds"][s])
+                                   for s in (*STAGES, "total")]
+    rows += [
+        ("useful tokens/s", lambda r: r["useful_tokens_per_s"]),
+        ("generated tokens/s", lambda r: r["generation_tokens_per_s"]),
+        ("train tokens/s", lambda r: r["train_tokens_per_s"]),
+        ("train padding fraction", lambda r: r["padding_fraction"]),
+        ("train layout", lambda r: "x".join(map(str, r["layout_shape"]))),
+        ("accounted peak MB", lambda r: r["accounted_peak_bytes"] / 2**20),
+        ("peak RSS MB", lambda r: r["peak_rss_bytes"] / 2**20),
+        ("gen compile s/step", lambda r: r["generation_compile_seconds_per_step"]),
+        ("warm-up s (compiles)", lambda r: f"{r['warmup_seconds']:.1f} "
+                                           f"({r['warmup_compiles']})"),
+    ]
+    for name, f in rows:
+        vals = []
+        for s in systems:
+            r = report["systems"][s]
+            v = "error" if "error" in r else f(r)
+            vals.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+        t.add_row(name, *vals)
+    console = Console(record=True, width=120)
+    with console.capture() as cap:
+        console.print(t)
+        for s, r in report["systems"].items():
+            if "error" in r:
+                console.print(f"[red]{s} failed:[/red] {r['error']}")
+    return cap.get()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--systems", default="sym,padded")
+    p.add_argument("--scale", type=int, default=8, help="divide the paper's lengths by this")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--sigma", type=float, default=0.6, help="log-normal sigma of lengths")
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--steps", type=int, default=2, help="measured steps after the warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--system", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.system:  # child process: one system
+        res = run_system(args)
+        with open(args.out, "w") as f:
+            json.dump(res, f)
+        return 0
+    config = {k: getattr(args, k) for k in ("scale", "prompts", "group", "sigma", "beta",
+                                            "steps", "seed")}
+    _, limits = workload(args)
+    report: dict[str, Any] = {"config": config, "model": QWEN_CPU,
+                              "response_lengths": {"median": float(np.median(limits)),
+                                                   "max": max(limits), "min": min(limits)},
+                              "systems": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in [x.strip() for x in args.systems.split(",") if x.strip()]:
+            out = os.path.join(tmp, f"{s}.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--system", s, "--out", out]
+            cmd += [f"--{k}={v}" for k, v in config.items()]
+            env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                report["systems"][s] = {"error": (proc.stderr or proc.stdout).strip()
+                                        .splitlines()[-3:]}
+                continue
+            with open(out) as f:
+                report["systems"][s] = json.load(f)
+    import jax
+
+    report["device"] = str(jax.devices()[0].device_kind)
+    print(_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0 if all("error" not in r for r in report["systems"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""What distinguishes GRPO, RLOO and PPO: the advantage estimate, plus one shared loss.
+
+The algorithm is a field of :class:`RLConfig`, not a separate pipeline: every algorithm runs the
+same step (generate → reference → reward → advantages → clipped policy loss + KL → update), and
+only :func:`sample_advantages` / :func:`gae` and the optional value term differ.
+
+The loss works on *any* layout (packed rows for the symbolic runtime, right-padded rows for the
+baseline) because it only sees per-slot arrays aligned with the slot whose logits predict each
+response token, and per-slot weights that are zero off the response. That is what lets the two
+systems share the loss code and agree to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_sym.errors import InputError
+
+ALGOS = ("grpo", "rloo", "ppo")
+LOSS_AGGS = ("token_mean", "seq_mean")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Hyper-parameters of one RL fine-tuning step.
+
+    algo: ``grpo`` (group-normalised advantages), ``rloo`` (leave-one-out baseline) or ``ppo``
+      (value head + GAE).
+    group_size: generations per prompt (G). GRPO/RLOO need >= 2 to have a baseline.
+    temperature: sampling temperature; the loss scales logits the same way so the ratio of new
+      to generation-time ("old") log-probs is 1 before the first update.
+    max_new_tokens: response limit per row (a row also ends at ``eos_id``).
+    clip_eps / clip_eps_high: PPO ratio clip range [1 - clip_eps, 1 + clip_eps_high]
+      (clip_eps_high defaults to clip_eps; a larger one is DAPO's "clip-higher").
+    beta: weight of the k3 KL estimate against the reference policy (0 skips the reference pass).
+    epochs: optimisation passes over one batch of rollouts (ratios leave 1 from the second on).
+    loss_agg: ``token_mean`` (every response token weighs the same; DAPO) or ``seq_mean`` (mean
+      over each sequence's tokens, then over sequences; the GRPO paper).
+    entropy_coef: weight of an entropy bonus on response slots (0: off). From random init the
+      policy otherwise collapses onto fixed outputs before it finds the signal in the prompt.
+    gamma / lam / vf_coef / vf_clip: PPO's discount, GAE lambda, value-loss weight and value clip.
+    pack_row_len: row length of the packed training layout (None: at least 64 and the longest
+      sequence, rounded to a length bucket).
+    """
+
+    algo: str = "grpo"
+    group_size: int = 8
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    eos_id: int | None = None
+    lr: float = 3e-3
+    max_grad_norm: float | None = 1.0
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    beta: float = 0.0
+    epochs: int = 1
+    loss_agg: str = "token_mean"
+    adv_eps: float = 1e-6
+    entropy_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_coef: float = 0.5
+    vf_clip: float = 0.2
+    pack_row_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise InputError(f"RLConfig.algo={self.algo!r}; choose one of {', '.join(ALGOS)}")
+        if self.loss_agg not in LOSS_AGGS:
+            raise InputError(f"RLConfig.loss_agg={self.loss_agg!r}; choose one of "
+                             f"{', '.join(LOSS_AGGS)}")
+        if self.group_size < 1 or (self.algo in ("grpo", "rloo") and self.group_size < 2):
+            raise InputError(f"RLConfig.group_size={self.group_size}: {self.algo} compares "
+                             "generations of the same prompt, so it needs >= 2")
+        if self.temperature <= 0:
+            raise InputError(f"RLConfig.temperature={self.temperature}: RL samples, so it must be "
+                             "> 0 (greedy decoding has no log-probs to take a ratio of)")
+        for name in ("max_new_tokens", "epochs"):
+            if getattr(self, name) < 1:
+                raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 1")
+        for name in ("lr", "clip_eps", "beta", "vf_coef", "vf_clip", "adv_eps", "entropy_coef"):
+            if getattr(self, name) < 0:
+                raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 0")
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def sample_advantages(rewards: np.ndarray, group_size: int, algo: str, eps: float) -> np.ndarray:
+    """One advantage per sample from rewards laid out group after group (G consecutive samples of
+    the same prompt).
+
+    GRPO: (r - mean_g) / (std_g + eps) — a group where every sample scored the same teaches
+    nothing, so it gets 0 rather than a division blow-up. RLOO: r - mean of the *other* G-1
+    samples, an unbiased baseline (it does not use the sample's own reward).
+    """
+    r = np.asarray(rewards, np.float64)
+    if r.ndim != 1 or r.size % group_size:
+        raise InputError(f"{r.size} rewards do not split into groups of {group_size}")
+    g = r.reshape(-1, group_size)
+    mean = g.mean(axis=1, keepdims=True)
+    if algo == "grpo":
+        std = g.std(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            adv = np.where(std > 0, (g - mean) / (std + eps), 0.0)
+    elif algo == "rloo":
+        adv = g - (g.sum(axis=1, keepdims=True) - g) / (group_size - 1)
+    else:
+        raise InputError(f"sample_advantages: algo {algo!r} has no per-sample advantage")
+    return adv.reshape(-1).astype(np.float32)
+
+
+def gae(
+    rewards: Sequence[np.ndarray], values: Sequence[np.ndarray], gamma: float, lam: float
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Generalised advantage estimation per sequence (terminal after the last token: V = 0).
+
+    rewards[i], values[i]: per response token of sequence i (values are the critic's estimate at
+    the slot that predicts the token). Returns (advantages, returns = advantages + values).
+    """
+    advs, rets = [], []
+    for r, v in zip(rewards, values, strict=True):
+        n = len(r)
+        a = np.zeros(n, np.float64)
+        last = 0.0
+        for t in range(n - 1, -1, -1):
+            nxt = v[t + 1] if t + 1 < n else 0.0
+            delta = r[t] + gamma * nxt - v[t]
+            last = delta + gamma * lam * last
+            a[t] = last
+        advs.append(a.astype(np.float32))
+        rets.append((a + np.asarray(v, np.float64)).astype(np.float32))
+    return advs, rets
+
+
+def whiten(per_seq: Sequence[np.ndarray], eps: float = 1e-8) -> list[np.ndarray]:
+    """Zero-mean unit-std over all tokens of the batch (PPO's usual advantage normalisation)."""
+    flat = np.concatenate([np.asarray(a, np.float64) for a in per_seq])
+    mu, sd = flat.mean(), flat.std()
+    return [((np.asarray(a) - mu) / (sd + eps)).astype(np.float32) for a in per_seq]
+
+
+def token_weights(lengths: Sequence[int], loss_agg: str) -> list[np.ndarray]:
+    """Per-token weights whose sum over the batch is 1 (the loss is a weighted sum)."""
+    n = len(lengths)
+    total = float(sum(lengths))
+    if loss_agg == "token_mean":
+        return [np.full(k, 1.0 / total, np.float32) for k in lengths]
+    return [np.full(k, 1.0 / (n * k), np.float32) for k in lengths]
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def _log_softmax(logits: jax.Array, temperature: float) -> jax.Array:
+    x = logits.astype(jnp.float32)
+    if temperature != 1.0:
+        x = x / temperature
+    return jax.nn.log_softmax(x, axis=-1)
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float) -> jax.Array:
+    """log p(target | slot) for every slot, under softmax(logits / temperature) — the same
+    distribution :func:`jaxrl_sym.generation.select_tokens` samples from."""
+    lp = _log_softmax(logits, temperature)
+    return jnp.take_along_axis(lp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def value_predictions(logits: jax.Array, head: dict[str, jax.Array]) -> jax.Array:
+    """PPO's value head: a linear read-out of the LM's final features.
+
+    The LM's head is tied (logits = h · Eᵀ), so a linear map of the logits is a linear map of the
+    final hidden state restricted to the embedding span — a value head on the shared trunk
+    without changing the traced model (whose only output is logits).
+    """
+    return logits.astype(jnp.float32) @ head["w"] + head["b"]
+
+
+def rl_loss(
+    logits: jax.Array,
+    arrays: dict[str, jax.Array],
+    value_head: dict[str, jax.Array] | None,
+    cfg: RLConfig,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped policy loss + beta·KL (+ vf_coef·value loss) as a weighted sum over slots.
+
+    ``arrays`` (all the layout's shape, aligned with the *predicting* slot of each response
+    token): ``targets`` (the sampled token), ``mask`` (slot predicts a response token),
+    ``weight`` (aggregation weight, 0 off the response), ``old_lp`` (generation-time log-probs),
+    ``ref_lp``, ``adv``, and for PPO ``returns`` / ``old_values``.
+
+    Off-response slots are neutralised with ``where`` *before* any exp: a masked slot with a huge
+    log-ratio would otherwise give inf·0 = NaN in the forward or the gradient.
+    """
+    mask = arrays["mask"]
+    w = arrays["weight"]
+    full = _log_softmax(logits, cfg.temperature)
+    lp = jnp.take_along_axis(full, arrays["targets"][..., None].astype(jnp.int32), axis=-1)[..., 0]
+    log_ratio = jnp.where(mask, lp - arrays["old_lp"], 0.0)
+    ratio = jnp.exp(log_ratio)
+    adv = arrays["adv"]
+    clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps, 1.0 + cfg.clip_high)
+    pg = -jnp.minimum(ratio * adv, clipped * adv)
+    per_tok = pg
+    d = jnp.where(mask, arrays["ref_lp"] - lp, 0.0)
+    kl = jnp.exp(d) - d - 1.0  # k3 estimate of KL(pi || ref), >= 0
+    if cfg.beta > 0:
+        per_tok = per_tok + cfg.beta * kl
+    n_tok = jnp.maximum(jnp.sum(mask), 1)
+    ent = -jnp.sum(jnp.exp(full) * full, axis=-1)
+    if cfg.entropy_coef > 0:
+        per_tok = per_tok - cfg.entropy_coef * ent
+    loss = jnp.sum(jnp.where(mask, w * per_tok, 0.0))
+    aux = {
+        "pg_loss": jnp.sum(jnp.where(mask, w * pg, 0.0)),
+        "kl": jnp.sum(jnp.where(mask, kl, 0.0)) / n_tok,
+        "clip_frac": jnp.sum(mask & (jnp.abs(ratio - clipped) > 0)) / n_tok,
+        "ratio_max": jnp.max(jnp.where(mask, ratio, 1.0)),
+        "entropy": jnp.sum(jnp.where(mask, ent, 0.0)) / n_tok,
+    }
+    if value_head is not None:
+        v = value_predictions(logits, value_head)
+        old_v = arrays["old_values"]
+        v_clip = old_v + jnp.clip(v - old_v, -cfg.vf_clip, cfg.vf_clip)
+        ret = arrays["returns"]
+        vl = 0.5 * jnp.maximum((v - ret) ** 2, (v_clip - ret) ** 2)
+        v_loss = jnp.sum(jnp.where(mask, w * vl, 0.0))
+        loss = loss + cfg.vf_coef * v_loss
+        aux["v_loss"] = v_loss
+    aux["loss"] = loss
+    return loss, aux

@@ -1,0 +1,465 @@
+"""One RL fine-tuning step in one call: generate → reference → reward → advantages → update.
+
+"One call", not one XLA program: the step is a host function that runs the runtime's generation
+programs (prefill / decode / compaction per shape bucket), one reference forward, the user's Python
+reward, and one jitted loss-gradient-optimiser program per epoch. Each compiled program is cached
+by shape, so a steady-state step compiles nothing.
+
+:class:`RLTrainer` owns the policy parameters, the optimiser state and (when ``beta > 0``) the
+frozen reference parameters, and runs the step on one of two systems that share everything except
+the layout and the forward:
+
+* ``sym``: :class:`~jaxrl_sym.runtime.engine.SymbolicLM` generates on exact-size stores; the
+  reference, value and training forwards run on exact-length sequences bin-packed into rows
+  (``SymbolicLM.forward_fn``, differentiated with ``jax.grad``); new weights go back with
+  ``engine.set_params`` (no re-trace).
+* ``padded``: :func:`~jaxrl_sym.baselines.padded.padded_generate` and ``padded_forward`` over rows
+  padded to max prompt + max response, masked.
+
+Choices that matter:
+
+* The "old" log-probs are the ones generation reported for the sampled tokens (at the sampling
+  temperature). They are never recomputed: TRL and verl spend a whole forward pass on that.
+* The reference pass runs right after generation, over the whole batch in the training layout
+  (not per generation microbatch: ``SymbolicLM.generate`` returns only when every row finished).
+* Nothing is committed until the update succeeded: a reward function that raises or returns a
+  bad value leaves parameters, optimiser state and step counter as they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl_sym.baselines.padded import padded_forward, padded_generate
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import GenerationConfig, GenerationResult, validate_prompts
+from jaxrl_sym.models.lm import DecoderLM
+from jaxrl_sym.rl.algorithms import (
+    RLConfig,
+    gae,
+    rl_loss,
+    sample_advantages,
+    token_logprobs,
+    token_weights,
+    value_predictions,
+    whiten,
+)
+from jaxrl_sym.rl.errors import RewardError
+from jaxrl_sym.rl.layout import SYSTEMS, Layout, build_layout
+from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.metrics import (
+    CompileCounter,
+    device_peak_bytes,
+    executable_temp_bytes,
+    tree_bytes,
+)
+
+RewardFn = Callable[[np.ndarray, np.ndarray], float]
+"""``reward_fn(prompt_tokens, response_tokens) -> float``; the response includes the EOS token
+when the row ended on one."""
+
+
+@dataclass
+class Rollout:
+    """Generated samples, group after group (G consecutive samples share a prompt)."""
+
+    prompts: list[np.ndarray]
+    responses: list[np.ndarray]
+    old_logprobs: list[np.ndarray]
+    group_size: int
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def useful_tokens(self) -> int:
+        return int(sum(len(p) + len(r) for p, r in zip(self.prompts, self.responses, strict=True)))
+
+
+def compute_rewards(fn: RewardFn, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray],
+                    *, what: str = "reward function") -> np.ndarray:
+    """Call ``fn`` per sample and insist on one finite real number each.
+
+    Why so strict: a NaN or a vector reward would silently poison the group statistics and then
+    every parameter; failing here, before the update, keeps the model intact and names the sample.
+    """
+    out = np.zeros(len(prompts), np.float64)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        try:
+            v = fn(p, r)
+        except Exception as e:
+            raise RewardError(
+                f"{what} raised on sample {i} (prompt {p.tolist()}, response {r.tolist()}): "
+                f"{type(e).__name__}: {e}. The step was not applied.", i) from e
+        a = np.asarray(v)
+        if a.shape != () or a.dtype == bool or not np.issubdtype(a.dtype, np.number) \
+                or np.iscomplexobj(a):
+            raise RewardError(
+                f"{what} returned {type(v).__name__} of shape {a.shape} and dtype {a.dtype} on "
+                f"sample {i}; it must return one real number per (prompt, response). The step "
+                "was not applied.", i)
+        if not np.isfinite(a):
+            raise RewardError(f"{what} returned {float(a)} on sample {i} (prompt {p.tolist()}, "
+                              f"response {r.tolist()}); rewards must be finite. The step was not "
+                              "applied.", i)
+        out[i] = float(a)
+    return out
+
+
+def params_sha256(params: Any) -> str:
+    """Digest of every parameter array (shape, dtype and bytes, in pytree order).
+
+    Used to check that an interrupted-and-resumed run ends exactly where an uninterrupted one does.
+    """
+    h = hashlib.sha256()
+    for x in jax.tree_util.tree_leaves(params):
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+class _Programs:
+    """Compiled executables per (name, argument shapes), with XLA's temp bytes for accounting.
+
+    Compiling ahead of time (``lower().compile()``) is what gives access to
+    ``memory_analysis()``; the cache key mirrors jit's own (pytree structure + shapes/dtypes).
+    """
+
+    def __init__(self) -> None:
+        self.exes: dict[Any, Any] = {}
+        self.temp: dict[Any, int] = {}
+        self.compiles = 0
+        self.peak = 0
+
+    def run(self, name: str, fn: Any, *args: Any, resident: int = 0) -> Any:
+        leaves, tdef = jax.tree_util.tree_flatten(args)
+        key = (name, tdef, tuple((np.shape(x), np.result_type(x).str) for x in leaves))
+        exe = self.exes.get(key)
+        if exe is None:
+            exe = fn.lower(*args).compile()
+            self.exes[key] = exe
+            self.temp[key] = executable_temp_bytes(exe)
+            self.compiles += 1
+        out = exe(*args)
+        held = resident + sum(int(np.asarray(x).nbytes) if isinstance(x, np.ndarray)
+                              else int(x.nbytes) for x in leaves)
+        self.peak = max(self.peak, held + self.temp[key] + tree_bytes(out))
+        return out
+
+
+class RLTrainer:
+    """Policy, optimiser and reference for RL fine-tuning, on the ``sym`` or ``padded`` system.
+
+    Args:
+      model: the policy (its current weights are the starting point and, with ``beta > 0``, the
+        reference).
+      reward_fn: ``(prompt, response) -> float`` per sample.
+      cfg: algorithm and hyper-parameters (:class:`RLConfig`).
+      system: ``sym`` (exact lengths) or ``padded`` (baseline).
+      metric_fn: optional second per-sample function reported as ``exact_match`` (not optimised).
+      min_capacity: initial slots of the symbolic runtime's growing stores.
+    """
+
+    def __init__(
+        self,
+        model: DecoderLM,
+        reward_fn: RewardFn,
+        cfg: RLConfig,
+        *,
+        system: str = "sym",
+        metric_fn: RewardFn | None = None,
+        min_capacity: int = 16,
+    ) -> None:
+        if system not in SYSTEMS:
+            raise InputError(f"unknown system {system!r}; choose one of {', '.join(SYSTEMS)}")
+        if not callable(reward_fn):
+            raise InputError(f"reward_fn must be callable (prompt, response) -> float, got "
+                             f"{type(reward_fn).__name__}")
+        self.cfg = cfg
+        self.system = system
+        self.reward_fn = reward_fn
+        self.metric_fn = metric_fn
+        self.model_cfg = model.cfg
+        self.vocab_size = model.cfg.vocab_size
+        self.graphdef, state = nnx.split(model)
+        leaves, self.treedef = jax.tree_util.tree_flatten(state)
+        self._model_ref = model
+        self._min_capacity = min_capacity
+        self._engine: SymbolicLM | None = None
+        params: dict[str, Any] = {"lm": [jnp.asarray(x) for x in leaves]}
+        if cfg.algo == "ppo":
+            # Zero-initialised read-out: the first value estimates are 0, GAE then starts from
+            # Monte-Carlo returns instead of noise.
+            params["value"] = {"w": jnp.zeros((self.vocab_size,), jnp.float32),
+                               "b": jnp.zeros((), jnp.float32)}
+        self.params = params
+        self.ref_leaves = [jnp.array(x, copy=True) for x in leaves] if cfg.beta > 0 else None
+        parts = [optax.clip_by_global_norm(cfg.max_grad_norm)] if cfg.max_grad_norm else []
+        self.tx = optax.chain(*parts, optax.adam(cfg.lr))
+        self.opt_state = self.tx.init(self.params)
+        self.steps_done = 0
+        self.programs = _Programs()
+        self._fns: dict[str, dict[str, Any]] = {}
+        if system == "sym":
+            self.engine  # noqa: B018 - trace now, so a model the runtime rejects fails here
+
+    # ------------------------------------------------------------------ pieces
+    @property
+    def engine(self) -> SymbolicLM:
+        """The symbolic runtime (traced on first use; shares the trainer's weights)."""
+        if self._engine is None:
+            self._engine = SymbolicLM(self._model_ref, min_capacity=self._min_capacity)
+            self._engine.set_params(self.params["lm"])
+        return self._engine
+
+    def model(self) -> DecoderLM:
+        """An NNX model holding the current policy weights (for the padded baseline)."""
+        return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef,
+                                                                     self.params["lm"]))
+
+    def _logits_fn(self, system: str) -> Callable[..., jax.Array]:
+        if system == "sym":
+            fwd = self.engine.forward_fn()
+            return lambda leaves, inputs: fwd(leaves, *inputs)
+        graphdef, treedef = self.graphdef, self.treedef
+
+        def padded_logits(leaves: list[jax.Array], inputs: tuple[jax.Array, ...]) -> jax.Array:
+            model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+            return padded_forward(model, inputs[0], inputs[1])
+
+        return padded_logits
+
+    def fns(self, system: str) -> dict[str, Any]:
+        """Jitted reference / value / loss-grad / update functions for one layout."""
+        if system in self._fns:
+            return self._fns[system]
+        cfg, tx = self.cfg, self.tx
+        logits_fn = self._logits_fn(system)
+
+        def ref_lp(leaves, inputs, targets):
+            return token_logprobs(logits_fn(leaves, inputs), targets, cfg.temperature)
+
+        def values(params, inputs):
+            return value_predictions(logits_fn(params["lm"], inputs), params["value"])
+
+        def loss(params, inputs, arrays):
+            return rl_loss(logits_fn(params["lm"], inputs), arrays, params.get("value"), cfg)
+
+        grad_fn = jax.value_and_grad(loss, has_aux=True)
+
+        def update(params, opt_state, inputs, arrays):
+            (_, aux), grads = grad_fn(params, inputs, arrays)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            aux = {**aux, "grad_norm": optax.tree.norm(grads)}
+            return optax.apply_updates(params, updates), opt_state, aux
+
+        self._fns[system] = {
+            "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
+            "update": jax.jit(update),
+        }
+        return self._fns[system]
+
+    def _resident(self) -> int:
+        return tree_bytes(self.opt_state) + (tree_bytes(self.ref_leaves) if self.ref_leaves
+                                             else 0)
+
+    # ------------------------------------------------------------------ stages
+    def generate(self, prompts: Sequence[np.ndarray | Sequence[int]], seed: int,
+                 limits: Sequence[int] | None = None) -> Rollout:
+        """G samples per prompt at the configured temperature, with their sampling log-probs.
+
+        limits: optional response limits, one per prompt or one per sample (prompt-major, G per
+        prompt); default ``cfg.max_new_tokens`` for every row.
+        """
+        cfg = self.cfg
+        n, g = len(prompts), cfg.group_size
+        max_new: int | tuple[int, ...] = cfg.max_new_tokens
+        if limits is not None:
+            lim = [int(x) for x in limits]
+            if len(lim) == n:
+                lim = [x for x in lim for _ in range(g)]
+            elif len(lim) != n * g:
+                raise InputError(f"limits has {len(lim)} entries; give one per prompt ({n}) or "
+                                 f"one per sample ({n * g})")
+            max_new = tuple(lim)
+        gcfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, eos_id=cfg.eos_id,
+                                temperature=cfg.temperature, seed=int(seed) & 0x7FFFFFFF)
+        # Validate the user's prompts first so errors name *their* index, not a repeated copy's.
+        ps = validate_prompts(list(prompts), self.vocab_size, gcfg)
+        gcfg = replace(gcfg, max_new_tokens=max_new)
+        expanded = [p for p in ps for _ in range(g)]
+        res: GenerationResult
+        if self.system == "sym":
+            res = self.engine.generate(expanded, gcfg)
+        else:
+            res = padded_generate(self.model(), expanded, gcfg)
+        return Rollout(expanded, list(res.tokens), list(res.logprobs), g, dict(res.stats))
+
+    def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
+        return build_layout(system or self.system, rollout.prompts, rollout.responses,
+                            row_len=self.cfg.pack_row_len)
+
+    def reference_logprobs(self, layout: Layout) -> np.ndarray:
+        """[rows, L] reference log-probs at the response-predicting slots (0 with beta = 0)."""
+        if self.ref_leaves is None:
+            return np.zeros(layout.shape, np.float32)
+        fn = self.fns(layout.system)["ref"]
+        out = self.programs.run(f"ref-{layout.system}", fn, self.ref_leaves, layout.inputs,
+                                layout.targets, resident=tree_bytes(self.params) + self._resident())
+        return np.asarray(out)
+
+    def value_estimates(self, layout: Layout) -> np.ndarray:
+        """[rows, L] PPO value estimates of the current policy (before the update)."""
+        fn = self.fns(layout.system)["values"]
+        return np.asarray(self.programs.run(f"values-{layout.system}", fn, self.params,
+                                            layout.inputs, resident=self._resident()))
+
+    def loss_arrays(self, layout: Layout, rollout: Rollout, rewards: np.ndarray,
+                    ref_slots: np.ndarray, value_slots: np.ndarray | None = None
+                    ) -> dict[str, np.ndarray]:
+        """Everything the loss needs, scattered to the layout's response-predicting slots."""
+        cfg = self.cfg
+        lengths = [len(r) for r in rollout.responses]
+        arrays = {
+            "targets": layout.targets,
+            "mask": layout.mask(),
+            "weight": layout.scatter(token_weights(lengths, cfg.loss_agg)),
+            "old_lp": layout.scatter(rollout.old_logprobs),
+            "ref_lp": ref_slots.astype(np.float32),
+        }
+        if cfg.algo == "ppo":
+            if value_slots is None:
+                raise InputError("PPO needs value estimates: pass value_slots")
+            vals = layout.gather(value_slots)
+            token_rewards = []
+            for n, r in zip(lengths, rewards, strict=True):
+                tr = np.zeros(n, np.float32)
+                tr[-1] = r  # outcome reward arrives with the last token
+                token_rewards.append(tr)
+            advs, rets = gae(token_rewards, vals, cfg.gamma, cfg.lam)
+            arrays["adv"] = layout.scatter(whiten(advs))
+            arrays["returns"] = layout.scatter(rets)
+            arrays["old_values"] = value_slots.astype(np.float32)
+        else:
+            adv = sample_advantages(rewards, rollout.group_size, cfg.algo, cfg.adv_eps)
+            arrays["adv"] = layout.scatter(adv)
+        return arrays
+
+    def prepare(self, rollout: Rollout, rewards: np.ndarray, system: str | None = None
+                ) -> tuple[Layout, dict[str, np.ndarray]]:
+        """Layout + loss arrays for a rollout on ``system`` (reference/values via its forward)."""
+        layout = self.layout(rollout, system)
+        ref = self.reference_logprobs(layout)
+        vals = self.value_estimates(layout) if self.cfg.algo == "ppo" else None
+        return layout, self.loss_arrays(layout, rollout, rewards, ref, vals)
+
+    def loss_and_grads(self, rollout: Rollout, rewards: np.ndarray, system: str | None = None
+                       ) -> tuple[float, dict[str, float], Any]:
+        """(loss, aux, grads) at the current parameters, without updating (tests, debugging)."""
+        layout, arrays = self.prepare(rollout, rewards, system)
+        (loss, aux), grads = self.fns(layout.system)["grad"](self.params, layout.inputs, arrays)
+        return float(loss), {k: float(v) for k, v in aux.items()}, grads
+
+    # ------------------------------------------------------------------ the step
+    def step(self, prompts: Sequence[np.ndarray | Sequence[int]], *, seed: int,
+             limits: Sequence[int] | None = None) -> dict[str, Any]:
+        """Run one full RL step and commit it; returns the step's metrics.
+
+        Stages are timed separately (``seconds``); compile time lands in whichever stage first
+        needed a program of that shape (``compiles`` counts XLA compiles in the step).
+        """
+        cfg = self.cfg
+        self.programs.peak = 0
+        sec: dict[str, float] = {}
+        with CompileCounter() as cc:
+            t = time.perf_counter()
+            rollout = self.generate(prompts, seed, limits)
+            sec["generation"] = time.perf_counter() - t
+            t = time.perf_counter()
+            layout = self.layout(rollout)
+            sec["pack"] = time.perf_counter() - t
+            t = time.perf_counter()
+            ref = self.reference_logprobs(layout)
+            sec["reference"] = time.perf_counter() - t
+            t = time.perf_counter()
+            rewards = compute_rewards(self.reward_fn, rollout.prompts, rollout.responses)
+            metric = (compute_rewards(self.metric_fn, rollout.prompts, rollout.responses,
+                                      what="metric function")
+                      if self.metric_fn is not None else None)
+            sec["reward"] = time.perf_counter() - t
+            t = time.perf_counter()
+            vals = self.value_estimates(layout) if cfg.algo == "ppo" else None
+            arrays = self.loss_arrays(layout, rollout, rewards, ref, vals)
+            sec["advantage"] = time.perf_counter() - t
+            t = time.perf_counter()
+            params, opt_state = self.params, self.opt_state
+            fn = self.fns(layout.system)["update"]
+            first_aux = None
+            for _ in range(cfg.epochs):
+                params, opt_state, aux = self.programs.run(
+                    f"update-{layout.system}", fn, params, opt_state, layout.inputs, arrays,
+                    resident=tree_bytes(self.ref_leaves) if self.ref_leaves else 0)
+                if first_aux is None:
+                    first_aux = aux
+            aux_h = {k: float(v) for k, v in jax.device_get(first_aux).items()}
+            last_aux = {k: float(v) for k, v in jax.device_get(aux).items()}
+            if not all(math.isfinite(v) for v in last_aux.values()):
+                raise InputError(f"non-finite loss/gradients in the update ({last_aux}); the step "
+                                 "was not applied. Lower the learning rate or check rewards.")
+            sec["update"] = time.perf_counter() - t
+        # ---- commit (nothing above changed the trainer's state)
+        self.params, self.opt_state = params, opt_state
+        if self._engine is not None:
+            self._engine.set_params(self.params["lm"])
+        self.steps_done += 1
+        sec["total"] = sum(sec.values())
+        gen_peak = int(rollout.stats.get("accounted_peak_bytes",
+                                         rollout.stats.get("accounted_bytes", 0)))
+        dev_peak = device_peak_bytes()
+        peak = dev_peak if dev_peak is not None else max(gen_peak + self._resident(),
+                                                          self.programs.peak)
+        lengths = [len(r) for r in rollout.responses]
+        useful = rollout.useful_tokens
+        out: dict[str, Any] = {
+            "step": self.steps_done,
+            "reward": float(rewards.mean()),
+            # k3 estimate of KL(policy || reference) over response tokens; None without a
+            # reference pass (beta = 0), where there is nothing to compare against
+            "kl": aux_h["kl"] if self.ref_leaves is not None else None,
+            "loss": aux_h["loss"],
+            "clip_frac": last_aux["clip_frac"],
+            "entropy": aux_h["entropy"],
+            "grad_norm": aux_h["grad_norm"],
+            "response_len": float(np.mean(lengths)),
+            "samples": len(lengths),
+            "generated_tokens": int(sum(lengths)),
+            "useful_tokens": useful,
+            "useful_tokens_per_s": useful / sec["total"],
+            "padding_fraction": layout.padding_fraction,
+            "layout_shape": list(layout.shape),
+            "peak_bytes": int(peak),
+            "compiles": cc.count,
+            "compile_seconds": cc.seconds,
+            # generation's own split (the padded baseline compiles its program on every call)
+            "generation_run_seconds": float(rollout.stats.get("run_seconds", sec["generation"])),
+            "generation_compile_seconds": float(rollout.stats.get("compile_seconds", 0.0)),
+            "seconds": sec,
+        }
+        if metric is not None:
+            out["exact_match"] = float(metric.mean())
+        if "v_loss" in aux_h:
+            out["v_loss"] = aux_h["v_loss"]
+        return out
+
+    def params_sha256(self) -> str:
+        return params_sha256(self.params)

@@ -1,0 +1,136 @@
+"""RL pieces that need no compiled program: tasks, rewards, advantages, layouts, validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxrl_sym.errors import InputError, SymError
+from jaxrl_sym.rl import RewardError, RLConfig, compute_rewards, get_task
+from jaxrl_sym.rl.algorithms import gae, sample_advantages, token_weights, whiten
+from jaxrl_sym.rl.layout import packed_layout, padded_layout
+from jaxrl_sym.rl.tasks import BOS, EOS, PLUS, SEP, TASK_NAMES, VOCAB_SIZE, partial_credit
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_tasks_vary_lengths_and_stay_in_vocab(name: str) -> None:
+    task = get_task(name, max_digits=3)
+    prompts = task.sample(np.random.default_rng(0), 200)
+    lens = {len(p) for p in prompts}
+    answers = {len(task.answer(p)) for p in prompts}
+    assert len(lens) >= 3 and len(answers) >= 2, (lens, answers)
+    for p in prompts:
+        assert p[0] == BOS and p[-1] == SEP and p.min() >= 0 and p.max() < VOCAB_SIZE
+        assert len(task.answer(p)) <= task.max_answer_len
+        # the exact target scores 1 on both the reward and the metric
+        assert task.reward(p, task.target(p)) == 1.0
+        assert task.exact_match(p, task.target(p)) == 1.0
+
+
+def test_task_answers() -> None:
+    d = lambda *xs: np.array([BOS, *xs, SEP], np.int32)
+    assert get_task("reverse").answer(d(1, 2, 3)) == [3, 2, 1]
+    assert get_task("copy").answer(d(1, 2, 3)) == [1, 2, 3]
+    assert get_task("sort").answer(d(3, 1, 2, 1)) == [1, 1, 2, 3]
+    assert get_task("add").answer(d(9, 5, PLUS, 7)) == [1, 0, 2]
+
+
+def test_partial_credit_is_positionwise() -> None:
+    task = get_task("reverse")
+    p = np.array([BOS, 1, 2, 3, SEP], np.int32)  # target 3 2 1 EOS
+    assert task.reward(p, [3, 2, 1, EOS]) == 1.0
+    assert task.reward(p, [3, 2, 9, EOS]) == 0.75
+    assert task.reward(p, [3, 2, 1, 5, EOS]) == pytest.approx(3 / 5)  # rambling costs
+    assert task.reward(p, [3]) == 0.25  # stopping short costs
+    assert task.exact_match(p, [3, 2, 1, 5]) == 0.0
+    assert partial_credit([], []) == 1.0
+
+
+def test_unknown_task_is_a_clear_error() -> None:
+    with pytest.raises(InputError, match=r"unknown task 'revers'.*reverse, copy, sort, add"):
+        get_task("revers")
+
+
+def test_advantages_grpo_rloo() -> None:
+    r = np.array([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    g = sample_advantages(r, 4, "grpo", 0.0)
+    np.testing.assert_allclose(g[:4], [1, -1, -1, 1], atol=1e-6)
+    np.testing.assert_allclose(g[4:], 0.0, atol=1e-6)  # equal rewards teach nothing, no NaN
+    lo = sample_advantages(r, 4, "rloo", 0.0)
+    np.testing.assert_allclose(lo[:4], [1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3], atol=1e-6)
+    with pytest.raises(InputError, match="groups of 3"):
+        sample_advantages(r, 3, "grpo", 0.0)
+
+
+def test_gae_matches_closed_form() -> None:
+    # lambda = 1, gamma = 1: advantage = return-to-go - value
+    advs, rets = gae([np.array([0.0, 0.0, 1.0])], [np.array([0.2, 0.5, 0.7])], 1.0, 1.0)
+    np.testing.assert_allclose(advs[0], [0.8, 0.5, 0.3], atol=1e-6)
+    np.testing.assert_allclose(rets[0], [1.0, 1.0, 1.0], atol=1e-6)
+    # lambda = 0: one-step TD errors
+    advs, _ = gae([np.array([0.0, 2.0])], [np.array([1.0, 3.0])], 0.5, 0.0)
+    np.testing.assert_allclose(advs[0], [0.0 + 0.5 * 3.0 - 1.0, 2.0 - 3.0], atol=1e-6)
+    w = whiten([np.array([1.0, 2.0]), np.array([3.0])])
+    assert abs(np.concatenate(w).mean()) < 1e-6
+
+
+def test_token_weights_sum_to_one() -> None:
+    for agg in ("token_mean", "seq_mean"):
+        w = token_weights([1, 3, 4], agg)
+        assert sum(float(x.sum()) for x in w) == pytest.approx(1.0)
+    assert token_weights([1, 3], "seq_mean")[0][0] == pytest.approx(0.5)
+
+
+def test_layouts_place_response_slots_identically() -> None:
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 10, size=n).astype(np.int32) for n in (3, 1, 7, 2)]
+    resps = [rng.integers(0, 10, size=n).astype(np.int32) for n in (2, 5, 1, 4)]
+    per_tok = [np.arange(len(r), dtype=np.float32) + 10 * i for i, r in enumerate(resps)]
+    for lay in (packed_layout(prompts, resps), padded_layout(prompts, resps)):
+        # each response slot predicts exactly its response token
+        for i, (r, s, n) in enumerate(lay.spans):
+            np.testing.assert_array_equal(lay.targets[r, s:s + n], resps[i])
+        back = lay.gather(lay.scatter(per_tok))
+        for a, b in zip(back, per_tok, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert lay.mask().sum() == sum(len(r) for r in resps)
+        assert lay.useful_tokens == sum(len(p) + len(r) for p, r in zip(prompts, resps,
+                                                                         strict=True))
+    pad = padded_layout(prompts, resps)
+    assert pad.shape == (4, 7 + 5)  # max prompt + max response, like padded RL libraries
+    with pytest.raises(InputError, match="sample 1 has an empty prompt"):
+        packed_layout([prompts[0], np.zeros(0, np.int32)], resps[:2])
+
+
+def test_reward_validation_names_the_sample() -> None:
+    ps = [np.array([1, 2], np.int32)] * 3
+    rs = [np.array([3], np.int32), np.array([4], np.int32), np.array([5], np.int32)]
+
+    def boom(p, r):
+        if r[0] == 4:
+            raise ZeroDivisionError("bad sample")
+        return 1.0
+
+    with pytest.raises(RewardError, match=r"raised on sample 1 .*ZeroDivisionError") as e:
+        compute_rewards(boom, ps, rs)
+    assert e.value.sample == 1 and isinstance(e.value, SymError)
+    with pytest.raises(RewardError, match=r"shape \(2,\).*sample 0"):
+        compute_rewards(lambda p, r: np.zeros(2), ps, rs)
+    with pytest.raises(RewardError, match=r"returned nan on sample 2"):
+        compute_rewards(lambda p, r: float("nan") if r[0] == 5 else 0.0, ps, rs)
+    with pytest.raises(RewardError, match="sample 0"):
+        compute_rewards(lambda p, r: "1.0", ps, rs)
+    with pytest.raises(RewardError, match="sample 0"):
+        compute_rewards(lambda p, r: True, ps, rs)
+    np.testing.assert_array_equal(compute_rewards(lambda p, r: np.float32(r[0]), ps, rs),
+                                  [3, 4, 5])
+
+
+def test_config_validation() -> None:
+    with pytest.raises(InputError, match="algo='dpo'"):
+        RLConfig(algo="dpo")
+    with pytest.raises(InputError, match="group_size=1"):
+        RLConfig(algo="grpo", group_size=1)
+    with pytest.raises(InputError, match="temperature"):
+        RLConfig(temperature=0.0)
+    RLConfig(algo="ppo", group_size=1)  # PPO has a critic, no group needed
