@@ -1,19 +1,25 @@
-"""One RL fine-tuning step (GRPO + KL), symbolic runtime vs padded baseline, at a CPU preset.
+"""One RL fine-tuning step (GRPO + KL), symbolic runtime vs padded baseline.
 
-Setting (FIELD_NOTES §5, scaled down by ``--scale`` for a CPU): a shrunk Qwen2.5-like model
-(GQA 7:1, head dim 16, SwiGLU, tied embeddings, RoPE θ = 1e6), 16 prompts × 8 generations, prompt
-lengths uniform in [64, 512] / scale, response lengths log-normal with median 275 / scale capped
-at 1024 / scale. Random weights never emit EOS, so every row is given its sampled length as its
+Setting (FIELD_NOTES §5): 16 prompts × 8 generations, prompt lengths uniform in [64, 512],
+response lengths log-normal with median 275 capped at 1024, on a Qwen2.5-0.5B-shaped policy with
+random weights (``--preset gpu``: full size, for an H100/H200). ``--preset cpu`` (default) shrinks
+the model (GQA 7:1, head dim 16, SwiGLU, tied embeddings, RoPE θ = 1e6) and divides the lengths by
+``--scale`` (8). Random weights never emit EOS, so every row is given its sampled length as its
 generation limit (the row ends there, as if EOS had been sampled); both systems get the same
 prompts and lengths.
+
+"Largest batch that fits" is an *estimate*, labelled as such: the measured peak bytes minus the
+batch-independent bytes (parameters, optimiser state, reference copy), divided by the number of
+samples, extrapolated linearly to ``--memory-budget`` (default: the device's memory limit where
+the backend reports one, else 16 GiB).
 
 Each system runs in its own process (so peak RSS is its own): one warm-up step (compiles), then
 ``--steps`` measured steps on the same prompts and lengths with fresh sampling seeds (same shapes,
 so nothing recompiles; the padded baseline's generation compiles on every call by design and its
 compile time is reported separately, not in the stage times).
 
-    .venv/bin/python bench/rlft_step.py                 # table
-    .venv/bin/python bench/rlft_step.py --json out.json # also write the report
+    .venv/bin/python bench/rlft_step.py                 # table; JSON to bench/results/<dev>/
+    .venv/bin/python bench/rlft_step.py --preset gpu    # full size (GPU)
 """
 
 from __future__ import annotations
@@ -36,12 +42,25 @@ QWEN_CPU: dict[str, Any] = dict(vocab_size=2048, d_model=112, n_layers=4, n_head
 STAGES = ("generation", "pack", "reference", "reward", "advantage", "update")
 
 
+def model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """LMConfig fields of the policy for ``--preset``."""
+    if args.preset == "gpu":
+        from dataclasses import fields
+
+        from jaxrl_sym.models.lm import preset
+
+        full = preset("qwen2.5-0.5b")
+        return {f.name: getattr(full, f.name) for f in fields(full) if f.name in QWEN_CPU}
+    return dict(QWEN_CPU)
+
+
 def workload(args: argparse.Namespace) -> tuple[list[np.ndarray], list[int]]:
     """Prompts and per-sample response lengths (prompt-major, G per prompt), seeded."""
     rng = np.random.default_rng(args.seed)
     lo, hi = max(1, 64 // args.scale), max(1, 512 // args.scale)
     cap, median = max(1, 1024 // args.scale), 275 / args.scale
-    prompts = [rng.integers(0, QWEN_CPU["vocab_size"], size=int(rng.integers(lo, hi + 1)),
+    vocab = model_config(args)["vocab_size"]
+    prompts = [rng.integers(0, vocab, size=int(rng.integers(lo, hi + 1)),
                             dtype=np.int32) for _ in range(args.prompts)]
     lengths = np.exp(np.log(median) + args.sigma * rng.standard_normal(args.prompts * args.group))
     limits = [int(x) for x in np.clip(np.round(lengths), 1, cap)]
@@ -49,20 +68,20 @@ def workload(args: argparse.Namespace) -> tuple[list[np.ndarray], list[int]]:
 
 
 def reward_fn(prompt: np.ndarray, response: np.ndarray) -> float:
-    """A cheap stand-in reward: share of response tokens in the lower half of the vocabulary."""
-    return float(np.mean(response < QWEN_CPU["vocab_size"] // 2))
+    """A cheap stand-in reward: share of response tokens that are even."""
+    return float(np.mean(response % 2 == 0))
 
 
 def run_system(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer
-    from jaxrl_sym.runtime.metrics import peak_rss_bytes
+    from jaxrl_sym.runtime.metrics import peak_rss_bytes, tree_bytes
 
     prompts, limits = workload(args)
     cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
                    max_new_tokens=max(limits), eos_id=None, lr=1e-4)
-    trainer = RLTrainer(init_model(preset("small", **QWEN_CPU), args.seed), reward_fn, cfg,
-                        system=args.system, min_capacity=32)
+    trainer = RLTrainer(init_model(preset("small", **model_config(args)), args.seed), reward_fn,
+                        cfg, system=args.system, min_capacity=32)
     warm = trainer.step(prompts, seed=1, limits=limits)
     steps = [trainer.step(prompts, seed=2 + k, limits=limits) for k in range(args.steps)]
 
@@ -74,6 +93,10 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
     stage["generation"] = med(lambda m: m["generation_run_seconds"])
     total = sum(stage.values())
     m0 = steps[0]
+    peak = max(m["peak_bytes"] for m in [warm, *steps])
+    fixed = trainer._resident() + tree_bytes(trainer.params)
+    per_sample = max(1.0, (peak - fixed) / len(limits))
+    budget = args.memory_budget or device_memory_limit() or 16 * 2**30
     return {
         "system": args.system,
         "seconds": {**stage, "total": total},
@@ -88,10 +111,42 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
         "train_tokens_per_s": m0["useful_tokens"] / stage["update"],
         "padding_fraction": m0["padding_fraction"],
         "layout_shape": m0["layout_shape"],
-        "accounted_peak_bytes": max(m["peak_bytes"] for m in [warm, *steps]),
+        "peak_bytes": peak,
+        "batch_independent_bytes": fixed,
+        "memory_budget_bytes": budget,
+        "largest_batch_estimate": int(max(0, budget - fixed) // per_sample),
+        "reference_chunks_during_generation": m0["reference_chunks_during_generation"],
         "peak_rss_bytes": peak_rss_bytes(),
         "kl": m0["kl"],
         "reward": m0["reward"],
+    }
+
+
+def device_memory_limit() -> int | None:
+    """The device's memory limit in bytes where the backend reports one (GPU), else None."""
+    import jax
+
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:
+        return None
+    return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
+
+
+def ratios(report: dict[str, Any]) -> dict[str, float]:
+    """sym vs padded, side by side from the same run (> 1 means sym is better)."""
+    s, p = report["systems"].get("sym", {}), report["systems"].get("padded", {})
+    if "error" in s or "error" in p or not s or not p:
+        return {}
+    return {
+        "useful_tokens_per_s": s["useful_tokens_per_s"] / p["useful_tokens_per_s"],
+        "step_seconds": p["seconds"]["total"] / s["seconds"]["total"],
+        "generation_seconds": p["seconds"]["generation"] / s["seconds"]["generation"],
+        "reference_seconds": p["seconds"]["reference"] / max(s["seconds"]["reference"], 1e-9),
+        "update_seconds": p["seconds"]["update"] / s["seconds"]["update"],
+        "peak_bytes": p["peak_bytes"] / s["peak_bytes"],
+        "largest_batch_estimate": (s["largest_batch_estimate"]
+                                   / max(p["largest_batch_estimate"], 1)),
     }
 
 
@@ -99,8 +154,8 @@ def _table(report: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="RL step (GRPO, beta={beta}), {prompts}x{group}, scale 1/{scale}".format(
-        **report["config"]))
+    t = Table(title="RL step (GRPO, beta={beta}), {prompts}x{group}, preset {preset}, "
+                    "scale 1/{scale}".format(**report["config"]))
     t.add_column("metric")
     systems = list(report["systems"])
     for s in systems:
@@ -113,7 +168,9 @@ def _table(report: dict[str, Any]) -> str:
         ("train tokens/s", lambda r: r["train_tokens_per_s"]),
         ("train padding fraction", lambda r: r["padding_fraction"]),
         ("train layout", lambda r: "x".join(map(str, r["layout_shape"]))),
-        ("accounted peak MB", lambda r: r["accounted_peak_bytes"] / 2**20),
+        ("peak MB", lambda r: r["peak_bytes"] / 2**20),
+        ("largest batch (estimate)", lambda r: r["largest_batch_estimate"]),
+        ("ref chunks during generation", lambda r: r["reference_chunks_during_generation"]),
         ("peak RSS MB", lambda r: r["peak_rss_bytes"] / 2**20),
         ("gen compile s/step", lambda r: r["generation_compile_seconds_per_step"]),
         ("warm-up s (compiles)", lambda r: f"{r['warmup_seconds']:.1f} "
@@ -132,32 +189,46 @@ def _table(report: dict[str, Any]) -> str:
         for s, r in report["systems"].items():
             if "error" in r:
                 console.print(f"[red]{s} failed:[/red] {r['error']}")
+        if report.get("ratios"):
+            console.print("sym vs padded (> 1: sym better): " + ", ".join(
+                f"{k} {v:.2f}x" for k, v in report["ratios"].items()))
     return cap.get()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--systems", default="sym,padded")
-    p.add_argument("--scale", type=int, default=8, help="divide the paper's lengths by this")
+    p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: shrunk model, lengths / --scale; gpu: Qwen2.5-0.5B shape, scale 1")
+    p.add_argument("--scale", type=int, default=None,
+                   help="divide the paper's lengths by this (default 8 on cpu, 1 on gpu)")
+    p.add_argument("--memory-budget", type=int, default=None,
+                   help="bytes for the largest-batch estimate (default: device limit or 16 GiB)")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--sigma", type=float, default=0.6, help="log-normal sigma of lengths")
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--steps", type=int, default=2, help="measured steps after the warm-up")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--json", default=None,
+                   help="write the report here (default bench/results/<device>/rlft_step_"
+                        "<preset>.json)")
     p.add_argument("--system", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.scale is None:
+        args.scale = 8 if args.preset == "cpu" else 1
     if args.system:  # child process: one system
         res = run_system(args)
         with open(args.out, "w") as f:
             json.dump(res, f)
         return 0
-    config = {k: getattr(args, k) for k in ("scale", "prompts", "group", "sigma", "beta",
-                                            "steps", "seed")}
+    config = {k: getattr(args, k) for k in ("preset", "scale", "prompts", "group", "sigma",
+                                            "beta", "steps", "seed")}
+    if args.memory_budget:
+        config["memory_budget"] = args.memory_budget
     _, limits = workload(args)
-    report: dict[str, Any] = {"config": config, "model": QWEN_CPU,
+    report: dict[str, Any] = {"config": config, "model": model_config(args),
                               "response_lengths": {"median": float(np.median(limits)),
                                                    "max": max(limits), "min": min(limits)},
                               "systems": {}}
@@ -165,22 +236,29 @@ def main(argv: list[str] | None = None) -> int:
         for s in [x.strip() for x in args.systems.split(",") if x.strip()]:
             out = os.path.join(tmp, f"{s}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--system", s, "--out", out]
-            cmd += [f"--{k}={v}" for k, v in config.items()]
+            cmd += [f"--{k.replace('_', '-')}={v}" for k, v in config.items()]
             env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
-                report["systems"][s] = {"error": (proc.stderr or proc.stdout).strip()
-                                        .splitlines()[-3:]}
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                oom = proc.returncode in (-9, 137) or any(
+                    "RESOURCE_EXHAUSTED" in x or "out of memory" in x.lower() for x in tail)
+                report["systems"][s] = {"error": tail, "status": "oom" if oom else "error"}
                 continue
             with open(out) as f:
                 report["systems"][s] = json.load(f)
-    import jax
+    from jaxrl_sym.report import run_metadata
 
-    report["device"] = str(jax.devices()[0].device_kind)
+    report.update(run_metadata("python bench/rlft_step.py " + " ".join(argv or sys.argv[1:])))
+    report["ratios"] = ratios(report)
     print(_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    path = args.json or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results",
+        report["device"].replace(" ", "_").lower(), f"rlft_step_{args.preset}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {path}")
     return 0 if all("error" not in r for r in report["systems"].values()) else 1
 
 

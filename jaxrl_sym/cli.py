@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="sym's kernels: xla, triton (interpreted on CPU), auto")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--no-warm", action="store_true", help="skip the warm (timing) run")
+    from jaxrl_sym.rl.cli import add_train_parser
+
+    add_train_parser(sub)
     r = sub.add_parser("_system", help=argparse.SUPPRESS)
     r.add_argument("spec")
     r.add_argument("out")
@@ -232,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         report = decode(args)
         print(json.dumps(report) if args.json else _table(report))
         return 0 if all("error" not in m for m in report["systems"].values()) else 1
+    if args.cmd == "train":
+        from jaxrl_sym.rl.cli import run_train
+
+        return run_train(args)
     return 2
 
 

@@ -50,6 +50,21 @@ def test_rollout_shape_and_old_logprobs_are_the_policy_logprobs() -> None:
             np.testing.assert_allclose(a, b, atol=1e-4)
 
 
+def test_reference_scored_during_generation_equals_a_separate_pass() -> None:
+    trainer, _, rollout, _ = setup()
+    # beta > 0 on sym: finished rows were scored in chunks while the others still decoded
+    assert rollout.ref_logprobs is not None
+    assert rollout.stats["ref_chunks"] >= 2 and rollout.stats["ref_overlapped_samples"] > 0
+    lay = trainer.layout(rollout, "sym")
+    after = lay.gather(trainer.reference_logprobs(lay))
+    for a, b, r in zip(rollout.ref_logprobs, after, rollout.responses, strict=True):
+        assert len(a) == len(r)
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # and the ablation switch gives the separate pass
+    off = RLTrainer(init_model(MODEL, 0), TASK.reward, replace(CFG, overlap_reference=False))
+    assert off.generate(setup()[1], seed=SEED).ref_logprobs is None
+
+
 def _compare(trainer: RLTrainer, rollout: Rollout, rewards: np.ndarray) -> None:
     loss_s, aux_s, g_s = trainer.loss_and_grads(rollout, rewards, "sym")
     loss_p, aux_p, g_p = trainer.loss_and_grads(rollout, rewards, "padded")

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from jaxrl_sym.cli import main as cli_main
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl import CheckpointError
 from jaxrl_sym.rl.cli import add_train_parser
@@ -50,24 +51,28 @@ def test_interrupted_run_resumes_to_the_same_parameters(tmp_path) -> None:
         train("grpo", "reverse", steps=5, seed=7, checkpoint_dir=ckpt, checkpoint_every=2,
               metrics_file=str(log), on_step=interrupt, **RUN)
     assert len(log.read_text().splitlines()) == 3
+    # a new run must not silently continue (or overwrite) the old one
+    with pytest.raises(InputError, match=r"already holds a checkpoint of step 2.*resume=True"):
+        train("grpo", "reverse", steps=5, seed=7, checkpoint_dir=ckpt, **RUN)
     resumed = train("grpo", "reverse", steps=5, seed=7, checkpoint_dir=ckpt, checkpoint_every=2,
-                    metrics_file=str(log), **RUN)
+                    metrics_file=str(log), resume=True, **RUN)
     assert resumed["resumed_from"] == 2 and resumed["steps"] == 5
     assert len(resumed["history"]) == 3
     assert resumed["params_sha256"] == full["params_sha256"]
+    assert resumed["final_exact_match"] == full["final_exact_match"]  # greedy: params only
     # the log holds every step once: step 3's line from the interrupted run was replaced
     assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [1, 2, 3, 4, 5]
     # a finished run resumed again does nothing and reports the same digest
-    again = train("grpo", "reverse", steps=5, seed=7, checkpoint_dir=ckpt, **RUN)
+    again = train("grpo", "reverse", steps=5, seed=7, checkpoint_dir=ckpt, resume=True, **RUN)
     assert again["history"] == [] and again["params_sha256"] == full["params_sha256"]
 
     # a checkpoint of another model is refused before any step runs, naming the difference
     other = {**RUN, "model": {**TINY, "d_model": 48}}
     with pytest.raises(CheckpointError, match=r"different run.*model\.d_model: checkpoint 32 vs "
                                               r"this run 48"):
-        train("grpo", "reverse", steps=6, seed=7, checkpoint_dir=ckpt, **other)
+        train("grpo", "reverse", steps=6, seed=7, checkpoint_dir=ckpt, resume=True, **other)
     with pytest.raises(CheckpointError, match="algo: checkpoint 'grpo' vs this run 'rloo'"):
-        train("rloo", "reverse", steps=6, seed=7, checkpoint_dir=ckpt, **RUN)
+        train("rloo", "reverse", steps=6, seed=7, checkpoint_dir=ckpt, resume=True, **RUN)
 
 
 def test_ppo_and_rloo_steps_run_through_the_same_loop() -> None:
@@ -95,5 +100,22 @@ def test_cli_parser() -> None:
     sub = p.add_subparsers(dest="cmd")
     add_train_parser(sub)
     a = p.parse_args(["train", "--algo", "rloo", "--task", "sort", "--steps", "3",
-                      "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "1", "--beta", "0.1"])
+                      "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "1", "--beta", "0.1",
+                      "--resume", "--metrics", "m.jsonl", "--json"])
     assert (a.algo, a.task, a.steps, a.checkpoint_every, a.beta) == ("rloo", "sort", 3, 1, 0.1)
+    assert a.resume and a.json and a.metrics == "m.jsonl"
+
+
+def test_cli_train_json_metrics_and_plot(tmp_path, capsys) -> None:
+    metrics = tmp_path / "run.jsonl"
+    args = ["train", "--steps", "2", "--prompts", "4", "--group", "4", "--max-digits", "2",
+            "--eval-prompts", "8", "--metrics", str(metrics), "--json", "--no-progress"]
+    assert cli_main(args) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(last["params_sha256"]) == 64 and 0.0 <= last["final_exact_match"] <= 1.0
+    assert last["steps"] == 2 and (tmp_path / "run.png").stat().st_size > 10_000
+    assert len(metrics.read_text().splitlines()) == 2
+    # bad input: one clear line on stderr and exit code 2, no traceback
+    assert cli_main(["train", "--task", "parity", "--steps", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "error: unknown task 'parity'" in err and "Traceback" not in err

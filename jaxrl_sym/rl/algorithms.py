@@ -46,6 +46,8 @@ class RLConfig:
     gamma / lam / vf_coef / vf_clip: PPO's discount, GAE lambda, value-loss weight and value clip.
     pack_row_len: row length of the packed training layout (None: at least 64 and the longest
       sequence, rounded to a length bucket).
+    overlap_reference: on the symbolic runtime, score finished rows with the reference model
+      while the rest still generate (False: one reference pass after generation, for ablation).
     """
 
     algo: str = "grpo"
@@ -67,6 +69,7 @@ class RLConfig:
     vf_coef: float = 0.5
     vf_clip: float = 0.2
     pack_row_len: int | None = None
+    overlap_reference: bool = True
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:

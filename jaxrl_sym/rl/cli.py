@@ -1,13 +1,17 @@
 """``jaxrl-sym train``: RL fine-tuning on an offline task from the command line.
 
-Hooked into :mod:`jaxrl_sym.cli` by ``add_train_parser(subparsers)``; ``run_train(args)`` runs it
-and prints a JSON summary (the per-step metrics go to ``--metrics-file``).
+Hooked into :mod:`jaxrl_sym.cli` by ``add_train_parser(subparsers)``; ``run_train(args)`` runs it.
+stdout carries the result (a human summary, or with ``--json`` one JSON object as the last line);
+the progress bar goes to stderr; per-step metrics go to ``--metrics`` as JSON lines, and a plot of
+the run next to them (or to ``--plot``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from typing import Any
 
 from jaxrl_sym.rl.algorithms import ALGOS, LOSS_AGGS
@@ -19,13 +23,19 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to an ``argparse`` sub-parser group."""
     t = subparsers.add_parser("train", help="RL fine-tuning (GRPO/RLOO/PPO) on an offline task")
     t.add_argument("--algo", choices=ALGOS, default="grpo")
-    t.add_argument("--task", choices=TASK_NAMES, default="reverse")
+    t.add_argument("--task", default="reverse", help=f"one of {', '.join(TASK_NAMES)}")
     t.add_argument("--steps", type=int, default=400)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--checkpoint-dir", default=None,
-                   help="save here; a run finding a checkpoint here resumes from it")
-    t.add_argument("--checkpoint-every", type=int, default=0)
-    t.add_argument("--metrics-file", default=None, help="JSON lines, one per step")
+    t.add_argument("--checkpoint-dir", default=None, help="orbax checkpoints go here")
+    t.add_argument("--checkpoint-every", type=int, default=0,
+                   help="save every K steps (and always at the end)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --checkpoint-dir")
+    t.add_argument("--metrics", default=None, help="per-step metrics, JSON lines")
+    t.add_argument("--plot", default=None,
+                   help="PNG of the run (default: next to --metrics, same name .png)")
+    t.add_argument("--json", action="store_true",
+                   help="print one JSON object (final_exact_match, params_sha256, ...) last")
     t.add_argument("--prompts", type=int, default=32, help="prompts per step")
     t.add_argument("--group", type=int, default=8, help="generations per prompt")
     t.add_argument("--lr", type=float, default=1e-3)
@@ -37,33 +47,60 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="default: the task recipe's (0.01)")
     t.add_argument("--system", choices=SYSTEMS, default="sym")
     t.add_argument("--max-digits", type=int, default=3)
+    t.add_argument("--eval-prompts", type=int, default=256,
+                   help="held-out prompts for the final greedy exact match (0: skip)")
     t.add_argument("--no-progress", action="store_true")
     return t
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """Run ``train`` with the parsed arguments; print a JSON summary; return an exit code."""
+    """Run ``train`` with the parsed arguments; print the result; return an exit code.
+
+    A bad input (unknown task, a checkpoint of another run, a failing reward) is reported as one
+    ``error:`` line on stderr with exit code 2, not a traceback.
+    """
+    from jaxrl_sym.errors import SymError
+    from jaxrl_sym.rl.plot import plot_run, read_metrics
     from jaxrl_sym.rl.train import train
 
     config = {k: v for k, v in (("loss_agg", args.loss_agg),
                                 ("entropy_coef", args.entropy_coef)) if v is not None}
-    summary = train(
-        args.algo, args.task, args.steps, args.seed, args.checkpoint_dir, args.checkpoint_every,
-        args.metrics_file, prompts_per_step=args.prompts, group_size=args.group, lr=args.lr,
-        beta=args.beta, epochs=args.epochs, system=args.system, max_digits=args.max_digits,
-        config=config or None, progress=not args.no_progress)
+    try:
+        summary = train(
+            args.algo, args.task, args.steps, args.seed, args.checkpoint_dir,
+            args.checkpoint_every, args.metrics, prompts_per_step=args.prompts,
+            group_size=args.group, lr=args.lr, beta=args.beta, epochs=args.epochs,
+            system=args.system, max_digits=args.max_digits, config=config or None,
+            progress=not args.no_progress, resume=args.resume, eval_prompts=args.eval_prompts)
+    except SymError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     hist = summary.pop("history")
-    tail = hist[-20:]
-    if tail:
-        summary["last20"] = {k: sum(m[k] for m in tail) / len(tail)
-                             for k in ("reward", "exact_match", "kl")
-                             if tail[0].get(k) is not None}
-    print(json.dumps(summary))
+    rows = read_metrics(args.metrics) if args.metrics and os.path.exists(args.metrics) else hist
+    plot = args.plot or (os.path.splitext(args.metrics)[0] + ".png" if args.metrics else None)
+    if plot and rows:
+        summary["plot"] = plot_run(rows, plot, f"{args.algo} on {args.task}, seed {args.seed}")
+    for k in ("reward", "exact_match", "kl"):
+        vals = [m[k] for m in rows if m.get(k) is not None]
+        if vals:
+            summary[f"first20_{k}"] = sum(vals[:20]) / len(vals[:20])
+            summary[f"last20_{k}"] = sum(vals[-20:]) / len(vals[-20:])
+    summary.update(algo=args.algo, task=args.task, seed=args.seed, system=args.system)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{args.algo} on {args.task}: {summary['steps']} steps"
+              + (f" (resumed from {summary['resumed_from']})" if summary["resumed_from"] else "")
+              + f", {summary['seconds']:.1f} s in this process")
+        for k in ("final_exact_match", "first20_exact_match", "last20_exact_match",
+                  "last20_reward", "params_sha256", "plot"):
+            if summary.get(k) is not None:
+                print(f"  {k}: {summary[k]}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m jaxrl_sym.rl.cli train ...``) until the main CLI hooks it."""
+    """Stand-alone entry (``python -m jaxrl_sym.rl.cli train ...``)."""
     p = argparse.ArgumentParser(prog="jaxrl-sym")
     sub = p.add_subparsers(dest="cmd", required=True)
     add_train_parser(sub)

@@ -9,8 +9,9 @@ the same numbers in either layout and only the forward differs:
 
 * ``sym``: sequences bin-packed into rows by :class:`~jaxrl_sym.runtime.engine.PackedBatch`
   (positions restart per sequence, segment ids keep them apart), forward through
-  ``SymbolicLM.forward_fn``. Rows are trimmed to a geometric bucket instead of the next power of
-  two, which would waste up to half the slots; a few buckets keep recompiles rare.
+  ``SymbolicLM.forward_fn``. The row count is rounded up to a fine geometric bucket (16 steps
+  per octave, < 1/16 empty rows) instead of the next power of two, which would waste up to half
+  the slots; bucketing at all keeps the number of compiled update programs small across steps.
 * ``padded``: one row per sample, width ``max prompt + max response`` (what a padded RL library
   allocates), right-padded and masked, forward through ``padded_forward``.
 """
@@ -102,7 +103,7 @@ def packed_layout(
                          f"({longest} tokens); raise it or leave it None")
     pb = PackedBatch.build(seqs, row_len=row_len)
     used = 1 + max(r for r, _, _ in pb.where)
-    rows = length_bucket(used, per_octave=4, minimum=1)
+    rows = length_bucket(used, per_octave=16, minimum=1)
     pb = PackedBatch(pb.tokens[:rows], pb.positions[:rows], pb.segment_ids[:rows], pb.where)
     targets = np.zeros_like(pb.tokens)
     spans = []

@@ -20,8 +20,10 @@ Choices that matter:
 
 * The "old" log-probs are the ones generation reported for the sampled tokens (at the sampling
   temperature). They are never recomputed: TRL and verl spend a whole forward pass on that.
-* The reference pass runs right after generation, over the whole batch in the training layout
-  (not per generation microbatch: ``SymbolicLM.generate`` returns only when every row finished).
+* On ``sym`` the reference log-probs of a row are computed as soon as the row finishes: finished
+  rows are packed into chunks whose reference forward is dispatched (asynchronously) while the
+  remaining rows still decode (:mod:`jaxrl_sym.rl.overlap`). The padded baseline, like TRL,
+  runs one reference pass over the padded batch after generation.
 * Nothing is committed until the update succeeded: a reward function that raises or returns a
   bad value leaves parameters, optimiser state and step counter as they were.
 """
@@ -57,7 +59,8 @@ from jaxrl_sym.rl.algorithms import (
 )
 from jaxrl_sym.rl.errors import RewardError
 from jaxrl_sym.rl.layout import SYSTEMS, Layout, build_layout
-from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.rl.overlap import ReferenceOverlap
+from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     device_peak_bytes,
@@ -79,6 +82,9 @@ class Rollout:
     old_logprobs: list[np.ndarray]
     group_size: int
     stats: dict = field(default_factory=dict)
+    ref_logprobs: list[np.ndarray] | None = None
+    """Reference log-probs per sample when they were computed during generation (sym, beta > 0,
+    ``RLConfig.overlap_reference``); None means the step runs the reference pass afterwards."""
 
     @property
     def useful_tokens(self) -> int:
@@ -299,11 +305,46 @@ class RLTrainer:
         gcfg = replace(gcfg, max_new_tokens=max_new)
         expanded = [p for p in ps for _ in range(g)]
         res: GenerationResult
+        overlap = None
         if self.system == "sym":
-            res = self.engine.generate(expanded, gcfg)
+            if self.ref_leaves is not None and cfg.overlap_reference:
+                overlap = self._reference_overlap(expanded, gcfg)
+            res = self.engine.generate(
+                expanded, gcfg, on_finished=None if overlap is None else overlap.on_finished)
         else:
             res = padded_generate(self.model(), expanded, gcfg)
-        return Rollout(expanded, list(res.tokens), list(res.logprobs), g, dict(res.stats))
+        stats = dict(res.stats)
+        ref = None
+        if overlap is not None:
+            t = time.perf_counter()
+            ref = overlap.collect(len(expanded), res.tokens)
+            stats["ref_collect_seconds"] = time.perf_counter() - t
+            stats["ref_chunks"] = overlap.chunks
+            stats["ref_overlapped_samples"] = overlap.overlapped_samples
+        return Rollout(expanded, list(res.tokens), list(res.logprobs), g, stats, ref)
+
+    def _reference_overlap(self, prompts: list[np.ndarray], gcfg: GenerationConfig
+                           ) -> ReferenceOverlap:
+        """Reference scoring that runs while generation is still going (see ``overlap.py``)."""
+        limits = gcfg.max_new_tokens
+        longest = max(len(p) for p in prompts) + (max(limits) if isinstance(limits, tuple)
+                                                  else int(limits))
+        row_len = self.cfg.pack_row_len or length_bucket(max(longest, 64))
+        fn = self.fns("sym")["ref"]
+
+        def dispatch(lay: Layout) -> Any:
+            return self.programs.run("ref-sym", fn, self.ref_leaves, lay.inputs, lay.targets,
+                                     resident=tree_bytes(self.params) + self._resident())
+
+        return ReferenceOverlap(prompts, row_len, dispatch, min_rows=max(1, len(prompts) // 4))
+
+    def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
+        """Greedy responses of the current policy (evaluation; nothing is trained)."""
+        gcfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_id=self.cfg.eos_id,
+                                temperature=0.0)
+        res = (self.engine.generate(list(prompts), gcfg) if self.system == "sym"
+               else padded_generate(self.model(), list(prompts), gcfg))
+        return list(res.tokens)
 
     def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
         return build_layout(system or self.system, rollout.prompts, rollout.responses,
@@ -389,8 +430,14 @@ class RLTrainer:
             layout = self.layout(rollout)
             sec["pack"] = time.perf_counter() - t
             t = time.perf_counter()
-            ref = self.reference_logprobs(layout)
-            sec["reference"] = time.perf_counter() - t
+            if rollout.ref_logprobs is not None:  # scored during generation: only the read-back
+                ref = layout.scatter(rollout.ref_logprobs)
+                sec["reference"] = (time.perf_counter() - t
+                                    + rollout.stats.get("ref_collect_seconds", 0.0))
+                sec["generation"] -= rollout.stats.get("ref_collect_seconds", 0.0)
+            else:
+                ref = self.reference_logprobs(layout)
+                sec["reference"] = time.perf_counter() - t
             t = time.perf_counter()
             rewards = compute_rewards(self.reward_fn, rollout.prompts, rollout.responses)
             metric = (compute_rewards(self.metric_fn, rollout.prompts, rollout.responses,
@@ -453,6 +500,8 @@ class RLTrainer:
             # generation's own split (the padded baseline compiles its program on every call)
             "generation_run_seconds": float(rollout.stats.get("run_seconds", sec["generation"])),
             "generation_compile_seconds": float(rollout.stats.get("compile_seconds", 0.0)),
+            # reference chunks dispatched while generation still ran (0: a separate pass)
+            "reference_chunks_during_generation": int(rollout.stats.get("ref_chunks", 0)),
             "seconds": sec,
         }
         if metric is not None:

@@ -21,7 +21,7 @@ from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.step import RLTrainer
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, get_task
+from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task, get_task
 
 # FIELD_NOTES §5: ~100K parameters (d=64, 2 layers, 4 heads) learns digit reversal on a CPU.
 TASK_MODEL: dict[str, Any] = dict(vocab_size=VOCAB_SIZE, d_model=64, n_layers=2, n_heads=4,
@@ -31,6 +31,9 @@ TASK_MODEL: dict[str, Any] = dict(vocab_size=VOCAB_SIZE, d_model=64, n_layers=2,
 # 0.1-0.2, entropy -> 0.05); lr 1e-3, a 0.01 entropy bonus and per-sequence loss averaging reach
 # 0.4-0.5 in 400 steps.
 TASK_RECIPE: dict[str, Any] = dict(entropy_coef=0.01, loss_agg="seq_mean")
+
+
+EVAL_STREAM = 2**31 - 1  # the held-out prompt stream (steps use 1, 2, ...)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -81,6 +84,8 @@ def train(
     config: dict[str, Any] | None = None,
     progress: bool = True,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    resume: bool = False,
+    eval_prompts: int = 256,
 ) -> dict[str, Any]:
     """Train a fresh model (seeded) on an offline task; resume from ``checkpoint_dir`` if it has
     a checkpoint.
@@ -95,8 +100,14 @@ def train(
       model: overrides of :data:`TASK_MODEL` (LMConfig fields).
       config: RLConfig fields overriding :data:`TASK_RECIPE` and the arguments above.
       on_step: called with each step's metrics (after its checkpoint, if any).
+      resume: continue from the latest checkpoint in ``checkpoint_dir``. Without it, a directory
+        that already holds a checkpoint is an error (a new run must not silently continue an old
+        one, nor overwrite it).
+      eval_prompts: held-out prompts for the final greedy evaluation (0: skip).
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
-    process's steps), ``seconds``.
+    process's steps), ``seconds``, ``final_exact_match`` (greedy decoding of the final policy on
+    ``eval_prompts`` held-out prompts; a function of the parameters alone, so an interrupted and
+    resumed run reports the same value as an uninterrupted one).
     """
     task_obj = get_task(task, max_digits=max_digits)  # unknown task → InputError, before any work
     if steps < 1:
@@ -115,6 +126,11 @@ def train(
     ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
     resumed_from = None
     if ckpt is not None and ckpt.latest_step() is not None:
+        if not resume:
+            raise InputError(
+                f"checkpoint_dir {ckpt.directory} already holds a checkpoint of step "
+                f"{ckpt.latest_step()}; pass resume=True (--resume) to continue that run, or "
+                "choose an empty directory for a new one")
         resumed_from = int(ckpt.restore(trainer, expected)["step"])
     if metrics_file:
         if resumed_from is not None:
@@ -141,13 +157,24 @@ def train(
             bar.advance(m)
             if on_step is not None:
                 on_step(m)
+    final = evaluate(trainer, task_obj, eval_prompts, seed) if eval_prompts else None
     return {
         "params_sha256": trainer.params_sha256(),
+        "final_exact_match": final,
         "steps": trainer.steps_done,
         "resumed_from": resumed_from,
         "history": history,
         "seconds": time.perf_counter() - t_run,
     }
+
+
+def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> float:
+    """Exact match of greedy decoding on ``n`` held-out prompts (drawn from a stream no training
+    step uses). Greedy, so it depends on the parameters only — not on sampling luck."""
+    prompts = task.sample(np.random.default_rng([int(seed), EVAL_STREAM]), n)
+    responses = trainer.greedy(prompts, task.max_new_tokens)
+    return float(np.mean([task.exact_match(p, r) for p, r in zip(prompts, responses,
+                                                                   strict=True)]))
 
 
 class _Bar:
@@ -160,6 +187,7 @@ class _Bar:
 
     def __enter__(self) -> _Bar:
         if self.enabled:
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -168,9 +196,11 @@ class _Bar:
                 TimeElapsedColumn,
             )
 
+            # stderr: stdout stays machine-readable (``--json`` prints one object there)
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                      MofNCompleteColumn(), TimeElapsedColumn(),
-                                     TextColumn("{task.fields[info]}"))
+                                     TextColumn("{task.fields[info]}"),
+                                     console=Console(stderr=True))
             self.progress.__enter__()
             self.task = self.progress.add_task(self.title, total=self.total,
                                                completed=self.done, info="")

@@ -159,12 +159,13 @@ class SymbolicLM:
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], cfg: GenerationConfig, *,
-                 on_finished: Callable[[list[int]], None] | None = None) -> GenerationResult:
+                 on_finished: Callable[[list[int], list[np.ndarray]], None] | None = None,
+                 ) -> GenerationResult:
         """Generate for every prompt until EOS or its limit.
 
-        on_finished: called from the host loop with the indices of rows that just finished
-          (their tokens and log-probs in ``toks``/``lps`` are final), while other rows still
-          decode. The RL step uses it to queue reference scoring of finished rows behind the
+        on_finished: called from the host loop as ``on_finished(ids, responses)`` with the
+          indices of rows that just finished and their final response tokens, while other rows
+          still decode. The RL step uses it to queue reference scoring of finished rows behind the
           decode steps, so that work fills the device while the long tail generates instead of
           running as a separate pass afterwards.
         """
@@ -276,7 +277,7 @@ class SymbolicLM:
                     rows.done[slot] = True
                     finished.append(i)
             if finished and on_finished is not None:
-                on_finished(finished)
+                on_finished(finished, [np.asarray(toks[i], np.int32) for i in finished])
             if rows.done.all():
                 break
             step += 1

@@ -1,0 +1,84 @@
+"""Reference scoring of finished generations while the rest of the batch still decodes.
+
+Why: in a padded RL library the reference model runs as a separate pass after generation ends
+(FIELD_NOTES §5), so during the long tail of generation — when most rows have hit EOS and the
+decode batch has shrunk — the device does little, and afterwards it does the whole reference pass
+alone. On the symbolic runtime a row's reference log-probs depend only on that row's tokens, so
+they can be computed as soon as the row finishes. :class:`ReferenceOverlap` receives finished rows
+from :meth:`SymbolicLM.generate`'s ``on_finished`` hook, packs them (exact lengths) into chunks,
+and *dispatches* the reference forward for each chunk without waiting for it: JAX's asynchronous
+dispatch queues the work behind the decode steps, and the host keeps driving generation. Results
+are read back only in :meth:`collect`, after generation.
+
+Chunks have a fixed row length for the whole step (prompt + response can never exceed it) and a
+bucketed number of rows, so a steady-state run reuses a handful of compiled programs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrl_sym.rl.layout import Layout, packed_layout
+
+
+class ReferenceOverlap:
+    """Collect finished rows, score them in packed chunks, hand back per-sample log-probs.
+
+    Args:
+      prompts: every sample's prompt (sample index = generation row index).
+      row_len: packed row length of every chunk (≥ longest possible prompt + response).
+      dispatch: ``dispatch(layout) -> device array [rows, L]`` of reference log-probs at each
+        slot; must not block (return the un-fetched device array).
+      min_rows: dispatch a chunk once this many finished samples are waiting.
+    """
+
+    def __init__(self, prompts: Sequence[np.ndarray], row_len: int,
+                 dispatch: Callable[[Layout], Any], *, min_rows: int) -> None:
+        self.prompts = list(prompts)
+        self.row_len = int(row_len)
+        self.dispatch = dispatch
+        self.min_rows = max(1, int(min_rows))
+        self._pending: list[tuple[int, np.ndarray]] = []
+        self._chunks: list[tuple[list[int], Layout, Any]] = []
+        self.overlapped_samples = 0
+
+    def on_finished(self, ids: list[int], responses: list[np.ndarray]) -> None:
+        """The engine's hook: queue finished rows; dispatch a chunk when enough are waiting."""
+        self._pending.extend(zip(ids, responses, strict=True))
+        if len(self._pending) >= self.min_rows:
+            self.overlapped_samples += len(self._pending)
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        ids = [i for i, _ in self._pending]
+        lay = packed_layout([self.prompts[i] for i in ids], [r for _, r in self._pending],
+                            row_len=self.row_len)
+        self._chunks.append((ids, lay, self.dispatch(lay)))
+        self._pending = []
+
+    def collect(self, n: int, responses: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Score what is still waiting, then return the reference log-probs of all ``n``
+        samples (one array per sample, its response length), checking each chunk scored the
+        tokens generation finally returned."""
+        self._flush()
+        out: list[np.ndarray | None] = [None] * n
+        for ids, lay, dev in self._chunks:
+            per = lay.gather(np.asarray(dev))
+            for i, lp in zip(ids, per, strict=True):
+                if len(lp) != len(responses[i]):
+                    raise AssertionError(f"sample {i}: reference scored {len(lp)} tokens but "
+                                         f"generation returned {len(responses[i])}")
+                out[i] = lp
+        missing = [i for i, x in enumerate(out) if x is None]
+        if missing:
+            raise AssertionError(f"samples {missing[:8]} never reported finished by generation")
+        return out  # type: ignore[return-value]
+
+    @property
+    def chunks(self) -> int:
+        return len(self._chunks)
