@@ -1,0 +1,140 @@
+"""One system on one generation request, in its own process (run by ``bench/suite.py``).
+
+Why a process per (configuration, system): peak RSS and the device allocator's peak are then that
+system's own, a crash or an out-of-memory kill takes down only this configuration, and XLA's
+in-process caches cannot make a later system look cheaper than an earlier one.
+
+Timing, the same rule for every system:
+
+* ``s_per_token_with_compile``: wall-clock seconds of the first ``generate`` call (compiles
+  included) / decode steps N.
+* ``s_per_token`` (steady state): the symbolic runtime cannot separate its compiles from its run
+  (it compiles per capacity bucket on the way), so it is called a second time on the same request
+  and that call is timed. The padded and per-shape baselines time their executions apart from
+  their compiles themselves (``stats["run_seconds"]``), so their first call's run time is used;
+  a second padded call would compile again by design and measure nothing new.
+
+Both calls generate without logits (a logits run compiles other programs); sym is checked against
+padded on tokens and log-probabilities, which the parent compares.
+
+    python bench/suite_child.py SPEC.json OUT.json     # one run
+    python bench/suite_child.py --probe OUT.json       # device, versions, backends
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+# GPU: the allocator's peak is only meaningful without XLA's preallocation (set before jax loads).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def probe() -> dict[str, Any]:
+    """Device name, platform, package versions and whether compiled Triton kernels can run."""
+    import importlib.metadata as md
+
+    import jax
+
+    from jaxrl_sym.backends.launch import backend_name
+
+    versions = {}
+    for pkg in ("jax", "jaxlib", "flax", "numpy", "triton", "jax-triton", "jaxrl_sym"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[pkg] = md.version(pkg)
+    dev = jax.devices()[0]
+    return {"device": str(dev.device_kind), "platform": dev.platform, "versions": versions,
+            "triton_gpu": backend_name() == "gpu"}
+
+
+def tokens_digest(tokens: list[np.ndarray]) -> str:
+    """A short digest of every row's tokens (row boundaries included), to compare systems."""
+    h = hashlib.sha256()
+    for t in tokens:
+        h.update(np.asarray(t, np.int32).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Generate ``spec``'s request with ``spec["system"]``; returns (metrics, arrays)."""
+    from jaxrl_sym.cli import build_model
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.runtime.metrics import peak_rss_bytes
+
+    model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
+    rng = np.random.default_rng(spec["seed"] + 1)
+    prompts = [rng.integers(0, model.cfg.vocab_size, size=int(p), dtype=np.int32)
+               for p in spec["prompt_lens"]]
+    # Random weights never choose an EOS on purpose: each row's sampled length is its limit, so
+    # the row ends there exactly as if EOS had been sampled (same for every system).
+    gcfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in spec["limits"]))
+    system = spec["system"]
+    if system.startswith("sym"):
+        from jaxrl_sym.runtime.engine import SymbolicLM
+
+        engine = SymbolicLM(model, backend=system.partition("-")[2] or "xla")
+        gen = engine.generate
+    elif system == "padded":
+        from jaxrl_sym.baselines.padded import padded_generate
+
+        gen = lambda p, c: padded_generate(model, p, c)
+    elif system == "pershape":
+        from jaxrl_sym.baselines.pershape import pershape_generate
+
+        gen = lambda p, c: pershape_generate(model, p, c)
+    else:
+        raise SystemExit(f"unknown system {system!r}")
+    t0 = time.perf_counter()
+    cold = gen(prompts, gcfg)
+    cold_wall = time.perf_counter() - t0
+    steps = max(len(t) for t in cold.tokens)
+    peak = int(cold.stats["peak_bytes"])
+    metrics: dict[str, Any] = {
+        "decode_steps": steps,
+        "generated_tokens": int(sum(len(t) for t in cold.tokens)),
+        "seconds_with_compile": cold_wall,
+        "s_per_token_with_compile": cold_wall / steps,
+        "xla_compiles": int(cold.stats["xla_compiles"]),
+        "compile_seconds": float(cold.stats.get("compile_seconds", 0.0)),
+        "dispatches": int(cold.stats.get("dispatches", -1)),
+    }
+    if system.startswith("sym") and spec.get("warm", True):
+        t0 = time.perf_counter()
+        warm = gen(prompts, gcfg)
+        seconds = time.perf_counter() - t0
+        metrics["warm_xla_compiles"] = int(warm.stats["xla_compiles"])
+        peak = max(peak, int(warm.stats["peak_bytes"]))
+    else:
+        seconds = float(cold.stats["run_seconds"])
+    metrics.update(seconds=seconds, s_per_token=seconds / steps, peak_bytes=peak,
+                   peak_rss_bytes=peak_rss_bytes(), tokens_sha=tokens_digest(cold.tokens))
+    arrays = {f"tok{i}": t for i, t in enumerate(cold.tokens)}
+    arrays.update({f"lp{i}": lp for i, lp in enumerate(cold.logprobs)})
+    return metrics, arrays
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--probe"]:
+        with open(argv[1], "w") as f:
+            json.dump(probe(), f)
+        return 0
+    spec_path, out = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    metrics, arrays = run(spec)
+    np.savez(out + ".npz", **arrays)
+    with open(out, "w") as f:
+        json.dump(metrics, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,154 @@
+"""Padding fractions of the three generation systems, computed from the request alone.
+
+Why from the request and not measured: the work each system launches is a deterministic function
+of the prompt lengths, the per-row limits and its own buffer policy, so counting it on the host is
+exact and costs nothing. For the symbolic runtime the count replays the host loop's policy
+(aligned microbatches, power-of-two row buckets, compaction when at most half the bucket is live,
+geometric growth of growing stores) with the engine's own helpers.
+
+Two fractions, both "computed but not needed / computed":
+
+``padding_fraction`` (token positions): a token position is one (row, position) pushed through
+  the model (prefill or a decode step). Needed: each row's prompt plus every generated token fed
+  back, ``sum_i p_i + L_i - 1``. Computed: padded = ``B * P`` (left-padded prompt block) plus
+  ``B`` per decode step for all ``N - 1`` steps (finished rows keep decoding); per-shape = the
+  same block plus ``B`` per step until every row is done; sym = per microbatch its bucket of
+  rows × its bucketed prompt block, plus the live-row bucket per decode step (after compaction).
+
+``key_padding_fraction`` (attention key slots, decode steps only): per layer, row and decode
+  step, the key slots attention runs over. Needed: the pattern's minimal footprint S(q) for the
+  query position q of a live row: ``q + 1`` (full), ``min(q + 1, w)`` (window), ``q mod b + 1``
+  (block), ``1`` (linear: the recurrent state (S, z) is read once). Computed: padded = MAX_LEN =
+  ``P + N`` slots for every row and every pattern (masked); per-shape = the exact cache length
+  ``P + s`` at step s; sym = the store's slots: the growing store's current capacity (full), ``w``
+  (ring), ``b`` (block), ``1`` (state), for every row of the live bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jaxrl_sym.runtime.engine import length_bucket, microbatches, next_pow2
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One attention layer's pattern as the counting needs it: kind and size (w or b)."""
+
+    kind: str  # full | window | block | linear
+    size: int = 0
+
+    def needed(self, q: int) -> int:
+        """Keys the pattern needs for a query at position q (its minimal storage)."""
+        if self.kind == "window":
+            return min(q + 1, self.size)
+        if self.kind == "block":
+            return q % self.size + 1
+        if self.kind == "linear":
+            return 1
+        return q + 1
+
+    def sym_slots(self, growing_capacity: int) -> int:
+        """Slots the symbolic runtime's store for this layer holds (and attention runs over)."""
+        if self.kind in ("window", "block"):
+            return self.size
+        if self.kind == "linear":
+            return 1
+        return growing_capacity
+
+
+def layers_for(attention: str, n_layers: int, window: int, block: int) -> list[Layer]:
+    """The per-layer patterns the CLI's ``build_model`` gives each attention kind (mixed: even
+    layers a window, odd layers full, as ``LMConfig.mixed``)."""
+    if attention == "mixed":
+        return [Layer("window", window) if i % 2 == 0 else Layer("full") for i in range(n_layers)]
+    size = {"window": window, "block": block}.get(attention, 0)
+    return [Layer(attention, size)] * n_layers
+
+
+@dataclass
+class Work:
+    """Needed and computed counts of one system on one request."""
+
+    tokens_needed: int = 0
+    tokens_computed: int = 0
+    keys_needed: int = 0
+    keys_computed: int = 0
+
+    def fractions(self) -> dict[str, float]:
+        return {
+            "padding_fraction": _frac(self.tokens_needed, self.tokens_computed),
+            "key_padding_fraction": _frac(self.keys_needed, self.keys_computed),
+        }
+
+
+def _frac(needed: int, computed: int) -> float:
+    return 0.0 if computed <= 0 else max(0.0, 1.0 - needed / computed)
+
+
+def _needed(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer]) -> Work:
+    w = Work()
+    w.tokens_needed = sum(p + n - 1 for p, n in zip(prompts, limits, strict=True))
+    for p, n in zip(prompts, limits, strict=True):
+        for s in range(1, n):  # decode step s feeds token s-1 at position p + s - 1
+            q = p + s - 1
+            w.keys_needed += sum(layer.needed(q) for layer in layers)
+    return w
+
+
+def padded_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer]) -> Work:
+    """The padded baseline: B rows × (P + N) slots, all N - 1 decode steps for every row."""
+    w = _needed(prompts, limits, layers)
+    b, p, n = len(prompts), max(prompts), max(limits)
+    w.tokens_computed = b * p + b * (n - 1)
+    w.keys_computed = b * (n - 1) * (p + n) * len(layers)
+    return w
+
+
+def pershape_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer]) -> Work:
+    """The per-shape baseline: exact cache lengths, all rows until the last one is done."""
+    w = _needed(prompts, limits, layers)
+    b, p, n = len(prompts), max(prompts), max(limits)
+    w.tokens_computed = b * p + b * (n - 1)
+    w.keys_computed = sum(b * (p + s) for s in range(1, n)) * len(layers)
+    return w
+
+
+def sym_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer], *,
+             min_capacity: int = 128, max_pad_fraction: float = 0.1) -> Work:
+    """The symbolic runtime, replaying ``SymbolicLM._run_group``'s bucket/compaction/growth."""
+    w = _needed(prompts, limits, layers)
+    for group in microbatches(prompts, limits, max_rows=None, max_pad_fraction=max_pad_fraction):
+        bcap = next_pow2(len(group))
+        pcap = length_bucket(max(prompts[i] for i in group))
+        total = pcap + max(limits[i] for i in group)
+        cap = min(max(min_capacity, next_pow2(pcap + 1)), total)
+        w.tokens_computed += bcap * pcap
+        live = list(group)
+        step = 0
+        while True:
+            live = [i for i in live if limits[i] > step + 1]
+            if not live:
+                break
+            step += 1
+            if bcap > 1 and len(live) <= bcap // 2:
+                bcap = next_pow2(len(live))
+            need = pcap + step  # growing stores: live slots after writing slot pcap + step - 1
+            if need > cap:
+                cap = min(max(2 * cap, need), total)
+            w.tokens_computed += bcap
+            w.keys_computed += bcap * sum(layer.sym_slots(cap) for layer in layers)
+    return w
+
+
+def work_for(system: str, prompts: Sequence[int], limits: Sequence[int],
+             layers: Sequence[Layer]) -> Work:
+    """Dispatch on the system name (``sym-xla``/``sym-triton`` count as sym)."""
+    if system.startswith("sym"):
+        return sym_work(prompts, limits, layers)
+    if system == "padded":
+        return padded_work(prompts, limits, layers)
+    if system == "pershape":
+        return pershape_work(prompts, limits, layers)
+    raise ValueError(f"unknown system {system!r}")
