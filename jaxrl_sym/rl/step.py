@@ -224,7 +224,8 @@ class RLTrainer:
     def engine(self) -> SymbolicLM:
         """The symbolic runtime (traced on first use; shares the trainer's weights)."""
         if self._engine is None:
-            self._engine = SymbolicLM(self._model_ref, min_capacity=self._min_capacity)
+            self._engine = SymbolicLM(self._model_ref, min_capacity=self._min_capacity,
+                                      max_pad_fraction=self.cfg.gen_max_pad_fraction)
             self._engine.set_params(self.params["lm"])
         return self._engine
 
