@@ -79,7 +79,8 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
 
     prompts, limits = workload(args)
     cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
-                   max_new_tokens=max(limits), eos_id=None, lr=1e-4)
+                   max_new_tokens=max(limits), eos_id=None, lr=1e-4,
+                   update_tokens=args.update_tokens or None)
     trainer = RLTrainer(init_model(preset("small", **model_config(args)), args.seed), reward_fn,
                         cfg, system=args.system, min_capacity=32)
     warm = trainer.step(prompts, seed=1, limits=limits)
@@ -202,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="cpu: shrunk model, lengths / --scale; gpu: Qwen2.5-0.5B shape, scale 1")
     p.add_argument("--scale", type=int, default=None,
                    help="divide the paper's lengths by this (default 8 on cpu, 1 on gpu)")
+    p.add_argument("--update-tokens", type=int, default=None,
+                   help="token slots per training micro-batch (default: whole batch on cpu, "
+                        "16384 on gpu, where the 151,936-word logits of a whole batch do not fit)")
     p.add_argument("--memory-budget", type=int, default=None,
                    help="bytes for the largest-batch estimate (default: device limit or 16 GiB)")
     p.add_argument("--prompts", type=int, default=16)
@@ -218,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.scale is None:
         args.scale = 8 if args.preset == "cpu" else 1
+    if args.update_tokens is None and args.preset == "gpu":
+        args.update_tokens = 16384
     if args.system:  # child process: one system
         res = run_system(args)
         with open(args.out, "w") as f:
@@ -227,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "beta", "steps", "seed")}
     if args.memory_budget:
         config["memory_budget"] = args.memory_budget
+    if args.update_tokens:
+        config["update_tokens"] = args.update_tokens
     _, limits = workload(args)
     report: dict[str, Any] = {"config": config, "model": model_config(args),
                               "response_lengths": {"median": float(np.median(limits)),

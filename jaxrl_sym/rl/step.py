@@ -50,6 +50,7 @@ from jaxrl_sym.models.lm import DecoderLM
 from jaxrl_sym.rl.algorithms import (
     RLConfig,
     gae,
+    merge_aux,
     rl_loss,
     sample_advantages,
     token_logprobs,
@@ -270,9 +271,17 @@ class RLTrainer:
             aux = {**aux, "grad_norm": optax.tree.norm(grads)}
             return optax.apply_updates(params, updates), opt_state, aux
 
+        def apply(params, opt_state, grads):
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
+
+        def add(a, b):
+            return jax.tree_util.tree_map(jnp.add, a, b)
+
         self._fns[system] = {
             "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
-            "update": jax.jit(update),
+            "update": jax.jit(update), "apply": jax.jit(apply, donate_argnums=(2,)),
+            "add": jax.jit(add, donate_argnums=(0,)),
         }
         return self._fns[system]
 
@@ -412,6 +421,38 @@ class RLTrainer:
         (loss, aux), grads = self.fns(layout.system)["grad"](self.params, layout.inputs, arrays)
         return float(loss), {k: float(v) for k, v in aux.items()}, grads
 
+    def micro_batches(self, layout: Layout, arrays: dict[str, np.ndarray]
+                      ) -> list[tuple[tuple[np.ndarray, ...], dict[str, np.ndarray]]]:
+        """Row slices of the training batch of at most ``update_tokens`` slots each (one slice
+        when unset). Rows are never split: a packed row's sequences attend within the row."""
+        rows, width = layout.shape
+        per = rows if self.cfg.update_tokens is None else max(1, self.cfg.update_tokens // width)
+        return [(tuple(x[i:i + per] for x in layout.inputs),
+                 {k: v[i:i + per] for k, v in arrays.items()}) for i in range(0, rows, per)]
+
+    def _update(self, params: Any, opt_state: Any, layout: Layout,
+                arrays: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
+        """One optimiser update from the whole batch: fused loss-grad-update when it is one
+        micro-batch, else gradients summed over micro-batches, then one optax update."""
+        fns, sys_ = self.fns(layout.system), layout.system
+        resident = tree_bytes(self.ref_leaves) if self.ref_leaves else 0
+        chunks = self.micro_batches(layout, arrays)
+        if len(chunks) == 1:
+            params, opt_state, aux = self.programs.run(
+                f"update-{sys_}", fns["update"], params, opt_state, *chunks[0], resident=resident)
+            return params, opt_state, {k: float(v) for k, v in jax.device_get(aux).items()}
+        grads, parts = None, []
+        for inputs, arr in chunks:
+            (_, aux), g = self.programs.run(
+                f"grad-{sys_}", fns["grad"], params, inputs, arr,
+                resident=resident + tree_bytes(opt_state) + tree_bytes(grads))
+            grads = g if grads is None else self.programs.run(f"add-{sys_}", fns["add"], grads, g)
+            parts.append(aux)
+        params, opt_state, gnorm = self.programs.run(
+            f"apply-{sys_}", fns["apply"], params, opt_state, grads, resident=resident)
+        merged = merge_aux([{k: float(v) for k, v in jax.device_get(a).items()} for a in parts])
+        return params, opt_state, {**merged, "grad_norm": float(gnorm)}
+
     # ------------------------------------------------------------------ the step
     def step(self, prompts: Sequence[np.ndarray | Sequence[int]], *, seed: int,
              limits: Sequence[int] | None = None) -> dict[str, Any]:
@@ -451,16 +492,11 @@ class RLTrainer:
             sec["advantage"] = time.perf_counter() - t
             t = time.perf_counter()
             params, opt_state = self.params, self.opt_state
-            fn = self.fns(layout.system)["update"]
-            first_aux = None
+            auxes = []
             for _ in range(cfg.epochs):
-                params, opt_state, aux = self.programs.run(
-                    f"update-{layout.system}", fn, params, opt_state, layout.inputs, arrays,
-                    resident=tree_bytes(self.ref_leaves) if self.ref_leaves else 0)
-                if first_aux is None:
-                    first_aux = aux
-            aux_h = {k: float(v) for k, v in jax.device_get(first_aux).items()}
-            last_aux = {k: float(v) for k, v in jax.device_get(aux).items()}
+                params, opt_state, aux = self._update(params, opt_state, layout, arrays)
+                auxes.append(aux)
+            aux_h, last_aux = auxes[0], auxes[-1]
             if not all(math.isfinite(v) for v in last_aux.values()):
                 raise InputError(f"non-finite loss/gradients in the update ({last_aux}); the step "
                                  "was not applied. Lower the learning rate or check rewards.")
