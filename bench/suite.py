@@ -60,12 +60,12 @@ QUICK: dict[str, Any] = {
     # few thousand tokens, as in real long-context decoding.
     "preset": "decode-cpu", "batch": 4, "prompt_len": (8, 24), "window": 64, "block": 64,
     "kinds": ("full", "window", "block", "linear", "mixed"),
-    "tokens": (128, 256, 512, 1024),
+    "tokens": (256, 512, 1024),
     "systems": ("sym-xla", "padded"),
     # Per-shape compiles once per length (seconds each on a loaded 2-core CPU): one small N.
-    "pershape_tokens": (32,), "pershape_kinds": ("full",),
+    "pershape_tokens": (16,), "pershape_kinds": ("full",),
     "realistic": {"batch": 16, "prompt": (16, 128), "median": 69, "cap": 256, "sigma": 0.6},
-    "growing": {"batch": 16, "prompt": (16, 128), "medians": (16, 160), "runs": 4, "cap": 512,
+    "growing": {"batch": 16, "prompt": (16, 128), "medians": (16, 160), "runs": 3, "cap": 512,
                 "sigma": 0.6},
     "rlft": {"scale": 8, "prompts": 8, "group": 4, "steps": 1},
     "timeout": 900,
@@ -255,8 +255,21 @@ def _check(sym: dict[str, Any], padded: dict[str, Any] | None,
     return out
 
 
-def run_job(job: Job, tmp: Path, timeout: float,
-            arrays: dict[str, dict[str, np.ndarray]]) -> list[dict[str, Any]]:
+def _in_process(spec: dict[str, Any]) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """Run a child's work in this process (notebooks at small sizes: no process start-up, but
+    peak RSS is then the notebook's, not the system's)."""
+    import suite_child
+
+    try:
+        metrics, arrs = suite_child.run(spec)
+    except Exception as e:  # a failed configuration is a row, as with a child process
+        text = f"{type(e).__name__}: {e}"
+        return classify_failure(1, text), _tail(text), {}, {}
+    return "ok", "", metrics, arrs
+
+
+def run_job(job: Job, tmp: Path, timeout: float, arrays: dict[str, dict[str, np.ndarray]],
+            *, in_process: bool = False) -> list[dict[str, Any]]:
     """Run one job; returns its result rows (no metadata yet). The RL step yields one row per
     system it compares."""
     if job.system == "rlft":
@@ -265,18 +278,26 @@ def run_job(job: Job, tmp: Path, timeout: float,
 
     spec = {**job.config, "system": job.system, "prompt_lens": job.prompt_lens,
             "limits": job.limits, "warm": True}
-    spec_path, out = tmp / "spec.json", tmp / "out.json"
-    out.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps(spec))
-    status, err, rc = run_process(child_command(str(spec_path), str(out)), timeout)
-    row: dict[str, Any] = {**job.config, "system": job.system, "key": job.key, "status": status}
-    if status == "ok":
-        row.update(json.loads(out.read_text()))
-        npz = Path(str(out) + ".npz")
-        if npz.exists():
-            with np.load(npz) as z:
-                arrays[job.key] = dict(z)
+    row: dict[str, Any] = {**job.config, "system": job.system, "key": job.key}
+    if in_process:
+        status, err, metrics, arrs = _in_process(spec)
+        rc = 0 if status == "ok" else 1
+        row.update(metrics)
+        if arrs:
+            arrays[job.key] = arrs
     else:
+        spec_path, out = tmp / "spec.json", tmp / "out.json"
+        out.unlink(missing_ok=True)
+        spec_path.write_text(json.dumps(spec))
+        status, err, rc = run_process(child_command(str(spec_path), str(out)), timeout)
+        if status == "ok":
+            row.update(json.loads(out.read_text()))
+            npz = Path(str(out) + ".npz")
+            if npz.exists():
+                with np.load(npz) as z:
+                    arrays[job.key] = dict(z)
+    row["status"] = status
+    if status != "ok":
         row.update(error=err, returncode=rc)
     from jaxrl_sym.cli import DECODE_CPU
     from jaxrl_sym.models.lm import preset as lm_preset
@@ -322,10 +343,13 @@ def pending(jobs: Iterable[Job], rows: dict[str, dict[str, Any]], force: bool) -
 
 
 def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force: bool = False,
-             timeout: float = 900, progress: bool = True,
+             timeout: float = 900, progress: bool = True, in_process: bool = False,
              echo: Callable[[str], None] | None = print) -> dict[str, dict[str, Any]]:
     """Run what is not finished yet, appending one row per result to ``results.jsonl`` as soon
-    as it exists (a killed suite loses at most the configuration it was running)."""
+    as it exists (a killed suite loses at most the configuration it was running).
+
+    in_process: run each configuration in this process instead of a child (for notebooks at
+    small sizes; peak RSS and out-of-memory isolation are then lost)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.jsonl"
     rows = load_rows(path)
@@ -340,7 +364,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force:
         for job in todo:
             if bar:
                 bar.update(task, description=job.label())
-            for row in run_job(job, Path(tmpname), timeout, arrays):
+            for row in run_job(job, Path(tmpname), timeout, arrays, in_process=in_process):
                 if row["system"].startswith("sym") or row["system"] == "pershape":
                     padded = rows.get(row_key(job.config, "padded"))
                     check = _check(row, padded, arrays) if "tokens_sha" in row else None
@@ -388,15 +412,20 @@ def _summary(row: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- metadata & output
 
 
-def device_meta(command: str) -> dict[str, Any]:
+def device_meta(command: str, *, in_process: bool = False) -> dict[str, Any]:
     """Device, versions, git commit, date and command (device probed in a child process, so this
     process never holds a GPU context that would sit beside the measured children)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "probe.json"
-        subprocess.run([sys.executable, str(HERE / "suite_child.py"), "--probe", str(out)],
-                       check=True, cwd=ROOT,
-                       env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
-        meta = json.loads(out.read_text())
+    if in_process:
+        import suite_child
+
+        meta = suite_child.probe()
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "probe.json"
+            subprocess.run([sys.executable, str(HERE / "suite_child.py"), "--probe", str(out)],
+                           check=True, cwd=ROOT,
+                           env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+            meta = json.loads(out.read_text())
     try:
         git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, cwd=ROOT).stdout.strip()
