@@ -14,7 +14,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
+import math
+
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, NullLocator
 from matplotlib.transforms import blended_transform_factory
 
 Row = dict[str, Any]
@@ -44,6 +47,32 @@ def _title(rows: Sequence[Row], what: str) -> str:
     return f"{what} — {r.get('device', '?')}, preset {r.get('preset', '?')}, {extra}, {date}"
 
 
+def _log_labels(v: float, _pos: object = None) -> str:
+    """Plain numbers on log axes, only at 1, 2 and 5 times a power of ten (no 2×10⁰ clutter)."""
+    if v <= 0:
+        return ""
+    lead = round(v / 10 ** math.floor(math.log10(v)), 6)
+    return f"{v:g}" if lead in (1.0, 2.0, 5.0) else ""
+
+
+def _plain_log_y(ax: Any) -> None:
+    """Log y with plain-number labels; within less than a decade every tick is labelled (else a
+    panel may show a single label)."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    fmt = _log_labels if lo > 0 and hi / lo > 10 else (lambda v, _p=None: f"{v:g}")
+    ax.yaxis.set_major_formatter(FuncFormatter(fmt))
+    ax.yaxis.set_minor_formatter(FuncFormatter(fmt))
+
+
+def _plain_log_x(ax: Any, values: Sequence[float]) -> None:
+    """Log x with ticks exactly at the measured values."""
+    ax.set_xscale("log")
+    xs = sorted(set(values))
+    ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
 def _mark_oom(ax: Any, xs: Sequence[float], color: str) -> None:
     if not xs:
         return
@@ -61,7 +90,7 @@ def _decode_grid(rows: Sequence[Row], metrics: Sequence[tuple[str, str, float, b
     kinds = [k for k in KINDS if any(r["attention"] == k for r in rows)]
     systems = _systems(rows)
     fig, axes = plt.subplots(len(metrics), len(kinds), figsize=(3.6 * len(kinds),
-                             2.9 * len(metrics)), squeeze=False, sharex=True)
+                             2.9 * len(metrics)), squeeze=False)
     for j, kind in enumerate(kinds):
         for i, (key, label, scale, log) in enumerate(metrics):
             ax = axes[i][j]
@@ -74,9 +103,9 @@ def _decode_grid(rows: Sequence[Row], metrics: Sequence[tuple[str, str, float, b
                     ax.plot([r["tokens"] for r in ok], [r[key] * scale for r in ok],
                             marker=marker, color=color, label=name, lw=1.6, ms=5)
                 _mark_oom(ax, [r["tokens"] for r in rs if r["status"] == "oom"], color)
-            ax.set_xscale("log", base=2)
+            _plain_log_x(ax, [r["tokens"] for r in rows if r["attention"] == kind])
             if log:
-                ax.set_yscale("log")
+                _plain_log_y(ax)
             ax.grid(True, which="major", alpha=0.3)
             if i == 0:
                 ax.set_title(kind, fontsize=11, fontweight="bold")
@@ -110,7 +139,7 @@ def plot_decode(rows: Sequence[Row], out_dir: Path) -> list[Path]:
     _decode_grid(rows, [("peak_bytes", "peak device bytes (MB)", 2**-20, True),
                         ("peak_rss_bytes", "peak process RSS (MB)", 2**-20, False)],
                  paths[1], "Decoding memory")
-    _decode_grid(rows, [("xla_compiles", "XLA compiles", 1.0, True),
+    _decode_grid(rows, [("xla_compiles", "XLA compiles", 1.0, False),
                         ("key_padding_fraction", "attended key slots wasted (%)", 100, False),
                         ("padding_fraction", "token positions wasted (%)", 100, False)],
                  paths[2], "Compiles and padding")
@@ -150,9 +179,11 @@ def plot_lengths(rows: Sequence[Row], out_dir: Path) -> list[Path]:
         _bars(axes[i][0], real, [("seconds", "steady", 1.0),
                                  ("seconds_with_compile", "incl. compile", 1.0)])
         axes[i][0].set_ylabel("seconds per batch")
+        _plain_log_y(axes[i][0])
         _bars(axes[i][1], real, [("peak_bytes", "peak device", 2**-20),
                                  ("peak_rss_bytes", "peak RSS", 2**-20)])
         axes[i][1].set_ylabel("MB")
+        _plain_log_y(axes[i][1])
         _bars(axes[i][2], real, [("padding_fraction", "token positions", 100),
                                  ("key_padding_fraction", "key slots", 100)])
         axes[i][2].set_ylabel("wasted (%)")
@@ -178,9 +209,11 @@ def plot_lengths(rows: Sequence[Row], out_dir: Path) -> list[Path]:
                     ax.plot([r["median"] for r in ok], [r[key] * scale for r in ok], ls=ls,
                             marker=marker, color=color, label=f"{name}, {what}", ms=4)
                 _mark_oom(ax, [r["median"] for r in rs if r["status"] == "oom"], color)
-            ax.set_xscale("log")
+            _plain_log_x(ax, [r["median"] for r in grow])
             ax.set_xlabel("median response length (run → run)")
             ax.set_ylabel(ylabel)
+            if j < 2:  # seconds and bytes span decades (device bytes vs process RSS)
+                _plain_log_y(ax)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
         axes[i][1].set_title(f"growing lengths: median response ×10 over {len(grow) // 2} runs, "

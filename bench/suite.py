@@ -371,6 +371,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force:
                     if check is not None:
                         row["check_vs_padded"] = check
                 row.update(meta)
+                row["suite_started"] = meta.get("date")
+                row["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
                 rows[row["key"]] = row
                 _append(path, row)
                 if echo:
