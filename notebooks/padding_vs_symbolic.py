@@ -47,7 +47,7 @@ preset = {
     "kinds": ("full", "window") if QUICK else suite.QUICK["kinds"],
     "tokens": (16, 64) if QUICK else (64, 128, 256, 512),
     "pershape_tokens": (8,) if QUICK else (32,), "pershape_kinds": ("full",),
-    "realistic": {"batch": 8, "prompt": (4, 32), "median": 16 if QUICK else 69,
+    "realistic": {"batch": 4 if QUICK else 16, "prompt": (4, 32), "median": 16 if QUICK else 69,
                   "cap": 48 if QUICK else 256, "sigma": 0.6},
 }
 jobs = suite.plan(preset, systems=("sym-xla", "padded", "pershape"),

@@ -68,8 +68,9 @@ for name, pat in PATTERNS.items():
 # %% [markdown]
 # ## Memory over time
 # The runtime's `MemoryMeter` samples `weights + stores + the running program's temporaries`
-# after every step; wrapping it records the samples. Eight rows with limits spread from short to
-# long; the padded baseline holds its caches for `P + N` slots from the first step to the last.
+# after every step; wrapping it records the samples. Eight rows (four at the quick size) with
+# limits spread from short to long; the padded baseline holds its caches for `P + N` slots
+# from the first step to the last.
 
 # %%
 samples: list[list[tuple[int, int]]] = []
@@ -85,9 +86,10 @@ class RecordingMeter(MemoryMeter):
 
 engine_mod.MemoryMeter = RecordingMeter  # the engine looks the class up at call time
 rng = np.random.default_rng(0)
-prompts = [rng.integers(1, 64, size=int(n), dtype=np.int32) for n in rng.integers(8, 16, 8)]
+rows = 4 if QUICK else 8
+prompts = [rng.integers(1, 64, size=int(n), dtype=np.int32) for n in rng.integers(8, 16, rows)]
 top = 48 if QUICK else 384
-limits = tuple(int(x) for x in np.linspace(top // 8, top, 8))
+limits = tuple(int(x) for x in np.linspace(top // rows, top, rows))
 gen = GenerationConfig(max_new_tokens=limits)
 
 fig, axes = plt.subplots(1, len(PATTERNS), figsize=(4.2 * len(PATTERNS), 3.4), sharey=True)
