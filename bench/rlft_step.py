@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -262,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(report))
     path = args.json or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results",
-        report["device"].replace(" ", "_").lower(), f"rlft_step_{args.preset}.json")
+        re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-"),  # as bench/suite.py
+        f"rlft_step_{args.preset}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(report, f, indent=1)

@@ -82,7 +82,8 @@ FULL: dict[str, Any] = {
     "realistic": {"batch": 64, "prompt": (64, 512), "median": 275, "cap": 1024, "sigma": 0.6},
     "growing": {"batch": 64, "prompt": (64, 512), "medians": (100, 1000), "runs": 6, "cap": 4096,
                 "sigma": 0.6},
-    "rlft": {"scale": 1, "prompts": 16, "group": 8, "steps": 2},
+    # Qwen2.5-0.5B's shape at the paper's lengths (bench/rlft_step.py --preset gpu)
+    "rlft": {"preset": "gpu", "scale": 1, "prompts": 16, "group": 8, "steps": 2},
     "timeout": 3600,
 }
 
@@ -191,7 +192,8 @@ def rlft_command(cfg: dict[str, Any], out_path: str) -> list[str]:
     """``bench/rlft_step.py`` with the preset's sizes (it runs each system in its own process)."""
     return [sys.executable, str(HERE / "rlft_step.py"), "--json", out_path,
             "--scale", str(cfg["scale"]), "--prompts", str(cfg["prompts"]),
-            "--group", str(cfg["group"]), "--steps", str(cfg["steps"]), "--seed", str(cfg["seed"])]
+            "--group", str(cfg["group"]), "--steps", str(cfg["steps"]), "--seed", str(cfg["seed"]),
+            "--preset", cfg.get("preset", "cpu")]
 
 
 def classify_failure(returncode: int, stderr: str) -> str:
