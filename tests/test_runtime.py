@@ -133,7 +133,27 @@ def test_growth_and_compaction_happen_and_compile_count_is_logarithmic() -> None
     assert "grow" in new and "compact" in new
     # capacities 8,16,32,64 and batches 4,1: far fewer programs than the 40 steps
     assert r.stats["program_compiles"] <= 14
-    assert r.stats["dispatches"] >= 40
+    # tiles of 8 decode steps: one dispatch (and one host sync) per tile, not per token
+    assert 40 // engine.decode_tile <= r.stats["dispatches"] < 40
+
+
+def test_decode_tiles_give_the_tokens_of_single_steps() -> None:
+    """Rows ending (EOS or limit) inside a tile, compaction and growth between tiles: a tiled
+    run must return exactly what one dispatch per token returns."""
+    model, _ = model_and_engine("full")
+    prompts = [np.arange(1, 4, dtype=np.int32), np.arange(2, 9, dtype=np.int32),
+               np.arange(5, 7, dtype=np.int32)]
+    cfg = GenerationConfig(max_new_tokens=(37, 11, 5), eos_id=7, temperature=1.0, seed=3,
+                           return_logits=True)
+    runs = [SymbolicLM(model, min_capacity=8, decode_tile=t).generate(prompts, cfg)
+            for t in (1, 8)]
+    assert runs[1].stats["dispatches"] < runs[0].stats["dispatches"]
+    for a, b, la, lb, ga, gb in zip(runs[0].tokens, runs[1].tokens, runs[0].logprobs,
+                                    runs[1].logprobs, runs[0].logits, runs[1].logits,
+                                    strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(la, lb, atol=1e-5)
+        np.testing.assert_allclose(ga, gb, atol=1e-5)
 
 
 def test_mixed_config_helper_interleaves() -> None:

@@ -109,6 +109,8 @@ class SymbolicLM:
       microbatch_rows / max_pad_fraction: aligned-microbatch policy (see :func:`microbatches`).
       backend: ``xla``, ``triton`` (Triton kernels for decode steps; interpreted on CPU) or
         ``auto``.
+      decode_tile: decode steps per dispatch (one device→host sync per tile; rows that end
+        inside a tile waste at most ``decode_tile - 1`` steps). 1: a dispatch per token.
     """
 
     def __init__(
@@ -120,7 +122,11 @@ class SymbolicLM:
         microbatch_rows: int | None = None,
         max_pad_fraction: float = 0.1,
         backend: str = "xla",
+        decode_tile: int = 8,
     ) -> None:
+        if decode_tile < 1:
+            raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
+        self.decode_tile = int(decode_tile)
         self.backend = resolve_backend(backend)
         self.program, self.graphdef, state = trace_model(model)
         self.vocab_size = int(self.program.pdg.node(self.program.pdg.outputs[0]).shape[-1])
@@ -205,19 +211,20 @@ class SymbolicLM:
             stats=stats,
         )
 
-    def _run(self, name: str, cfg: GenerationConfig, *args: Any) -> tuple[Any, tuple]:
-        """Run the prefill/decode program for these shapes, compiling it on first use."""
+    def _run(self, name: str, cfg: GenerationConfig, *args: Any, **static: int
+             ) -> tuple[Any, tuple]:
+        """Run the prefill/decode(-tile) program for these shapes, compiling it on first use."""
         stores = args[1]
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
         shape = args[2].shape
-        key = (name, shape, caps, cfg.temperature, cfg.return_logits)
+        key = (name, shape, caps, cfg.temperature, cfg.return_logits, *sorted(static.items()))
         fn = getattr(self.builder, name)
 
         def build() -> Any:
-            jitted = jax.jit(fn, static_argnames=("temperature", "want_logits"),
+            jitted = jax.jit(fn, static_argnames=("temperature", "want_logits", *static),
                              donate_argnums=(1,))
             return jitted.lower(*args, temperature=cfg.temperature,
-                                want_logits=cfg.return_logits).compile()
+                                want_logits=cfg.return_logits, **static).compile()
 
         exe = self.cache.get(key, build)
         self.cache.dispatches += 1
@@ -260,48 +267,58 @@ class SymbolicLM:
             row_ids, seed)
         store_bytes = tree_bytes(stores)
         meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=0)
-        step = 0
+        # Outputs of the last dispatch: device arrays with a leading step axis when tiled.
+        out_tok, out_lp, out_lg, tiled = tok, lp, lg, False
+        last_tok = tok  # token fed back into the next step
+        step = 0  # decode steps dispatched so far (prefill produced token 0)
         while True:
-            tok_h = np.asarray(tok)
-            lp_h = np.asarray(lp)
-            lg_h = np.asarray(lg) if cfg.return_logits else None
+            tok_h = np.asarray(out_tok) if tiled else np.asarray(out_tok)[None]
+            lp_h = np.asarray(out_lp) if tiled else np.asarray(out_lp)[None]
+            lg_h = None
+            if cfg.return_logits:
+                lg_h = np.asarray(out_lg) if tiled else np.asarray(out_lg)[None]
             finished: list[int] = []
-            for slot in np.nonzero(~rows.done)[0]:
-                i = int(rows.ids[slot])
-                toks[i].append(int(tok_h[slot]))
-                lps[i].append(float(lp_h[slot]))
-                if logits is not None:
-                    logits[i].append(lg_h[slot])
-                if (cfg.eos_id is not None and tok_h[slot] == cfg.eos_id) or \
-                        len(toks[i]) >= rows.limits[slot]:
-                    rows.done[slot] = True
-                    finished.append(i)
+            for j in range(tok_h.shape[0]):
+                for slot in np.nonzero(~rows.done)[0]:
+                    i = int(rows.ids[slot])
+                    toks[i].append(int(tok_h[j, slot]))
+                    lps[i].append(float(lp_h[j, slot]))
+                    if logits is not None:
+                        logits[i].append(lg_h[j, slot])
+                    if (cfg.eos_id is not None and tok_h[j, slot] == cfg.eos_id) or \
+                            len(toks[i]) >= rows.limits[slot]:
+                        rows.done[slot] = True
+                        finished.append(i)
             if finished and on_finished is not None:
                 on_finished(finished, [np.asarray(toks[i], np.int32) for i in finished])
             if rows.done.all():
                 break
+            live = np.nonzero(~rows.done)[0]
+            # Tile only while every step of the tile is within some live row's limit, so no
+            # write lands past the slots the group can ever need.
+            remaining = max(int(rows.limits[s]) - len(toks[int(rows.ids[s])]) for s in live)
+            k = self.decode_tile if remaining >= self.decode_tile > 1 else 1
             step += 1
             write = pcap + step - 1  # slot of the token being fed back
             # ---- compaction: drop finished rows once at most half the bucket is live
-            live = np.nonzero(~rows.done)[0]
             if bcap > 1 and len(live) <= bcap // 2:
                 new_b = next_pow2(len(live))
                 keep = np.concatenate([live, np.repeat(live[:1], new_b - len(live))])
                 key_c = ("compact", bcap, new_b, tuple(sorted(
-                    (k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s)))
+                    (k_, s["pos"].shape[1]) for k_, s in stores.items() if "pos" in s)))
                 filler = np.arange(new_b) >= len(live)
                 cargs = (stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
-                         tok, pos0_d, row_ids)
-                stores, tok, pos0_d, row_ids = self.cache.run(
+                         last_tok, pos0_d, row_ids)
+                stores, last_tok, pos0_d, row_ids = self.cache.run(
                     key_c, lambda a=cargs: jax.jit(self.builder.compact)
                     .lower(*a).compile(), *cargs)
                 rows = _Rows(ids=np.where(filler, -1, rows.ids[keep]),
                              limits=rows.limits[keep], done=filler.copy())
                 bcap = new_b
                 store_bytes = tree_bytes(stores)
-            # ---- growth: a growing store doubles when the next write would not fit
-            need = max((self._live_fns[k](write)[0] for k in self._growing), default=0)
-            cur = min((s["pos"].shape[1] for k, s in stores.items() if k in self._growing),
+            # ---- growth: a growing store doubles when the tile's last write would not fit
+            need = max((self._live_fns[g](write + k - 1)[0] for g in self._growing), default=0)
+            cur = min((s["pos"].shape[1] for g, s in stores.items() if g in self._growing),
                       default=need)
             if need > cur:
                 new_cap = min(max(2 * cur, need), total)
@@ -310,9 +327,16 @@ class SymbolicLM:
                     self.builder.grow, static_argnums=(1, 2)).lower(
                         s, nc, self._growing).compile(), stores)
                 store_bytes = tree_bytes(stores)
-            (stores, tok, lp, lg), key = self._run(
-                "decode", cfg, hoisted, stores, tok, pos0_d, np.int32(step), np.int32(write),
-                row_ids, seed)
+            args = (hoisted, stores, last_tok, pos0_d, np.int32(step), np.int32(write), row_ids,
+                    seed)
+            if k == 1:
+                (stores, out_tok, out_lp, out_lg), key = self._run("decode", cfg, *args)
+                last_tok, tiled = out_tok, False
+            else:
+                (stores, last_tok, out_tok, out_lp, out_lg), key = self._run(
+                    "decode_tile", cfg, *args, k=k)
+                tiled = True
+            step += k - 1
             meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=step)
 
     # ------------------------------------------------------------------ packed forward

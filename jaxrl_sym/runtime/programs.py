@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jaxrl_sym.generation import select_tokens
 from jaxrl_sym.ops.attention import Linear
@@ -132,6 +133,29 @@ class StepBuilder:
         steps = jnp.full(prev_tokens.shape, step, jnp.int32)
         return self._chunk(hoisted, stores, prev_tokens[:, None], positions, write_index, steps,
                            row_ids, seed, temperature=temperature, want_logits=want_logits)
+
+    def decode_tile(self, hoisted, stores, prev_tokens, pos0, step, write_index, row_ids, seed,
+                    *, temperature: float, want_logits: bool, k: int):
+        """Decode steps ``step .. step+k-1`` in one program (``lax.scan`` over :meth:`decode`).
+
+        Why: a host-driven loop pays a dispatch and a device→host sync per token, which for
+        small models or batches costs as much as the step itself. A tile of k steps pays them
+        once; tokens a row samples after its EOS or limit inside a tile are discarded by the
+        host (at most k-1 per row), and sampling is keyed by (seed, step, row), so the tokens
+        are the ones k single steps would give. The host guarantees capacity for all k writes.
+        Returns (stores, last tokens [B], tokens [k, B], log-probs [k, B], logits [k, …]).
+        """
+
+        def body(carry, i):
+            st, tok = carry
+            st, tok, lp, lg = self.decode(hoisted, st, tok, pos0, step + i, write_index + i,
+                                          row_ids, seed, temperature=temperature,
+                                          want_logits=want_logits)
+            return (st, tok), (tok, lp, lg)
+
+        (stores, last), (toks, lps, lgs) = lax.scan(body, (stores, prev_tokens),
+                                                   jnp.arange(k, dtype=jnp.int32))
+        return stores, last, toks, lps, lgs
 
     def _chunk(
         self,
