@@ -68,6 +68,7 @@ def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from jaxrl_sym.cli import build_model
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.runtime.metrics import peak_rss_bytes
+    from jaxrl_sym.systems import generator
 
     model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
     rng = np.random.default_rng(spec["seed"] + 1)
@@ -77,21 +78,7 @@ def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     # the row ends there exactly as if EOS had been sampled (same for every system).
     gcfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in spec["limits"]))
     system = spec["system"]
-    if system.startswith("sym"):
-        from jaxrl_sym.runtime.engine import SymbolicLM
-
-        engine = SymbolicLM(model, backend=system.partition("-")[2] or "xla")
-        gen = engine.generate
-    elif system == "padded":
-        from jaxrl_sym.baselines.padded import padded_generate
-
-        gen = lambda p, c: padded_generate(model, p, c)
-    elif system == "pershape":
-        from jaxrl_sym.baselines.pershape import pershape_generate
-
-        gen = lambda p, c: pershape_generate(model, p, c)
-    else:
-        raise SystemExit(f"unknown system {system!r}")
+    gen = generator(system, model)
     t0 = time.perf_counter()
     cold = gen(prompts, gcfg)
     cold_wall = time.perf_counter() - t0

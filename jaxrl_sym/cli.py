@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-SYSTEMS = ("sym", "padded", "pershape")
+from jaxrl_sym.systems import SYSTEMS
 
 # GPT-2-like multi-head shape scaled down for a CPU: like real long-context decoding, the KV
 # state (not the weights) dominates memory at a few thousand tokens, which is the regime the
@@ -97,25 +97,12 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
 
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.runtime.metrics import peak_rss_bytes
+    from jaxrl_sym.systems import generator
 
     model, prompts = build_model(spec)
     gcfg = GenerationConfig(max_new_tokens=spec["tokens"], return_logits=True)
     system = spec["system"]
-    if system == "sym":
-        from jaxrl_sym.runtime.engine import SymbolicLM
-
-        engine = SymbolicLM(model, backend=spec["backend"])
-        gen = engine.generate
-    elif system == "padded":
-        from jaxrl_sym.baselines.padded import padded_generate
-
-        gen = lambda p, c: padded_generate(model, p, c)
-    elif system == "pershape":
-        from jaxrl_sym.baselines.pershape import pershape_generate
-
-        gen = lambda p, c: pershape_generate(model, p, c)
-    else:
-        raise SystemExit(f"unknown system {system!r}; choose from {', '.join(SYSTEMS)}")
+    gen = generator(system, model, backend=spec["backend"])
     t0 = time.perf_counter()
     cold = gen(prompts, gcfg)
     cold_wall = time.perf_counter() - t0  # the whole call: every system's compiles included
