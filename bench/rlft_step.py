@@ -76,7 +76,7 @@ def reward_fn(prompt: np.ndarray, response: np.ndarray) -> float:
 def run_system(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer
-    from jaxrl_sym.runtime.metrics import peak_rss_bytes, tree_bytes
+    from jaxrl_sym.runtime.metrics import device_memory_limit, peak_rss_bytes, tree_bytes
 
     prompts, limits = workload(args)
     cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
@@ -122,17 +122,6 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
         "kl": m0["kl"],
         "reward": m0["reward"],
     }
-
-
-def device_memory_limit() -> int | None:
-    """The device's memory limit in bytes where the backend reports one (GPU), else None."""
-    import jax
-
-    try:
-        stats = jax.devices()[0].memory_stats() or {}
-    except Exception:
-        return None
-    return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
 
 
 def ratios(report: dict[str, Any]) -> dict[str, float]:

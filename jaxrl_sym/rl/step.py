@@ -62,12 +62,8 @@ from jaxrl_sym.rl.errors import RewardError
 from jaxrl_sym.rl.layout import SYSTEMS, Layout, build_layout
 from jaxrl_sym.rl.overlap import ReferenceOverlap
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
-from jaxrl_sym.runtime.metrics import (
-    CompileCounter,
-    device_peak_bytes,
-    executable_temp_bytes,
-    tree_bytes,
-)
+from jaxrl_sym.runtime.metrics import CompileCounter, device_peak_bytes, tree_bytes
+from jaxrl_sym.runtime.programs import ProgramCache
 
 RewardFn = Callable[[np.ndarray, np.ndarray], float]
 """``reward_fn(prompt_tokens, response_tokens) -> float``; the response includes the EOS token
@@ -136,31 +132,27 @@ def params_sha256(params: Any) -> str:
 
 
 class _Programs:
-    """Compiled executables per (name, argument shapes), with XLA's temp bytes for accounting.
+    """The runtime's :class:`ProgramCache` keyed by (name, argument shapes), plus the peak of
+    bytes held while a program runs (inputs + resident state + XLA temporaries + outputs).
 
     Compiling ahead of time (``lower().compile()``) is what gives access to
     ``memory_analysis()``; the cache key mirrors jit's own (pytree structure + shapes/dtypes).
     """
 
     def __init__(self) -> None:
-        self.exes: dict[Any, Any] = {}
-        self.temp: dict[Any, int] = {}
-        self.compiles = 0
+        self.cache = ProgramCache()
         self.peak = 0
+
+    @property
+    def compiles(self) -> int:
+        return self.cache.compiles
 
     def run(self, name: str, fn: Any, *args: Any, resident: int = 0) -> Any:
         leaves, tdef = jax.tree_util.tree_flatten(args)
         key = (name, tdef, tuple((np.shape(x), np.result_type(x).str) for x in leaves))
-        exe = self.exes.get(key)
-        if exe is None:
-            exe = fn.lower(*args).compile()
-            self.exes[key] = exe
-            self.temp[key] = executable_temp_bytes(exe)
-            self.compiles += 1
-        out = exe(*args)
-        held = resident + sum(int(np.asarray(x).nbytes) if isinstance(x, np.ndarray)
-                              else int(x.nbytes) for x in leaves)
-        self.peak = max(self.peak, held + self.temp[key] + tree_bytes(out))
+        out = self.cache.run(key, lambda: fn.lower(*args).compile(), *args)
+        held = resident + sum(int(x.nbytes) for x in leaves)
+        self.peak = max(self.peak, held + self.cache.temp_bytes[key] + tree_bytes(out))
         return out
 
 

@@ -272,11 +272,11 @@ class SymbolicLM:
         last_tok = tok  # token fed back into the next step
         step = 0  # decode steps dispatched so far (prefill produced token 0)
         while True:
-            tok_h = np.asarray(out_tok) if tiled else np.asarray(out_tok)[None]
-            lp_h = np.asarray(out_lp) if tiled else np.asarray(out_lp)[None]
-            lg_h = None
-            if cfg.return_logits:
-                lg_h = np.asarray(out_lg) if tiled else np.asarray(out_lg)[None]
+            # host copies with a leading step axis (one entry unless the dispatch was a tile)
+            tok_h, lp_h, lg_h = (None if x is None else np.asarray(x) if tiled
+                                 else np.asarray(x)[None]
+                                 for x in (out_tok, out_lp, out_lg if cfg.return_logits
+                                           else None))
             finished: list[int] = []
             for j in range(tok_h.shape[0]):
                 for slot in np.nonzero(~rows.done)[0]:

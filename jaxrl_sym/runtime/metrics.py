@@ -67,6 +67,15 @@ class MemoryMeter:
         self.peak = max(self.peak, total)
 
 
+def device_memory_limit() -> int | None:
+    """The device's memory limit in bytes where the backend reports one (GPU), else None."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+    except Exception:
+        return None
+    return int(stats["bytes_limit"]) if "bytes_limit" in stats else None
+
+
 def device_peak_bytes() -> int | None:
     """The device allocator's peak bytes (GPU), or None where the backend keeps no statistics."""
     try:
