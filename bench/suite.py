@@ -458,6 +458,24 @@ def write_outputs(rows: dict[str, dict[str, Any]], out_dir: Path, *, plots: bool
     (out_dir.parent / "SUITE.md").write_text(render_summary(data, out_dir.name))
 
 
+def narrow(preset: dict[str, Any], kinds: str | None, tokens: str | None) -> dict[str, Any]:
+    """The preset restricted to the decode ``kinds`` / lengths ``tokens`` asked for (a GPU
+    session's time allows a slice of the full grid per command; the JSONL accumulates slices)."""
+    out = dict(preset)
+    if kinds:
+        want = [k.strip() for k in kinds.split(",") if k.strip()]
+        unknown = sorted(set(want) - set(preset["kinds"]))
+        if unknown:
+            raise SystemExit(f"--kinds: unknown {unknown}; the preset has {preset['kinds']}")
+        out["kinds"] = tuple(want)
+        out["pershape_kinds"] = tuple(k for k in preset["pershape_kinds"] if k in want)
+    if tokens:
+        lengths = tuple(int(n) for n in tokens.split(","))
+        out["tokens"] = lengths
+        out["pershape_tokens"] = tuple(n for n in preset["pershape_tokens"] if n in lengths)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="CPU preset (about 10 min on 2 cores)")
@@ -466,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default=None,
                    help="comma-separated: sym-xla, sym-triton, padded, pershape (default: the "
                         "preset's, sym-triton only where compiled Triton runs, i.e. on a GPU)")
+    p.add_argument("--kinds", default=None,
+                   help="comma-separated decode kinds to run (default: the preset's)")
+    p.add_argument("--tokens", default=None,
+                   help="comma-separated decode lengths N to run (default: the preset's)")
     p.add_argument("--force", action="store_true", help="re-run finished configurations")
     p.add_argument("--render", action="store_true", help="only rewrite tables and plots")
     p.add_argument("--out", default=None, help="results folder (default bench/results/<device>)")
@@ -473,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
     args = p.parse_args(argv)
-    preset = QUICK if args.quick else FULL
+    preset = narrow(QUICK if args.quick else FULL, args.kinds, args.tokens)
     command = "python bench/suite.py " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = device_meta(command)
     if args.systems:
