@@ -630,3 +630,22 @@ def test_gpu_linear():
     zz = jnp.zeros((4, 2, 64), jnp.float32)
     o, s, zz = jax.jit(triton_ops.linear_decode, donate_argnums=(3,))(q[:4], k[:4], v[:4], s, zz)
     assert np.isfinite(np.asarray(o, np.float32)).all()
+
+
+def test_decode_size_guard_is_per_row():
+    """Rows are offset in int64 in the kernel: a batch whose whole store exceeds int32 elements
+    (64 x 32k slots x 16 heads x 64) is accepted; one row over int32 is refused by name."""
+    from jaxrl_sym.errors import InputError
+
+    def spec(b, cap, h, d):
+        return (jax.ShapeDtypeStruct((b, h * 1, d), jnp.bfloat16),
+                jax.ShapeDtypeStruct((b, cap, h, d), jnp.bfloat16),
+                jax.ShapeDtypeStruct((b, cap, h, d), jnp.bfloat16),
+                jax.ShapeDtypeStruct((b, cap), jnp.int32),
+                jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32))
+
+    f = lambda *a: triton_ops.decode_attention(*a, pattern=Causal(), num_splits=1)
+    out = jax.eval_shape(f, *spec(64, 32768, 16, 64))
+    assert out.shape == (64, 16, 64)
+    with pytest.raises(InputError, match="exceeds the kernels' int32 indexing"):
+        jax.eval_shape(f, *spec(1, 1 << 22, 16, 64))

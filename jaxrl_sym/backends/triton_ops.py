@@ -153,7 +153,8 @@ def decode_attention(
                          f"{kv_pos.shape}, {q_pos.shape}, {n_live.shape}")
     if block_n < 16 or block_n & (block_n - 1):
         raise InputError(f"{op}(): block_n must be a power of two >= 16, got {block_n}")
-    _check_size(op, k_store.shape, v_store.shape)
+    # Per row: the kernel offsets rows in int64 (b64), so only one row's slots must fit int32.
+    _check_size(op, k_store.shape[1:], v_store.shape[1:])
     if num_splits is None:
         num_splits = _num_splits(b, hkv, cap, block_n)
     if num_splits < 1 or num_splits & (num_splits - 1):
