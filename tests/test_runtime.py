@@ -189,3 +189,36 @@ def test_microbatches_keep_long_generations_together() -> None:
                             max_pad_fraction=0.1)) == 1
     # short generations after very different prompts: split
     assert len(microbatches([4, 200], [4, 4], max_rows=None, max_pad_fraction=0.1)) == 2
+
+
+def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
+    """Growing every layer in one program kept all old and new buffers live together (sym's peak
+    was 2x its final store on an H100). Each store now grows in its own program and replaces its
+    old buffers at once; the meter sees the transient: at most one old store on top of the new."""
+    import gc
+    import weakref
+
+    import jax
+
+    from jaxrl_sym.runtime.metrics import MemoryMeter, tree_bytes
+
+    cfg = replace(preset("tiny"), n_layers=4, patterns=(Causal(),) * 4)
+    engine = SymbolicLM(DecoderLM(cfg, rngs=nnx.Rngs(3)), min_capacity=4)
+    stores = jax.jit(engine.builder.init_stores, static_argnums=(0, 1))(2, 8)
+    stores = {n: {k: (a + 1 if k != "pos" else a.at[:, :3].set(np.arange(3)))
+                  for k, a in s.items()} for n, s in stores.items()}
+    expect = {n: {k: np.array(a, copy=True) for k, a in s.items()} for n, s in stores.items()}
+    one_old = max(tree_bytes(s) for s in stores.values())
+    refs = [weakref.ref(a) for s in stores.values() for a in s.values()]
+    meter = MemoryMeter()
+    engine._grow(stores, 2, 16, meter, weights_bytes=0, step=5)
+    gc.collect()
+    assert len(engine._growing) == 4
+    assert all(r() is None for r in refs)  # nothing keeps an old store alive
+    temp = max(v for k, v in engine.cache.temp_bytes.items() if k[0] == "grow")
+    assert meter.peak <= tree_bytes(stores) + one_old + temp
+    assert len(meter.samples) == 4  # one observation per store program
+    for n, s in stores.items():
+        assert s["pos"].shape[1] == 16 and s["k"].shape[1] == 16
+        np.testing.assert_array_equal(np.asarray(s["k"])[:, :8], expect[n]["k"])
+        np.testing.assert_array_equal(np.asarray(s["pos"])[:, 8:], -1)

@@ -29,6 +29,7 @@ from jaxrl_sym.passes.storage import StoragePlan, live_count_fn, plan_storage
 from jaxrl_sym.runtime.evaluate import constant_values
 from jaxrl_sym.runtime.metrics import CompileCounter, MemoryMeter, device_peak_bytes, tree_bytes
 from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache, StepBuilder, store_specs
+from jaxrl_sym.runtime.stores import grow_store
 from jaxrl_sym.tracer.trace import trace_model
 
 
@@ -230,6 +231,26 @@ class SymbolicLM:
         self.cache.dispatches += 1
         return exe(*args), key
 
+    def _grow(self, stores: dict[str, Any], bcap: int, capacity: int, meter: Any,
+              weights_bytes: int, step: int) -> None:
+        """Grow the growing stores to ``capacity`` in place, one store per program.
+
+        Why one at a time: a padded copy cannot alias its input, so growing every layer in one
+        program keeps all old and all new buffers live together. On an H100 (GPT-2-small shape,
+        batch 64, 4096 tokens) that made sym's peak 39.7 GB for a 19.4 GB final store, above
+        padded's 22.7 GB. Here each store is replaced in the caller's dict as soon as its copy
+        exists, so its old buffers are freed before the next store grows: the excess is one store.
+        Stores of equal shape share one compiled program.
+        """
+        for g in self._growing:
+            old_bytes = tree_bytes(stores[g])
+            key = ("grow", bcap, capacity,
+                   tuple((n, a.shape, str(a.dtype)) for n, a in sorted(stores[g].items())))
+            stores[g] = self.cache.run(key, lambda o=stores[g]: jax.jit(
+                grow_store, static_argnums=1).lower(o, capacity).compile(), stores[g])
+            meter.observe(weights_bytes + tree_bytes(stores) + old_bytes,
+                          self.cache.temp_bytes[key], step=step)
+
     def _run_group(self, group, prompts, limits, cfg, hoisted, weights_bytes, meter, toks, lps,
                    logits, on_finished=None) -> None:
         n = len(group)
@@ -312,6 +333,7 @@ class SymbolicLM:
                 stores, last_tok, pos0_d, row_ids = self.cache.run(
                     key_c, lambda a=cargs: jax.jit(self.builder.compact)
                     .lower(*a).compile(), *cargs)
+                del cargs  # holds the pre-compaction stores: free them now, not at the next one
                 rows = _Rows(ids=np.where(filler, -1, rows.ids[keep]),
                              limits=rows.limits[keep], done=filler.copy())
                 bcap = new_b
@@ -321,11 +343,8 @@ class SymbolicLM:
             cur = min((s["pos"].shape[1] for g, s in stores.items() if g in self._growing),
                       default=need)
             if need > cur:
-                new_cap = min(max(2 * cur, need), total)
-                key_g = ("grow", bcap, cur, new_cap)
-                stores = self.cache.run(key_g, lambda s=stores, nc=new_cap: jax.jit(
-                    self.builder.grow, static_argnums=(1, 2)).lower(
-                        s, nc, self._growing).compile(), stores)
+                self._grow(stores, bcap, min(max(2 * cur, need), total), meter,
+                           weights_bytes, step)
                 store_bytes = tree_bytes(stores)
             args = (hoisted, stores, last_tok, pos0_d, np.int32(step), np.int32(write), row_ids,
                     seed)

@@ -26,7 +26,6 @@ from jaxrl_sym.runtime.metrics import executable_temp_bytes
 from jaxrl_sym.runtime.stores import (
     StoreSpec,
     attend_with_store,
-    grow_store,
     init_store,
     take_rows,
 )
@@ -194,10 +193,6 @@ class StepBuilder:
         tok, lp = select_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
                                 temperature=temperature)
         return new_stores, tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
-
-    @staticmethod
-    def grow(stores: dict[str, dict[str, jax.Array]], capacity: int, growing: tuple[str, ...]):
-        return {k: (grow_store(s, capacity) if k in growing else s) for k, s in stores.items()}
 
     @staticmethod
     def compact(stores, rows, filler, tok, pos0, row_ids):
