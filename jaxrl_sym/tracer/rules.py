@@ -193,6 +193,17 @@ def _scan_like(view: EqnView) -> None:
         raise _mix(view, lab, "scans")
 
 
+def _stack(view: EqnView) -> None:
+    # jnp.stack (RoPE on interleaved pairs, k/v packing): the new axis is not B or T, and every
+    # operand must carry B/T on the axes the result keeps for them.
+    ax = view.params["axis"]
+    out = view.out_labels[0]
+    for labs in view.in_labels:
+        if (*labs[:ax], None, *labs[ax:]) != out:
+            lab = next(lab for lab in (*labs, *out) if lab)
+            raise _mix(view, lab, "stacks misaligned operands")
+
+
 def _attention(view: EqnView) -> None:
     q, k = view.in_labels[0], view.in_labels[1]
     if q[:2] != ("B", "T") or k[:2] != ("B", "T"):
@@ -241,6 +252,8 @@ RULES.update(
         "pad": _pad,
         "concatenate": _axes_param("dimension", "concatenates"),
         "split": _axes_param("axis", "splits"),
+        "unstack": _axes_param("axis", "unstacks"),
+        "stack": _stack,
         "rev": _axes_param("dimensions", "reverses"),
         "sort": _axes_param("dimension", "sorts"),
         "gather": _gather,

@@ -23,9 +23,10 @@ from jax.extend import core as jcore
 
 from jaxrl_sym.dimexpr import is_symbolic, to_sympy
 from jaxrl_sym.errors import NonCausalMixingError, SymbolError, source_line
-from jaxrl_sym.ops.attention import Block, Causal, Linear, Pattern, Window
+from jaxrl_sym.ops.attention import Block, Pattern, Window
 from jaxrl_sym.pdg.ir import PDG, Edge, Node
 from jaxrl_sym.symbols import IndexExpr, Point, Range, SymbolTable
+from jaxrl_sym.tracer.flatten import attention_eqns, flatten
 from jaxrl_sym.tracer.rules import EqnView, check_equation
 
 # extent symbol -> iterator symbol of the domain
@@ -284,14 +285,14 @@ def trace_function(
     fn: Callable[..., Any],
     weights: Any,
     seq_inputs: Sequence[SeqInput],
-    patterns: Sequence[Pattern] = (Causal(),),
+    patterns: Sequence[Pattern] = (),
 ) -> TracedProgram:
     """Trace ``fn(weights, *seq_inputs)`` with symbolic B, T and build its PDG.
 
-    ``patterns`` lists the attention patterns the function may use, so that each distinct
-    window/block size gets its own symbol (w, b, w0, w1, …).
+    The attention patterns are read from the traced ``attend`` calls (after loops over layers
+    are unrolled, :mod:`jaxrl_sym.tracer.flatten`); each distinct window/block size gets its own
+    symbol (w, b, w0, w1, …). ``patterns`` may add more (symbols for patterns not traced).
     """
-    table, ranges = _base_table(patterns)
     leaves, treedef = jax.tree_util.tree_flatten(weights)
     symdims = dict(zip(("B", "T"), jax.export.symbolic_shape("B, T"), strict=True))
     specs = []
@@ -319,6 +320,12 @@ def trace_function(
             f"symbolic expressions (e.g. T and T - 1) were combined; every sequence input and "
             f"intermediate must keep the same B and T."
         ) from err
+    # Loops over layers become one attention equation per layer; the patterns are read from
+    # those equations (the model declares nothing).
+    closed = flatten(closed)
+    found = tuple(dict.fromkeys(e.params["pattern"] for e in attention_eqns(closed.jaxpr)))
+    patterns = tuple(dict.fromkeys((*found, *(patterns or ()))))
+    table, ranges = _base_table(patterns)
     b = _Builder(table, ranges)
     inputs: list[tuple[str, int]] = []
     n_leaves = len(leaves)
@@ -343,13 +350,6 @@ def trace_function(
                          tuple(pattern_bindings(table, patterns).items()), tuple(patterns))
 
 
-def model_patterns(model: nnx.Module) -> tuple[Pattern, ...]:
-    cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
-    if cfg is not None and hasattr(cfg, "layer_patterns"):
-        return tuple(cfg.layer_patterns())
-    return (Causal(), Linear())
-
-
 def trace_model(model: nnx.Module) -> tuple[TracedProgram, Any, Any]:
     """Trace a Flax NNX LM called as ``model(tokens, positions, segment_ids) -> logits``.
 
@@ -365,6 +365,5 @@ def trace_model(model: nnx.Module) -> tuple[TracedProgram, Any, Any]:
         fn, state,
         [SeqInput("tokens", "B, T"), SeqInput("positions", "B, T"),
          SeqInput("segment_ids", "B, T")],
-        patterns=model_patterns(model),
     )
     return prog, graphdef, state
