@@ -12,7 +12,6 @@ checkpoint".
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -27,8 +26,7 @@ from jaxrl_sym.rl.step import RLTrainer
 
 def fingerprint(trainer: RLTrainer, **run: Any) -> dict[str, Any]:
     """What must agree for a checkpoint to be resumable by ``trainer`` (JSON-serialisable)."""
-    model = {f.name: repr(getattr(trainer.model_cfg, f.name))
-             for f in dataclasses.fields(trainer.model_cfg)}
+    model = {k: v for k, v in trainer.model_fingerprint.items() if k != "params"}
     shapes = [[list(np.shape(x)), str(np.asarray(x).dtype)]
               for x in jax.tree_util.tree_leaves(trainer.params)]
     return {"model": model, "params": shapes, "algo": trainer.cfg.algo,

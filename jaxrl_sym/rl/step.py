@@ -46,7 +46,7 @@ from flax import nnx
 from jaxrl_sym.baselines.padded import padded_forward, padded_generate
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, validate_prompts
-from jaxrl_sym.models.lm import DecoderLM
+from jaxrl_sym.models.contract import check_model, model_fingerprint
 from jaxrl_sym.rl.algorithms import (
     RLConfig,
     gae,
@@ -171,7 +171,7 @@ class RLTrainer:
 
     def __init__(
         self,
-        model: DecoderLM,
+        model: nnx.Module,
         reward_fn: RewardFn,
         cfg: RLConfig,
         *,
@@ -188,8 +188,9 @@ class RLTrainer:
         self.system = system
         self.reward_fn = reward_fn
         self.metric_fn = metric_fn
-        self.model_cfg = model.cfg
-        self.vocab_size = model.cfg.vocab_size
+        info = check_model(model)  # any model that follows the contract; fails early otherwise
+        self.vocab_size = info.vocab_size
+        self.model_fingerprint = model_fingerprint(model)
         self.graphdef, state = nnx.split(model)
         leaves, self.treedef = jax.tree_util.tree_flatten(state)
         self._model_ref = model
@@ -222,7 +223,7 @@ class RLTrainer:
             self._engine.set_params(self.params["lm"])
         return self._engine
 
-    def model(self) -> DecoderLM:
+    def model(self) -> nnx.Module:
         """An NNX model holding the current policy weights (for the padded baseline)."""
         return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef,
                                                                      self.params["lm"]))

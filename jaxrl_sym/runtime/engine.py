@@ -24,6 +24,7 @@ from jaxrl_sym.generation import (
     row_limits,
     validate_prompts,
 )
+from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.passes.generation import add_generation_loop
 from jaxrl_sym.passes.storage import StoragePlan, live_count_fn, plan_storage
 from jaxrl_sym.runtime.evaluate import constant_values
@@ -129,6 +130,7 @@ class SymbolicLM:
             raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
         self.decode_tile = int(decode_tile)
         self.backend = resolve_backend(backend)
+        check_model(model)  # the contract, stated, before any symbolic-shape tracing
         self.program, self.graphdef, state = trace_model(model)
         self.vocab_size = int(self.program.pdg.node(self.program.pdg.outputs[0]).shape[-1])
         self.pdg = add_generation_loop(self.program.pdg)

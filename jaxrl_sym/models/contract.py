@@ -1,0 +1,74 @@
+"""The one contract a model follows, checked once, with errors that state it.
+
+A model is any ``nnx.Module`` called as ``model(tokens, positions, segment_ids) -> logits``:
+int32 ``[B, T]`` tokens and positions (position < 0 = padding), int32 ``[B, T]`` segment ids,
+float logits ``[B, T, V]``; its only sequence-mixing op is :func:`jaxrl_sym.attend`. Nothing else
+is read from it — no config attribute, no cache arguments: vocabulary, layers, head shapes and
+attention patterns come from the traced program.
+
+:func:`check_model` evaluates the model abstractly (``jax.eval_shape``: no FLOPs, no memory) on a
+``[1, 2]`` batch, so a model that breaks the contract fails here, before any tracing or compiling,
+with a sentence about the contract instead of a symbolic-shape error from deep inside JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_sym.errors import InputError
+
+CONTRACT = ("model(tokens, positions, segment_ids) -> logits, with int32 [B, T] tokens, "
+            "positions (< 0 = padding) and segment ids, and float logits [B, T, vocab]")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the library needs to know about a model, read from an abstract evaluation."""
+
+    vocab_size: int
+    logits_dtype: str
+    name: str  # the model's class, for messages and checkpoint fingerprints
+
+
+def check_model(model: Any) -> ModelInfo:
+    """Check ``model`` against the contract; return its vocabulary size and logits dtype."""
+    name = type(model).__qualname__
+    if not callable(model):
+        raise InputError(f"{name} is not callable; a model is {CONTRACT}")
+    spec = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+    try:
+        out = jax.eval_shape(lambda t, p, s: model(t, p, s), spec, spec, spec)
+    except TypeError as err:
+        raise InputError(f"{name} cannot be called as {CONTRACT}: {err}. Wrap it in a module "
+                         "whose __call__ takes exactly these three arrays.") from err
+    if isinstance(out, tuple | list) or not hasattr(out, "shape"):
+        raise InputError(f"{name} returned {type(out).__name__}, not one logits array; a model "
+                         f"is {CONTRACT}")
+    if len(out.shape) != 3 or tuple(out.shape[:2]) != (1, 2):
+        raise InputError(f"{name} returned logits of shape {tuple(out.shape)} for [1, 2] "
+                         f"tokens; want [1, 2, vocab]: a model is {CONTRACT}")
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        raise InputError(f"{name} returned {out.dtype} logits; want a float dtype")
+    return ModelInfo(int(out.shape[-1]), str(out.dtype), name)
+
+
+def model_fingerprint(model: nnx.Module) -> dict[str, Any]:
+    """What identifies a model's architecture for checkpoints: its class, its config if it
+    keeps a dataclass one (any attribute name), and every parameter's path, shape and dtype."""
+    fp: dict[str, Any] = {"class": f"{type(model).__module__}.{type(model).__qualname__}"}
+    for attr, val in vars(model).items():
+        if dataclasses.is_dataclass(val) and not isinstance(val, type | nnx.Module | nnx.Variable):
+            fp[f"config.{attr}"] = {f.name: repr(getattr(val, f.name))
+                                    for f in dataclasses.fields(val)}
+    state = nnx.state(model, nnx.Param)
+    fp["params"] = {jax.tree_util.keystr(path): [list(np.shape(x)), str(jnp.result_type(x))]
+                    for path, x in jax.tree_util.tree_flatten_with_path(
+                        state, is_leaf=lambda x: isinstance(x, jax.Array | np.ndarray))[0]}
+    return fp

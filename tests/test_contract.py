@@ -1,0 +1,154 @@
+"""Models that are not ``DecoderLM`` through the symbolic runtime, against oracles that share no
+code with it: ``naive_generate`` (re-run the whole sequence each step) and the plain forward.
+
+The zoo (``tests/zoo.py``) covers learned positions + LayerNorm/bias + fused QKV unstacked
+(GPT-2), stacked layers under ``lax.scan``, one shared block under ``fori_loop``, and interleaved
+window/full GQA with parallel blocks and logit soft-capping (Gemma-2-like).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax import lax
+from zoo import naive_generate, zoo
+
+from jaxrl_sym import Causal, attend
+from jaxrl_sym.errors import InputError, UnsupportedPrimitiveError
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.models.contract import check_model
+from jaxrl_sym.runtime.engine import SymbolicLM
+
+NAMES = ("gpt2", "scan", "shared", "gemmaish")
+
+
+@cache
+def engine(name: str) -> tuple[nnx.Module, SymbolicLM]:
+    model = zoo()[name]
+    return model, SymbolicLM(model, min_capacity=4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_generation_equals_rerunning_the_model(name: str) -> None:
+    model, eng = engine(name)
+    prompts = [np.array([1, 2, 3], np.int32), np.array([4, 5, 6, 7, 8, 9], np.int32),
+               np.array([7], np.int32)]
+    limits = (11, 5, 8)  # growth past min_capacity, windows wrapping, rows ending apart
+    res = eng.generate(prompts, GenerationConfig(max_new_tokens=limits, return_logits=True))
+    for p, toks, logits, n in zip(prompts, res.tokens, res.logits, limits, strict=True):
+        want, want_logits = naive_generate(model, p, n)
+        np.testing.assert_array_equal(toks, want)
+        np.testing.assert_allclose(np.asarray(logits), want_logits, atol=1e-4, rtol=0)
+
+
+def _nll(logits: jax.Array, tokens: jax.Array, valid: jax.Array) -> jax.Array:
+    lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    tgt = jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return -jnp.sum(jnp.where(valid[:, 1:], tgt, 0.0))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_packed_forward_logits_and_grads_equal_the_plain_model(name: str) -> None:
+    """Two sequences packed end to end in one row (segments 0 and 1) vs each run alone."""
+    model, eng = engine(name)
+    rng = np.random.default_rng(1)
+    vocab = check_model(model).vocab_size
+    seqs = [rng.integers(0, vocab, n).astype(np.int32) for n in (5, 7)]
+    tokens = jnp.asarray(np.concatenate(seqs))[None]
+    positions = jnp.asarray(np.concatenate([np.arange(len(s)) for s in seqs]), jnp.int32)[None]
+    segs = jnp.asarray(np.repeat([0, 1], [len(s) for s in seqs]), jnp.int32)[None]
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    fwd = eng.forward_fn()
+
+    # a target counts when it continues its predecessor's sequence (same segment)
+    same = jnp.concatenate([jnp.ones((1, 1), bool), segs[:, 1:] == segs[:, :-1]], axis=1)
+
+    def packed_loss(lv):
+        return _nll(fwd(lv, tokens, positions, segs), tokens, same)
+
+    def plain_loss(lv):
+        m = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, lv))
+        total = 0.0
+        for s in seqs:
+            t = jnp.asarray(s)[None]
+            pos = jnp.arange(len(s), dtype=jnp.int32)[None]
+            total = total + _nll(m(t, pos, jnp.zeros_like(pos)), t, jnp.ones_like(t, bool))
+        return total
+
+    packed_logits = np.asarray(fwd(leaves, tokens, positions, segs))[0]
+    start = 0
+    for s in seqs:
+        pos = jnp.arange(len(s), dtype=jnp.int32)[None]
+        alone = np.asarray(model(jnp.asarray(s)[None], pos, jnp.zeros_like(pos)))[0]
+        np.testing.assert_allclose(packed_logits[start:start + len(s)], alone, atol=1e-5)
+        start += len(s)
+    v1, g1 = jax.value_and_grad(packed_loss)(leaves)
+    v2, g2 = jax.value_and_grad(plain_loss)(leaves)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5)
+    assert max(float(jnp.abs(g).max()) for g in g2) > 1e-3  # not vacuous
+    for a, b in zip(g1, g2, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+# --------------------------------------------------------------------------- refused, by line
+
+
+class _WhileLM(nnx.Module):
+    def __init__(self) -> None:
+        self.emb = nnx.Embed(11, 8, rngs=nnx.Rngs(0))
+
+    def __call__(self, tokens, positions, segment_ids):
+        x = self.emb(tokens)
+        b, t, d = x.shape
+
+        def body(carry):
+            i, h = carry
+            q = h.reshape(b, t, 2, d // 2)
+            o = attend(q, q, q, Causal(), q_positions=positions, kv_positions=positions)
+            return i + 1, h + o.reshape(b, t, d)
+
+        n = jnp.sum(tokens[0, :1])  # a trip count only known at run time
+        _, x = lax.while_loop(lambda c: c[0] < n, body, (0, x))
+        return x @ self.emb.embedding[...].T
+
+
+class _CondLM(_WhileLM):
+    def __call__(self, tokens, positions, segment_ids):
+        x = self.emb(tokens)
+        b, t, d = x.shape
+        q = x.reshape(b, t, 2, d // 2)
+        o = lax.cond(tokens[0, 0] > 3,
+                     lambda: attend(q, q, q, Causal(), q_positions=positions,
+                                    kv_positions=positions), lambda: q)
+        return o.reshape(b, t, d) @ self.emb.embedding[...].T
+
+
+@pytest.mark.parametrize("model, what", [(_WhileLM, "while_loop"), (_CondLM, "lax.cond")])
+def test_dynamic_control_flow_around_attend_is_refused_with_the_users_line(model, what) -> None:
+    with pytest.raises(UnsupportedPrimitiveError, match=what) as err:
+        SymbolicLM(model())
+    assert "test_contract.py" in str(err.value)
+
+
+class _TwoArgs(nnx.Module):
+    def __call__(self, tokens, positions):
+        return jnp.zeros((*tokens.shape, 5))
+
+
+class _ReturnsTuple(nnx.Module):
+    def __call__(self, tokens, positions, segment_ids):
+        return jnp.zeros((*tokens.shape, 5)), None
+
+
+@pytest.mark.parametrize("model, msg", [(_TwoArgs, "cannot be called as model"),
+                                        (_ReturnsTuple, "not one logits array")])
+def test_a_model_breaking_the_contract_gets_a_sentence_about_it(model, msg) -> None:
+    with pytest.raises(InputError, match=msg) as err:
+        check_model(model())
+    assert "_TwoArgs" in str(err.value) or "_ReturnsTuple" in str(err.value)
