@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--preset", default="decode-cpu",
                    help="model preset: decode-cpu (default), tiny, small, gpt2-small, qwen2.5-0.5b")
+    d.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
+                   help="your own model: FUNCTION(seed) in importable MODULE returns an nnx.Module "
+                        "following the contract model(tokens, positions, segment_ids) -> logits; "
+                        "--preset/--attention/--window/--block are then ignored (the model "
+                        "defines its attention)")
     d.add_argument("--backend", default="xla", choices=("xla", "triton", "auto"),
                    help="sym's kernels: xla, triton (interpreted on CPU), auto")
     d.add_argument("--json", action="store_true", help="print one JSON object")
@@ -60,13 +65,37 @@ def _spec(args: argparse.Namespace, system: str) -> dict[str, Any]:
     lo, _, hi = args.prompt_len.partition(":")
     return {"system": system, "attention": args.attention, "tokens": args.tokens,
             "batch": args.batch, "prompt_len": [int(lo), int(hi or lo)], "window": args.window,
-            "block": args.block, "seed": args.seed, "preset": args.preset,
+            "block": args.block, "seed": args.seed, "preset": args.preset, "model": args.model,
             "backend": args.backend, "warm": not args.no_warm}
+
+
+def user_model(ref: str, seed: int) -> Any:
+    """``MODULE:FUNCTION`` → ``FUNCTION(seed)``, checked against the model contract."""
+    import importlib
+
+    from jaxrl_sym.errors import InputError
+    from jaxrl_sym.models.contract import check_model
+
+    mod_name, _, fn_name = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as err:
+        raise InputError(f"--model {ref}: cannot import {fn_name!r} from {mod_name!r} ({err}); "
+                         "is the module on PYTHONPATH?") from err
+    model = fn(seed)
+    check_model(model)
+    return model
 
 
 def build_model(spec: dict[str, Any]):
     """The model and prompts every system shares (same seed → same weights and prompts)."""
     from dataclasses import replace
+
+    from jaxrl_sym.models.contract import check_model
+
+    if spec.get("model"):
+        model = user_model(spec["model"], spec["seed"])
+        return model, _prompts(spec, check_model(model).vocab_size)
 
     from flax import nnx
 
@@ -83,12 +112,14 @@ def build_model(spec: dict[str, Any]):
         pat = {"full": Causal(), "window": Window(spec["window"]), "block": Block(spec["block"]),
                "linear": Linear()}[att]
         cfg = replace(cfg, patterns=(pat,) * n)
-    model = DecoderLM(cfg, rngs=nnx.Rngs(spec["seed"]))
+    return DecoderLM(cfg, rngs=nnx.Rngs(spec["seed"])), _prompts(spec, cfg.vocab_size)
+
+
+def _prompts(spec: dict[str, Any], vocab: int) -> list[np.ndarray]:
     rng = np.random.default_rng(spec["seed"])
     lo, hi = spec["prompt_len"]
-    prompts = [rng.integers(0, cfg.vocab_size, size=int(rng.integers(lo, hi + 1)), dtype=np.int32)
-               for _ in range(spec["batch"])]
-    return model, prompts
+    return [rng.integers(0, vocab, size=int(rng.integers(lo, hi + 1)), dtype=np.int32)
+            for _ in range(spec["batch"])]
 
 
 def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -228,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(metrics, f)
         return 0
     if args.cmd == "decode":
+        if args.model is not None and (":" not in args.model or args.model.startswith(":")
+                                       or args.model.endswith(":")):
+            _parser().error(f"--model {args.model!r}: want MODULE:FUNCTION, e.g. "
+                            "mypkg.models:make_model")
         report = decode(args)
         print(json.dumps(report) if args.json else _table(report))
         return 0 if all("error" not in m for m in report["systems"].values()) else 1

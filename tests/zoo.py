@@ -247,3 +247,8 @@ def naive_generate(model: nnx.Module, prompt: np.ndarray, n: int) -> tuple[np.nd
         rows.append(logits)
         seq.append(nxt)
     return np.asarray(toks, np.int32), np.stack(rows)
+
+
+def gpt2(seed: int = 0) -> GPT2Like:
+    """Factory for ``jaxrl-sym decode --model zoo:gpt2`` (with ``tests`` on PYTHONPATH)."""
+    return GPT2Like(GPTConfig(), rngs=nnx.Rngs(seed))
