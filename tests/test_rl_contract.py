@@ -1,0 +1,70 @@
+"""An RL step on a model that is not ``DecoderLM`` (the GPT-2-like zoo model: learned positions,
+LayerNorm with bias, untied head): sym and padded agree on loss, KL and gradients given the same
+samples, for GRPO with a KL term and for PPO (value head on the logits)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cache
+
+import jax
+import numpy as np
+import pytest
+from zoo import GPT2Like, GPTConfig
+
+from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
+from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+
+TASK = get_task("reverse", max_digits=2)
+CFG = RLConfig(algo="grpo", group_size=2, beta=0.1, epochs=1, eos_id=EOS,
+               max_new_tokens=TASK.max_new_tokens, lr=1e-2)
+
+
+def _model(seed: int = 0) -> GPT2Like:
+    from flax import nnx
+
+    return GPT2Like(GPTConfig(vocab=VOCAB_SIZE, n_layer=2), rngs=nnx.Rngs(seed))
+
+
+@cache
+def setup():
+    trainer = RLTrainer(_model(), TASK.reward, CFG)
+    prompts = TASK.sample(np.random.default_rng(0), 3)
+    rollout = trainer.generate(prompts, seed=1)
+    return trainer, rollout, compute_rewards(TASK.reward, rollout.prompts, rollout.responses)
+
+
+def _compare(trainer, rollout, rewards) -> None:
+    loss_s, aux_s, g_s = trainer.loss_and_grads(rollout, rewards, "sym")
+    loss_p, aux_p, g_p = trainer.loss_and_grads(rollout, rewards, "padded")
+    assert loss_s == pytest.approx(loss_p, abs=1e-5)
+    assert aux_s["kl"] == pytest.approx(aux_p["kl"], abs=1e-5)
+    ls, lp = jax.tree_util.tree_leaves(g_s), jax.tree_util.tree_leaves(g_p)
+    assert len(ls) == len(lp)
+    assert max(float(np.abs(np.asarray(a)).max()) for a in ls) > 1e-4  # not vacuous
+    for a, b in zip(ls, lp, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+def test_grpo_with_kl_on_a_gpt2_like_model() -> None:
+    trainer, rollout, rewards = setup()
+    saved = trainer.params
+    trainer.params = jax.tree_util.tree_map(lambda x: x * 1.05, saved)  # KL > 0
+    try:
+        _compare(trainer, rollout, rewards)
+    finally:
+        trainer.params = saved
+
+
+def test_ppo_on_a_gpt2_like_model() -> None:
+    _, rollout, rewards = setup()
+    ppo = RLTrainer(_model(), TASK.reward, replace(CFG, algo="ppo", beta=0.0), system="padded")
+    ppo.params["value"]["w"] = ppo.params["value"]["w"] + 0.01 * np.arange(VOCAB_SIZE)
+    _compare(ppo, rollout, rewards)
+
+
+def test_a_training_step_runs_on_both_systems() -> None:
+    for system in ("sym", "padded"):
+        trainer = RLTrainer(_model(1), TASK.reward, CFG, system=system)
+        m = trainer.step(TASK.sample(np.random.default_rng(2), 2), seed=3)
+        assert np.isfinite(m["loss"]) and trainer.steps_done == 1
