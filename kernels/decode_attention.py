@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.common import log2_logits
+
 
 @triton.jit
 def decode_split_kernel(
@@ -47,6 +49,8 @@ def decode_split_kernel(
     PATTERN: tl.constexpr,
     SIZE: tl.constexpr,
     QK_SCALE: tl.constexpr,
+    SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -120,7 +124,7 @@ def decode_split_kernel(
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * QK_SCALE, float("-inf"))
+        s = tl.where(valid[None, :], log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with no valid key so far keeps m = -inf; shift by 0 instead to avoid inf - inf.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.common import log2_logits, softcap_slope
+
 
 @triton.jit
 def packed_fwd_kernel(
@@ -44,6 +46,8 @@ def packed_fwd_kernel(
     PATTERN: tl.constexpr,
     SIZE: tl.constexpr,
     QK_SCALE: tl.constexpr,
+    SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -120,7 +124,7 @@ def packed_fwd_kernel(
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid, s * QK_SCALE, float("-inf"))
+        s = tl.where(valid, log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -165,6 +169,7 @@ def packed_bwd_dq_kernel(
     SIZE: tl.constexpr,
     QK_SCALE: tl.constexpr,
     SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -251,9 +256,10 @@ def packed_bwd_dq_kernel(
         else:
             s = tl.dot(q, tl.trans(k))
             dp = tl.dot(do, tl.trans(v))
-        s = tl.where(valid, s * QK_SCALE, float("-inf"))
+        slope = softcap_slope(s, SCALE, SOFTCAP)  # d capped / d uncapped logit
+        s = tl.where(valid, log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
         p = tl.exp2(s - lse2[:, None])
-        ds = p * (dp - delta[:, None])
+        ds = p * (dp - delta[:, None]) * slope
         if F32_DOT:
             dq += tl.dot(ds, k, input_precision="tf32x3")
         else:
@@ -288,6 +294,7 @@ def packed_bwd_dkdv_kernel(
     SIZE: tl.constexpr,
     QK_SCALE: tl.constexpr,
     SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -384,9 +391,10 @@ def packed_bwd_dkdv_kernel(
             else:
                 st = tl.dot(k, tl.trans(q))
                 dpt = tl.dot(v, tl.trans(do))
-            st = tl.where(valid, st * QK_SCALE, float("-inf"))
+            slope = softcap_slope(st, SCALE, SOFTCAP)
+            st = tl.where(valid, log2_logits(st, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
             pt = tl.exp2(st - lse2[None, :])
-            dst = pt * (dpt - delta[None, :])
+            dst = pt * (dpt - delta[None, :]) * slope
             if F32_DOT:
                 dv += tl.dot(pt, do, input_precision="tf32x3")
                 dk += tl.dot(dst, q, input_precision="tf32x3")

@@ -649,3 +649,86 @@ def test_decode_size_guard_is_per_row():
     assert out.shape == (64, 16, 64)
     with pytest.raises(InputError, match="exceeds the kernels' int32 indexing"):
         jax.eval_shape(f, *spec(1, 1 << 22, 16, 64))
+
+
+# --------------------------------------------------------------------------- soft-capping
+
+
+def _softcap_case(rng, b, t, hq, hkv, d):
+    q = rng.standard_normal((b, t, hq, d)) * 2  # large logits, so the cap bites
+    k = rng.standard_normal((b, t, hkv, d)) * 2
+    v = rng.standard_normal((b, t, hkv, d))
+    pos = np.tile(np.arange(t, dtype=np.int32), (b, 1))
+    pos[0, :2] = -1  # padding
+    seg = np.zeros((b, t), np.int32)
+    return q, k, v, pos, seg
+
+
+@pytest.mark.parametrize("kind, size", [("causal", 1), ("window", 3), ("block", 4)])
+def test_reference_with_softcap_equals_naive(kind, size):
+    from naive import naive_attention
+
+    from jaxrl_sym.ops.attention import reference_attention
+
+    rng = np.random.default_rng(11)
+    q, k, v, pos, seg = _softcap_case(rng, 2, 9, 4, 2, 8)
+    pattern = _pattern(kind, size)
+    for cap in (0.0, 5.0):
+        got = reference_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), pos, pos,
+                                  seg, seg, pattern=pattern, scale=0.5, softcap=cap)
+        want = naive_attention(q, k, v, pos, pos, seg, seg, pattern=kind, size=size, scale=0.5,
+                               softcap=cap)
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+    capped = reference_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), pos, pos,
+                                 seg, seg, pattern=pattern, scale=0.5, softcap=5.0)
+    plain = reference_attention(*(jnp.asarray(x, jnp.float32) for x in (q, k, v)), pos, pos,
+                                seg, seg, pattern=pattern, scale=0.5)
+    assert float(jnp.abs(capped - plain).max()) > 1e-2  # the cap changes the result
+
+
+def test_decode_kernel_with_softcap_equals_naive():
+    from naive import naive_attention
+
+    rng = np.random.default_rng(12)
+    b, cap, hkv, g, d = 2, 32, 2, 2, 16
+    q = rng.standard_normal((b, hkv * g, d)) * 2
+    k = rng.standard_normal((b, cap, hkv, d)) * 2
+    v = rng.standard_normal((b, cap, hkv, d))
+    n_live = np.array([32, 13], np.int32)
+    kv_pos = np.where(np.arange(cap)[None] < n_live[:, None], np.arange(cap)[None], -1)
+    kv_pos = kv_pos.astype(np.int32)
+    q_pos = n_live - 1
+    out = triton_ops.decode_attention(
+        *(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(kv_pos),
+        jnp.asarray(q_pos), jnp.asarray(n_live), pattern=Window(9), scale=0.4, softcap=3.0,
+        num_splits=2, block_n=16)
+    want = naive_attention(q[:, None], k, v, q_pos[:, None], kv_pos,
+                           np.zeros((b, 1), np.int32), np.zeros((b, cap), np.int32),
+                           pattern="window", size=9, scale=0.4, softcap=3.0)[:, 0]
+    np.testing.assert_allclose(np.asarray(out), want, atol=1e-4)
+
+
+def test_packed_kernels_with_softcap_equal_naive_and_autodiff():
+    from naive import naive_attention
+
+    from jaxrl_sym.ops.attention import reference_attention
+
+    rng = np.random.default_rng(13)
+    q, k, v, cu = _packed_case(rng, [20, 1, 13], 3, 2, 2, 16, "f32")
+    q, k = q * 2, k * 2
+    cu_j = jnp.asarray(cu)
+    seg, pos = _packed_meta(cu, q.shape[0])  # [1, N] each
+    f = lambda q, k, v: triton_ops.packed_attention(q, k, v, cu_j, pattern=Causal(), scale=0.4,
+                                                    softcap=2.0, block_m=16, block_n=16)
+    out = f(q, k, v)
+    want = naive_attention(np.asarray(q)[None], np.asarray(k)[None], np.asarray(v)[None],
+                           np.asarray(pos), np.asarray(pos), np.asarray(seg), np.asarray(seg),
+                           scale=0.4, softcap=2.0)[0]
+    np.testing.assert_allclose(np.asarray(out), want, atol=1e-4)
+    w = jnp.asarray(rng.standard_normal(out.shape), jnp.float32)
+    ref = lambda q, k, v: reference_attention(q[None], k[None], v[None], pos, pos, seg, seg,
+                                              pattern=Causal(), scale=0.4, softcap=2.0)[0]
+    g1 = jax.grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1, 2))(q, k, v)
+    g2 = jax.grad(lambda *a: jnp.sum(ref(*a) * w), argnums=(0, 1, 2))(q, k, v)
+    for a, b_ in zip(g1, g2, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=2e-4)

@@ -115,6 +115,7 @@ def decode_attention(
     *,
     pattern: Pattern,
     scale: float | None = None,
+    softcap: float = 0.0,
     num_splits: int | None = None,
     block_n: int = 64,
 ) -> jax.Array:
@@ -128,6 +129,7 @@ def decode_attention(
       pattern: Causal(), Window(w) or Block(b); masking by position, so ring-buffer slots may be in
         any order and a window may exceed the live length.
       scale: softmax scale, default 1/sqrt(D).
+      softcap: attention-logit soft-capping ``c * tanh(s / c)`` (0 = none), as ``attend``.
       num_splits: split-K chunks (a power of two); default from the capacity and B * Hkv.
       block_n: slots per inner step (power of two >= 16).
 
@@ -165,7 +167,8 @@ def decode_attention(
     block_dv = _block(dv)
     consts = dict(
         CAP=cap, HQ=hq, HKV=hkv, D=d, DV=dv, NUM_SPLITS=num_splits, PATTERN=kind, SIZE=size,
-        QK_SCALE=scale * LOG2E, BLOCK_H=max(16, _pow2(g)), BLOCK_N=block_n, BLOCK_D=_block(d),
+        QK_SCALE=scale * LOG2E, SCALE=scale, SOFTCAP=float(softcap),
+        BLOCK_H=max(16, _pow2(g)), BLOCK_N=block_n, BLOCK_D=_block(d),
         BLOCK_DV=block_dv, F32_DOT=_f32_dot(q.dtype),
     )
     f32 = jnp.float32
@@ -307,6 +310,7 @@ class _PackedConfig:
     scale: float
     block_m: int
     block_n: int
+    softcap: float = 0.0
 
 
 def _packed_consts(cfg: _PackedConfig, q: jax.Array, v: jax.Array, hkv: int) -> dict[str, Any]:
@@ -314,7 +318,8 @@ def _packed_consts(cfg: _PackedConfig, q: jax.Array, v: jax.Array, hkv: int) -> 
     dv = v.shape[-1]
     return dict(
         N=n, HQ=hq, HKV=hkv, D=d, DV=dv, PATTERN=cfg.kind, SIZE=cfg.size,
-        QK_SCALE=cfg.scale * LOG2E, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=_block(d),
+        QK_SCALE=cfg.scale * LOG2E, SCALE=cfg.scale, SOFTCAP=cfg.softcap, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_D=_block(d),
         BLOCK_DV=_block(dv), F32_DOT=_f32_dot(q.dtype),
     )
 
@@ -371,7 +376,6 @@ def _packed_bwd(
     d_out = d_out.astype(q.dtype)
     kmod = _launch.import_kernels("packed_attention")
     consts = _packed_consts(cfg, q, v, hkv)
-    consts["SCALE"] = cfg.scale
     (dq,) = _launch.launch(
         kmod.packed_bwd_dq_kernel,
         grid=(-(-n // cfg.block_m), hq),
@@ -404,6 +408,7 @@ def packed_attention(
     *,
     pattern: Pattern,
     scale: float | None = None,
+    softcap: float = 0.0,
     return_lse: bool = False,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -416,6 +421,8 @@ def packed_attention(
         non-decreasing; tokens past ``cu_seqlens[S]`` are padding and get 0).
       pattern: Causal(), Window(w) or Block(b) on positions within each sequence.
       scale: softmax scale, default 1/sqrt(D).
+      softcap: attention-logit soft-capping ``c * tanh(s / c)`` (0 = none), as ``attend``;
+        the backward kernels multiply dS by its slope ``1 - tanh²``.
       return_lse: also return the natural-log logsumexp ``[N, Hq]`` fp32 (-inf for rows without
         keys); it is differentiable too.
       block_m / block_n: query / key tile sizes (powers of two >= 16). Default 64, or 32 for fp32
@@ -447,6 +454,6 @@ def packed_attention(
             raise InputError(f"{op}(): {name} must be a power of two >= 16, got {bs}")
     _check_size(op, q.shape, k.shape, v.shape, (n, hq, v.shape[-1]))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    cfg = _PackedConfig(kind, size, scale, block_m, block_n)
+    cfg = _PackedConfig(kind, size, scale, block_m, block_n, float(softcap))
     out, lse = _packed(q, k, v, cu_seqlens, cfg)
     return (out, lse.T) if return_lse else out

@@ -144,8 +144,12 @@ def reference_attention(
     *,
     pattern: Pattern,
     scale: float,
+    softcap: float = 0.0,
 ) -> jax.Array:
     """Masked attention over every key given; fp32 accumulation; returns q.dtype.
+
+    ``softcap`` > 0 squashes the scaled logits to ``softcap * tanh(s / softcap)`` before the
+    softmax (Gemma 2's attention-logit soft-capping); 0 leaves them unchanged.
 
     Shapes: q [B,Tq,Hq,D], k [B,Tk,Hkv,D], v [B,Tk,Hkv,Dv], positions/segments [B,T*] int32.
     Grouped-query attention: query head h reads kv head h // (Hq // Hkv).
@@ -166,6 +170,8 @@ def reference_attention(
         out = jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
     else:
         s = jnp.einsum("bqhgd,bkhd->bhgqk", qg, kf) * scale
+        if softcap:
+            s = softcap * jnp.tanh(s / softcap)
         s = jnp.where(mask, s, -jnp.inf)
         m = jnp.max(s, axis=-1, keepdims=True)
         m = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -179,32 +185,35 @@ def reference_attention(
 # --------------------------------------------------------------------------- primitive
 
 attention_p = Primitive("sym_attention")
-"""The primitive the tracer looks for. Params: ``pattern`` (a Pattern), ``scale`` (float)."""
+"""The primitive the tracer looks for. Params: ``pattern`` (a Pattern), ``scale`` (float),
+``softcap`` (float, 0 = none)."""
 
 
-def _impl(*args: jax.Array, pattern: Pattern, scale: float) -> jax.Array:
-    return jax.jit(reference_attention, static_argnames=("pattern", "scale"))(
-        *args, pattern=pattern, scale=scale
+def _impl(*args: jax.Array, pattern: Pattern, scale: float, softcap: float) -> jax.Array:
+    return jax.jit(reference_attention, static_argnames=("pattern", "scale", "softcap"))(
+        *args, pattern=pattern, scale=scale, softcap=softcap
     )
 
 
-def _abstract(q, k, v, q_pos, k_pos, q_seg, k_seg, *, pattern: Pattern, scale: float):
+def _abstract(q, k, v, q_pos, k_pos, q_seg, k_seg, *, pattern: Pattern, scale: float,
+              softcap: float):
     return jax.core.ShapedArray((*q.shape[:3], v.shape[-1]), q.dtype)
 
 
-def _jvp(primals, tangents, *, pattern: Pattern, scale: float):
+def _jvp(primals, tangents, *, pattern: Pattern, scale: float, softcap: float):
     # Differentiate the masked reference itself: positions/segments are integer, so their
     # tangents are float0 and the reference treats them as constants.
     q, k, v, *rest = primals
     tq, tk, tv, *_ = tangents
-    f = lambda q_, k_, v_: reference_attention(q_, k_, v_, *rest, pattern=pattern, scale=scale)
+    f = lambda q_, k_, v_: reference_attention(q_, k_, v_, *rest, pattern=pattern, scale=scale,
+                                               softcap=softcap)
     tq, tk, tv = (ad.instantiate_zeros(t) for t in (tq, tk, tv))
     return jax.jvp(f, (q, k, v), (tq, tk, tv))
 
 
-def _batch(args, dims, *, pattern: Pattern, scale: float):
+def _batch(args, dims, *, pattern: Pattern, scale: float, softcap: float):
     # vmap of the masked reference (not of the primitive: that would recurse into this rule).
-    f = lambda *a: reference_attention(*a, pattern=pattern, scale=scale)
+    f = lambda *a: reference_attention(*a, pattern=pattern, scale=scale, softcap=softcap)
     dims = tuple(d if isinstance(d, int) else None for d in dims)
     return jax.vmap(f, in_axes=dims)(*args), 0
 
@@ -216,7 +225,8 @@ batching.primitive_batchers[attention_p] = _batch
 mlir.register_lowering(
     attention_p,
     mlir.lower_fun(
-        lambda *a, pattern, scale: reference_attention(*a, pattern=pattern, scale=scale),
+        lambda *a, pattern, scale, softcap: reference_attention(
+            *a, pattern=pattern, scale=scale, softcap=softcap),
         multiple_results=False,
     ),
 )
@@ -250,6 +260,7 @@ def attend(
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     scale: float | None = None,
+    logit_softcap: float | None = None,
 ) -> jax.Array:
     """Attention with a symbolic access pattern.
 
@@ -261,6 +272,8 @@ def attend(
       q_segment_ids / kv_segment_ids: [B, T*] int32; queries only see keys of their segment
         (packed sequences). Default: one segment.
       scale: softmax scale, default 1/sqrt(D).
+      logit_softcap: if given (> 0), scaled logits become ``c * tanh(s / c)`` before the
+        softmax (Gemma 2); not defined for Linear().
     """
     if not isinstance(pattern, Causal | Window | Block | Linear):
         raise PatternError(
@@ -284,7 +297,21 @@ def attend(
         _check(name, x, 2, floating=False)
     if scale is None:
         scale = 1.0 / float(q.shape[-1]) ** 0.5
+    softcap = _softcap(logit_softcap, pattern)
     return attention_p.bind(
         q, k, v, q_positions, kv_positions, q_segment_ids, kv_segment_ids,
-        pattern=pattern, scale=float(scale),
+        pattern=pattern, scale=float(scale), softcap=softcap,
     )
+
+
+def _softcap(value: float | None, pattern: Pattern) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 \
+            or value == float("inf"):
+        raise InputError(f"attend(): logit_softcap must be a finite number > 0 (Gemma 2 uses "
+                         f"50.0), got {value!r}; pass None for no capping")
+    if isinstance(pattern, Linear):
+        raise PatternError("attend(): logit_softcap has no meaning for Linear() attention "
+                           "(there is no softmax over logits)")
+    return float(value)

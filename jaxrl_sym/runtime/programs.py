@@ -70,7 +70,8 @@ def store_specs(
             node=sp.node, kind=sp.kind, capacity=sp.capacity_value(bindings),
             hkv=int(k.shape[2]), d=int(k.shape[3]), dv=int(v.shape[3]),
             dtype=jnp.dtype(k.dtype), pattern=node.params["pattern"],
-            scale=float(node.params["scale"]), backend=backend,
+            scale=float(node.params["scale"]), softcap=float(node.params["softcap"]),
+            backend=backend,
         )
     return out
 
@@ -226,7 +227,8 @@ class StepBuilder:
                 q, k, v = args[:3]
                 flat = lambda x: x.reshape(r * length, *x.shape[2:])
                 out = triton_ops.packed_attention(flat(q), flat(k), flat(v), cu_seqlens,
-                                                  pattern=pattern, scale=node.params["scale"])
+                                                  pattern=pattern, scale=node.params["scale"],
+                                                  softcap=node.params["softcap"])
                 return out.reshape(r, length, *out.shape[1:])
             # The primitive itself: masked by positions and segments, differentiable.
             return node.prim.bind(*args, **node.params)

@@ -40,7 +40,12 @@ class StoreSpec:
     dtype: Any
     pattern: Pattern
     scale: float
+    softcap: float = 0.0  # attention-logit soft-capping (0 = none)
     backend: str = "xla"  # "xla" | "triton": who computes single-token decode attention
+
+    def scoring(self) -> dict[str, Any]:
+        """The attention op's keyword arguments (pattern, scale, softcap) for this store."""
+        return {"pattern": self.pattern, "scale": self.scale, "softcap": self.softcap}
 
 
 def init_store(spec: StoreSpec, batch: int, capacity: int) -> Store:
@@ -141,7 +146,7 @@ def attend_with_store(
     ring = spec.kind in ("ring", "block")
     if fresh and (not ring or c <= cap):
         out = reference_attention(q, k, v, q_pos, k_pos, _zeros_seg(q_pos), _zeros_seg(k_pos),
-                                  pattern=spec.pattern, scale=spec.scale)
+                                  **spec.scoring())
         m = min(c, cap)
         return out, _write(store, k[:, c - m:], v[:, c - m:], k_pos[:, c - m:],
                            jnp.zeros((), jnp.int32))
@@ -149,19 +154,19 @@ def attend_with_store(
         # Growing/fixed: write first, then one masked pass over the capacity.
         new = _write(store, k, v, k_pos, write_index)
         out = reference_attention(q, new["k"], new["v"], q_pos, new["pos"], _zeros_seg(q_pos),
-                                  _zeros_seg(new["pos"]), pattern=spec.pattern, scale=spec.scale)
+                                  _zeros_seg(new["pos"]), **spec.scoring())
         return out, new
     if c == 1:
         new = _write(store, k, v, k_pos, write_index % cap)
         out = reference_attention(q, new["k"], new["v"], q_pos, new["pos"], _zeros_seg(q_pos),
-                                  _zeros_seg(new["pos"]), pattern=spec.pattern, scale=spec.scale)
+                                  _zeros_seg(new["pos"]), **spec.scoring())
         return out, new
     # Chunk longer than one step (prefill): attend over ring ∪ chunk, then keep the chunk's tail.
     kk = jnp.concatenate([store["k"], k.astype(store["k"].dtype)], axis=1)
     vv = jnp.concatenate([store["v"], v.astype(store["v"].dtype)], axis=1)
     pp = jnp.concatenate([store["pos"], k_pos], axis=1)
     out = reference_attention(q, kk, vv, q_pos, pp, _zeros_seg(q_pos), _zeros_seg(pp),
-                              pattern=spec.pattern, scale=spec.scale)
+                              **spec.scoring())
     m = min(c, cap)
     slots = (write_index + (c - m) + jnp.arange(m, dtype=jnp.int32)) % cap
     new = {
@@ -195,5 +200,5 @@ def _triton_decode(
     live = jnp.minimum(write_index + 1, cap) if ring else write_index + 1
     n_live = jnp.full((b,), live, jnp.int32)
     out = triton_ops.decode_attention(q[:, 0], new["k"], new["v"], new["pos"], q_pos[:, 0],
-                                      n_live, pattern=spec.pattern, scale=spec.scale)
+                                      n_live, **spec.scoring())
     return out[:, None], new
