@@ -152,3 +152,16 @@ def test_a_model_breaking_the_contract_gets_a_sentence_about_it(model, msg) -> N
     with pytest.raises(InputError, match=msg) as err:
         check_model(model())
     assert "_TwoArgs" in str(err.value) or "_ReturnsTuple" in str(err.value)
+
+
+def test_soft_capped_model_on_the_triton_backend_equals_rerunning_it() -> None:
+    """The Gemma-2-like model caps attention logits: the runtime's Triton decode kernel (the
+    interpreter on CPU) must apply the cap exactly as the model's own forward does."""
+    model = zoo()["gemmaish"]
+    eng = SymbolicLM(model, min_capacity=4, backend="triton")
+    assert {s.softcap for s in eng.specs.values()} == {0.5}
+    prompt = np.array([3, 1, 4, 1, 5], np.int32)
+    res = eng.generate([prompt], GenerationConfig(max_new_tokens=6, return_logits=True))
+    want, want_logits = naive_generate(model, prompt, 6)
+    np.testing.assert_array_equal(res.tokens[0], want)
+    np.testing.assert_allclose(np.asarray(res.logits[0]), want_logits, atol=1e-4, rtol=0)

@@ -5,7 +5,8 @@ patterns), and follows only the contract: ``model(tokens, positions, segment_ids
 They differ from ``DecoderLM`` where real models differ: learned positions + LayerNorm with bias +
 GELU + fused QKV unpacked with ``jnp.split``/``unstack`` (GPT-2), stacked layer weights applied
 with ``lax.scan`` (MaxText / ``nnx.scan`` style), one shared block under ``fori_loop``, interleaved
-window/full GQA layers with parallel attention+MLP and final-logit soft-capping (Gemma-2-like),
+window/full GQA layers with parallel attention+MLP and attention- and final-logit soft-capping
+(Gemma-2-like),
 RoPE built with ``jnp.stack`` (interleaved pairs, GPT-J/Llama-Meta convention).
 
 ``naive_generate`` is the oracle for any of them: greedy decoding by re-running the full forward
@@ -177,6 +178,7 @@ class GemmaishConfig:
     hidden_dim: int = 64
     sliding_window_size: int = 4
     final_logit_softcap: float = 30.0
+    attn_logit_softcap: float = 0.5  # small: random weights give small logits, the cap must bite
     layer_kinds: tuple[str, ...] = ("local", "global", "local", "global")
 
 
@@ -192,13 +194,15 @@ class GemmaishLayer(nnx.Module):
         self.gating = nnx.Linear(c.embed_dim, 2 * c.hidden_dim, use_bias=False, rngs=rngs)
         self.linear = nnx.Linear(c.hidden_dim, c.embed_dim, use_bias=False, rngs=rngs)
         self.pattern = Window(c.sliding_window_size) if kind == "local" else Causal()
+        self.softcap = c.attn_logit_softcap
 
     def __call__(self, x, pos, seg):
         h = self.pre_norm(x)
         q = jnp.einsum("btd,ndh->btnh", h, self.q_einsum[...])
         k, v = jnp.einsum("btd,cndh->cbtnh", h, self.kv_einsum[...])  # unpacked along axis 0
         o = attend(q, k, v, self.pattern, q_positions=pos, kv_positions=pos,
-                   q_segment_ids=seg, kv_segment_ids=seg, scale=0.3)
+                   q_segment_ids=seg, kv_segment_ids=seg, scale=0.3,
+                   logit_softcap=self.softcap)
         attn = jnp.einsum("btnh,nhd->btd", o, self.attn_vec_einsum[...])
         g, u = jnp.split(self.gating(h), 2, axis=-1)
         return x + attn + self.linear(jax.nn.gelu(g) * u)  # parallel attention + MLP
