@@ -26,15 +26,7 @@ Conventions shared by every kernel here (WHY they look the way they do):
 
 from __future__ import annotations
 
-# Attention pattern codes passed as the ``PATTERN`` constexpr.
-PATTERN_CAUSAL = 0
-"""kpos <= qpos."""
-PATTERN_WINDOW = 1
-"""qpos - SIZE < kpos <= qpos."""
-PATTERN_BLOCK = 2
-"""qpos - qpos % SIZE <= kpos <= qpos."""
-
 LOG2E = 1.4426950408889634
 """log2(e): the kernels run their softmax in base 2 (``exp2`` is a single MUFU instruction)."""
 
-__all__ = ["LOG2E", "PATTERN_BLOCK", "PATTERN_CAUSAL", "PATTERN_WINDOW"]
+__all__ = ["LOG2E"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.common import log2_logits
+from kernels.common import log2_logits, visible
 
 
 @triton.jit
@@ -103,11 +103,7 @@ def decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         n = start + offs_n
         kpos = tl.load(kvpos_ptr + b64 * CAP + n, mask=n < hi, other=-1)
-        valid = (kpos >= 0) & (kpos <= qpos) & (qpos >= 0)
-        if PATTERN == 1:
-            valid = valid & (kpos > qpos - SIZE)
-        if PATTERN == 2:
-            valid = valid & (kpos >= qpos - qpos % SIZE)
+        valid = visible(qpos, kpos, PATTERN, SIZE)
         # Masked-off slots (empty, outside the window/block) are not fetched: a predicated-off
         # load moves no bytes, so a window over a long append-only store reads ~w slots of K/V.
         k = tl.load(

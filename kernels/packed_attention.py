@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.common import log2_logits, softcap_slope
+from kernels.common import first_key, last_query, log2_logits, softcap_slope, visible
 
 
 @triton.jit
@@ -77,11 +77,7 @@ def packed_fwd_kernel(
     first = tl.min(tl.where(qpos >= 0, rows, N), 0)
     last = tl.max(tl.where(qpos >= 0, rows, -1), 0)
     fpos = tl.load(pos_ptr + first, mask=first < N, other=0)
-    lo = first - fpos
-    if PATTERN == 1:
-        lo = tl.maximum(lo, first - SIZE + 1)
-    if PATTERN == 2:
-        lo = first - fpos % SIZE
+    lo = first_key(first, fpos, PATTERN, SIZE)
     lo = (lo // BLOCK_N) * BLOCK_N
     hi = last + 1
 
@@ -110,16 +106,8 @@ def packed_fwd_kernel(
             mask=c_mask[:, None] & dv_mask[None, :],
             other=0.0,
         )
-        valid = (
-            (qseg[:, None] == kseg[None, :])
-            & (kpos[None, :] >= 0)
-            & (qpos[:, None] >= 0)
-            & (kpos[None, :] <= qpos[:, None])
-        )
-        if PATTERN == 1:
-            valid = valid & (kpos[None, :] > qpos[:, None] - SIZE)
-        if PATTERN == 2:
-            valid = valid & (kpos[None, :] >= qpos[:, None] - qpos[:, None] % SIZE)
+        valid = (qseg[:, None] == kseg[None, :]) & visible(qpos[:, None], kpos[None, :],
+                                                           PATTERN, SIZE)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
         else:
@@ -197,11 +185,7 @@ def packed_bwd_dq_kernel(
     first = tl.min(tl.where(qpos >= 0, rows, N), 0)
     last = tl.max(tl.where(qpos >= 0, rows, -1), 0)
     fpos = tl.load(pos_ptr + first, mask=first < N, other=0)
-    lo = first - fpos
-    if PATTERN == 1:
-        lo = tl.maximum(lo, first - SIZE + 1)
-    if PATTERN == 2:
-        lo = first - fpos % SIZE
+    lo = first_key(first, fpos, PATTERN, SIZE)
     lo = (lo // BLOCK_N) * BLOCK_N
     hi = last + 1
 
@@ -240,16 +224,8 @@ def packed_bwd_dq_kernel(
         if F32_DOT:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        valid = (
-            (qseg[:, None] == kseg[None, :])
-            & (kpos[None, :] >= 0)
-            & (qpos[:, None] >= 0)
-            & (kpos[None, :] <= qpos[:, None])
-        )
-        if PATTERN == 1:
-            valid = valid & (kpos[None, :] > qpos[:, None] - SIZE)
-        if PATTERN == 2:
-            valid = valid & (kpos[None, :] >= qpos[:, None] - qpos[:, None] % SIZE)
+        valid = (qseg[:, None] == kseg[None, :]) & visible(qpos[:, None], kpos[None, :],
+                                                           PATTERN, SIZE)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
             dp = tl.dot(do, tl.trans(v), input_precision="tf32x3")
@@ -328,11 +304,7 @@ def packed_bwd_dkdv_kernel(
     lseg = tl.load(seg_ptr + last, mask=has, other=0)
     lpos = tl.load(pos_ptr + last, mask=has, other=0)
     seg_end = tl.load(cu_ptr + lseg + 1, mask=has, other=0)
-    q_hi = seg_end
-    if PATTERN == 1:
-        q_hi = tl.minimum(q_hi, last + SIZE)
-    if PATTERN == 2:
-        q_hi = tl.minimum(q_hi, last - lpos % SIZE + SIZE)
+    q_hi = last_query(seg_end, last, lpos, PATTERN, SIZE)
     q_hi = tl.where(has, q_hi, 0)
     q_lo = (first // BLOCK_M) * BLOCK_M
 
@@ -374,16 +346,8 @@ def packed_bwd_dkdv_kernel(
             lse = tl.load(lse_ptr + h * N + rows, mask=r_mask, other=float("-inf"))
             lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
             delta = tl.load(delta_ptr + h * N + rows, mask=r_mask, other=0.0)
-            valid = (
-                (kseg[:, None] == qseg[None, :])
-                & (kpos[:, None] >= 0)
-                & (qpos[None, :] >= 0)
-                & (kpos[:, None] <= qpos[None, :])
-            )
-            if PATTERN == 1:
-                valid = valid & (kpos[:, None] > qpos[None, :] - SIZE)
-            if PATTERN == 2:
-                valid = valid & (kpos[:, None] >= qpos[None, :] - qpos[None, :] % SIZE)
+            valid = (kseg[:, None] == qseg[None, :]) & visible(qpos[None, :], kpos[:, None],
+                                                               PATTERN, SIZE)
             # Transposed scores [BLOCK_N, BLOCK_M] so dk/dv accumulate without transposes.
             if F32_DOT:
                 st = tl.dot(k, tl.trans(q), input_precision="tf32x3")

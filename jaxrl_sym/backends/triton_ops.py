@@ -25,8 +25,8 @@ import jax.numpy as jnp
 
 from jaxrl_sym.backends import launch as _launch
 from jaxrl_sym.errors import InputError, PatternError
-from jaxrl_sym.ops.attention import Block, Causal, Linear, Pattern, Window
-from kernels import LOG2E, PATTERN_BLOCK, PATTERN_CAUSAL, PATTERN_WINDOW
+from jaxrl_sym.ops.attention import Linear, Pattern
+from kernels import LOG2E
 
 _TARGET_PROGRAMS = 512
 """Split-K aims for ~4 programs per SM of an H100 (132 SMs): enough to hide memory latency."""
@@ -44,17 +44,15 @@ def _block(n: int) -> int:
 
 
 def _pattern_code(pattern: Pattern, op: str) -> tuple[int, int]:
-    if isinstance(pattern, Window):
-        return PATTERN_WINDOW, pattern.size
-    if isinstance(pattern, Block):
-        return PATTERN_BLOCK, pattern.size
-    if isinstance(pattern, Causal):
-        return PATTERN_CAUSAL, 1
+    """The pattern's code and size in the kernels (the pattern owns both)."""
+    code = getattr(pattern, "kernel_code", None)
     if isinstance(pattern, Linear):
         raise PatternError(
             f"{op}(): Linear() is not a softmax pattern; use linear_decode / linear_packed"
         )
-    raise PatternError(f"{op}(): pattern must be Causal(), Window(w) or Block(b), got {pattern!r}")
+    if code is None:
+        raise PatternError(f"{op}(): pattern {pattern!r} has no Triton kernel code")
+    return code, pattern.kernel_size()
 
 
 def _f32_dot(dtype: Any) -> bool:

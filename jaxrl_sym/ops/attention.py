@@ -15,9 +15,11 @@ empty (padding or an unfilled slot); an empty query's output is 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import sympy
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -31,9 +33,18 @@ class Causal:
     """Full causal attention, S(t) = 0:t+1."""
 
     name = "causal"
+    symbol: ClassVar[str | None] = None  # no size symbol
+    kernel_code: ClassVar[int | None] = 0  # PATTERN in the Triton kernels (kernels/common.py)
 
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return k_pos <= q_pos
+
+    def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
+        """S(t), the keys query t reads, as [start, stop) in the size symbol."""
+        return sympy.Integer(0), t + 1
+
+    def kernel_size(self) -> int:
+        return getattr(self, "size", 1)
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,8 @@ class Window:
 
     size: int
     name = "window"
+    symbol: ClassVar[str | None] = "w"
+    kernel_code: ClassVar[int | None] = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
@@ -53,6 +66,12 @@ class Window:
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return (k_pos <= q_pos) & (k_pos > q_pos - self.size)
 
+    def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
+        return sympy.Max(0, t - size + 1), t + 1
+
+    def kernel_size(self) -> int:
+        return self.size
+
 
 @dataclass(frozen=True)
 class Block:
@@ -60,6 +79,8 @@ class Block:
 
     size: int
     name = "block"
+    symbol: ClassVar[str | None] = "b"
+    kernel_code: ClassVar[int | None] = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
@@ -69,6 +90,12 @@ class Block:
 
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return (k_pos <= q_pos) & (k_pos >= q_pos - q_pos % self.size)
+
+    def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
+        return t - sympy.Mod(t, size), t + 1
+
+    def kernel_size(self) -> int:
+        return self.size
 
 
 @dataclass(frozen=True)
@@ -81,12 +108,24 @@ class Linear:
     """
 
     name = "linear"
+    symbol: ClassVar[str | None] = None
+    kernel_code: ClassVar[int | None] = None  # not a softmax: its own kernels (linear_attention)
 
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return k_pos <= q_pos
 
+    def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
+        return sympy.Integer(0), t + 1
+
+    def kernel_size(self) -> int:
+        return 1
+
 
 Pattern = Causal | Window | Block | Linear
+"""A pattern owns everything pattern-specific on the XLA side: its mask (``allows``), its index
+expression S(t) (``key_range``, which the planner turns into a store), its size symbol
+(``symbol``: one per distinct size, w0, w1, …) and its code in the Triton kernels
+(``kernel_code``/``kernel_size``; the Triton-side mask is ``kernels/common.py:visible``)."""
 
 
 def parse_pattern(spec: str) -> Pattern:

@@ -23,7 +23,7 @@ from jax.extend import core as jcore
 
 from jaxrl_sym.dimexpr import is_symbolic, to_sympy
 from jaxrl_sym.errors import NonCausalMixingError, SymbolError, source_line
-from jaxrl_sym.ops.attention import Block, Pattern, Window
+from jaxrl_sym.ops.attention import Pattern
 from jaxrl_sym.pdg.ir import PDG, Edge, Node
 from jaxrl_sym.symbols import IndexExpr, Point, Range, SymbolTable
 from jaxrl_sym.tracer.flatten import attention_eqns, flatten
@@ -46,40 +46,36 @@ class SeqInput:
     dtype: Any = jnp.int32
 
 
+def _size_symbols(patterns: Sequence[Pattern]) -> dict[Pattern, str]:
+    """One symbol per distinct size of each sized pattern kind: ``w`` (or ``w0``, ``w1``, …)."""
+    names: dict[Pattern, str] = {}
+    for base in sorted({p.symbol for p in patterns if p.symbol}):
+        sizes = sorted({p.size for p in patterns if p.symbol == base})
+        for p in patterns:
+            if p.symbol == base:
+                i = sizes.index(p.size)
+                names[p] = base if len(sizes) == 1 else f"{base}{i}"
+    return names
+
+
 def _base_table(patterns: Sequence[Pattern]) -> tuple[SymbolTable, dict[Pattern, Range]]:
-    """Symbols for the domain plus one symbol per distinct window/block size."""
-    windows = sorted({p.size for p in patterns if isinstance(p, Window)})
-    blocks = sorted({p.size for p in patterns if isinstance(p, Block)})
-    wnames = ["w"] if len(windows) == 1 else [f"w{i}" for i in range(len(windows))]
-    bnames = ["b"] if len(blocks) == 1 else [f"b{i}" for i in range(len(blocks))]
-    names = ["r", "t", "B", "T", *wnames, *bnames]
+    """Symbols for the domain plus one per distinct window/block size; each pattern's S(t)."""
+    sym_names = _size_symbols(patterns)
+    extra = sorted(set(sym_names.values()))
     table = SymbolTable.create(
-        ", ".join(names), constraints=["t <= T - 1", "r <= B - 1"],
-        bounds={n: (1, None) for n in (*wnames, *bnames)},
+        ", ".join(["r", "t", "B", "T", *extra]), constraints=["t <= T - 1", "r <= B - 1"],
+        bounds={n: (1, None) for n in extra},
     )
     t = table.sym("t")
-    ranges: dict[Pattern, Range] = {}
-    for p in patterns:
-        if isinstance(p, Window):
-            w = table.sym(wnames[windows.index(p.size)])
-            ranges[p] = Range(sympy.Max(0, t - w + 1), t + 1)
-        elif isinstance(p, Block):
-            b = table.sym(bnames[blocks.index(p.size)])
-            ranges[p] = Range(t - sympy.Mod(t, b), t + 1)
-        else:
-            ranges[p] = Range(sympy.Integer(0), t + 1)
+    ranges = {p: Range(*p.key_range(t, table.sym(sym_names[p]) if p in sym_names else None))
+              for p in patterns}
     return table, ranges
 
 
 def pattern_bindings(table: SymbolTable, patterns: Sequence[Pattern]) -> dict[str, int]:
     """Concrete values of the pattern symbols (w, b, …) for this model."""
-    out: dict[str, int] = {}
-    windows = sorted({p.size for p in patterns if isinstance(p, Window)})
-    blocks = sorted({p.size for p in patterns if isinstance(p, Block)})
-    for sizes, base in ((windows, "w"), (blocks, "b")):
-        for i, s in enumerate(sizes):
-            out[base if len(sizes) == 1 else f"{base}{i}"] = s
-    return out
+    del table
+    return {name: p.size for p, name in _size_symbols(patterns).items()}
 
 
 def _map_dims(obj: Any, f: Callable[[Any], Any]) -> Any:
