@@ -67,12 +67,14 @@ def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Generate ``spec``'s request with ``spec["system"]``; returns (metrics, arrays)."""
     from jaxrl_sym.cli import build_model
     from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.contract import check_model
     from jaxrl_sym.runtime.metrics import peak_rss_bytes
     from jaxrl_sym.systems import generator
 
     model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
     rng = np.random.default_rng(spec["seed"] + 1)
-    prompts = [rng.integers(0, model.cfg.vocab_size, size=int(p), dtype=np.int32)
+    vocab = check_model(model).vocab_size
+    prompts = [rng.integers(0, vocab, size=int(p), dtype=np.int32)
                for p in spec["prompt_lens"]]
     # Random weights never choose an EOS on purpose: each row's sampled length is its limit, so
     # the row ends there exactly as if EOS had been sampled (same for every system).

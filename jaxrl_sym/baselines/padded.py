@@ -7,6 +7,10 @@ rows keep decoding garbage that is trimmed on the host) and every step attends o
 slots, the empty ones masked by position -1. That wasted compute and memory, paid for a single
 compile, is what the symbolic runtime is measured against.
 
+The model is any contract model, unmodified: ``model(tokens, positions, segment_ids) -> logits``.
+Nothing is read from it but its traced program; :mod:`jaxrl_sym.baselines.interpret` gives each of
+its ``attend`` calls a MAX_LEN cache, shaped from that call's traced keys/values, outside the model.
+
 The module also holds the padded forward used as the oracle for packed forwards and gradients:
 :func:`padded_forward`, :func:`padded_token_logprobs`, :func:`padded_sequence_logprobs`.
 """
@@ -14,7 +18,7 @@ The module also holds the padded forward used as the oracle for packed forwards 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +28,7 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
+from jaxrl_sym.baselines.interpret import TracedForward, trace_forward, vocab_size
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import (
     GenerationConfig,
@@ -33,7 +38,6 @@ from jaxrl_sym.generation import (
     validate_prompts,
 )
 from jaxrl_sym.models.cache import PaddedKVCache
-from jaxrl_sym.models.lm import DecoderLM, LMConfig
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     MemoryMeter,
@@ -74,10 +78,14 @@ class LeftPadded:
 
 
 def left_pad_prompts(
-    model: DecoderLM, prompts: Sequence[np.ndarray], cfg: GenerationConfig
+    model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig
 ) -> LeftPadded:
-    """Validate prompts (raises :class:`InputError` naming the prompt) and left-pad them."""
-    rows = validate_prompts(prompts, model.cfg.vocab_size, cfg)
+    """Validate prompts (raises :class:`InputError` naming the prompt) and left-pad them.
+
+    The vocabulary the token ids are checked against is the last dimension of the model's traced
+    logits.
+    """
+    rows = validate_prompts(prompts, vocab_size(model), cfg)
     limits = row_limits(cfg, len(rows)).astype(np.int32)
     lens = np.array([r.size for r in rows], np.int32)
     b, p = len(rows), int(lens.max())
@@ -121,41 +129,30 @@ def row_lengths(tokens: np.ndarray, limits: np.ndarray, eos_id: int | None) -> n
     return lengths
 
 
-def _np_dtype(dtype: Any) -> np.dtype:
-    return np.dtype(jnp.dtype(dtype))
-
-
-def host_padded_caches(cfg: LMConfig, batch: int, max_len: int) -> tuple[PaddedKVCache, ...]:
-    """Empty padded caches built on the host and transferred.
-
-    Why not ``init_padded_caches``: eager ``jnp.zeros`` compiles a tiny XLA program per shape, and
-    the compile counter counts every compile; the baseline's count should be its own program's.
-    """
-    kv = np.zeros((batch, max_len, cfg.n_kv_heads, cfg.head_dim), _np_dtype(cfg.dtype))
-    pos = np.full((batch, max_len), -1, np.int32)
-    seg = np.zeros((batch, max_len), np.int32)
-    return tuple(
-        PaddedKVCache(*jax.device_put((kv, kv.copy(), pos, seg))) for _ in range(cfg.n_layers)
-    )
-
-
 # --------------------------------------------------------------------------- generation
 
 
 def _build_program(
-    graphdef: Any,
+    prefill: TracedForward,
+    decode: TracedForward,
     batch: LeftPadded,
     gen: GenerationConfig,
-):
-    """The single jitted prefill + scan-decode program (static: shapes, eos, temperature, seed)."""
+    max_len: int,
+) -> Callable[..., Any]:
+    """The single jitted prefill + scan-decode program (static: shapes, eos, temperature, seed).
+
+    ``prefill`` / ``decode`` are the model traced at [B, P] and [B, 1]. The prefill starts one
+    empty MAX_LEN cache per attention call inside the program (so no eager op compiles a program of
+    its own to build them) and the scan carries them; they are returned, as a decode loop's state.
+    """
     b, p, n = batch.batch, batch.prompt_len, batch.steps
     eos = gen.eos_id
     temperature = float(gen.temperature)
     seed = int(gen.seed)
     want_logits = gen.return_logits
+    new_cache = lambda k, v: PaddedKVCache.like(k, v, max_len)
 
-    def program(state, caches, tokens, positions, prompt_lens, limits):
-        model = nnx.merge(graphdef, state)
+    def program(state, tokens, positions, prompt_lens, limits):
         row_ids = jnp.arange(b, dtype=jnp.int32)
         seg = jnp.zeros_like(positions)
 
@@ -169,7 +166,8 @@ def _build_program(
             hit = step + 1 >= limits
             return hit | (tok == eos) if eos is not None else hit
 
-        logits, caches = model(tokens, positions, seg, caches, cache_index=0)
+        logits, caches = prefill(state, tokens, positions, seg, None, new_cache=new_cache,
+                                 cache_index=0)
         last = logits[:, -1]  # left padding: slot P-1 is every row's last prompt token
         tok0, lp0 = choose(last, jnp.int32(0))
         done0 = finished(tok0, jnp.int32(0))
@@ -177,8 +175,8 @@ def _build_program(
         def body(carry, step):
             caches, prev, done, length = carry
             pos = (prompt_lens + step - 1)[:, None]
-            lg, caches = model(prev[:, None], pos, jnp.zeros_like(pos), caches,
-                               cache_index=p + step - 1)
+            lg, caches = decode(state, prev[:, None], pos, jnp.zeros_like(pos), caches,
+                                new_cache=new_cache, cache_index=p + step - 1)
             lg = lg[:, 0]
             tok, lp = choose(lg, step)
             length = length + (~done).astype(jnp.int32)
@@ -197,14 +195,16 @@ def _build_program(
             result["logits"] = jnp.concatenate([last[None], outs[2]], axis=0)
         return caches, result
 
-    # Donate the caches: they are updated in place, as in real decoding loops.
-    return jax.jit(program, donate_argnums=(1,))
+    return jax.jit(program)
 
 
 def padded_generate(
-    model: DecoderLM, prompts: Sequence[np.ndarray], cfg: GenerationConfig
+    model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig
 ) -> GenerationResult:
     """Generate with left-padded prompts, a MAX_LEN cache and one compiled prefill+scan program.
+
+    ``model`` is any contract model (``model(tokens, positions, segment_ids) -> logits``); it is
+    traced at [B, P] and [B, 1] and its attention calls are given MAX_LEN caches from outside.
 
     Returns exact per-row outputs (trimmed on the host) and stats: ``xla_compiles`` (every compile
     during the call), ``peak_bytes``, ``compile_seconds``, ``run_seconds``, ``dispatches``, plus
@@ -214,25 +214,28 @@ def padded_generate(
         batch = left_pad_prompts(model, prompts, cfg)
         b, p, n = batch.batch, batch.prompt_len, batch.steps
         max_len = max(cfg.max_len or 0, p + n)  # the left-padded layout needs P + N slots
-        graphdef, state = nnx.split(model)
-        caches = host_padded_caches(model.cfg, b, max_len)
+        _, state = nnx.split(model)
         inputs = jax.device_put(
             (batch.tokens, batch.positions, batch.prompt_lens, batch.limits)
         )
-        jitted = _build_program(graphdef, batch, cfg)
 
         t0 = time.perf_counter()
-        compiled = jitted.lower(state, caches, *inputs).compile()
+        # Tracing the model is part of building the program, as it is inside jit for any model.
+        jitted = _build_program(trace_forward(model, b, p), trace_forward(model, b, 1), batch,
+                                cfg, max_len)
+        compiled = jitted.lower(state, *inputs).compile()
         compile_seconds = time.perf_counter() - t0
 
         meter = MemoryMeter()
-        held_before = tree_bytes(state) + tree_bytes(caches) + tree_bytes(inputs)
+        held_before = tree_bytes(state) + tree_bytes(inputs)
         t0 = time.perf_counter()
-        _, out = compiled(state, caches, *inputs)
+        caches, out = compiled(state, *inputs)
         out = jax.block_until_ready(out)
         run_seconds = time.perf_counter() - t0
-        # Caches are donated and come back aliased, so they are counted once.
-        meter.observe(held_before + tree_bytes(out), executable_temp_bytes(compiled), step=0)
+        # The MAX_LEN caches are the program's outputs (it allocates them), held to the end.
+        meter.observe(held_before + tree_bytes(caches) + tree_bytes(out),
+                      executable_temp_bytes(compiled), step=0)
+        del caches
 
         host = {k: np.asarray(v) for k, v in out.items()}
     toks, lps, lgs = trim_rows(host["tokens"], host["logprobs"], host.get("logits"),
@@ -255,7 +258,7 @@ def padded_generate(
 # --------------------------------------------------------------------------- forward oracles
 
 
-def padded_forward(model: DecoderLM, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+def padded_forward(model: nnx.Module, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
     """Logits [B, T, V] of a right-padded batch (slots at or beyond a row's length: position -1).
 
     Pure JAX (no host conversion, no inner jit) so it can sit under ``nnx.grad`` / ``nnx.jit``
@@ -265,11 +268,11 @@ def padded_forward(model: DecoderLM, tokens: jax.Array, lengths: jax.Array) -> j
     t = tokens.shape[1]
     idx = jnp.arange(t, dtype=jnp.int32)[None, :]
     positions = jnp.where(idx < jnp.asarray(lengths, jnp.int32)[:, None], idx, -1)
-    return model(tokens, positions)
+    return model(tokens, positions, jnp.zeros_like(positions))
 
 
 def padded_token_logprobs(
-    model: DecoderLM, tokens: jax.Array, lengths: jax.Array, temperature: float = 1.0
+    model: nnx.Module, tokens: jax.Array, lengths: jax.Array, temperature: float = 1.0
 ) -> jax.Array:
     """[B, T]: entry t is log p(tokens[t] | tokens[:t]) for 1 <= t < length, else 0.
 
@@ -299,7 +302,7 @@ def _check_tokens(kind: str, i: int, a: np.ndarray, vocab: int, *, allow_empty: 
 
 
 def padded_sequence_logprobs(
-    model: DecoderLM,
+    model: nnx.Module,
     prompts: Sequence[np.ndarray],
     responses: Sequence[np.ndarray],
     temperature: float = 1.0,
@@ -313,7 +316,7 @@ def padded_sequence_logprobs(
         raise InputError(f"{len(prompts)} prompts but {len(responses)} responses; pair them 1:1")
     if len(prompts) == 0:
         raise InputError("no prompts given: pass a non-empty list of 1-D token arrays")
-    vocab = model.cfg.vocab_size
+    vocab = vocab_size(model)
     ps = [np.asarray(x) for x in prompts]
     rs = [np.asarray(x) for x in responses]
     for i, (pr, rr) in enumerate(zip(ps, rs, strict=True)):

@@ -1,10 +1,11 @@
 """The per-shape JAX baseline: exact-size buffers by recompiling for every new length.
 
-The decode step is ``jax.jit``-ed and fed :class:`ExactKVCache`s whose length is the exact number of
-tokens so far, so no step attends over empty slots, but every step has a new cache shape and XLA
-compiles a new executable for it (``xla_compiles`` ≈ one per length). The Python loop also checks
-on the host after every step whether all rows are done, so it stops as early as possible; that sync
-and the per-step dispatch are part of its cost. Semantics and outputs match
+The decode step is ``jax.jit``-ed and fed :class:`ExactKVCache`s (one per attention call of the
+unmodified model, kept outside it by :mod:`jaxrl_sym.baselines.interpret`) whose length is the
+exact number of tokens so far, so no step attends over empty slots, but every step has a new cache
+shape and XLA compiles a new executable for it (``xla_compiles`` ≈ one per length). The Python
+loop also checks on the host after every step whether all rows are done, so it stops as early as
+possible; that sync and the per-step dispatch are part of its cost. Semantics and outputs match
 :func:`jaxrl_sym.baselines.padded.padded_generate` exactly (same left-padded prefill, same
 :func:`select_tokens` keys).
 """
@@ -12,7 +13,7 @@ and the per-step dispatch are part of its cost. Semantics and outputs match
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -20,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_sym.baselines.interpret import TracedForward, trace_forward
 from jaxrl_sym.baselines.padded import left_pad_prompts, row_lengths, trim_rows
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, select_tokens
-from jaxrl_sym.models.cache import init_exact_caches
-from jaxrl_sym.models.lm import DecoderLM
+from jaxrl_sym.models.cache import ExactKVCache
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     MemoryMeter,
@@ -35,8 +36,14 @@ from jaxrl_sym.runtime.metrics import (
 _RELEASE_EVERY = 128  # steps between releases of per-length executables
 
 
-def _build_steps(graphdef: Any, model_cfg: Any, b: int, gen: GenerationConfig):
-    """Jitted prefill and decode step; temperature and seed are static, as in the padded program."""
+def _build_steps(
+    prefill_fwd: TracedForward, decode_fwd: TracedForward, b: int, gen: GenerationConfig
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """Jitted prefill and decode step; temperature and seed are static, as in the padded program.
+
+    ``prefill_fwd`` / ``decode_fwd``: the model traced at [B, P] and [B, 1]. The decode step's jit
+    retraces and recompiles for every new cache length: that is this baseline's cost.
+    """
     temperature = float(gen.temperature)
     seed = int(gen.seed)
 
@@ -51,17 +58,16 @@ def _build_steps(graphdef: Any, model_cfg: Any, b: int, gen: GenerationConfig):
 
     @jax.jit
     def prefill(state, tokens, positions):
-        model = nnx.merge(graphdef, state)
-        caches = init_exact_caches(model_cfg, b)
-        logits, caches = model(tokens, positions, jnp.zeros_like(positions), caches)
+        logits, caches = prefill_fwd(state, tokens, positions, jnp.zeros_like(positions), None,
+                                     new_cache=ExactKVCache.like)
         last = logits[:, -1]
         tok, lp = choose(last, jnp.int32(0))
         return caches, tok, lp, last
 
     @jax.jit
     def step(state, caches, prev, pos, step_idx):
-        model = nnx.merge(graphdef, state)
-        lg, caches = model(prev[:, None], pos[:, None], jnp.zeros_like(pos)[:, None], caches)
+        lg, caches = decode_fwd(state, prev[:, None], pos[:, None], jnp.zeros_like(pos)[:, None],
+                                caches, new_cache=ExactKVCache.like)
         lg = lg[:, 0]
         tok, lp = choose(lg, step_idx)
         return caches, tok, lp, lg
@@ -70,7 +76,7 @@ def _build_steps(graphdef: Any, model_cfg: Any, b: int, gen: GenerationConfig):
 
 
 def pershape_generate(
-    model: DecoderLM, prompts: Sequence[np.ndarray], cfg: GenerationConfig
+    model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig
 ) -> GenerationResult:
     """Generate one jitted step per token with exact-length caches (one compile per length).
 
@@ -81,11 +87,14 @@ def pershape_generate(
     with CompileCounter() as counter:
         batch = left_pad_prompts(model, prompts, cfg)
         b, n = batch.batch, batch.steps
-        graphdef, state = nnx.split(model)
-        prefill, step = _build_steps(graphdef, model.cfg, b, cfg)
+        _, state = nnx.split(model)
+        t0 = time.perf_counter()
+        prefill, step = _build_steps(trace_forward(model, b, batch.prompt_len),
+                                     trace_forward(model, b, 1), b, cfg)
+        trace_seconds = time.perf_counter() - t0
         params_bytes = tree_bytes(state)
         meter = MemoryMeter()
-        compile_seconds = run_seconds = 0.0
+        compile_seconds, run_seconds = trace_seconds, 0.0
 
         def run(jitted, *args):
             # AOT-compile through the jit (so its cache is shared), timing compile and run apart.

@@ -1,6 +1,10 @@
 """Functional KV caches for the baselines (pytrees, so they flow through jit/scan as arguments).
 
-Two layouts, matching what JAX decoding code does today:
+The baselines keep them *outside* the model (:mod:`jaxrl_sym.baselines.interpret` gives every
+``attend`` call of any contract model one cache, shaped from that call's traced keys/values with
+:meth:`PaddedKVCache.like` / :meth:`ExactKVCache.like`); :class:`~jaxrl_sym.models.lm.DecoderLM`
+can also take them as arguments, built from its config. Two layouts, matching what JAX decoding
+code does today:
 
 * :class:`PaddedKVCache` is preallocated at ``MAX_LEN`` slots and written in place with
   ``lax.dynamic_update_slice``; one compiled program serves every step, but every step attends over
@@ -17,7 +21,7 @@ bookkeeping.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -30,12 +34,19 @@ if TYPE_CHECKING:
 
 
 def _empty(batch: int, length: int, cfg: LMConfig) -> tuple[jax.Array, ...]:
-    kv_shape = (batch, length, cfg.n_kv_heads, cfg.head_dim)
+    kv = jax.ShapeDtypeStruct((batch, length, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
+    return _empty_like(kv, kv, length)
+
+
+def _empty_like(k: Any, v: Any, length: int) -> tuple[jax.Array, ...]:
+    """Empty k/v/pos/seg of ``length`` slots for keys ``k`` [B, T, Hkv, D] and values ``v``
+    [B, T, Hkv, Dv] (arrays, tracers or shape structs: only shape and dtype are read)."""
+    b = k.shape[0]
     return (
-        jnp.zeros(kv_shape, cfg.dtype),
-        jnp.zeros(kv_shape, cfg.dtype),
-        jnp.full((batch, length), -1, jnp.int32),
-        jnp.zeros((batch, length), jnp.int32),
+        jnp.zeros((b, length, *k.shape[2:]), k.dtype),
+        jnp.zeros((b, length, *v.shape[2:]), v.dtype),
+        jnp.full((b, length), -1, jnp.int32),
+        jnp.zeros((b, length), jnp.int32),
     )
 
 
@@ -53,6 +64,12 @@ class PaddedKVCache:
     def init(batch: int, max_len: int, cfg: LMConfig) -> PaddedKVCache:
         """An empty cache of ``max_len`` slots (every position -1, so every slot is masked)."""
         return PaddedKVCache(*_empty(batch, max_len, cfg))
+
+    @staticmethod
+    def like(k: Any, v: Any, max_len: int) -> PaddedKVCache:
+        """An empty cache of ``max_len`` slots for one attention call's keys ``k`` and values
+        ``v`` (head count, head dims and dtypes taken from them, so no model config is needed)."""
+        return PaddedKVCache(*_empty_like(k, v, max_len))
 
     def update(
         self,
@@ -101,6 +118,12 @@ class ExactKVCache:
     def init(batch: int, cfg: LMConfig) -> ExactKVCache:
         """An empty (length-0) cache."""
         return ExactKVCache(*_empty(batch, 0, cfg))
+
+    @staticmethod
+    def like(k: Any, v: Any) -> ExactKVCache:
+        """An empty cache for one attention call's keys ``k`` and values ``v`` (see
+        :meth:`PaddedKVCache.like`)."""
+        return ExactKVCache(*_empty_like(k, v, 0))
 
     def update(
         self,

@@ -38,13 +38,26 @@ def _diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key), current.get(key)
         if key == "model" and isinstance(a, dict) and isinstance(b, dict):
-            out += [f"model.{k}: checkpoint {a.get(k)} vs this run {b.get(k)}"
-                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            fa, fb = _flat_model(a), _flat_model(b)
+            out += [f"model.{k}: checkpoint {fa.get(k)} vs this run {fb.get(k)}"
+                    for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
         elif key == "params" and a != b:
             out.append(f"parameter shapes differ ({len(a or [])} arrays in the checkpoint vs "
                        f"{len(b or [])} here)")
         elif a != b:
             out.append(f"{key}: checkpoint {a!r} vs this run {b!r}")
+    return out
+
+
+def _flat_model(fp: dict[str, Any]) -> dict[str, Any]:
+    """A model fingerprint with its dataclass configs' fields lifted to the top (``d_model``
+    rather than ``config.cfg``), so a refused resume names the field that changed."""
+    out: dict[str, Any] = {}
+    for k, v in fp.items():
+        if k.startswith("config.") and isinstance(v, dict):
+            out.update(v)
+        else:
+            out[k] = v
     return out
 
 
