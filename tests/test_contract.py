@@ -165,3 +165,31 @@ def test_soft_capped_model_on_the_triton_backend_equals_rerunning_it() -> None:
     want, want_logits = naive_generate(model, prompt, 6)
     np.testing.assert_array_equal(res.tokens[0], want)
     np.testing.assert_allclose(np.asarray(res.logits[0]), want_logits, atol=1e-4, rtol=0)
+
+
+class _ScannedMLPs(nnx.Module):
+    """Attention in a Python loop, but the MLPs stacked and applied by lax.scan with no attend
+    inside: read as a call, the scan's body would apply one MLP instead of three."""
+
+    def __init__(self) -> None:
+        r = nnx.Rngs(4)
+        self.emb = nnx.Embed(29, 16, rngs=r)
+        self.mlps = nnx.Param(nnx.initializers.normal(0.3)(r.params(), (3, 16, 16)))
+
+    def __call__(self, tokens, positions, segment_ids):
+        x = self.emb(tokens)
+        b, t, d = x.shape
+        q = x.reshape(b, t, 2, d // 2)
+        x = x + attend(q, q, q, Causal(), q_positions=positions, kv_positions=positions,
+                       q_segment_ids=segment_ids, kv_segment_ids=segment_ids).reshape(b, t, d)
+        x, _ = lax.scan(lambda h, w: (h + jnp.tanh(h @ w), None), x, self.mlps[...])
+        return x @ self.emb.embedding[...].T
+
+
+def test_a_static_scan_without_attend_applies_every_iteration() -> None:
+    model = _ScannedMLPs()
+    res = SymbolicLM(model, min_capacity=4).generate(
+        [np.array([1, 2, 3], np.int32)], GenerationConfig(max_new_tokens=6, return_logits=True))
+    want, want_logits = naive_generate(model, np.array([1, 2, 3], np.int32), 6)
+    np.testing.assert_array_equal(res.tokens[0], want)
+    np.testing.assert_allclose(np.asarray(res.logits[0]), want_logits, atol=1e-4, rtol=0)

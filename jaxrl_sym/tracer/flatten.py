@@ -10,10 +10,12 @@ loop body once, as a call, gives one store instead of L and generates wrong toke
 :func:`eval_jaxpr` evaluates a closed jaxpr equation by equation, with one hook for the library's
 attention primitive, and
 
-* inlines every call-like primitive whose body contains ``attend`` (others are bound unchanged,
-  keeping their custom derivative rules and jit caching);
-* unrolls ``scan`` with a static trip count whose body contains ``attend`` (``fori_loop`` with
-  Python-int bounds is a scan), one attention call per iteration, numbered in execution order;
+* inlines every call-like primitive whose body contains ``attend`` or a static loop (others are
+  bound unchanged, keeping their custom derivative rules and jit caching);
+* unrolls every ``scan`` with a static trip count up to ``MAX_UNROLL`` (``fori_loop`` with
+  Python-int bounds is a scan), with or without ``attend`` in its body: one attention call per
+  iteration, numbered in execution order, and an MLP stack applied by a loop is no longer read as
+  one layer;
 * refuses, naming the user's source line, what cannot be unrolled: ``while_loop`` (dynamic trip
   count) or ``cond``/``switch`` around ``attend``, and a scan over the sequence length.
 
@@ -42,7 +44,8 @@ from jaxrl_sym.errors import UnsupportedPrimitiveError, source_line
 
 ATTENTION = "sym_attention"
 MAX_UNROLL = 1024
-"""Longest static loop around ``attend`` that is unrolled (layers; far above any real depth)."""
+"""Longest static loop that is unrolled (layers; far above any real depth). Longer loops without
+``attend`` are kept as loops (the tracer's rules then accept them only off the B/T axes)."""
 
 AttendHook = Callable[[int, Any, list[Any]], Any]
 """``hook(index, eqn, invals) -> output``: ``index`` numbers attention calls in execution order."""
@@ -64,13 +67,27 @@ def contains_attend(jaxpr: jcore.Jaxpr) -> bool:
                for e in jaxpr.eqns)
 
 
+def _static_scan(eqn: Any) -> bool:
+    length = eqn.params.get("length")
+    return eqn.primitive.name == "scan" and isinstance(length, int) and length <= MAX_UNROLL
+
+
+def needs_unfolding(jaxpr: jcore.Jaxpr) -> bool:
+    """Whether ``jaxpr`` holds, at any depth, ``attend`` or a static scan (layers applied by a
+    loop, with or without attention in the body: a loop body read once would apply one layer)."""
+    return any(e.primitive.name == ATTENTION or _static_scan(e)
+               or any(needs_unfolding(j) for j in _sub_jaxprs(e.params)) for e in jaxpr.eqns)
+
+
 def attention_eqns(jaxpr: jcore.Jaxpr) -> list[Any]:
     """The attention equations of a flat jaxpr, in order."""
     return [e for e in jaxpr.eqns if e.primitive.name == ATTENTION]
 
 
-def _call_body(eqn: Any) -> jcore.ClosedJaxpr | None:
-    """The body of a call-like primitive (jit, checkpoint, custom_jvp/vjp, closed_call)."""
+def call_body(eqn: Any) -> jcore.ClosedJaxpr | None:
+    """The body of a call-like primitive (jit, checkpoint, custom_jvp/vjp, closed_call); None
+    for anything else — loops and conditionals are not calls: their bodies run many times or
+    not at all (reading scan's body as a call once gave one store for L layers)."""
     if eqn.primitive.name in ("scan", "while", "cond"):
         return None
     for name in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
@@ -135,9 +152,15 @@ def _eval_eqn(eqn: Any, invals: list[Any], on_attend: AttendHook, counter: _Coun
     if name == ATTENTION:
         return [on_attend(counter.next(), eqn, invals)]
     has_attend = any(contains_attend(j) for j in _sub_jaxprs(eqn.params))
+    if _static_scan(eqn):  # layers applied by a loop: one copy of the body per iteration
+        return _unroll_scan(eqn, invals, on_attend, counter)
+    body = call_body(eqn)
+    if body is not None and any(needs_unfolding(j) for j in _sub_jaxprs(eqn.params)):
+        n_in = len(body.jaxpr.invars)  # custom_vjp may prepend operands
+        return eval_jaxpr(body, invals[len(invals) - n_in:], on_attend, counter)
     if has_attend:
         if name == "scan":
-            return _unroll_scan(eqn, invals, on_attend, counter)
+            return _unroll_scan(eqn, invals, on_attend, counter)  # raises: too long / over T
         if name in ("while", "cond"):
             what = ("a while_loop (its trip count is only known at run time)" if name == "while"
                     else "lax.cond/switch (the branch is only known at run time)")
@@ -145,10 +168,6 @@ def _eval_eqn(eqn: Any, invals: list[Any], on_attend: AttendHook, counter: _Coun
                 f"attend is called inside {what} at {source_line(eqn)}: each attention call "
                 "needs its own store, known when the model is traced. Loop over layers with a "
                 "Python loop, lax.scan / nnx.scan, or fori_loop with Python-int bounds.")
-        body = _call_body(eqn)
-        if body is not None:
-            n_in = len(body.jaxpr.invars)  # custom_vjp may prepend operands
-            return eval_jaxpr(body, invals[len(invals) - n_in:], on_attend, counter)
         raise UnsupportedPrimitiveError(
             f"attend is called inside primitive '{name}' at {source_line(eqn)}, which the tracer "
             "cannot inline; call attend outside it.")
@@ -203,8 +222,8 @@ def flatten(closed: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
     Works with symbolic shapes (the tracer's B, T). A jaxpr without such loops comes back with the
     same equations (calls without attention stay calls; the tracer inlines those itself).
     """
-    if not any(e.primitive.name != ATTENTION and contains_attend_eqn(e)
-               for e in closed.jaxpr.eqns):
+    if not any(e.primitive.name != ATTENTION and (_static_scan(e) or any(
+            needs_unfolding(j) for j in _sub_jaxprs(e.params))) for e in closed.jaxpr.eqns):
         return closed
     avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
     return jax.make_jaxpr(lambda *a: eval_jaxpr(closed, a, bind_attend))(*avals)

@@ -26,7 +26,7 @@ from jaxrl_sym.errors import NonCausalMixingError, SymbolError, source_line
 from jaxrl_sym.ops.attention import Pattern
 from jaxrl_sym.pdg.ir import PDG, Edge, Node
 from jaxrl_sym.symbols import IndexExpr, Point, Range, SymbolTable
-from jaxrl_sym.tracer.flatten import attention_eqns, flatten
+from jaxrl_sym.tracer.flatten import attention_eqns, call_body, flatten
 from jaxrl_sym.tracer.rules import EqnView, check_equation
 
 # extent symbol -> iterator symbol of the domain
@@ -34,7 +34,6 @@ DOMAIN = (("r", "B"), ("t", "T"))
 ITER = {"B": "r", "T": "t"}
 # ports of sym_attention that read keys (k, v, kv_positions, kv_segment_ids)
 KV_PORTS = (1, 2, 4, 6)
-_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
 @dataclass(frozen=True)
@@ -88,16 +87,6 @@ def _map_dims(obj: Any, f: Callable[[Any], Any]) -> Any:
     if isinstance(obj, list):
         return [_map_dims(x, f) for x in obj]
     return obj
-
-
-def _inner_jaxpr(eqn: Any) -> jcore.ClosedJaxpr | None:
-    for name in _CALL_PARAMS:
-        j = eqn.params.get(name)
-        if isinstance(j, jcore.ClosedJaxpr):
-            return j
-        if isinstance(j, jcore.Jaxpr):
-            return jcore.ClosedJaxpr(j, ())
-    return None
 
 
 class _Builder:
@@ -176,7 +165,7 @@ class _Builder:
         for var, val in zip(jaxpr.constvars, consts, strict=True):
             self.add_var_node(var, "weight", f"const{len(self.consts)}", np.asarray(val))
         for eqn in jaxpr.eqns:
-            inner = _inner_jaxpr(eqn)
+            inner = call_body(eqn)
             if inner is not None:
                 self.inline(eqn, inner)
             else:
@@ -213,7 +202,7 @@ class _Builder:
             for iv, lit in literal_nodes.items():
                 self.add_var_node(iv, "weight", f"const{len(self.consts)}", np.asarray(lit.val))
         for eqn_inner in inner.jaxpr.eqns:
-            sub = _inner_jaxpr(eqn_inner)
+            sub = call_body(eqn_inner)
             if sub is not None:
                 self.inline(eqn_inner, sub)
             else:
