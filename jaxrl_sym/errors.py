@@ -33,14 +33,22 @@ class InputError(SymError):
 
 
 def source_line(eqn: object) -> str:
-    """Best-effort 'file:line (function)' of the user code that produced a jaxpr equation."""
+    """Best-effort 'file:line (function)' of the user code that produced a jaxpr equation.
+
+    JAX's own frames are skipped, and so are this library's op layer (``jaxrl_sym/ops/``): for
+    the attention primitive the innermost non-JAX frame is ``attend`` itself, and the user needs
+    the line in their model that called it.
+    """
     try:
+        import os
+
         from jax._src import source_info_util  # private but stable for 0.11; one place only
 
+        ops_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops") + os.sep
         si = eqn.source_info  # type: ignore[attr-defined]
-        frame = source_info_util.user_frame(si.traceback)
-        if frame is None:
-            return "<unknown source>"
-        return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+        for frame in source_info_util.user_frames(si.traceback):
+            if not os.path.abspath(frame.file_name).startswith(ops_dir):
+                return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+        return "<unknown source>"
     except Exception:  # pragma: no cover - defensive: never fail while building an error
         return "<unknown source>"

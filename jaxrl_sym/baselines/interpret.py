@@ -24,7 +24,6 @@ them stays one ``lax.scan`` in one compiled program.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,32 +36,12 @@ from jax.extend import core as jcore
 from jaxrl_sym.errors import InputError, source_line
 from jaxrl_sym.models.cache import ExactKVCache, PaddedKVCache
 from jaxrl_sym.models.contract import check_model
-from jaxrl_sym.ops import attention as attention_module
 from jaxrl_sym.ops.attention import attention_p
 from jaxrl_sym.tracer.flatten import eval_jaxpr
 
 KVCache = PaddedKVCache | ExactKVCache
 CacheFactory = Callable[[jax.Array, jax.Array], KVCache]
 """``new_cache(k, v)``: an empty cache for one attention call's keys [B, T, Hkv, D] and values."""
-
-
-def _attend_call_site(eqn: Any) -> str:
-    """'file:line (function)' of the user code that called ``attend`` for this equation.
-
-    :func:`source_line` names the innermost non-JAX frame, which for the attention primitive is
-    ``attend`` itself in this library; the user needs the line in their model. Uses JAX's private
-    frame iterator (as :func:`source_line` does), falling back to it if that API moves.
-    """
-    try:
-        from jax._src import source_info_util
-
-        own = os.path.abspath(attention_module.__file__)
-        for frame in source_info_util.user_frames(eqn.source_info.traceback):
-            if os.path.abspath(frame.file_name) != own:
-                return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
-    except Exception:  # pragma: no cover - defensive: never fail while building an error
-        pass
-    return source_line(eqn)
 
 
 @dataclass(frozen=True)
@@ -105,7 +84,7 @@ class TracedForward:
             q, k, v, q_pos, k_pos, q_seg, k_seg = invals
             if k.shape[1] != q.shape[1]:
                 raise InputError(
-                    f"{self.model_name}: attend at {_attend_call_site(eqn)} reads {k.shape[1]} "
+                    f"{self.model_name}: attend at {source_line(eqn)} reads {k.shape[1]} "
                     f"keys for {q.shape[1]} queries; a cached decoder stores each call's own "
                     "keys, so keys and values must come from the same tokens as the queries")
             if caches is None:
