@@ -251,10 +251,16 @@ def _jvp(primals, tangents, *, pattern: Pattern, scale: float, softcap: float):
 
 
 def _batch(args, dims, *, pattern: Pattern, scale: float, softcap: float):
-    # vmap of the masked reference (not of the primitive: that would recurse into this rule).
-    f = lambda *a: reference_attention(*a, pattern=pattern, scale=scale, softcap=softcap)
-    dims = tuple(d if isinstance(d, int) else None for d in dims)
-    return jax.vmap(f, in_axes=dims)(*args), 0
+    # vmap keeps the primitive: the mapped axis is folded into the rows (rows are independent),
+    # so a model that vmaps attend over rows still traces to one attend over [B, T, ...] and the
+    # runtime can give it a store. Unmapped operands are broadcast along the mapped axis.
+    n = next(a.shape[d] for a, d in zip(args, dims, strict=True) if isinstance(d, int))
+    moved = [jnp.moveaxis(a, d, 0) if isinstance(d, int) else jnp.broadcast_to(a, (n, *a.shape))
+             for a, d in zip(args, dims, strict=True)]
+    rows = moved[0].shape[1]
+    flat = [m.reshape(n * rows, *m.shape[2:]) for m in moved]
+    out = attention_p.bind(*flat, pattern=pattern, scale=scale, softcap=softcap)
+    return out.reshape(n, rows, *out.shape[1:]), 0
 
 
 attention_p.def_impl(_impl)
