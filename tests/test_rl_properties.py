@@ -63,18 +63,22 @@ def _fake_ref(lay: Layout) -> np.ndarray:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seqs, st.integers(0, 2**16), st.integers(1, 8), st.randoms(use_true_random=False))
+@given(seqs, st.integers(0, 2**16), st.integers(1, 8), st.randoms(use_true_random=False),
+       st.one_of(st.none(), st.integers(1, 3)))
 def test_reference_overlap_scores_every_sample_once_in_any_finishing_order(
-        lens, seed, min_rows, rnd) -> None:
+        lens, seed, min_rows, rnd, max_rows) -> None:
     prompts, responses = _make(lens, seed)
     longest = max(p + r for p, r in lens)
     dispatched: list[int] = []
 
     def dispatch(lay: Layout) -> np.ndarray:
         dispatched.append(len(lay.spans))
+        if max_rows is not None:  # no chunk's program is wider than asked
+            assert lay.shape[0] <= max_rows
         return _fake_ref(lay)
 
-    ov = ReferenceOverlap(prompts, max(64, longest), dispatch, min_rows=min_rows)
+    ov = ReferenceOverlap(prompts, max(64, longest), dispatch, min_rows=min_rows,
+                          max_rows=max_rows)
     order = list(range(len(lens)))
     rnd.shuffle(order)
     i = 0

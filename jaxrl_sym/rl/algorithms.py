@@ -192,8 +192,12 @@ def _log_softmax(logits: jax.Array, temperature: float) -> jax.Array:
 def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float) -> jax.Array:
     """log p(target | slot) for every slot, under softmax(logits / temperature) — the same
     distribution :func:`jaxrl_sym.generation.select_tokens` samples from."""
-    lp = _log_softmax(logits, temperature)
-    return jnp.take_along_axis(lp, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    # target logit minus logsumexp: no [slots × vocab] log-softmax is kept beside the logits
+    x = logits.astype(jnp.float32)
+    if temperature != 1.0:
+        x = x / temperature
+    picked = jnp.take_along_axis(x, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(x, axis=-1)
 
 
 def value_predictions(logits: jax.Array, head: dict[str, jax.Array]) -> jax.Array:

@@ -33,14 +33,20 @@ class ReferenceOverlap:
       dispatch: ``dispatch(layout) -> device array [rows, L]`` of reference log-probs at each
         slot; must not block (return the un-fetched device array).
       min_rows: dispatch a chunk once this many finished samples are waiting.
+      max_rows: at most this many packed rows per dispatched chunk (None: no limit) — a chunk's
+        ``[slots × vocab]`` logits must fit beside generation's stores.
     """
 
     def __init__(self, prompts: Sequence[np.ndarray], row_len: int,
-                 dispatch: Callable[[Layout], Any], *, min_rows: int) -> None:
+                 dispatch: Callable[[Layout], Any], *, min_rows: int,
+                 max_rows: int | None = None) -> None:
         self.prompts = list(prompts)
         self.row_len = int(row_len)
         self.dispatch = dispatch
+        self.max_rows = None if max_rows is None else max(1, int(max_rows))
         self.min_rows = max(1, int(min_rows))
+        if self.max_rows is not None:
+            self.min_rows = min(self.min_rows, self.max_rows)
         self._pending: list[tuple[int, np.ndarray]] = []
         self._chunks: list[tuple[list[int], Layout, Any]] = []
         self.overlapped_samples = 0
@@ -53,13 +59,23 @@ class ReferenceOverlap:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._pending:
-            return
-        ids = [i for i, _ in self._pending]
-        lay = packed_layout([self.prompts[i] for i in ids], [r for _, r in self._pending],
-                            row_len=self.row_len)
-        self._chunks.append((ids, lay, self.dispatch(lay)))
-        self._pending = []
+        while self._pending:
+            ids = [i for i, _ in self._pending]
+            lay = packed_layout([self.prompts[i] for i in ids], [r for _, r in self._pending],
+                                row_len=self.row_len)
+            if self.max_rows is None or lay.shape[0] <= self.max_rows:
+                self._chunks.append((ids, lay, self.dispatch(lay)))
+                self._pending = []
+                return
+            # Too many rows for one program: dispatch the samples packed into the first
+            # max_rows rows as they are, and pack the rest again.
+            keep = [k for k, (r, _, _) in enumerate(lay.spans) if r < self.max_rows]
+            head = Layout(lay.system, tuple(x[:self.max_rows] for x in lay.inputs),
+                          lay.targets[:self.max_rows], tuple(lay.spans[k] for k in keep),
+                          sum(len(self.prompts[ids[k]]) + len(self._pending[k][1]) for k in keep))
+            self._chunks.append(([ids[k] for k in keep], head, self.dispatch(head)))
+            kept = set(keep)
+            self._pending = [x for k, x in enumerate(self._pending) if k not in kept]
 
     def collect(self, n: int, responses: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Score what is still waiting, then return the reference log-probs of all ``n``

@@ -339,7 +339,8 @@ class RLTrainer:
             return self.programs.run("ref-sym", fn, self.ref_leaves, lay.inputs, lay.targets,
                                      resident=tree_bytes(self.params) + self._resident())
 
-        return ReferenceOverlap(prompts, row_len, dispatch, min_rows=max(1, len(prompts) // 4))
+        return ReferenceOverlap(prompts, row_len, dispatch, min_rows=max(1, len(prompts) // 4),
+                                max_rows=self.rows_per_chunk(row_len))
 
     def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
         """Greedy responses of the current policy (evaluation; nothing is trained)."""
@@ -353,20 +354,38 @@ class RLTrainer:
         return build_layout(system or self.system, rollout.prompts, rollout.responses,
                             row_len=self.cfg.pack_row_len)
 
+    def rows_per_chunk(self, width: int) -> int | None:
+        """Rows of ``width`` slots per forward so one program holds at most ``update_tokens``
+        slots (None: no limit). Every whole-batch forward — reference, values, update — is cut
+        to this: the ``[slots × vocab]`` logits are what exhausts memory at real vocabularies
+        (151,936 words: 0.6 MB per slot in fp32)."""
+        if self.cfg.update_tokens is None:
+            return None
+        return max(1, self.cfg.update_tokens // width)
+
+    def _row_chunks(self, layout: Layout) -> list[slice]:
+        rows, width = layout.shape
+        per = self.rows_per_chunk(width) or rows
+        return [slice(i, i + per) for i in range(0, rows, per)]
+
     def reference_logprobs(self, layout: Layout) -> np.ndarray:
         """[rows, L] reference log-probs at the response-predicting slots (0 with beta = 0)."""
         if self.ref_leaves is None:
             return np.zeros(layout.shape, np.float32)
         fn = self.fns(layout.system)["ref"]
-        out = self.programs.run(f"ref-{layout.system}", fn, self.ref_leaves, layout.inputs,
-                                layout.targets, resident=tree_bytes(self.params) + self._resident())
-        return np.asarray(out)
+        outs = [self.programs.run(f"ref-{layout.system}", fn, self.ref_leaves,
+                                  tuple(x[sl] for x in layout.inputs), layout.targets[sl],
+                                  resident=tree_bytes(self.params) + self._resident())
+                for sl in self._row_chunks(layout)]
+        return np.concatenate([np.asarray(o) for o in outs])
 
     def value_estimates(self, layout: Layout) -> np.ndarray:
         """[rows, L] PPO value estimates of the current policy (before the update)."""
         fn = self.fns(layout.system)["values"]
-        return np.asarray(self.programs.run(f"values-{layout.system}", fn, self.params,
-                                            layout.inputs, resident=self._resident()))
+        outs = [self.programs.run(f"values-{layout.system}", fn, self.params,
+                                  tuple(x[sl] for x in layout.inputs), resident=self._resident())
+                for sl in self._row_chunks(layout)]
+        return np.concatenate([np.asarray(o) for o in outs])
 
     def loss_arrays(self, layout: Layout, rollout: Rollout, rewards: np.ndarray,
                     ref_slots: np.ndarray, value_slots: np.ndarray | None = None
@@ -418,10 +437,8 @@ class RLTrainer:
                       ) -> list[tuple[tuple[np.ndarray, ...], dict[str, np.ndarray]]]:
         """Row slices of the training batch of at most ``update_tokens`` slots each (one slice
         when unset). Rows are never split: a packed row's sequences attend within the row."""
-        rows, width = layout.shape
-        per = rows if self.cfg.update_tokens is None else max(1, self.cfg.update_tokens // width)
-        return [(tuple(x[i:i + per] for x in layout.inputs),
-                 {k: v[i:i + per] for k, v in arrays.items()}) for i in range(0, rows, per)]
+        return [(tuple(x[sl] for x in layout.inputs), {k: v[sl] for k, v in arrays.items()})
+                for sl in self._row_chunks(layout)]
 
     def _update(self, params: Any, opt_state: Any, layout: Layout,
                 arrays: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
