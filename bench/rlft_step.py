@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="divide the paper's lengths by this (default 8 on cpu, 1 on gpu)")
     p.add_argument("--update-tokens", type=int, default=None,
                    help="token slots per training micro-batch (default: whole batch on cpu, "
-                        "16384 on gpu, where the 151,936-word logits of a whole batch do not fit)")
+                        "4096 on gpu: an update of 16384 slots of 151,936-word logits needed "
+                        "77 GiB on an H100)")
     p.add_argument("--memory-budget", type=int, default=None,
                    help="bytes for the largest-batch estimate (default: device limit or 16 GiB)")
     p.add_argument("--prompts", type=int, default=16)
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale is None:
         args.scale = 8 if args.preset == "cpu" else 1
     if args.update_tokens is None and args.preset == "gpu":
-        args.update_tokens = 16384
+        args.update_tokens = 4096
     if args.system:  # child process: one system
         res = run_system(args)
         with open(args.out, "w") as f:
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-40:]  # the traceback
                 oom = proc.returncode in (-9, 137) or any(
                     "RESOURCE_EXHAUSTED" in x or "out of memory" in x.lower() for x in tail)
                 report["systems"][s] = {"error": tail, "status": "oom" if oom else "error"}

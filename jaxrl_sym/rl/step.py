@@ -253,8 +253,12 @@ class RLTrainer:
         def values(params, inputs):
             return value_predictions(logits_fn(params["lm"], inputs), params["value"])
 
+        # Rematerialise the loss head: only the logits are kept for the backward pass, not the
+        # log-softmax, softmax and entropy terms — each another [slots × vocab] fp32 buffer.
+        head = jax.checkpoint(lambda logits, arrays, value: rl_loss(logits, arrays, value, cfg))
+
         def loss(params, inputs, arrays):
-            return rl_loss(logits_fn(params["lm"], inputs), arrays, params.get("value"), cfg)
+            return head(logits_fn(params["lm"], inputs), arrays, params.get("value"))
 
         grad_fn = jax.value_and_grad(loss, has_aux=True)
 
