@@ -135,3 +135,26 @@ def test_contract_errors_name_the_model() -> None:
         padded_generate(_TwoArgs(), prompts, GenerationConfig(max_new_tokens=2))
     with pytest.raises(InputError, match=r"_MemoryAttention: attend at .*test_padded_contract"):
         padded_generate(_MemoryAttention(), prompts, GenerationConfig(max_new_tokens=2))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "scan", "gemmaish"])
+def test_chunked_prefill_equals_naive_rerun(name: str) -> None:
+    """Prompts of 21 and 40 slots in chunks of 16 (an 8-slot head chunk, then a scan of two):
+    the caches each chunk leaves must give the tokens and logits of a full re-run."""
+    m = model(name)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, _vocab(name), n).astype(np.int32) for n in (21, 40)]
+    res = padded_generate(m, prompts, GenerationConfig(max_new_tokens=(4, 3), return_logits=True),
+                          prefill_logits_bytes=1)
+    for i, (p, lim) in enumerate(zip(prompts, (4, 3), strict=True)):
+        toks, logits = naive_generate(m, p, lim)
+        np.testing.assert_array_equal(res.tokens[i], toks, err_msg=f"{name} row {i}")
+        np.testing.assert_allclose(res.logits[i], logits, atol=TOL, rtol=TOL)
+
+
+def test_prefill_chunk_bounds_the_logits() -> None:
+    from jaxrl_sym.baselines.padded import prefill_chunk
+
+    assert prefill_chunk(4, 100, 1000) == 100  # small: one chunk
+    c = prefill_chunk(128, 451, 151_936)  # the H100 RL step's prompts at Qwen's vocabulary
+    assert 16 <= c < 451 and (c == 16 or c * 4 * 128 * 151_936 <= 1 << 30)

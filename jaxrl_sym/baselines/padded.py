@@ -132,20 +132,46 @@ def row_lengths(tokens: np.ndarray, limits: np.ndarray, eos_id: int | None) -> n
 # --------------------------------------------------------------------------- generation
 
 
+PREFILL_LOGITS_BYTES = 1 << 30
+"""Largest fp32 ``[B, chunk, vocab]`` prefill logits one chunk may produce (see
+:func:`prefill_chunk`)."""
+
+
+def prefill_chunk(batch: int, prompt_len: int, vocab: int,
+                  limit: int = PREFILL_LOGITS_BYTES) -> int:
+    """Prompt slots per prefill chunk: all of them when the chunk's logits stay under ``limit``
+    bytes, else the most that do (at least 16).
+
+    Why: the contract model returns logits at every position, and XLA does not sink the
+    last-position slice into the head's matmul, so a one-shot prefill of 128 prompts of 451 tokens
+    at Qwen's 151,936 words materialises 32.7 GiB of logits to read one column (it failed to
+    compile on an 80 GB H100). Chunked prefill — what vLLM and every serving stack do — keeps one
+    chunk's logits, and XLA drops the head of all but the last chunk as dead code.
+    """
+    per_slot = 4 * batch * vocab
+    return prompt_len if prompt_len * per_slot <= limit else max(16, limit // per_slot)
+
+
 def _build_program(
     prefill: TracedForward,
     decode: TracedForward,
     batch: LeftPadded,
     gen: GenerationConfig,
     max_len: int,
+    head: TracedForward | None = None,
 ) -> Callable[..., Any]:
     """The single jitted prefill + scan-decode program (static: shapes, eos, temperature, seed).
 
-    ``prefill`` / ``decode`` are the model traced at [B, P] and [B, 1]. The prefill starts one
-    empty MAX_LEN cache per attention call inside the program (so no eager op compiles a program of
-    its own to build them) and the scan carries them; they are returned, as a decode loop's state.
+    ``prefill`` / ``decode`` are the model traced at [B, C] and [B, 1]: the prompt's P slots are
+    filled in chunks of C (one ``head`` chunk of P mod C slots first when C does not divide P,
+    then a scan over the rest). The first chunk starts one empty MAX_LEN cache per attention call
+    inside the program (so no eager op compiles a program of its own to build them) and the scans
+    carry them; they are returned, as a decode loop's state.
     """
     b, p, n = batch.batch, batch.prompt_len, batch.steps
+    c = int(prefill.jaxpr.in_avals[-1].shape[1])
+    first = head if head is not None else prefill
+    f = int(first.jaxpr.in_avals[-1].shape[1])  # slots of the first chunk
     eos = gen.eos_id
     temperature = float(gen.temperature)
     seed = int(gen.seed)
@@ -166,9 +192,19 @@ def _build_program(
             hit = step + 1 >= limits
             return hit | (tok == eos) if eos is not None else hit
 
-        logits, caches = prefill(state, tokens, positions, seg, None, new_cache=new_cache,
-                                 cache_index=0)
-        last = logits[:, -1]  # left padding: slot P-1 is every row's last prompt token
+        logits, caches = first(state, tokens[:, :f], positions[:, :f], seg[:, :f], None,
+                               new_cache=new_cache, cache_index=0)
+        if f < p:
+            def fill(caches, start):
+                sl = lambda x: lax.dynamic_slice_in_dim(x, start, c, axis=1)
+                lg, caches = prefill(state, sl(tokens), sl(positions), sl(seg), caches,
+                                     new_cache=new_cache, cache_index=start)
+                return caches, lg[:, -1]
+
+            caches, lasts = lax.scan(fill, caches, jnp.arange(f, p, c, dtype=jnp.int32))
+            last = lasts[-1]
+        else:
+            last = logits[:, -1]  # left padding: slot P-1 is every row's last prompt token
         tok0, lp0 = choose(last, jnp.int32(0))
         done0 = finished(tok0, jnp.int32(0))
 
@@ -199,12 +235,15 @@ def _build_program(
 
 
 def padded_generate(
-    model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig
+    model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
+    prefill_logits_bytes: int = PREFILL_LOGITS_BYTES,
 ) -> GenerationResult:
     """Generate with left-padded prompts, a MAX_LEN cache and one compiled prefill+scan program.
 
     ``model`` is any contract model (``model(tokens, positions, segment_ids) -> logits``); it is
-    traced at [B, P] and [B, 1] and its attention calls are given MAX_LEN caches from outside.
+    traced at [B, C] and [B, 1] and its attention calls are given MAX_LEN caches from outside;
+    the prompt is filled in chunks of C slots whose logits fit ``prefill_logits_bytes``
+    (:func:`prefill_chunk`; one chunk at small vocabularies).
 
     Returns exact per-row outputs (trimmed on the host) and stats: ``xla_compiles`` (every compile
     during the call), ``peak_bytes``, ``compile_seconds``, ``run_seconds``, ``dispatches``, plus
@@ -221,8 +260,10 @@ def padded_generate(
 
         t0 = time.perf_counter()
         # Tracing the model is part of building the program, as it is inside jit for any model.
-        jitted = _build_program(trace_forward(model, b, p), trace_forward(model, b, 1), batch,
-                                cfg, max_len)
+        c = prefill_chunk(b, p, vocab_size(model), prefill_logits_bytes)
+        head = trace_forward(model, b, p % c) if p % c else None
+        jitted = _build_program(trace_forward(model, b, c), trace_forward(model, b, 1), batch,
+                                cfg, max_len, head)
         compiled = jitted.lower(state, *inputs).compile()
         compile_seconds = time.perf_counter() - t0
 
