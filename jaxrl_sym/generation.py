@@ -27,6 +27,8 @@ class GenerationConfig:
       derived from (seed, row index, step), identical in every system.
     max_len: optional cap on prompt + response length. The symbolic runtime sizes no buffer by it;
       it only validates. The padded baseline pads to it (default: longest prompt + limit).
+    prefill_logits_bytes: the prompt is filled in chunks whose fp32 logits ``[rows, chunk,
+      vocab]`` stay under this many bytes (see :meth:`prefill_chunk`); every system obeys it.
     """
 
     max_new_tokens: int | tuple[int, ...]
@@ -35,6 +37,22 @@ class GenerationConfig:
     seed: int = 0
     max_len: int | None = None
     return_logits: bool = False
+    prefill_logits_bytes: int = 1 << 30
+
+    def prefill_chunk(self, rows: int, prompt_len: int, vocab: int) -> int:
+        """Prompt slots per prefill chunk: all of them when their logits fit
+        ``prefill_logits_bytes``, else the most that do (at least 16).
+
+        Why: a contract model returns logits at every position and XLA does not sink the
+        last-position slice into the head's matmul, so a one-shot prefill of 128 prompts of 451
+        tokens at Qwen's 151,936 words materialises 32.7 GiB of logits to read one column (on an
+        80 GB H100 the padded RL step failed to compile; sym's peak doubled). Chunked prefill —
+        what vLLM and other serving stacks do — keeps one chunk's logits alive at a time.
+        """
+        per_slot = 4 * rows * vocab
+        if prompt_len * per_slot <= self.prefill_logits_bytes:
+            return prompt_len
+        return min(prompt_len, max(16, self.prefill_logits_bytes // per_slot))
 
 
 @dataclass

@@ -9,6 +9,7 @@ logits, and the symbolic runtime for sampled tokens (same :func:`select_tokens` 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 import jax
@@ -16,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zoo import naive_generate, zoo
 
 from jaxrl_sym import attend
@@ -144,17 +147,37 @@ def test_chunked_prefill_equals_naive_rerun(name: str) -> None:
     m = model(name)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, _vocab(name), n).astype(np.int32) for n in (21, 40)]
-    res = padded_generate(m, prompts, GenerationConfig(max_new_tokens=(4, 3), return_logits=True),
-                          prefill_logits_bytes=1)
+    cfg = GenerationConfig(max_new_tokens=(4, 3), return_logits=True, prefill_logits_bytes=1)
+    res = padded_generate(m, prompts, cfg)
     for i, (p, lim) in enumerate(zip(prompts, (4, 3), strict=True)):
         toks, logits = naive_generate(m, p, lim)
         np.testing.assert_array_equal(res.tokens[i], toks, err_msg=f"{name} row {i}")
         np.testing.assert_allclose(res.logits[i], logits, atol=TOL, rtol=TOL)
 
 
-def test_prefill_chunk_bounds_the_logits() -> None:
-    from jaxrl_sym.baselines.padded import prefill_chunk
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 256), st.integers(1, 4096), st.integers(2, 300_000),
+       st.integers(1, 1 << 34))
+def test_prefill_chunk_bounds_the_logits(rows: int, plen: int, vocab: int, limit: int) -> None:
+    c = GenerationConfig(max_new_tokens=1, prefill_logits_bytes=limit).prefill_chunk(
+        rows, plen, vocab)
+    assert 1 <= c <= plen
+    if c < plen:  # cut: under the limit, or the 16-slot floor
+        assert c == 16 or c * 4 * rows * vocab <= limit
+    else:
+        assert plen * 4 * rows * vocab <= limit or plen <= 16
 
-    assert prefill_chunk(4, 100, 1000) == 100  # small: one chunk
-    c = prefill_chunk(128, 451, 151_936)  # the H100 RL step's prompts at Qwen's vocabulary
-    assert 16 <= c < 451 and (c == 16 or c * 4 * 128 * 151_936 <= 1 << 30)
+
+@pytest.mark.parametrize("name", NAMES)
+def test_symbolic_chunked_prefill_equals_padded(name: str) -> None:
+    """The runtime's prefill in 16-slot chunks through its stores (growing, ring, recurrent
+    state on ``decoderlm``'s mixed layers) samples what the one-shot padded baseline samples."""
+    m = model(name)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, _vocab(name), n).astype(np.int32) for n in (21, 40, 7)]
+    cfg = GenerationConfig(max_new_tokens=(4, 3, 5), temperature=1.0, seed=3)
+    pad = padded_generate(m, prompts, cfg)
+    sym = SymbolicLM(m, min_capacity=4).generate(prompts, replace(cfg, prefill_logits_bytes=1))
+    for i, (a, b) in enumerate(zip(pad.tokens, sym.tokens, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"{name} row {i}")
+        np.testing.assert_allclose(pad.logprobs[i], sym.logprobs[i], atol=TOL, rtol=TOL)

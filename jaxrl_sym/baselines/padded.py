@@ -132,26 +132,6 @@ def row_lengths(tokens: np.ndarray, limits: np.ndarray, eos_id: int | None) -> n
 # --------------------------------------------------------------------------- generation
 
 
-PREFILL_LOGITS_BYTES = 1 << 30
-"""Largest fp32 ``[B, chunk, vocab]`` prefill logits one chunk may produce (see
-:func:`prefill_chunk`)."""
-
-
-def prefill_chunk(batch: int, prompt_len: int, vocab: int,
-                  limit: int = PREFILL_LOGITS_BYTES) -> int:
-    """Prompt slots per prefill chunk: all of them when the chunk's logits stay under ``limit``
-    bytes, else the most that do (at least 16).
-
-    Why: the contract model returns logits at every position, and XLA does not sink the
-    last-position slice into the head's matmul, so a one-shot prefill of 128 prompts of 451 tokens
-    at Qwen's 151,936 words materialises 32.7 GiB of logits to read one column (it failed to
-    compile on an 80 GB H100). Chunked prefill — what vLLM and every serving stack do — keeps one
-    chunk's logits, and XLA drops the head of all but the last chunk as dead code.
-    """
-    per_slot = 4 * batch * vocab
-    return prompt_len if prompt_len * per_slot <= limit else max(16, limit // per_slot)
-
-
 def _build_program(
     prefill: TracedForward,
     decode: TracedForward,
@@ -235,15 +215,14 @@ def _build_program(
 
 
 def padded_generate(
-    model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
-    prefill_logits_bytes: int = PREFILL_LOGITS_BYTES,
+    model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig
 ) -> GenerationResult:
     """Generate with left-padded prompts, a MAX_LEN cache and one compiled prefill+scan program.
 
     ``model`` is any contract model (``model(tokens, positions, segment_ids) -> logits``); it is
     traced at [B, C] and [B, 1] and its attention calls are given MAX_LEN caches from outside;
-    the prompt is filled in chunks of C slots whose logits fit ``prefill_logits_bytes``
-    (:func:`prefill_chunk`; one chunk at small vocabularies).
+    the prompt is filled in chunks of C slots (:meth:`GenerationConfig.prefill_chunk`; one
+    chunk at small vocabularies).
 
     Returns exact per-row outputs (trimmed on the host) and stats: ``xla_compiles`` (every compile
     during the call), ``peak_bytes``, ``compile_seconds``, ``run_seconds``, ``dispatches``, plus
@@ -260,7 +239,7 @@ def padded_generate(
 
         t0 = time.perf_counter()
         # Tracing the model is part of building the program, as it is inside jit for any model.
-        c = prefill_chunk(b, p, vocab_size(model), prefill_logits_bytes)
+        c = cfg.prefill_chunk(b, p, vocab_size(model))
         head = trace_forward(model, b, p % c) if p % c else None
         jitted = _build_program(trace_forward(model, b, c), trace_forward(model, b, 1), batch,
                                 cfg, max_len, head)

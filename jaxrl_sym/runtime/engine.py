@@ -284,10 +284,10 @@ class SymbolicLM:
         stores = self.cache.run(key_init, lambda: jax.jit(
             self.builder.init_stores, static_argnums=(0, 1)).lower(bcap, cap).compile())
         pos0_d = jax.device_put(pos0)
-        # ---- prefill: the whole prompt block is one chunk
+        # ---- prefill: the prompt block in chunks whose logits fit cfg.prefill_logits_bytes
         (stores, tok, lp, lg), key = self._run(
             "prefill", cfg, hoisted, stores, jax.device_put(tok_in), jax.device_put(pos_in),
-            row_ids, seed)
+            row_ids, seed, chunk=cfg.prefill_chunk(bcap, pcap, self.vocab_size))
         store_bytes = tree_bytes(stores)
         meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=0)
         # Outputs of the last dispatch: device arrays with a leading step axis when tiled.

@@ -119,12 +119,32 @@ class StepBuilder:
                 for nid, spec in self.specs.items()}
 
     def prefill(self, hoisted, stores, tokens, positions, row_ids, seed, *, temperature: float,
-                want_logits: bool):
-        """The right-aligned prompt block as one chunk, written from slot 0."""
+                want_logits: bool, chunk: int):
+        """The right-aligned prompt block, written from slot 0 in chunks of ``chunk`` slots.
+
+        The first chunk (``P mod chunk`` slots, or ``chunk``) starts from empty stores; a scan
+        feeds the rest through the stores as multi-slot steps, so only one chunk's
+        ``[B, chunk, vocab]`` logits are alive (see :meth:`GenerationConfig.prefill_chunk`).
+        Token 0 is selected from the last chunk's last slot.
+        """
+        p = tokens.shape[1]
+        first = p % chunk or chunk
         steps = jnp.zeros(tokens.shape[:1], jnp.int32)
-        return self._chunk(hoisted, stores, tokens, positions, jnp.zeros((), jnp.int32), steps,
-                           row_ids, seed, temperature=temperature, want_logits=want_logits,
-                           fresh=True)
+        kw = dict(temperature=temperature, want_logits=want_logits)
+        out = self._chunk(hoisted, stores, tokens[:, :first], positions[:, :first],
+                          jnp.zeros((), jnp.int32), steps, row_ids, seed, fresh=True, **kw)
+        if first == p:
+            return out
+
+        def fill(st, start):
+            sl = lambda x: lax.dynamic_slice_in_dim(x, start, chunk, axis=1)
+            st, tok, lp, lg = self._chunk(hoisted, st, sl(tokens), sl(positions), start, steps,
+                                          row_ids, seed, **kw)
+            return st, (tok, lp, lg)
+
+        stores, (toks, lps, lgs) = lax.scan(fill, out[0], jnp.arange(first, p, chunk,
+                                                                      dtype=jnp.int32))
+        return stores, toks[-1], lps[-1], lgs[-1]
 
     def decode(self, hoisted, stores, prev_tokens, pos0, step, write_index, row_ids, seed, *,
                temperature: float, want_logits: bool):
