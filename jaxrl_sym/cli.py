@@ -2,14 +2,19 @@
 
 Every system runs in its own process (so peak RSS is its own), twice: a cold run (compiles
 included, logits kept for the check) and a warm run (steady-state seconds per token). The parent
-compares sym's tokens and logits against padded's.
+compares every baseline's tokens and logits against sym's and ends with one verdict per baseline.
+
+Every flag is checked before JAX is imported (this module and what it imports at the top are
+JAX-free), so a bad flag fails in well under a second with the flag's name, not minutes later
+inside a child process.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import importlib.machinery
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_sym.generation import seed32
 from jaxrl_sym.systems import SYSTEMS
 
 # GPT-2-like multi-head shape scaled down for a CPU: like real long-context decoding, the KV
@@ -26,47 +32,217 @@ from jaxrl_sym.systems import SYSTEMS
 # padding-vs-symbolic comparison is about (paper Fig. 3 uses GPT-2 small at batch 64).
 DECODE_CPU = {"d_model": 64, "n_layers": 6, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16,
               "ffn_dim": 128, "vocab_size": 128}
+# ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
+# checked without importing the model code (JAX); a test keeps the two lists equal.
+PRESETS = ("decode-cpu", "tiny", "small", "gpt2-small", "qwen2.5-0.5b")
+ATTENTIONS = ("full", "window", "block", "linear", "mixed")
+BACKENDS = ("xla", "triton", "auto")
+INTERNAL = "_system"  # the child-process sub-command; not part of the user-facing parser
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jaxrl-sym", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("decode", help="compare generation systems on one model")
-    d.add_argument("--attention", choices=("full", "window", "block", "linear", "mixed"),
-                   default="full")
-    d.add_argument("--tokens", type=int, default=128, help="new tokens per row")
-    d.add_argument("--batch", type=int, default=4)
-    d.add_argument("--prompt-len", default="8:24", help="MIN:MAX prompt lengths")
-    d.add_argument("--window", type=int, default=128)
-    d.add_argument("--block", type=int, default=64)
-    d.add_argument("--systems", default="sym,padded")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--preset", default="decode-cpu",
-                   help="model preset: decode-cpu (default), tiny, small, gpt2-small, qwen2.5-0.5b")
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in every option's help (a user should not need the source to learn them);
+    descriptions keep their line breaks. Unset defaults (None, False) are left out."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if (action.default is None or action.default is False
+                or "(default" in (action.help or "")):  # unset, or the help already says it
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser, remembering its sub-command parsers (for their usage lines)."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+
+def _decode_parser(sub: Any) -> argparse.ArgumentParser:
+    d = sub.add_parser("decode", help="compare generation systems on one model",
+                       description="Generate with each system on the same model, weights and "
+                                   "prompts;\nreport time per token, memory, compiles and a "
+                                   "verdict per baseline.", formatter_class=_Help)
+    d.add_argument("--attention", choices=ATTENTIONS, default="full",
+                   help="attention pattern of every layer (mixed: window and full interleaved)")
+    d.add_argument("--tokens", type=int, default=128, help="new tokens per row (>= 1)")
+    d.add_argument("--batch", type=int, default=4, help="rows (prompts) per request (>= 1)")
+    d.add_argument("--prompt-len", default="8:24", metavar="MIN:MAX",
+                   help="prompt lengths drawn uniformly from [MIN, MAX] (1 <= MIN <= MAX; "
+                        "one number N means N:N)")
+    d.add_argument("--window", type=int, default=128,
+                   help="window size for --attention window/mixed (>= 1)")
+    d.add_argument("--block", type=int, default=64, help="block size for --attention block (>= 1)")
+    d.add_argument("--systems", default="sym,padded", metavar="S1,S2,...",
+                   help=f"comma-separated, from {', '.join(SYSTEMS)}; every other system is "
+                        "compared with sym")
+    d.add_argument("--seed", type=int, default=0,
+                   help="weights and prompts; any integer, used modulo 2**32")
+    d.add_argument("--preset", default="decode-cpu", choices=PRESETS, help="model preset")
     d.add_argument("--model", default=None, metavar="MODULE:FUNCTION",
                    help="your own model: FUNCTION(seed) in importable MODULE returns an nnx.Module "
                         "following the contract model(tokens, positions, segment_ids) -> logits; "
                         "--preset/--attention/--window/--block are then ignored (the model "
                         "defines its attention)")
-    d.add_argument("--backend", default="xla", choices=("xla", "triton", "auto"),
+    d.add_argument("--backend", default="xla", choices=BACKENDS,
                    help="sym's kernels: xla, triton (interpreted on CPU), auto")
     d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument("--out", default=None, metavar="FILE.json",
+                   help="also write the report as JSON to this file")
     d.add_argument("--no-warm", action="store_true", help="skip the warm (timing) run")
-    from jaxrl_sym.rl.cli import add_train_parser
+    return d
 
-    add_train_parser(sub)
-    r = sub.add_parser("_system", help=argparse.SUPPRESS)
-    r.add_argument("spec")
-    r.add_argument("out")
+
+def _parser(with_train: bool = True) -> _Parser:
+    """The user-facing parser. ``with_train=False`` lists ``train`` without building its
+    options: they live in :mod:`jaxrl_sym.rl.cli`, whose import pulls in JAX (seconds), so only
+    a ``train`` command line pays for it."""
+    p = _Parser(prog="jaxrl-sym", description=__doc__, formatter_class=_Help)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{decode,train}")
+    p.commands = {"decode": _decode_parser(sub)}
+    if with_train:
+        from jaxrl_sym.rl.cli import add_train_parser
+
+        train = p.commands["train"] = add_train_parser(sub)
+        train.formatter_class = _Help
+        for action in train._actions:  # options without help text would hide their default
+            if action.help is None and action.default is not None and action.default is not False:
+                action.help = "(default: %(default)s)"
+    else:
+        p.commands["train"] = sub.add_parser(
+            "train", help="RL fine-tuning (GRPO/RLOO/PPO) on an offline task")
     return p
 
 
+def parse_prompt_len(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` (or ``N``) → ``(MIN, MAX)`` with ``1 <= MIN <= MAX``, else ValueError naming
+    ``--prompt-len`` (this used to fail in a child process as numpy's ``low >= high``)."""
+    lo_s, sep, hi_s = text.partition(":")
+    try:
+        lo, hi = int(lo_s), int(hi_s if sep else lo_s)
+    except ValueError:
+        raise ValueError(f"--prompt-len must be MIN:MAX (two integers) or N, got {text!r}") \
+            from None
+    if lo < 1 or hi < lo:
+        raise ValueError(f"--prompt-len must satisfy 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def _at_least(args: argparse.Namespace, minima: dict[str, int]) -> list[str]:
+    """One message per integer flag below its minimum (``--tokens must be >= 1, got 0``)."""
+    errors = []
+    for dest, lo in minima.items():
+        value = getattr(args, dest, None)
+        if value is not None and value < lo:
+            errors.append(f"--{dest.replace('_', '-')} must be >= {lo}, got {value}")
+    return errors
+
+
+def _writable(directory: str) -> bool:
+    """Create and delete a file in ``directory``: permission bits say nothing for root or on a
+    read-only mount, an actual write does."""
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".jaxrl-sym-write-check-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.remove(name)
+    return True
+
+
+def check_output_file(flag: str, path: str | None) -> list[str]:
+    """A file we will write: not a directory, its parent directory exists and is writable (and
+    the file itself is writable if it exists). Checked before any work, so a typo in a path does
+    not cost a whole run."""
+    if path is None:
+        return []
+    full = os.path.abspath(path)
+    parent = os.path.dirname(full)
+    if os.path.isdir(full):
+        return [f"{flag} {path}: is a directory; give a file name"]
+    if not os.path.isdir(parent):
+        return [f"{flag} {path}: directory {parent} does not exist"]
+    if not _writable(parent) or (os.path.exists(full) and not os.access(full, os.W_OK)):
+        return [f"{flag} {path}: not writable"]
+    return []
+
+
+def check_output_dir(flag: str, path: str | None) -> list[str]:
+    """A directory we will write into: if it exists, a writable directory; if not, its parent
+    exists and is writable (it will be created there)."""
+    if path is None:
+        return []
+    full = os.path.abspath(path)
+    if os.path.exists(full):
+        if not os.path.isdir(full):
+            return [f"{flag} {path}: exists and is not a directory"]
+        return [] if _writable(full) else [f"{flag} {path}: not writable"]
+    parent = os.path.dirname(full)
+    if not os.path.isdir(parent):
+        return [f"{flag} {path}: parent directory {parent} does not exist"]
+    return [] if _writable(parent) else [
+        f"{flag} {path}: cannot be created ({parent} is not writable)"]
+
+
+def _module_findable(module: str) -> bool:
+    """Whether ``module``'s top-level package can be found where the child process will look
+    (the working directory first, as ``python -m`` puts it there) — without importing it."""
+    top = module.split(".")[0]
+    return (top in sys.modules or top in sys.builtin_module_names
+            or importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path])
+            is not None)
+
+
+def check_decode(args: argparse.Namespace) -> list[str]:
+    """Every problem with a ``decode`` command line, each naming the flag as typed."""
+    errors = _at_least(args, {"tokens": 1, "batch": 1, "window": 1, "block": 1})
+    try:
+        parse_prompt_len(args.prompt_len)
+    except ValueError as err:
+        errors.append(str(err))
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if not systems or unknown:
+        extra = f" (unknown: {', '.join(unknown)})" if unknown else ""
+        errors.append(f"--systems must name systems from {', '.join(SYSTEMS)}, got "
+                      f"{args.systems!r}{extra}")
+    elif len(set(systems)) != len(systems):
+        errors.append(f"--systems names a system twice: {args.systems!r}")
+    if args.model is not None:
+        mod, _, fn = args.model.partition(":")
+        if not mod or not fn or ":" in fn:
+            errors.append(f"--model must be MODULE:FUNCTION, e.g. mypkg.models:make_model; got "
+                          f"{args.model!r}")
+        elif not _module_findable(mod):
+            errors.append(f"--model {args.model}: no module {mod.split('.')[0]!r} in the working "
+                          "directory or on PYTHONPATH")
+    errors += check_output_file("--out", args.out)
+    return errors
+
+
+def check_train(args: argparse.Namespace) -> list[str]:
+    """Every problem with a ``train`` command line that can be seen without running it: sizes,
+    rates and output paths (a read-only ``--metrics`` path used to fail after the steps ran)."""
+    errors = _at_least(args, {"steps": 1, "prompts": 1, "group": 1, "epochs": 1,
+                              "checkpoint_every": 0, "keep": 1, "max_digits": 1,
+                              "eval_prompts": 0, "seed": 0})
+    for dest, positive in (("lr", True), ("beta", False), ("entropy_coef", False)):
+        value = getattr(args, dest, None)
+        if value is not None and (not math.isfinite(value) or value < 0
+                                  or (positive and value == 0)):
+            errors.append(f"--{dest.replace('_', '-')} must be finite and "
+                          f"{'> 0' if positive else '>= 0'}, got {value}")
+    errors += check_output_dir("--checkpoint-dir", getattr(args, "checkpoint_dir", None))
+    errors += check_output_file("--metrics", getattr(args, "metrics", None))
+    errors += check_output_file("--plot", getattr(args, "plot", None))
+    return errors
+
+
 def _spec(args: argparse.Namespace, system: str) -> dict[str, Any]:
-    lo, _, hi = args.prompt_len.partition(":")
+    lo, hi = parse_prompt_len(args.prompt_len)
     return {"system": system, "attention": args.attention, "tokens": args.tokens,
-            "batch": args.batch, "prompt_len": [int(lo), int(hi or lo)], "window": args.window,
-            "block": args.block, "seed": args.seed, "preset": args.preset, "model": args.model,
-            "backend": args.backend, "warm": not args.no_warm}
+            "batch": args.batch, "prompt_len": [lo, hi], "window": args.window,
+            "block": args.block, "seed": seed32(args.seed), "preset": args.preset,
+            "model": args.model, "backend": args.backend, "warm": not args.no_warm}
 
 
 def user_model(ref: str, seed: int) -> Any:
@@ -87,7 +263,7 @@ def user_model(ref: str, seed: int) -> Any:
     return model
 
 
-def build_model(spec: dict[str, Any]):
+def build_model(spec: dict[str, Any]) -> tuple[Any, list[np.ndarray]]:
     """The model and prompts every system shares (same seed → same weights and prompts)."""
     from dataclasses import replace
 
@@ -165,8 +341,9 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
 
 
 def _check(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Tokens and logits of two systems' cold runs: equal?, rows that differ, max |Δlogit|."""
     rows = sum(1 for k in a if k.startswith("tok"))
-    equal = all(np.array_equal(a[f"tok{i}"], b[f"tok{i}"]) for i in range(rows))
+    differ = sum(1 for i in range(rows) if not np.array_equal(a[f"tok{i}"], b.get(f"tok{i}")))
     diff = 0.0
     for i in range(rows):
         la, lb = a.get(f"logit{i}"), b.get(f"logit{i}")
@@ -174,56 +351,64 @@ def _check(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]
             n = min(len(la), len(lb))
             if n:
                 diff = max(diff, float(np.max(np.abs(la[:n] - lb[:n]))))
-    return {"tokens_equal": bool(equal), "max_abs_logit_diff": diff}
+    return {"tokens_equal": differ == 0, "rows": rows, "rows_differ": differ,
+            "max_abs_logit_diff": diff}
+
+
+def _run_child(spec: dict[str, Any], tmp: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """One system in its own process; (metrics or {"error": [...]}, arrays)."""
+    s = spec["system"]
+    spec_path, out = os.path.join(tmp, f"{s}.json"), os.path.join(tmp, f"{s}.npz")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    cmd = [sys.executable, "-m", "jaxrl_sym.cli", INTERNAL, spec_path, out]
+    # GPU: the allocator's peak is only meaningful without XLA's preallocation.
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}, {}
+    with open(out + ".json") as f:
+        metrics = json.load(f)
+    with np.load(out) as z:
+        return metrics, dict(z)
 
 
 def decode(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every system of ``--systems`` (one child process each) and build the report."""
+    from jaxrl_sym.report import verdict_lines
+
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        raise SystemExit(f"--systems: unknown {bad}; choose from {', '.join(SYSTEMS)}")
     results: dict[str, Any] = {}
     arrays: dict[str, dict[str, np.ndarray]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for s in systems:
-            spec_path = os.path.join(tmp, f"{s}.json")
-            out = os.path.join(tmp, f"{s}.npz")
-            with open(spec_path, "w") as f:
-                json.dump(_spec(args, s), f)
-            cmd = [sys.executable, "-m", "jaxrl_sym.cli", "_system", spec_path, out]
-            # GPU: the allocator's peak is only meaningful without XLA's preallocation.
-            env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                results[s] = {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-                continue
-            with open(out + ".json") as f:
-                results[s] = json.load(f)
-            with np.load(out) as z:
-                arrays[s] = dict(z)
+        for k, s in enumerate(systems, 1):
+            # Progress on stderr: a large run is minutes per system, and silence looks hung.
+            print(f"[{k}/{len(systems)}] {s}: running…", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            results[s], got = _run_child(_spec(args, s), tmp)
+            if got:
+                arrays[s] = got
+            state = "failed" if "error" in results[s] else "done"
+            print(f"[{k}/{len(systems)}] {s}: {state} in {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
     report: dict[str, Any] = {"config": _spec(args, "-"), "systems": results}
     report["config"].pop("system")
-    if "sym" in arrays and "padded" in arrays:
-        report["check"] = _check(arrays["sym"], arrays["padded"])
-    import datetime
-    import importlib.metadata as md
+    if "sym" in arrays:
+        report["checks"] = {s: _check(arrays["sym"], a) for s, a in arrays.items() if s != "sym"}
+        if "padded" in report["checks"]:
+            report["check"] = report["checks"]["padded"]  # the field earlier reports carried
+    from jaxrl_sym.report import run_metadata
 
-    import jax
-
-    report["device"] = str(jax.devices()[0].device_kind)
-    versions = {}
-    for pkg in ("jax", "jaxlib", "flax", "numpy", "triton", "jax-triton"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            versions[pkg] = md.version(pkg)
-    report["versions"] = versions
-    report["date"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    report["command"] = "jaxrl-sym " + " ".join(sys.argv[1:])
+    report.update(run_metadata("jaxrl-sym " + " ".join(sys.argv[1:])))
+    report["verdict"] = verdict_lines(report)
     return report
 
 
 def _table(report: dict[str, Any]) -> str:
     from rich.console import Console
     from rich.table import Table
+
+    from jaxrl_sym.report import MEMORY_LEGEND
 
     t = Table(title="jaxrl-sym decode " + " ".join(f"{k}={v}" for k, v in report["config"].items()))
     cols = ("s_per_token", "s_per_token_with_compile", "peak_bytes", "peak_rss_bytes",
@@ -240,33 +425,57 @@ def _table(report: dict[str, Any]) -> str:
     console = Console(record=True, width=140)
     with console.capture() as cap:
         console.print(t)
-        if "check" in report:
-            console.print(f"sym vs padded: {report['check']}")
+        console.print(MEMORY_LEGEND, highlight=False)
         for name, m in report["systems"].items():
             if "error" in m:
                 console.print(f"[red]{name} failed:[/red] {m['error']}")
+        for line in report.get("verdict", []):
+            console.print(f"[bold]{line}[/bold]", highlight=False)
     return cap.get()
 
 
+def _child(argv: list[str]) -> int:
+    """``_system SPEC OUT``: run one system from a spec file (the parent's child process)."""
+    spec_path, out = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    metrics, arrays = run_system(spec)
+    np.savez(out, **arrays)
+    with open(out + ".json", "w") as f:
+        json.dump(metrics, f)
+    return 0
+
+
+def _refuse(p: _Parser, cmd: str, errors: list[str]) -> int:
+    """Usage plus one ``error:`` line per problem on stderr; exit code 2 (as argparse's own).
+    Returned, not raised, so in-process callers (tests, scripts) get the code from ``main``."""
+    p.commands[cmd].print_usage(sys.stderr)
+    for e in errors:
+        print(f"jaxrl-sym {cmd}: error: {e}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.cmd == "_system":
-        with open(args.spec) as f:
-            spec = json.load(f)
-        metrics, arrays = run_system(spec)
-        np.savez(args.out, **arrays)
-        with open(args.out + ".json", "w") as f:
-            json.dump(metrics, f)
-        return 0
+    """Entry point of ``jaxrl-sym``: parse, check every flag, then (only then) do the work."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [INTERNAL]:
+        return _child(argv[1:])
+    p = _parser(with_train=argv[:1] == ["train"])
+    args = p.parse_args(argv)
     if args.cmd == "decode":
-        if args.model is not None and (":" not in args.model or args.model.startswith(":")
-                                       or args.model.endswith(":")):
-            _parser().error(f"--model {args.model!r}: want MODULE:FUNCTION, e.g. "
-                            "mypkg.models:make_model")
+        errors = check_decode(args)
+        if errors:
+            return _refuse(p, "decode", errors)
         report = decode(args)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
         print(json.dumps(report) if args.json else _table(report))
         return 0 if all("error" not in m for m in report["systems"].values()) else 1
     if args.cmd == "train":
+        errors = check_train(args)
+        if errors:
+            return _refuse(p, "train", errors)
         from jaxrl_sym.rl.cli import run_train
 
         return run_train(args)

@@ -3,28 +3,103 @@
 The symbolic runtime and both baselines (padded, per-shape) call the same
 :func:`select_tokens`, so with the same seed they pick the same token whenever their logits agree;
 the padded baseline is the oracle in tests.
+
+This module imports JAX only inside :func:`select_tokens`: the CLI validates a
+:class:`GenerationConfig` (and maps seeds with :func:`seed32`) before paying JAX's import time,
+so a bad flag fails in well under a second.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+
+if TYPE_CHECKING:
+    import jax
+
+SEED_MASK = 0xFFFFFFFF
+
+
+def seed32(seed: Any, name: str = "seed") -> int:
+    """Map any Python or NumPy integer to the 32-bit seed every system uses: ``seed mod 2**32``.
+
+    Why one rule: the symbolic runtime feeds the seed to a compiled program as a ``uint32``
+    array, the baselines pass it as a static Python int; for values in ``[0, 2**32)`` both give
+    the same ``jax.random.key``, outside it the runtime overflowed while the baselines accepted
+    it. Taking the value modulo ``2**32`` (``seed & 0xFFFFFFFF``, two's complement for negative
+    seeds, so ``-1 → 4294967295``) keeps every existing seed in that range unchanged and makes
+    all others legal and identical across systems. Seeds that differ by a multiple of ``2**32``
+    therefore sample the same tokens. Bools are refused (``True`` is almost always a mistake).
+    """
+    return as_int(seed, name) & SEED_MASK
+
+
+def as_int(value: Any, name: str) -> int:
+    """``value`` as a Python int if it is a Python or NumPy integer (not a bool), else
+    :class:`InputError` naming ``name`` — NumPy scalars (``np.int64(5)``) come out of array
+    arithmetic constantly and must behave like the ints they are."""
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)  # int, np.integer, 0-d integer arrays; not floats
+        except TypeError:
+            pass
+    raise InputError(f"{name}={value!r} ({type(value).__name__}): must be an integer")
+
+
+def _int_at_least(value: Any, name: str, minimum: int = 1) -> int:
+    v = as_int(value, name)
+    if v < minimum:
+        raise InputError(f"{name}={v}: must be >= {minimum}")
+    return v
+
+
+def _limits(value: Any) -> int | tuple[int, ...]:
+    """``max_new_tokens`` as one int or a tuple of ints, each >= 1 (a row must allow a token)."""
+    name = "max_new_tokens"
+    if isinstance(value, str | bytes):
+        raise InputError(f"{name}={value!r}: give one int for every row or one int per row")
+    if isinstance(value, Sequence) or (isinstance(value, np.ndarray) and value.ndim > 0):
+        if (isinstance(value, np.ndarray) and value.ndim != 1) or len(value) == 0:
+            raise InputError(f"{name}={value!r}: give one int, or a non-empty 1-D sequence "
+                             "with one int per row")
+        return tuple(_int_at_least(v, f"{name}[{i}]") for i, v in enumerate(value))
+    return _int_at_least(value, name)  # one limit for every row (floats and bools refused)
+
+
+def _temperature(value: Any) -> float:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise InputError(f"temperature={value!r} ({type(value).__name__}): must be a real number "
+                         ">= 0 (0 = greedy)")
+    t = float(value)
+    if not math.isfinite(t) or t < 0:
+        # NaN/inf used to reach softmax and come back as all-zero tokens with NaN log-probs.
+        raise InputError(f"temperature={t}: must be finite and >= 0 (0 = greedy)")
+    return t
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
     """How to generate.
 
-    max_new_tokens: per-row limit (int for all rows, or one int per row). A row ends at its limit
-      or after emitting ``eos_id``, whichever comes first.
+    max_new_tokens: per-row limit (int for all rows, or one int per row, each >= 1; NumPy
+      integers are accepted and stored as Python ints, a sequence as a tuple). A row ends at its
+      limit or after emitting ``eos_id``, whichever comes first.
+    eos_id: token id that ends a row (an int >= 0; checked against the vocabulary at generation)
+      or None.
     temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / temperature) with a key
-      derived from (seed, row index, step), identical in every system.
+      derived from (seed, row index, step), identical in every system. Must be finite.
+    seed: any integer; stored as ``seed mod 2**32`` (see :func:`seed32`), the value every system
+      keys its sampling with.
     max_len: optional cap on prompt + response length. The symbolic runtime sizes no buffer by it;
       it only validates. The padded baseline pads to it (default: longest prompt + limit).
     prefill_logits_bytes: the prompt is filled in chunks whose fp32 logits ``[rows, chunk,
@@ -38,6 +113,30 @@ class GenerationConfig:
     max_len: int | None = None
     return_logits: bool = False
     prefill_logits_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        """Check and normalise every field once, where the request is made.
+
+        Why here and not in each system: a bad value used to surface late and differently per
+        system (NaN temperature → zero tokens with NaN log-probs; ``seed=2**32`` → an
+        ``OverflowError`` in the runtime while the padded baseline accepted it). After this,
+        every system sees Python ints/floats in range: ``max_new_tokens`` an int or a tuple of
+        ints >= 1, ``seed`` in ``[0, 2**32)`` (:func:`seed32`), ``temperature`` a finite float
+        >= 0. Each error is an :class:`InputError` naming the field and its value.
+        """
+        put = lambda name, value: object.__setattr__(self, name, value)  # frozen dataclass
+        put("max_new_tokens", _limits(self.max_new_tokens))
+        put("temperature", _temperature(self.temperature))
+        put("seed", seed32(self.seed))
+        if self.eos_id is not None:
+            put("eos_id", _int_at_least(self.eos_id, "eos_id", minimum=0))
+        if self.max_len is not None:
+            put("max_len", _int_at_least(self.max_len, "max_len"))
+        if not isinstance(self.return_logits, bool | np.bool_):
+            raise InputError(f"return_logits={self.return_logits!r}: must be True or False")
+        put("return_logits", bool(self.return_logits))
+        put("prefill_logits_bytes",
+            _int_at_least(self.prefill_logits_bytes, "prefill_logits_bytes"))
 
     def prefill_chunk(self, rows: int, prompt_len: int, vocab: int) -> int:
         """Prompt slots per prefill chunk: all of them when their logits fit
@@ -67,7 +166,7 @@ class GenerationResult:
 
 def row_limits(cfg: GenerationConfig, n_rows: int) -> np.ndarray:
     """Per-row max_new_tokens as an int array, validated."""
-    lim = cfg.max_new_tokens
+    lim = cfg.max_new_tokens  # an int or a tuple of ints >= 1 (GenerationConfig.__post_init__)
     arr = np.full(n_rows, lim, np.int64) if isinstance(lim, int) else np.asarray(lim, np.int64)
     if arr.shape != (n_rows,):
         raise InputError(
@@ -129,6 +228,9 @@ def select_tokens(
     generated within its row's response), row_ids [B] int32 (the row's index in the request).
     temperature is static: 0 → argmax. Returns (tokens [B] int32, logprobs [B] float32).
     """
+    import jax  # here, not at module level: see the module docstring
+    import jax.numpy as jnp
+
     x = logits.astype(jnp.float32)
     if temperature == 0.0:
         tok = jnp.argmax(x, axis=-1).astype(jnp.int32)

@@ -1,7 +1,10 @@
-"""What every result file carries: device, package versions, date and the command that made it.
+"""What every result file carries: device, package versions, date and the command that made it;
+and what a comparison report concludes (one verdict line per baseline, a legend for its memory
+figures).
 
 One function so every benchmark and CLI report stamps results the same way (results without
-their provenance cannot be compared across machines or sessions).
+their provenance cannot be compared across machines or sessions). JAX is imported only inside
+:func:`run_metadata`, so the CLI can load this module before it has checked its flags.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import importlib.metadata as md
+import math
 import sys
 from typing import Any
 
@@ -29,3 +33,78 @@ def run_metadata(command: str | None = None) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command if command is not None else " ".join(sys.argv),
     }
+
+
+# Which memory figure is which: the two columns of the decode table measure different things,
+# and the verdict compares only the first.
+MEMORY_LEGEND = (
+    "peak_bytes: device memory at the generation's peak (GPU: allocator peak; CPU: live arrays "
+    "+ XLA temps); the verdict uses it.\n"
+    "peak_rss_bytes: the whole process's peak resident memory (Python, JAX, compiler included)."
+)
+
+
+def _times(ratio: float, verb: str, better: str, worse: str, missing: str) -> str:
+    """``is 3.3× faster`` / ``is 1.5× slower`` from a ratio baseline/sym (> 1: sym is better)."""
+    if not math.isfinite(ratio) or ratio <= 0:
+        return missing
+    return f"{verb} {ratio:.1f}× {better}" if ratio >= 1 else f"{verb} {1 / ratio:.1f}× {worse}"
+
+
+def _tokens_phrase(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return "tokens not compared (no arrays from one of the runs)"
+    if check.get("tokens_equal"):
+        return "tokens identical"
+    n, rows = check.get("rows_differ"), check.get("rows")
+    return (f"tokens differ: {n} of {rows} rows" if n is not None and rows is not None
+            else "tokens differ")
+
+
+def verdict_lines(report: dict[str, Any]) -> list[str]:
+    """One sentence per baseline (every system other than ``sym``) from the measured numbers:
+    speed per token (warm ``s_per_token``), device memory (``peak_bytes``) and whether the tokens
+    matched sym's — so nobody has to divide table cells to learn the result.
+
+    ``report`` is the decode report: ``systems`` maps a name to its metrics (or ``{"error":
+    ...}``); ``checks`` maps a baseline to its token comparison with sym (older reports carry
+    only ``check``, for padded).
+    """
+    systems: dict[str, dict[str, Any]] = report.get("systems", {})
+    checks: dict[str, Any] = dict(report.get("checks") or {})
+    if "check" in report and "padded" not in checks:
+        checks["padded"] = report["check"]
+    baselines = [s for s in systems if s != "sym"]
+    sym = systems.get("sym")
+    if sym is None:
+        return ["no verdict: sym was not run (add it to --systems)"]
+    if "error" in sym:
+        return ["no verdict: sym failed (see the error above)"]
+    if not baselines:
+        return ["no verdict: no baseline was run (add padded to --systems)"]
+    cold = not report.get("config", {}).get("warm", True)
+    lines = []
+    for name in baselines:
+        m = systems[name]
+        if "error" in m:
+            lines.append(f"{name} failed, so there is no verdict against it (see the error above)")
+            continue
+        speed = _ratio(m.get("s_per_token"), sym.get("s_per_token"))
+        memory = _ratio(m.get("peak_bytes"), sym.get("peak_bytes"))
+        lines.append(
+            "sym " + _times(speed, "is", "faster per token", "slower per token",
+                            "has no per-token time")
+            + (" (cold run, compiles included)" if cold else "")
+            + " and " + _times(memory, "uses", "less memory", "more memory", "no memory figure")
+            + f" than {name}; " + _tokens_phrase(checks.get(name))
+        )
+    return lines
+
+
+def _ratio(baseline: Any, sym: Any) -> float:
+    """baseline / sym, NaN where either is missing or sym's is not positive."""
+    try:
+        b, s = float(baseline), float(sym)
+    except (TypeError, ValueError):
+        return math.nan
+    return b / s if s > 0 else math.nan
