@@ -1,18 +1,39 @@
-"""Orbax checkpoints of an RL run: parameters, optimiser state, reference, and a fingerprint.
+"""Orbax checkpoints of an RL run that are verified before they are trusted.
 
-Why a fingerprint: restoring Adam moments or weights of another architecture either fails deep
-inside orbax with a shape message or — worse, when shapes happen to agree — silently resumes the
-wrong model. The fingerprint (model config, parameter shapes/dtypes, algorithm, task, seed) is
-saved as JSON next to the arrays and compared *before* any array is read.
+What is saved per step: parameters, the optimiser state's leaves, the reference weights (β > 0),
+and a JSON metadata record: the step, a structural fingerprint, the run's hyper-parameters, and
+SHA-256 digests of every saved tree plus a digest of the metadata itself.
+
+Why each piece:
+
+- **Fingerprint** (model config, parameter shapes/dtypes, algorithm, reference present): restoring
+  Adam moments or weights of another architecture either fails deep inside orbax with a shape
+  message or — worse, when shapes happen to agree — silently resumes the wrong model. It is
+  compared *before* any array is read, and a mismatch is an error (never a fallback: the
+  directory belongs to another run).
+- **Digests** (written at save time from the exact host arrays handed to orbax, checked after
+  restore): orbax/tensorstore does not checksum array bytes, so random bytes written into a data
+  file restored "successfully" as garbage optimiser moments (up to 2.8e38) and the next step
+  committed NaN parameters. A step whose digests, metadata digest or finiteness check fails, or
+  that cannot be read at all, is skipped with a warning naming the step and the reason, and the
+  newest *good* step is restored instead. Skipped steps newer than the one restored are moved
+  aside to ``<step>.corrupt`` (kept for inspection, invisible to orbax) so the resumed run can
+  write those step numbers again.
+- **Finite-only saves**: :meth:`Checkpointer.save` refuses to write non-finite parameters or
+  optimiser state, so a diverged run never replaces good checkpoints with poisoned ones.
 
 Atomicity comes from orbax's ``CheckpointManager``: a step is written into a temporary directory
 and renamed into place only once complete, so an interrupted save never becomes "the latest
-checkpoint".
+checkpoint". Only the newest ``max_to_keep`` steps are kept (``--keep``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,9 +44,73 @@ import orbax.checkpoint as ocp
 from jaxrl_sym.rl.errors import CheckpointError
 from jaxrl_sym.rl.step import RLTrainer
 
+log = logging.getLogger(__name__)
+
+QUARANTINE_SUFFIX = ".corrupt"
+PARTS = {"params": "parameters", "opt_state": "optimiser state", "ref": "reference weights"}
+
+
+class NonFiniteStateError(CheckpointError):
+    """The state asked to be saved holds NaN/inf values; nothing was written."""
+
+
+class NoGoodCheckpointError(CheckpointError):
+    """Every checkpoint in a directory failed verification; nothing was loaded."""
+
+
+class _BadStep(Exception):
+    """One checkpoint step is unreadable or fails verification (internal: triggers fallback)."""
+
+
+# --------------------------------------------------------------------------- digests and checks
+
+
+def tree_sha256(tree: Any) -> str:
+    """Digest of every leaf (shape, dtype and bytes, in pytree order).
+
+    Same construction as :func:`jaxrl_sym.rl.step.params_sha256`, so the parameter digest stored
+    in a checkpoint equals the ``params_sha256`` a run reports.
+    """
+    h = hashlib.sha256()
+    for x in jax.tree_util.tree_leaves(tree):
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def nonfinite_report(tree: Any) -> str | None:
+    """``None`` when every floating leaf is finite; else a short description of the first bad
+    leaf and the total count (for an error that says how bad it is)."""
+    bad_leaves, total, first = 0, 0, None
+    leaves = jax.tree_util.tree_leaves(tree)
+    for i, x in enumerate(leaves):
+        a = np.asarray(x)
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            continue
+        n = int(a.size - np.count_nonzero(np.isfinite(a.astype(np.float32))))
+        if n:
+            bad_leaves, total = bad_leaves + 1, total + n
+            first = first or f"leaf {i}, shape {list(a.shape)}"
+    if not total:
+        return None
+    return (f"{total} non-finite values ({bad_leaves} of {len(leaves)} arrays; first: "
+            f"{first})")
+
+
+def _meta_sha256(meta: dict[str, Any]) -> str:
+    """Digest of the metadata minus its own digest: a flipped byte in the JSON that still parses
+    (a changed learning rate, step or array digest) is caught too."""
+    body = {k: v for k, v in meta.items() if k != "meta_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
 
 def fingerprint(trainer: RLTrainer, **run: Any) -> dict[str, Any]:
-    """What must agree for a checkpoint to be resumable by ``trainer`` (JSON-serialisable)."""
+    """What must agree for a checkpoint's arrays to fit ``trainer`` at all (JSON-serialisable).
+
+    Hyper-parameters that only change the trajectory are not here: they are compared separately
+    (and may be overridden) by :mod:`jaxrl_sym.rl.train`.
+    """
     model = {k: v for k, v in trainer.model_fingerprint.items() if k != "params"}
     shapes = [[list(np.shape(x)), str(np.asarray(x).dtype)]
               for x in jax.tree_util.tree_leaves(trainer.params)]
@@ -61,72 +146,213 @@ def _flat_model(fp: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class Checkpointer:
-    """Save / find / restore RL training state under ``directory`` (one sub-directory per step)."""
+def split_legacy(meta: dict[str, Any]) -> dict[str, Any]:
+    """Metadata of checkpoints written before hyper-parameters were stored kept the run's task,
+    max_digits, seed and system in the fingerprint: move them to ``hparams`` so both layouts
+    compare the same way."""
+    if "hparams" in meta:
+        return meta
+    fp = dict(meta.get("fingerprint", {}))
+    run = {k: fp.pop(k) for k in ("task", "max_digits", "seed", "system") if k in fp}
+    cfg = meta.get("config", {})
+    return {**meta, "fingerprint": fp, "hparams": {**cfg, **run}}
 
-    def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int = 3) -> None:
+
+# --------------------------------------------------------------------------- the manager
+
+
+class Checkpointer:
+    """Save / verify / restore RL training state under ``directory`` (one sub-directory per step).
+
+    ``create=False`` opens an existing directory without creating it (``--resume`` must not turn
+    a mistyped path into a fresh run). ``skipped`` lists ``(step, reason)`` for every step the
+    last :meth:`restore` rejected; ``quarantined`` the paths it moved aside.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, max_to_keep: int = 3,
+                 create: bool = True) -> None:
+        if max_to_keep < 1:
+            raise CheckpointError(f"keep={max_to_keep}: at least the newest checkpoint must be "
+                                  "kept; pass --keep 1 or more")
         self.directory = os.path.abspath(os.fspath(directory))
-        opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+        opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
                                             enable_async_checkpointing=False)
         self.manager = ocp.CheckpointManager(self.directory, options=opts)
+        self.skipped: list[tuple[int, str]] = []
+        self.quarantined: list[str] = []
+
+    def steps(self) -> list[int]:
+        """Committed steps, oldest first (quarantined ones excluded)."""
+        return sorted(int(s) for s in self.manager.all_steps())
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     @staticmethod
     def _state(trainer: RLTrainer) -> dict[str, Any]:
+        """Host (numpy) copies of what is saved: digests are taken of exactly these bytes."""
         state: dict[str, Any] = {
             "params": trainer.params,
             "opt_state": jax.tree_util.tree_leaves(trainer.opt_state),
         }
         if trainer.ref_leaves is not None:
             state["ref"] = trainer.ref_leaves
-        return state
+        return jax.tree_util.tree_map(np.asarray, jax.device_get(state))
 
     def save(self, step: int, trainer: RLTrainer, meta: dict[str, Any]) -> None:
-        """Write step ``step`` (blocking; renamed into place when complete)."""
+        """Write step ``step`` (blocking; renamed into place when complete).
+
+        Refuses (:class:`NonFiniteStateError`, nothing written, older steps untouched) when the
+        parameters, optimiser state or reference hold NaN/inf: such a state can only poison
+        every run resumed from it. Adds ``digests``, ``params_sha256`` and ``meta_sha256`` to
+        ``meta``.
+        """
+        state = self._state(trainer)
+        for part in ("params", "opt_state", "ref"):
+            if part in state and (bad := nonfinite_report(state[part])) is not None:
+                raise NonFiniteStateError(
+                    f"refusing to save step {step} to {self.directory}: found {bad} in the "
+                    f"{PARTS[part]}. "
+                    "The run has diverged; the checkpoints already there were left untouched. "
+                    "Resume from the newest one with a lower --lr (or check the rewards).")
+        digests = {part: tree_sha256(tree) for part, tree in state.items()}
+        meta = {**meta, "step": int(step), "digests": digests,
+                "params_sha256": digests["params"]}
+        meta["meta_sha256"] = _meta_sha256(meta)
         self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(self._state(trainer)),
-            meta=ocp.args.JsonSave(meta)))
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
-    def restore(self, trainer: RLTrainer, expected: dict[str, Any], step: int | None = None
+    # ------------------------------------------------------------------ restore
+    def restore(self, trainer: RLTrainer, expected: dict[str, Any], step: int | None = None,
+                *, check_meta: Callable[[dict[str, Any]], None] | None = None
                 ) -> dict[str, Any]:
-        """Load step ``step`` (default: latest) into ``trainer``; returns the saved metadata.
+        """Load the newest good step (or exactly ``step``) into ``trainer``; return its metadata.
 
-        Raises :class:`CheckpointError` when the checkpoint's fingerprint differs from
-        ``expected`` (checked before any array is read) or the arrays cannot be restored.
+        Steps are tried newest first. One that cannot be read or fails verification (metadata
+        digest, array digests, finiteness) is logged as a warning naming the step and the
+        reason and skipped; once a good step is found, the rejected newer ones are moved aside
+        (``<step>.corrupt``). Raises :class:`CheckpointError` when a readable checkpoint belongs
+        to a different model/algorithm (checked before its arrays are read), whatever
+        ``check_meta(meta)`` raises (the caller's hyper-parameter comparison, also before any
+        array is read), and :class:`NoGoodCheckpointError` when no step is good (nothing is
+        loaded or moved then).
         """
-        step = self.latest_step() if step is None else step
-        if step is None:
+        candidates = [step] if step is not None else self.steps()[::-1]
+        if not candidates:
             raise CheckpointError(f"no checkpoint in {self.directory}")
+        self.skipped, self.quarantined = [], []
+        for s in candidates:
+            try:
+                meta, state = self._load_verified(s, trainer, expected, check_meta)
+            except _BadStep as e:
+                self.skipped.append((s, str(e)))
+                log.warning("checkpoint %s/%s is unusable and was skipped: %s",
+                            self.directory, s, e)
+                continue
+            self._quarantine([b for b, _ in self.skipped])
+            self._apply(trainer, meta, state)
+            if self.skipped:
+                log.warning("resuming from step %s in %s, the newest good checkpoint "
+                            "(rejected: %s)", s, self.directory,
+                            ", ".join(str(b) for b, _ in self.skipped))
+            return meta
+        reasons = "; ".join(f"step {s}: {r}" for s, r in self.skipped)
+        raise NoGoodCheckpointError(
+            f"no usable checkpoint in {self.directory}: every step failed verification "
+            f"({reasons}). Nothing was loaded or changed. Restore a backup of that directory, "
+            "or start a new run with another --checkpoint-dir.")
+
+    def _read_meta(self, step: int) -> dict[str, Any]:
         try:
             meta = self.manager.restore(step, args=ocp.args.Composite(
                 meta=ocp.args.JsonRestore()))["meta"]
-        except Exception as e:
-            raise CheckpointError(f"checkpoint {self.directory}/{step} has no readable "
-                                  f"metadata ({type(e).__name__}: {e})") from e
+        except Exception as e:  # orbax/tensorstore/json raise many types for one cause
+            raise _BadStep(f"its metadata cannot be read ({type(e).__name__}: "
+                           f"{_short(e)})") from e
+        if not isinstance(meta, dict):
+            raise _BadStep("its metadata is not a JSON object")
+        if "meta_sha256" in meta and meta["meta_sha256"] != _meta_sha256(meta):
+            raise _BadStep("its metadata does not match the digest written with it")
+        if meta.get("step") != step:
+            raise _BadStep(f"its metadata names step {meta.get('step')!r}")
+        return split_legacy(meta)
+
+    def _load_verified(self, step: int, trainer: RLTrainer, expected: dict[str, Any],
+                       check_meta: Callable[[dict[str, Any]], None] | None
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Metadata → fingerprint → caller's check → arrays → digests and finiteness."""
+        meta = self._read_meta(step)
         diffs = _diff(meta.get("fingerprint", {}), expected)
         if diffs:
             raise CheckpointError(
                 f"checkpoint {self.directory}/{step} was written by a different run and cannot "
                 "be resumed here: " + "; ".join(diffs[:6])
                 + (f" (+{len(diffs) - 6} more)" if len(diffs) > 6 else "")
-                + ". Use another checkpoint_dir or the same model/algorithm/task/seed.")
-        target = jax.tree_util.tree_map(np.asarray, self._state(trainer))
+                + ". Use another checkpoint_dir or the same model/algorithm.")
+        if check_meta is not None:
+            check_meta(meta)
+        target = self._state(trainer)
         try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(
+            state = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target)))["state"]
         except Exception as e:
-            raise CheckpointError(f"could not restore arrays of {self.directory}/{step} "
-                                  f"({type(e).__name__}: {e})") from e
+            raise _BadStep(f"its arrays cannot be read ({type(e).__name__}: {_short(e)})") from e
+        state = jax.tree_util.tree_map(np.asarray, state)
+        self._verify(meta, state)
+        return meta, state
+
+    @staticmethod
+    def _verify(meta: dict[str, Any], state: dict[str, Any]) -> None:
+        digests = meta.get("digests")
+        if digests is None:  # written before digests existed: the parameter digest is all
+            digests = {"params": meta.get("params_sha256")}
+            log.warning("checkpoint of step %s predates optimiser digests: only its parameters "
+                        "and finiteness are verified", meta.get("step"))
+        for part in ("params", "opt_state", "ref"):
+            if part not in state:
+                continue
+            if part in digests and tree_sha256(state[part]) != digests[part]:
+                raise _BadStep(f"the digest of its restored {PARTS[part]} differs from the one "
+                               "written at save time (corrupted array data)")
+            if (bad := nonfinite_report(state[part])) is not None:
+                raise _BadStep(f"found {bad} in its restored {PARTS[part]}")
+
+    def _quarantine(self, steps: list[int]) -> None:
+        """Move rejected steps aside so the resumed run can write those step numbers again."""
+        for s in steps:
+            src = os.path.join(self.directory, str(s))
+            dst, n = src + QUARANTINE_SUFFIX, 1
+            while os.path.exists(dst):
+                n += 1
+                dst = f"{src}{QUARANTINE_SUFFIX}.{n}"
+            try:
+                os.rename(src, dst)
+            except OSError as e:
+                raise CheckpointError(
+                    f"checkpoint {src} is corrupt and could not be moved aside ({e}); move or "
+                    "delete it yourself, then resume again") from e
+            self.quarantined.append(dst)
+            log.warning("moved the rejected checkpoint %s to %s (delete it once inspected)",
+                        src, dst)
+        if steps:
+            self.manager.reload()
+
+    @staticmethod
+    def _apply(trainer: RLTrainer, meta: dict[str, Any], state: dict[str, Any]) -> None:
         to_dev = lambda t: jax.tree_util.tree_map(jnp.asarray, t)
-        trainer.params = to_dev(restored["params"])
+        trainer.params = to_dev(state["params"])
         trainer.opt_state = jax.tree_util.tree_unflatten(
-            jax.tree_util.tree_structure(trainer.opt_state), to_dev(restored["opt_state"]))
+            jax.tree_util.tree_structure(trainer.opt_state), to_dev(state["opt_state"]))
         if trainer.ref_leaves is not None:
-            trainer.ref_leaves = to_dev(restored["ref"])
+            trainer.ref_leaves = to_dev(state["ref"])
         trainer.steps_done = int(meta["step"])
-        if trainer._engine is not None:
-            trainer._engine.set_params(trainer.params["lm"])
-        return meta
+        engine = getattr(trainer, "_engine", None)  # the symbolic runtime shares the weights
+        if engine is not None:
+            engine.set_params(trainer.params["lm"])
+
+
+def _short(e: BaseException, limit: int = 160) -> str:
+    """First line of an exception, cut: tensorstore errors embed a page-long JSON spec."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return text if len(text) <= limit else text[:limit] + "…"

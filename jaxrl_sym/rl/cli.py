@@ -9,9 +9,12 @@ the run next to them (or to ``--plot``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from jaxrl_sym.rl.algorithms import ALGOS, LOSS_AGGS
@@ -29,8 +32,19 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-dir", default=None, help="orbax checkpoints go here")
     t.add_argument("--checkpoint-every", type=int, default=0,
                    help="save every K steps (and always at the end)")
+    t.add_argument("--keep", type=int, default=3, metavar="K",
+                   help="keep the newest K checkpoints (default: 3); a resume falls back to an "
+                        "older one when the newest fails verification")
     t.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --checkpoint-dir")
+                   help="continue from the newest good checkpoint in --checkpoint-dir (an error "
+                        "when it holds none, or when a setting below differs from the "
+                        "checkpoint's)")
+    t.add_argument("--resume-or-start", action="store_true",
+                   help="like --resume, but start a new run when --checkpoint-dir holds no "
+                        "checkpoint")
+    t.add_argument("--resume-anyway", action="store_true",
+                   help="resume even though settings differ from the checkpoint's: the run is "
+                        "then no longer the run that was checkpointed")
     t.add_argument("--metrics", default=None, help="per-step metrics, JSON lines")
     t.add_argument("--plot", default=None,
                    help="PNG of the run (default: next to --metrics, same name .png)")
@@ -61,17 +75,22 @@ def run_train(args: argparse.Namespace) -> int:
     """
     from jaxrl_sym.errors import SymError
     from jaxrl_sym.rl.plot import plot_run, read_metrics
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.train import check_output_file, train
 
     config = {k: v for k, v in (("loss_agg", args.loss_agg),
                                 ("entropy_coef", args.entropy_coef)) if v is not None}
     try:
-        summary = train(
-            args.algo, args.task, args.steps, args.seed, args.checkpoint_dir,
-            args.checkpoint_every, args.metrics, prompts_per_step=args.prompts,
-            group_size=args.group, lr=args.lr, beta=args.beta, epochs=args.epochs,
-            system=args.system, max_digits=args.max_digits, config=config or None,
-            progress=not args.no_progress, resume=args.resume, eval_prompts=args.eval_prompts)
+        with _warnings_to_stderr():
+            if args.plot:
+                check_output_file(args.plot, "--plot")
+            summary = train(
+                args.algo, args.task, args.steps, args.seed, args.checkpoint_dir,
+                args.checkpoint_every, args.metrics, prompts_per_step=args.prompts,
+                group_size=args.group, lr=args.lr, beta=args.beta, epochs=args.epochs,
+                system=args.system, max_digits=args.max_digits, config=config or None,
+                progress=not args.no_progress, resume=args.resume,
+                resume_or_start=args.resume_or_start, resume_anyway=args.resume_anyway,
+                keep=args.keep, eval_prompts=args.eval_prompts)
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -97,6 +116,24 @@ def run_train(args: argparse.Namespace) -> int:
             if summary.get(k) is not None:
                 print(f"  {k}: {summary[k]}")
     return 0
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    """Show the library's warnings (a checkpoint skipped on resume, changed settings) as one
+    ``warning:`` line each on stderr, whatever logging the process set up, and only once."""
+    logger = logging.getLogger("jaxrl_sym")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    handler.setLevel(logging.WARNING)
+    saved = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = saved
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,9 @@ exactly the state the uninterrupted run had, and ends with the same ``params_sha
 from __future__ import annotations
 
 import json
+import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +22,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
+from jaxrl_sym.rl.errors import CheckpointError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task, get_task
 
@@ -44,6 +47,165 @@ def step_seed(seed: int, step: int) -> int:
 def step_rng(seed: int, step: int) -> np.random.Generator:
     """Prompt generator of step ``step``: independent of every other step (so resume replays)."""
     return np.random.default_rng([int(seed), int(step)])
+
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEEP = 3  # newest checkpoints kept: room to fall back past two damaged ones
+
+# train() arguments that change the trajectory, and the ``jaxrl-sym train`` flag that sets each:
+# a refused resume names the flag the user typed. Every other RLConfig field is compared too and
+# named as ``config['field']`` (it is set through ``train(config=...)``).
+FLAGS: dict[str, str] = {
+    "algo": "--algo", "task": "--task", "seed": "--seed", "max_digits": "--max-digits",
+    "system": "--system", "prompts_per_step": "--prompts", "group_size": "--group",
+    "lr": "--lr", "beta": "--beta", "epochs": "--epochs", "loss_agg": "--loss-agg",
+    "entropy_coef": "--entropy-coef",
+}
+
+
+class ResumeMismatchError(CheckpointError):
+    """``--resume`` with hyper-parameters other than the checkpoint's: the continued run would not
+    be the run that was checkpointed. ``diffs`` holds ``(flag, checkpoint value, given value)``."""
+
+    def __init__(self, directory: str, step: int, diffs: list[tuple[str, Any, Any]]) -> None:
+        super().__init__(
+            f"--checkpoint-dir {directory} (step {step}) was written with other settings than "
+            f"these: {_describe(diffs)}. Resuming with them would not continue the same run "
+            "(its params_sha256 would differ from an uninterrupted one). Pass the checkpoint's "
+            "values to continue it, or add --resume-anyway (resume_anyway=True) to continue "
+            "from its weights as a changed run.")
+        self.diffs = diffs
+
+
+def _describe(diffs: list[tuple[str, Any, Any]]) -> str:
+    return "; ".join(f"{flag}: checkpoint {a!r}, given {b!r}" for flag, a, b in diffs)
+
+
+def run_hparams(cfg: RLConfig, **run: Any) -> dict[str, Any]:
+    """Everything besides the model shape that sets the trajectory: the task and prompt stream
+    (``task``, ``max_digits``, ``seed``, ``prompts_per_step``), the system (sym and padded agree
+    only to float rounding) and every RLConfig field. JSON-normalised, so it compares equal to
+    what a checkpoint stored."""
+    return json.loads(json.dumps({**run, **cfg.to_dict()}))
+
+
+def hparam_diffs(saved: dict[str, Any], given: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(flag, checkpoint value, given value)`` for each setting both know and that differs.
+
+    A key only one side knows (a field added or removed by a library upgrade) is not a
+    difference of the user's making, so it is not reported.
+    """
+    out = []
+    for key in sorted(set(saved) & set(given)):
+        if saved[key] != given[key]:
+            label = f"{FLAGS[key]} ({key})" if key in FLAGS else f"config[{key!r}]"
+            out.append((label, saved[key], given[key]))
+    return out
+
+
+def _check_counts(steps: int, every: int, keep: int, resuming: bool, anyway: bool) -> None:
+    if steps < 1:
+        raise InputError(f"steps={steps} (--steps) must be >= 1")
+    if every < 0:
+        raise InputError(f"checkpoint_every={every} (--checkpoint-every) must be >= 0")
+    if keep < 1:
+        raise InputError(f"keep={keep} (--keep): at least the newest checkpoint must be kept; "
+                         "pass 1 or more")
+    if anyway and not resuming:
+        raise InputError("--resume-anyway (resume_anyway=True) only applies when resuming; add "
+                         "--resume or --resume-or-start")
+
+
+def _probe_writable(directory: str, what: str) -> None:
+    """Create and delete a file: permission bits alone say nothing for root or read-only mounts."""
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".jaxrl-sym-write-check-")
+        os.close(fd)
+        os.remove(name)
+    except OSError as e:
+        raise InputError(f"{what}: cannot write in {directory} ({e.strerror or e}); choose a "
+                         "writable location") from e
+
+
+def check_output_dir(path: str, what: str) -> bool:
+    """Raise :class:`InputError` (naming ``what``, the flag) unless ``path`` is a writable
+    directory or can be created in an existing, writable parent. Returns whether it exists."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise InputError(f"{what} {path} exists and is not a directory; give a directory")
+        _probe_writable(path, f"{what} {path}")
+        return True
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
+                         "it first or fix the path")
+    _probe_writable(parent, f"{what} {path}")
+    return False
+
+
+def check_output_file(path: str, what: str) -> None:
+    """Raise :class:`InputError` (naming ``what``) unless ``path`` can be written: its parent
+    exists and is writable (files are replaced via a temporary next to them) and an existing
+    ``path`` is a file that opens for appending."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        raise InputError(f"{what} {path} is a directory; give a file name")
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
+                         "it first or fix the path")
+    _probe_writable(parent, f"{what} {path}")
+    if os.path.exists(path):
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            raise InputError(f"{what} {path} cannot be written ({e.strerror or e})") from e
+
+
+def open_checkpoints(directory: str | None, resume: bool, resume_or_start: bool, keep: int
+                     ) -> tuple[Checkpointer | None, bool]:
+    """Open ``directory`` for this run — before the (slow) model set-up, so a wrong path costs
+    nothing. Returns the checkpointer and whether to resume from it."""
+    wants = resume or resume_or_start
+    if directory is None:
+        if wants:
+            raise InputError("--resume / --resume-or-start need --checkpoint-dir (the directory "
+                             "holding the run's checkpoints)")
+        return None, False
+    flag = "--checkpoint-dir (checkpoint_dir)"
+    exists = check_output_dir(directory, flag)
+    full = os.path.abspath(directory)
+    if not exists and resume and not resume_or_start:
+        raise InputError(f"--resume: {flag} {full} does not exist, so there is nothing to "
+                         "resume. Check the path, or pass --resume-or-start to start a new run "
+                         "there when it holds no checkpoint.")
+    ckpt = Checkpointer(directory, max_to_keep=keep, create=True)
+    latest = ckpt.latest_step()
+    if latest is None:
+        if resume and not resume_or_start:
+            raise InputError(f"--resume: {flag} {full} holds no checkpoint, so there is nothing "
+                             "to resume. Check the path, or pass --resume-or-start to start a "
+                             "new run there.")
+        if resume_or_start:
+            log.warning("no checkpoint in %s: starting a new run there", full)
+        return ckpt, False
+    if not wants:
+        raise InputError(
+            f"checkpoint_dir {full} already holds a checkpoint of step {latest}; pass "
+            "resume=True (--resume) to continue that run, or choose an empty directory for a "
+            "new one")
+    return ckpt, True
+
+
+def _prepare_metrics(path: str, resumed_from: int | None) -> None:
+    """A fresh run starts a fresh log; a resumed one keeps the lines up to its checkpoint."""
+    if resumed_from is not None:
+        _truncate_metrics(path, resumed_from)
+    elif os.path.exists(path):
+        os.remove(path)
 
 
 def _truncate_metrics(path: str, last_step: int) -> None:
@@ -85,35 +247,46 @@ def train(
     progress: bool = True,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     resume: bool = False,
+    resume_or_start: bool = False,
+    resume_anyway: bool = False,
+    keep: int = DEFAULT_KEEP,
     eval_prompts: int = 256,
 ) -> dict[str, Any]:
-    """Train a fresh model (seeded) on an offline task; resume from ``checkpoint_dir`` if it has
-    a checkpoint.
+    """Train a fresh model (seeded) on an offline task, or resume one from ``checkpoint_dir``.
 
     Args:
       algo: ``grpo`` | ``rloo`` | ``ppo``.   task: ``reverse`` | ``copy`` | ``sort`` | ``add``.
       steps: total steps of the run (a resumed run continues up to this count).
       checkpoint_dir / checkpoint_every: save every this many steps and at the end (0: only at
-        the end, when a directory is given).
+        the end, when a directory is given). Its parent must exist and it must be writable
+        (checked before any work).
+      keep: how many of the newest checkpoints to keep (older ones are deleted).
       metrics_file: JSON lines, one per step (appended on resume, after dropping lines of steps
         that will be re-run).
       model: overrides of :data:`TASK_MODEL` (LMConfig fields).
       config: RLConfig fields overriding :data:`TASK_RECIPE` and the arguments above.
       on_step: called with each step's metrics (after its checkpoint, if any).
-      resume: continue from the latest checkpoint in ``checkpoint_dir``. Without it, a directory
-        that already holds a checkpoint is an error (a new run must not silently continue an old
-        one, nor overwrite it).
+      resume: continue from the newest *good* checkpoint in ``checkpoint_dir`` (corrupt newer
+        ones are skipped with a warning and moved aside). A missing directory or one without a
+        checkpoint is an error; without ``resume``, a directory that already holds a checkpoint
+        is an error (a new run must not silently continue an old one, nor overwrite it).
+      resume_or_start: resume when ``checkpoint_dir`` holds a checkpoint, else start a new run
+        there (logged).
+      resume_anyway: accept hyper-parameters that differ from the checkpoint's (by default a
+        difference is refused: the run would no longer be the one that was checkpointed).
       eval_prompts: held-out prompts for the final greedy evaluation (0: skip).
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` (greedy decoding of the final policy on
     ``eval_prompts`` held-out prompts; a function of the parameters alone, so an interrupted and
-    resumed run reports the same value as an uninterrupted one).
+    resumed run reports the same value as an uninterrupted one), ``skipped_checkpoints`` (steps
+    rejected on resume, with reasons) and ``changed_on_resume`` (hyper-parameters overridden by
+    ``resume_anyway``).
     """
     task_obj = get_task(task, max_digits=max_digits)  # unknown task → InputError, before any work
-    if steps < 1:
-        raise InputError(f"steps={steps} must be >= 1")
-    if checkpoint_every < 0:
-        raise InputError(f"checkpoint_every={checkpoint_every} must be >= 0")
+    _check_counts(steps, checkpoint_every, keep, resume or resume_or_start, resume_anyway)
+    if metrics_file:
+        check_output_file(metrics_file, "--metrics (metrics_file)")
+    ckpt, resuming = open_checkpoints(checkpoint_dir, resume, resume_or_start, keep)
     rl_cfg = RLConfig(**{
         "algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
         "max_new_tokens": task_obj.max_new_tokens, "eos_id": EOS, **TASK_RECIPE,
@@ -121,51 +294,77 @@ def train(
     lm_cfg = preset("tiny", **{**TASK_MODEL, **(model or {})})
     trainer = RLTrainer(init_model(lm_cfg, seed), task_obj.reward, rl_cfg, system=system,
                         metric_fn=task_obj.exact_match)
-    run_id = {"task": task, "max_digits": max_digits, "seed": seed, "system": system}
-    expected = fingerprint(trainer, **run_id)
-    ckpt = Checkpointer(checkpoint_dir) if checkpoint_dir else None
-    resumed_from = None
-    if ckpt is not None and ckpt.latest_step() is not None:
-        if not resume:
-            raise InputError(
-                f"checkpoint_dir {ckpt.directory} already holds a checkpoint of step "
-                f"{ckpt.latest_step()}; pass resume=True (--resume) to continue that run, or "
-                "choose an empty directory for a new one")
-        resumed_from = int(ckpt.restore(trainer, expected)["step"])
+    hparams = run_hparams(rl_cfg, task=task, max_digits=max_digits, seed=seed, system=system,
+                          prompts_per_step=prompts_per_step)
+    meta = {"fingerprint": fingerprint(trainer), "hparams": hparams, "lineage": []}
+    resumed_from, changed = None, []
+    if resuming:
+        assert ckpt is not None
+        resumed_from, changed, meta["lineage"] = _resume(ckpt, trainer, meta, resume_anyway)
     if metrics_file:
-        if resumed_from is not None:
-            _truncate_metrics(metrics_file, resumed_from)
-        elif os.path.exists(metrics_file):
-            os.remove(metrics_file)  # a fresh run starts a fresh log
-    history: list[dict[str, Any]] = []
+        _prepare_metrics(metrics_file, resumed_from)
     t_run = time.perf_counter()
-    progress_ctx = _progress(progress, steps, trainer.steps_done, f"{algo} {task}")
-    with progress_ctx as bar:
-        while trainer.steps_done < steps:
-            k = trainer.steps_done + 1
-            prompts = task_obj.sample(step_rng(seed, k), prompts_per_step)
-            m = trainer.step(prompts, seed=step_seed(seed, k))
-            history.append(m)
-            if metrics_file:
-                with open(metrics_file, "a") as f:
-                    f.write(json.dumps(m) + "\n")
-            if ckpt is not None and ((checkpoint_every and k % checkpoint_every == 0)
-                                     or k == steps):
-                ckpt.save(k, trainer, {"step": k, "fingerprint": expected,
-                                       "config": rl_cfg.to_dict(), "params_sha256":
-                                       trainer.params_sha256()})
-            bar.advance(m)
-            if on_step is not None:
-                on_step(m)
+    with _progress(progress, steps, trainer.steps_done, f"{algo} {task}") as bar:
+        history = _run_steps(trainer, task_obj, seed, steps, prompts_per_step, ckpt,
+                             checkpoint_every, meta, metrics_file, bar, on_step)
     final = evaluate(trainer, task_obj, eval_prompts, seed) if eval_prompts else None
     return {
         "params_sha256": trainer.params_sha256(),
         "final_exact_match": final,
         "steps": trainer.steps_done,
         "resumed_from": resumed_from,
+        "skipped_checkpoints": [{"step": s, "reason": r} for s, r in
+                                (ckpt.skipped if ckpt is not None else [])],
+        "changed_on_resume": [{"flag": f, "checkpoint": a, "given": b} for f, a, b in changed],
         "history": history,
         "seconds": time.perf_counter() - t_run,
     }
+
+
+def _run_steps(trainer: RLTrainer, task: Task, seed: int, steps: int, prompts_per_step: int,
+               ckpt: Checkpointer | None, every: int, meta: dict[str, Any],
+               metrics_file: str | None, bar: _Bar,
+               on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+    """Steps ``steps_done + 1 .. steps``: prompts and seed from ``(seed, k)`` only (resume
+    replays), one metrics line each, a checkpoint every ``every`` steps and at the end."""
+    history: list[dict[str, Any]] = []
+    while trainer.steps_done < steps:
+        k = trainer.steps_done + 1
+        prompts = task.sample(step_rng(seed, k), prompts_per_step)
+        m = trainer.step(prompts, seed=step_seed(seed, k))
+        history.append(m)
+        if metrics_file:
+            with open(metrics_file, "a") as f:
+                f.write(json.dumps(m) + "\n")
+        if ckpt is not None and ((every and k % every == 0) or k == steps):
+            ckpt.save(k, trainer, meta)
+        bar.advance(m)
+        if on_step is not None:
+            on_step(m)
+    return history
+
+
+def _resume(ckpt: Checkpointer, trainer: RLTrainer, meta: dict[str, Any], anyway: bool
+            ) -> tuple[int, list[tuple[str, Any, Any]], list[dict[str, Any]]]:
+    """Restore the newest good checkpoint after comparing its hyper-parameters with this run's
+    (before any array is read). Returns the step, the overridden differences and the lineage
+    that later checkpoints carry (every ``resume_anyway`` change, with its step)."""
+    found: dict[str, Any] = {}
+
+    def check(saved: dict[str, Any]) -> None:
+        diffs = hparam_diffs(saved.get("hparams", {}), meta["hparams"])
+        if diffs and not anyway:
+            raise ResumeMismatchError(ckpt.directory, int(saved["step"]), diffs)
+        found["diffs"], found["lineage"] = diffs, list(saved.get("lineage", []))
+
+    saved = ckpt.restore(trainer, meta["fingerprint"], check_meta=check)
+    step, diffs, lineage = int(saved["step"]), found["diffs"], found["lineage"]
+    if diffs:
+        log.warning("resuming %s at step %d with changed settings (--resume-anyway): %s; this "
+                    "is no longer the run that was checkpointed", ckpt.directory, step,
+                    _describe(diffs))
+        lineage.append({"step": step, "changed": [list(d) for d in diffs]})
+    return step, diffs, lineage
 
 
 def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> float:
