@@ -2,9 +2,10 @@
 
 Why from the request and not measured: the work each system launches is a deterministic function
 of the prompt lengths, the per-row limits and its own buffer policy, so counting it on the host is
-exact and costs nothing. For the symbolic runtime the count replays the host loop's policy
-(aligned microbatches, power-of-two row buckets, compaction when at most half the bucket is live,
-geometric growth of growing stores) with the engine's own helpers.
+exact and costs nothing. For the symbolic runtime the count calls the host loop's own policy
+(:mod:`jaxrl_sym.runtime.policy`: aligned microbatches, power-of-two row buckets, decode tiles,
+compaction when at most half the bucket is live, geometric growth of growing stores) — the same
+functions the engine executes, not a copy of them.
 
 Two fractions, both "computed but not needed / computed":
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jaxrl_sym.runtime.engine import length_bucket, microbatches, next_pow2
+from jaxrl_sym.runtime.policy import replay
 
 
 @dataclass(frozen=True)
@@ -115,30 +116,16 @@ def pershape_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequenc
     return w
 
 
-def sym_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer], *,
-             min_capacity: int = 128, max_pad_fraction: float = 0.1) -> Work:
-    """The symbolic runtime, replaying ``SymbolicLM._run_group``'s bucket/compaction/growth."""
+def sym_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer]) -> Work:
+    """The symbolic runtime at its defaults: the dispatches its own policy
+    (:func:`jaxrl_sym.runtime.policy.replay`) decides for this request, counted."""
     w = _needed(prompts, limits, layers)
-    for group in microbatches(prompts, limits, max_rows=None, max_pad_fraction=max_pad_fraction):
-        bcap = next_pow2(len(group))
-        pcap = length_bucket(max(prompts[i] for i in group))
-        total = pcap + max(limits[i] for i in group)
-        cap = min(max(min_capacity, next_pow2(pcap + 1)), total)
-        w.tokens_computed += bcap * pcap
-        live = list(group)
-        step = 0
-        while True:
-            live = [i for i in live if limits[i] > step + 1]
-            if not live:
-                break
-            step += 1
-            if bcap > 1 and len(live) <= bcap // 2:
-                bcap = next_pow2(len(live))
-            need = pcap + step  # growing stores: live slots after writing slot pcap + step - 1
-            if need > cap:
-                cap = min(max(2 * cap, need), total)
-            w.tokens_computed += bcap
-            w.keys_computed += bcap * sum(layer.sym_slots(cap) for layer in layers)
+    for shape, dispatches in replay(prompts, limits):
+        w.tokens_computed += shape.rows * shape.prompt_slots
+        for d in dispatches:
+            w.tokens_computed += d.tile * d.rows
+            w.keys_computed += d.tile * d.rows * sum(layer.sym_slots(d.capacity)
+                                                     for layer in layers)
     return w
 
 

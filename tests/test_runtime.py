@@ -200,6 +200,7 @@ def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
 
     import jax
 
+    from jaxrl_sym.runtime.group import DecodeGroup
     from jaxrl_sym.runtime.metrics import MemoryMeter, tree_bytes
 
     cfg = replace(preset("tiny"), n_layers=4, patterns=(Causal(),) * 4)
@@ -211,9 +212,17 @@ def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
     one_old = max(tree_bytes(s) for s in stores.values())
     refs = [weakref.ref(a) for s in stores.values() for a in s.values()]
     meter = MemoryMeter()
-    engine._grow(stores, 2, 16, meter, weights_bytes=0, step=5)
+    prompts = [np.arange(3, dtype=np.int32)] * 2
+    group = DecodeGroup(engine, [0, 1], prompts, np.array([5, 5]),
+                        GenerationConfig(max_new_tokens=5), meter, weights_bytes=0)
+    group.stores = stores
+    meter.samples.clear()
+    meter.peak = 0
+    del stores
+    group.grow(16)
+    stores = group.stores
     gc.collect()
-    assert len(engine._growing) == 4
+    assert len(engine.growing) == 4 and group.capacity == 16
     assert all(r() is None for r in refs)  # nothing keeps an old store alive
     temp = max(v for k, v in engine.cache.temp_bytes.items() if k[0] == "grow")
     assert meter.peak <= tree_bytes(stores) + one_old + temp

@@ -228,8 +228,9 @@ def rl_loss(
     """
     mask = arrays["mask"]
     w = arrays["weight"]
-    full = _log_softmax(logits, cfg.temperature)
-    lp = jnp.take_along_axis(full, arrays["targets"][..., None].astype(jnp.int32), axis=-1)[..., 0]
+    full = _log_softmax(logits, cfg.temperature)  # for the entropy
+    # the same computation as the reference's log-probs, so identical weights give d = 0 exactly
+    lp = token_logprobs(logits, arrays["targets"], cfg.temperature)
     log_ratio = jnp.where(mask, lp - arrays["old_lp"], 0.0)
     ratio = jnp.exp(log_ratio)
     adv = arrays["adv"]
@@ -237,7 +238,9 @@ def rl_loss(
     pg = -jnp.minimum(ratio * adv, clipped * adv)
     per_tok = pg
     d = jnp.where(mask, arrays["ref_lp"] - lp, 0.0)
-    kl = jnp.exp(d) - d - 1.0  # k3 estimate of KL(pi || ref), >= 0
+    # k3 estimate of KL(pi || ref): >= 0 in exact arithmetic; expm1 and the clamp keep fp32
+    # rounding at tiny d from reporting a negative KL (the clamp is inactive wherever kl > 0)
+    kl = jnp.maximum(jnp.expm1(d) - d, 0.0)
     if cfg.beta > 0:
         per_tok = per_tok + cfg.beta * kl
     n_tok = jnp.maximum(jnp.sum(mask), 1)

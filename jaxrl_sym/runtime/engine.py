@@ -28,9 +28,17 @@ from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.passes.generation import add_generation_loop
 from jaxrl_sym.passes.storage import StoragePlan, live_count_fn, plan_storage
 from jaxrl_sym.runtime.evaluate import constant_values
+from jaxrl_sym.runtime.group import DecodeGroup, Outputs
 from jaxrl_sym.runtime.metrics import CompileCounter, MemoryMeter, device_peak_bytes, tree_bytes
-from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache, StepBuilder, store_specs
-from jaxrl_sym.runtime.stores import grow_store
+from jaxrl_sym.runtime.policy import (
+    DEFAULT_DECODE_TILE,
+    DEFAULT_MAX_PAD_FRACTION,
+    DEFAULT_MIN_CAPACITY,
+    length_bucket,
+    microbatches,
+    next_pow2,
+)
+from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, store_specs
 from jaxrl_sym.tracer.trace import trace_model
 
 
@@ -53,54 +61,6 @@ def resolve_backend(backend: str) -> str:
     raise InputError(f"backend={backend!r}: choose 'xla', 'triton' or 'auto'")
 
 
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def length_bucket(n: int, *, per_octave: int = 4, minimum: int = 8) -> int:
-    """Round up to a geometric grid with ``per_octave`` steps (≤ 1/per_octave waste)."""
-    if n <= minimum:
-        return minimum
-    top = next_pow2(n)
-    step = max(1, top // (2 * per_octave))
-    return -(-n // step) * step
-
-
-def microbatches(
-    lengths: Sequence[int], limits: Sequence[int], *, max_rows: int | None,
-    max_pad_fraction: float,
-) -> list[list[int]]:
-    """Aligned microbatches (paper §4.2): rows sorted by prompt length, right-aligned so that all
-    rows of a group decode at the same step. A row joins the current group while the group's
-    prompt padding stays within ``max_pad_fraction`` of the group's work (prompt + response
-    tokens) and the group has room; otherwise a new group starts. Weighing padding against the
-    whole row matters: 16 tokens of prompt padding are noise next to 1024 generated tokens, and a
-    needless split costs a second set of compiled programs and halves the batch."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        g = groups[-1] if groups else None
-        if g is not None and (max_rows is None or len(g) < max_rows):
-            members = [*g, i]
-            top = max(lengths[j] for j in members)
-            pad = sum(top - lengths[j] for j in members)
-            work = sum(top + int(limits[j]) for j in members)
-            if pad <= max_pad_fraction * work:
-                g.append(i)
-                continue
-        groups.append([i])
-    return groups
-
-
-@dataclass
-class _Rows:
-    """Host-side bookkeeping of one microbatch (plain ints and numpy)."""
-
-    ids: np.ndarray  # request row index per batch slot (-1 = filler)
-    limits: np.ndarray  # per slot
-    done: np.ndarray  # per slot
-
-
 class SymbolicLM:
     """Generation and packed scoring for a Flax NNX LM without padding to a maximum length.
 
@@ -119,12 +79,12 @@ class SymbolicLM:
         self,
         model: nnx.Module,
         *,
-        min_capacity: int = 128,
+        min_capacity: int = DEFAULT_MIN_CAPACITY,
         max_len: int | None = None,
         microbatch_rows: int | None = None,
-        max_pad_fraction: float = 0.1,
+        max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION,
         backend: str = "xla",
-        decode_tile: int = 8,
+        decode_tile: int = DEFAULT_DECODE_TILE,
     ) -> None:
         if decode_tile < 1:
             raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
@@ -145,9 +105,13 @@ class SymbolicLM:
         self.microbatch_rows = microbatch_rows
         self.max_pad_fraction = max_pad_fraction
         self.cache = ProgramCache()
-        self._live_fns = {str(s.node): live_count_fn(self.pdg.symbols, s, self.bindings)
-                          for s in self.plan.stores if s.kind != "slot"}
-        self._growing = tuple(str(n) for n, s in self.specs.items() if s.kind == "growing")
+        live_fns = {str(s.node): live_count_fn(self.pdg.symbols, s, self.bindings)
+                    for s in self.plan.stores if s.kind != "slot"}
+        self.growing = tuple(str(n) for n, s in self.specs.items() if s.kind.grows)
+        fns = [live_fns[g] for g in self.growing]
+        # live slots of the growing stores after writing slot t (None: nothing grows)
+        self.growing_need: Callable[[int], int] | None = (
+            (lambda t: max(int(f(t)[0]) for f in fns)) if fns else None)
         self._hoisted: tuple[jax.Array, ...] | None = None
         self._hoisted_bytes = 0
 
@@ -190,10 +154,11 @@ class SymbolicLM:
         with CompileCounter() as cc:
             hoisted = self._hoist()
             weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
+            out = Outputs(toks, lps, logits)
             for group in microbatches(lengths, limits, max_rows=self.microbatch_rows,
                                       max_pad_fraction=self.max_pad_fraction):
-                self._run_group(group, prompts, limits, cfg, hoisted, weights_bytes, meter,
-                                toks, lps, logits, on_finished)
+                DecodeGroup(self, group, prompts, limits, cfg, meter, weights_bytes).run(
+                    hoisted, out, on_finished)
         elapsed = time.perf_counter() - t0
         dev_peak = device_peak_bytes()
         stats = {
@@ -214,8 +179,8 @@ class SymbolicLM:
             stats=stats,
         )
 
-    def _run(self, name: str, cfg: GenerationConfig, *args: Any, **static: int
-             ) -> tuple[Any, tuple]:
+    def run_program(self, name: str, cfg: GenerationConfig, *args: Any, **static: int
+                    ) -> tuple[Any, tuple]:
         """Run the prefill/decode(-tile) program for these shapes, compiling it on first use."""
         stores = args[1]
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
@@ -232,133 +197,6 @@ class SymbolicLM:
         exe = self.cache.get(key, build)
         self.cache.dispatches += 1
         return exe(*args), key
-
-    def _grow(self, stores: dict[str, Any], bcap: int, capacity: int, meter: Any,
-              weights_bytes: int, step: int) -> None:
-        """Grow the growing stores to ``capacity`` in place, one store per program.
-
-        Why one at a time: a padded copy cannot alias its input, so growing every layer in one
-        program keeps all old and all new buffers live together. On an H100 (GPT-2-small shape,
-        batch 64, 4096 tokens) that made sym's peak 39.7 GB for a 19.4 GB final store, above
-        padded's 22.7 GB. Here each store is replaced in the caller's dict as soon as its copy
-        exists, so its old buffers are freed before the next store grows: the excess is one store.
-        Stores of equal shape share one compiled program.
-        """
-        for g in self._growing:
-            old_bytes = tree_bytes(stores[g])
-            key = ("grow", bcap, capacity,
-                   tuple((n, a.shape, str(a.dtype)) for n, a in sorted(stores[g].items())))
-            stores[g] = self.cache.run(key, lambda o=stores[g]: jax.jit(
-                grow_store, static_argnums=1).lower(o, capacity).compile(), stores[g])
-            meter.observe(weights_bytes + tree_bytes(stores) + old_bytes,
-                          self.cache.temp_bytes[key], step=step)
-
-    def _run_group(self, group, prompts, limits, cfg, hoisted, weights_bytes, meter, toks, lps,
-                   logits, on_finished=None) -> None:
-        n = len(group)
-        bcap = next_pow2(n)
-        plen = max(len(prompts[i]) for i in group)
-        pcap = length_bucket(plen)
-        horizon = int(max(limits[i] for i in group))
-        total = pcap + horizon  # slots this group can ever need
-        cap = min(max(self.min_capacity, next_pow2(pcap + 1)), total)
-        if self.max_len is not None:
-            cap = self.max_len + (pcap - plen)
-        # Right-aligned prompt block (left padding within the microbatch only).
-        tok_in = np.zeros((bcap, pcap), np.int32)
-        pos_in = np.full((bcap, pcap), -1, np.int32)
-        pos0 = np.full((bcap,), DEAD_POSITION, np.int32)
-        ids = np.full((bcap,), -1, np.int64)
-        lim = np.zeros((bcap,), np.int64)
-        for slot, i in enumerate(group):
-            p = prompts[i]
-            tok_in[slot, pcap - len(p):] = p
-            pos_in[slot, pcap - len(p):] = np.arange(len(p))
-            pos0[slot] = len(p)
-            ids[slot] = i
-            lim[slot] = limits[i]
-        rows = _Rows(ids=ids, limits=lim, done=ids < 0)
-        seed = jax.device_put(np.uint32(cfg.seed))
-        row_ids = jax.device_put(np.maximum(ids, 0).astype(np.int32))
-        key_init = ("init", bcap, cap)
-        stores = self.cache.run(key_init, lambda: jax.jit(
-            self.builder.init_stores, static_argnums=(0, 1)).lower(bcap, cap).compile())
-        pos0_d = jax.device_put(pos0)
-        # ---- prefill: the prompt block in chunks whose logits fit cfg.prefill_logits_bytes
-        (stores, tok, lp, lg), key = self._run(
-            "prefill", cfg, hoisted, stores, jax.device_put(tok_in), jax.device_put(pos_in),
-            row_ids, seed, chunk=cfg.prefill_chunk(bcap, pcap, self.vocab_size))
-        store_bytes = tree_bytes(stores)
-        meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=0)
-        # Outputs of the last dispatch: device arrays with a leading step axis when tiled.
-        out_tok, out_lp, out_lg, tiled = tok, lp, lg, False
-        last_tok = tok  # token fed back into the next step
-        step = 0  # decode steps dispatched so far (prefill produced token 0)
-        while True:
-            # host copies with a leading step axis (one entry unless the dispatch was a tile)
-            tok_h, lp_h, lg_h = (None if x is None else np.asarray(x) if tiled
-                                 else np.asarray(x)[None]
-                                 for x in (out_tok, out_lp, out_lg if cfg.return_logits
-                                           else None))
-            finished: list[int] = []
-            for j in range(tok_h.shape[0]):
-                for slot in np.nonzero(~rows.done)[0]:
-                    i = int(rows.ids[slot])
-                    toks[i].append(int(tok_h[j, slot]))
-                    lps[i].append(float(lp_h[j, slot]))
-                    if logits is not None:
-                        logits[i].append(lg_h[j, slot])
-                    if (cfg.eos_id is not None and tok_h[j, slot] == cfg.eos_id) or \
-                            len(toks[i]) >= rows.limits[slot]:
-                        rows.done[slot] = True
-                        finished.append(i)
-            if finished and on_finished is not None:
-                on_finished(finished, [np.asarray(toks[i], np.int32) for i in finished])
-            if rows.done.all():
-                break
-            live = np.nonzero(~rows.done)[0]
-            # Tile only while every step of the tile is within some live row's limit, so no
-            # write lands past the slots the group can ever need.
-            remaining = max(int(rows.limits[s]) - len(toks[int(rows.ids[s])]) for s in live)
-            k = self.decode_tile if remaining >= self.decode_tile > 1 else 1
-            step += 1
-            write = pcap + step - 1  # slot of the token being fed back
-            # ---- compaction: drop finished rows once at most half the bucket is live
-            if bcap > 1 and len(live) <= bcap // 2:
-                new_b = next_pow2(len(live))
-                keep = np.concatenate([live, np.repeat(live[:1], new_b - len(live))])
-                key_c = ("compact", bcap, new_b, tuple(sorted(
-                    (k_, s["pos"].shape[1]) for k_, s in stores.items() if "pos" in s)))
-                filler = np.arange(new_b) >= len(live)
-                cargs = (stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
-                         last_tok, pos0_d, row_ids)
-                stores, last_tok, pos0_d, row_ids = self.cache.run(
-                    key_c, lambda a=cargs: jax.jit(self.builder.compact)
-                    .lower(*a).compile(), *cargs)
-                del cargs  # holds the pre-compaction stores: free them now, not at the next one
-                rows = _Rows(ids=np.where(filler, -1, rows.ids[keep]),
-                             limits=rows.limits[keep], done=filler.copy())
-                bcap = new_b
-                store_bytes = tree_bytes(stores)
-            # ---- growth: a growing store doubles when the tile's last write would not fit
-            need = max((self._live_fns[g](write + k - 1)[0] for g in self._growing), default=0)
-            cur = min((s["pos"].shape[1] for g, s in stores.items() if g in self._growing),
-                      default=need)
-            if need > cur:
-                self._grow(stores, bcap, min(max(2 * cur, need), total), meter,
-                           weights_bytes, step)
-                store_bytes = tree_bytes(stores)
-            args = (hoisted, stores, last_tok, pos0_d, np.int32(step), np.int32(write), row_ids,
-                    seed)
-            if k == 1:
-                (stores, out_tok, out_lp, out_lg), key = self._run("decode", cfg, *args)
-                last_tok, tiled = out_tok, False
-            else:
-                (stores, last_tok, out_tok, out_lp, out_lg), key = self._run(
-                    "decode_tile", cfg, *args, k=k)
-                tiled = True
-            step += k - 1
-            meter.observe(weights_bytes + store_bytes, self.cache.temp_bytes[key], step=step)
 
     # ------------------------------------------------------------------ packed forward
     def pack(self, sequences: Sequence[np.ndarray]) -> PackedBatch:

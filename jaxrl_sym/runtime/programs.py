@@ -24,9 +24,8 @@ from jaxrl_sym.pdg.ir import PDG
 from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
 from jaxrl_sym.runtime.metrics import executable_temp_bytes
 from jaxrl_sym.runtime.stores import (
+    STORE_KINDS,
     StoreSpec,
-    attend_with_store,
-    init_store,
     take_rows,
 )
 
@@ -61,13 +60,13 @@ def store_specs(
     """Concrete layouts for every attention node's store."""
     out: dict[int, StoreSpec] = {}
     for sp in plan.stores:
-        if sp.kind == "slot":
+        if sp.kind not in STORE_KINDS:  # the feedback edge's slot: the step program's own carry
             continue
         node = pdg.node(sp.node)
         ins = {e.port: pdg.node(e.src) for e in pdg.in_edges(node.id)}
         k, v = ins[1], ins[2]
         out[sp.node] = StoreSpec(
-            node=sp.node, kind=sp.kind, capacity=sp.capacity_value(bindings),
+            node=sp.node, kind=STORE_KINDS[sp.kind], capacity=sp.capacity_value(bindings),
             hkv=int(k.shape[2]), d=int(k.shape[3]), dv=int(v.shape[3]),
             dtype=jnp.dtype(k.dtype), pattern=node.params["pattern"],
             scale=float(node.params["scale"]), softcap=float(node.params["softcap"]),
@@ -115,7 +114,7 @@ class StepBuilder:
         return tuple(by_id[nid] for nid in self.boundary)
 
     def init_stores(self, batch: int, capacity: int) -> dict[str, dict[str, jax.Array]]:
-        return {str(nid): init_store(spec, batch, spec.capacity or capacity)
+        return {str(nid): spec.kind.init(spec, batch, spec.capacity or capacity)
                 for nid, spec in self.specs.items()}
 
     def prefill(self, hoisted, stores, tokens, positions, row_ids, seed, *, temperature: float,
@@ -202,8 +201,9 @@ class StepBuilder:
         new_stores: dict[str, dict[str, jax.Array]] = {}
 
         def attn(node: Any, args: list[jax.Array]) -> jax.Array:
-            out, new = attend_with_store(self.specs[node.id], stores[str(node.id)], args,
-                                         write_index, fresh=fresh)
+            spec = self.specs[node.id]
+            out, new = spec.kind.attend(spec, stores[str(node.id)], args, write_index,
+                                        fresh=fresh)
             new_stores[str(node.id)] = new
             return out
 

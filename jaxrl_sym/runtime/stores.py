@@ -10,13 +10,16 @@ Layouts (per attention node, pytrees of arrays; batch axis first so rows can be 
   irrelevant and no contiguous copy (Tempo's 2×window trick) is needed.
 - state (linear attention): ``S [B, Hkv, D, Dv]``, ``z [B, Hkv, D]`` — the recurrence of Eq. 2.
 
-Every function here runs inside a jitted step program.
+Each kind is a :class:`StoreKind` that owns its behaviour (init, chunk read/write, growth, the
+slots one step reads); :data:`STORE_KINDS` maps the storage plan's kind names to them. Adding a
+store kind is one class here. Everything except ``StoreKind.slots`` runs inside a jitted step
+program.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +35,7 @@ class StoreSpec:
     """Concrete store layout for one attention node (static: part of the compile key)."""
 
     node: int
-    kind: str
+    kind: StoreKind  # the behaviour: one of STORE_KINDS' values
     capacity: int | None  # slots for ring/block/fixed; None for growing (runtime picks)
     hkv: int
     d: int
@@ -46,32 +49,6 @@ class StoreSpec:
     def scoring(self) -> dict[str, Any]:
         """The attention op's keyword arguments (pattern, scale, softcap) for this store."""
         return {"pattern": self.pattern, "scale": self.scale, "softcap": self.softcap}
-
-
-def init_store(spec: StoreSpec, batch: int, capacity: int) -> Store:
-    if spec.kind == "state":
-        return {
-            "S": jnp.zeros((batch, spec.hkv, spec.d, spec.dv), jnp.float32),
-            "z": jnp.zeros((batch, spec.hkv, spec.d), jnp.float32),
-        }
-    return {
-        "k": jnp.zeros((batch, capacity, spec.hkv, spec.d), spec.dtype),
-        "v": jnp.zeros((batch, capacity, spec.hkv, spec.dv), spec.dtype),
-        "pos": jnp.full((batch, capacity), -1, jnp.int32),
-    }
-
-
-def grow_store(store: Store, capacity: int) -> Store:
-    """Pad a growing store to a larger capacity (empty slots get position -1)."""
-    if "pos" not in store:
-        return store
-    extra = capacity - store["pos"].shape[1]
-    pad4 = ((0, 0), (0, extra), (0, 0), (0, 0))
-    return {
-        "k": jnp.pad(store["k"], pad4),
-        "v": jnp.pad(store["v"], pad4),
-        "pos": jnp.pad(store["pos"], ((0, 0), (0, extra)), constant_values=-1),
-    }
 
 
 def take_rows(store: Store, rows: jax.Array) -> Store:
@@ -121,84 +98,174 @@ def _write(store: Store, k: jax.Array, v: jax.Array, pos: jax.Array, slot: jax.A
     }
 
 
-def attend_with_store(
-    spec: StoreSpec,
-    store: Store,
-    args: list[jax.Array],
-    write_index: jax.Array,
-    *,
-    fresh: bool = False,
-) -> tuple[jax.Array, Store]:
-    """One attention node in a step program: read the store, add the chunk, return new store.
+def _kv_arrays(spec: StoreSpec, batch: int, capacity: int) -> Store:
+    return {
+        "k": jnp.zeros((batch, capacity, spec.hkv, spec.d), spec.dtype),
+        "v": jnp.zeros((batch, capacity, spec.hkv, spec.dv), spec.dtype),
+        "pos": jnp.full((batch, capacity), -1, jnp.int32),
+    }
 
-    args are the primitive's operands for the chunk: q, k, v, q_pos, k_pos, q_seg, k_seg
-    ([B, c, …]); ``write_index`` is the slot of the chunk's first element (a device scalar, so
-    one program serves every step). ``fresh`` (static) says the store is empty (the prompt
-    chunk): attention then needs only the chunk, and the store is written in place from slot 0.
-    """
+
+def _masked(spec: StoreSpec, q: jax.Array, q_pos: jax.Array, store: Store) -> jax.Array:
+    """Attention of the chunk's queries over every slot of ``store`` (masked by position)."""
+    return reference_attention(q, store["k"], store["v"], q_pos, store["pos"], _zeros_seg(q_pos),
+                               _zeros_seg(store["pos"]), **spec.scoring())
+
+
+def _fresh(spec: StoreSpec, store: Store, args: list[jax.Array]) -> tuple[jax.Array, Store]:
+    """The first chunk into an empty store: attention needs only the chunk; its last
+    ``min(c, capacity)`` entries are written from slot 0."""
     q, k, v, q_pos, k_pos = args[:5]
-    c = q.shape[1]
-    if spec.backend == "triton" and c == 1 and not fresh:
-        return _triton_decode(spec, store, q, k, v, q_pos, k_pos, write_index)
-    if spec.kind == "state":
-        return _linear_chunk(spec, store, q, k, v, q_pos, k_pos)
-    cap = store["pos"].shape[1]
-    ring = spec.kind in ("ring", "block")
-    if fresh and (not ring or c <= cap):
-        out = reference_attention(q, k, v, q_pos, k_pos, _zeros_seg(q_pos), _zeros_seg(k_pos),
-                                  **spec.scoring())
-        m = min(c, cap)
-        return out, _write(store, k[:, c - m:], v[:, c - m:], k_pos[:, c - m:],
-                           jnp.zeros((), jnp.int32))
-    if not ring:
-        # Growing/fixed: write first, then one masked pass over the capacity.
-        new = _write(store, k, v, k_pos, write_index)
-        out = reference_attention(q, new["k"], new["v"], q_pos, new["pos"], _zeros_seg(q_pos),
-                                  _zeros_seg(new["pos"]), **spec.scoring())
-        return out, new
-    if c == 1:
-        new = _write(store, k, v, k_pos, write_index % cap)
-        out = reference_attention(q, new["k"], new["v"], q_pos, new["pos"], _zeros_seg(q_pos),
-                                  _zeros_seg(new["pos"]), **spec.scoring())
-        return out, new
-    # Chunk longer than one step (prefill): attend over ring ∪ chunk, then keep the chunk's tail.
-    kk = jnp.concatenate([store["k"], k.astype(store["k"].dtype)], axis=1)
-    vv = jnp.concatenate([store["v"], v.astype(store["v"].dtype)], axis=1)
-    pp = jnp.concatenate([store["pos"], k_pos], axis=1)
-    out = reference_attention(q, kk, vv, q_pos, pp, _zeros_seg(q_pos), _zeros_seg(pp),
+    c, cap = q.shape[1], store["pos"].shape[1]
+    out = reference_attention(q, k, v, q_pos, k_pos, _zeros_seg(q_pos), _zeros_seg(k_pos),
                               **spec.scoring())
     m = min(c, cap)
-    slots = (write_index + (c - m) + jnp.arange(m, dtype=jnp.int32)) % cap
-    new = {
-        "k": store["k"].at[:, slots].set(k[:, c - m:].astype(store["k"].dtype)),
-        "v": store["v"].at[:, slots].set(v[:, c - m:].astype(store["v"].dtype)),
-        "pos": store["pos"].at[:, slots].set(k_pos[:, c - m:]),
-    }
-    return out, new
+    return out, _write(store, k[:, c - m:], v[:, c - m:], k_pos[:, c - m:],
+                       jnp.zeros((), jnp.int32))
 
 
-def _triton_decode(
-    spec: StoreSpec, store: Store, q: jax.Array, k: jax.Array, v: jax.Array,
-    q_pos: jax.Array, k_pos: jax.Array, write_index: jax.Array,
-) -> tuple[jax.Array, Store]:
-    """Single-token decode through the Triton kernels: only live slots are read.
+class StoreKind:
+    """A kind of store: owns its arrays' layout, how a chunk reads and writes it, how it grows
+    and how many key slots one step reads. One instance per kind in :data:`STORE_KINDS`; the
+    storage plan names the kind, the runtime looks its behaviour up here (no string compares).
 
-    The live count is a device value derived from ``write_index`` (growing: t+1; ring/block:
-    min(t+1, capacity) — the planner's live-count expression), so one compiled program serves
-    every step of a capacity bucket.
+    Every method runs inside a jitted step program except :meth:`slots` (host integers).
     """
+
+    name: ClassVar[str]
+    grows: ClassVar[bool] = False  # whether the host doubles it as rows get longer
+
+    def init(self, spec: StoreSpec, batch: int, capacity: int) -> Store:
+        return _kv_arrays(spec, batch, capacity)
+
+    def attend(self, spec: StoreSpec, store: Store, args: list[jax.Array],
+               write_index: jax.Array, *, fresh: bool) -> tuple[jax.Array, Store]:
+        """One attention node for a chunk: read the store, add the chunk, return the new store.
+
+        args: the primitive's operands for the chunk (q, k, v, q_pos, k_pos, q_seg, k_seg,
+        [B, c, …]); ``write_index``: slot of the chunk's first element (a device scalar, so one
+        program serves every step); ``fresh`` (static): the store is empty (first prompt chunk).
+        """
+        raise NotImplementedError
+
+    def grow(self, store: Store, capacity: int) -> Store:
+        raise TypeError(f"a {self.name} store has a fixed size; only growing stores grow")
+
+    def slots(self, spec: StoreSpec, capacity: int) -> int:
+        """Key slots one decode step reads for one row (the cost a benchmark counts)."""
+        return capacity
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class GrowingStore(StoreKind):
+    """Full (prefix) attention: ``k, v [B, C, Hkv, D]``, ``pos [B, C]``; chunk written at slot
+    ``write_index``; capacity C doubles (geometric) when full — one program per capacity."""
+
+    name = "growing"
+    grows = True
+
+    def attend(self, spec, store, args, write_index, *, fresh):
+        q, k, v, q_pos, k_pos = args[:5]
+        if fresh:
+            return _fresh(spec, store, args)
+        new = _write(store, k, v, k_pos, write_index)
+        if spec.backend == "triton" and q.shape[1] == 1:
+            return _triton_decode(spec, new, q, q_pos, live=write_index + 1), new
+        return _masked(spec, q, q_pos, new), new  # write first, then one masked pass
+
+    def grow(self, store, capacity):
+        """Pad to a larger capacity (empty slots get position -1)."""
+        extra = capacity - store["pos"].shape[1]
+        pad4 = ((0, 0), (0, extra), (0, 0), (0, 0))
+        return {"k": jnp.pad(store["k"], pad4), "v": jnp.pad(store["v"], pad4),
+                "pos": jnp.pad(store["pos"], ((0, 0), (0, extra)), constant_values=-1)}
+
+
+class FixedStore(GrowingStore):
+    """A growing store the user sized (``max_len``): same reads and writes, never grows."""
+
+    name = "fixed"
+    grows = False
+
+    def grow(self, store, capacity):
+        return StoreKind.grow(self, store, capacity)
+
+
+class RingStore(StoreKind):
+    """Window attention: C = w slots; step ``s`` goes to slot ``s mod C``. Slots are out of order;
+    attention masks by stored *position*, so no contiguous copy (Tempo's 2×window trick)."""
+
+    name = "ring"
+
+    def attend(self, spec, store, args, write_index, *, fresh):
+        q, k, v, q_pos, k_pos = args[:5]
+        c, cap = q.shape[1], store["pos"].shape[1]
+        if fresh and c <= cap:
+            return _fresh(spec, store, args)
+        if c == 1:
+            new = _write(store, k, v, k_pos, write_index % cap)
+            if spec.backend == "triton":
+                live = jnp.minimum(write_index + 1, cap)
+                return _triton_decode(spec, new, q, q_pos, live=live), new
+            return _masked(spec, q, q_pos, new), new
+        # A chunk longer than one step: attend over ring ∪ chunk, then keep the chunk's tail.
+        joined = {"k": jnp.concatenate([store["k"], k.astype(store["k"].dtype)], axis=1),
+                  "v": jnp.concatenate([store["v"], v.astype(store["v"].dtype)], axis=1),
+                  "pos": jnp.concatenate([store["pos"], k_pos], axis=1)}
+        out = _masked(spec, q, q_pos, joined)
+        m = min(c, cap)
+        slots = (write_index + (c - m) + jnp.arange(m, dtype=jnp.int32)) % cap
+        new = {"k": store["k"].at[:, slots].set(k[:, c - m:].astype(store["k"].dtype)),
+               "v": store["v"].at[:, slots].set(v[:, c - m:].astype(store["v"].dtype)),
+               "pos": store["pos"].at[:, slots].set(k_pos[:, c - m:])}
+        return out, new
+
+
+class BlockStore(RingStore):
+    """Block attention: a ring of b slots; the pattern's mask drops the previous block's keys."""
+
+    name = "block"
+
+
+class StateStore(StoreKind):
+    """Linear attention: ``S [B, Hkv, D, Dv]``, ``z [B, Hkv, D]`` — the recurrence of Eq. 2; the
+    prefix read is consumed by a kernelised sum, so no key is kept."""
+
+    name = "state"
+
+    def init(self, spec, batch, capacity):
+        return {"S": jnp.zeros((batch, spec.hkv, spec.d, spec.dv), jnp.float32),
+                "z": jnp.zeros((batch, spec.hkv, spec.d), jnp.float32)}
+
+    def attend(self, spec, store, args, write_index, *, fresh):
+        q, k, v, q_pos, k_pos = args[:5]
+        if spec.backend == "triton" and q.shape[1] == 1 and not fresh:
+            from jaxrl_sym.backends import triton_ops  # imported only with this backend
+
+            out, s_new, z_new = triton_ops.linear_decode(q[:, 0], k[:, 0], v[:, 0], store["S"],
+                                                         store["z"])
+            return out[:, None], {"S": s_new, "z": z_new}
+        return _linear_chunk(spec, store, q, k, v, q_pos, k_pos)
+
+    def slots(self, spec, capacity):
+        return 1
+
+
+STORE_KINDS: dict[str, StoreKind] = {
+    k.name: k for k in (GrowingStore(), FixedStore(), RingStore(), BlockStore(), StateStore())}
+"""The runtime's store table: the storage plan's kind name → its behaviour."""
+
+
+def _triton_decode(spec: StoreSpec, new: Store, q: jax.Array, q_pos: jax.Array,
+                   live: jax.Array) -> jax.Array:
+    """Single-token decode through the Triton kernel, reading only the ``live`` slots (a device
+    value from ``write_index``: the planner's live-count expression), so one compiled program
+    serves every step of a capacity bucket. ``new`` already holds this step's entry."""
     from jaxrl_sym.backends import triton_ops  # imported only when this backend is chosen
 
-    b = q.shape[0]
-    if spec.kind == "state":
-        out, s_new, z_new = triton_ops.linear_decode(q[:, 0], k[:, 0], v[:, 0], store["S"],
-                                                     store["z"])
-        return out[:, None], {"S": s_new, "z": z_new}
-    cap = store["pos"].shape[1]
-    ring = spec.kind in ("ring", "block")
-    new = _write(store, k, v, k_pos, write_index % cap if ring else write_index)
-    live = jnp.minimum(write_index + 1, cap) if ring else write_index + 1
-    n_live = jnp.full((b,), live, jnp.int32)
+    n_live = jnp.full((q.shape[0],), live, jnp.int32)
     out = triton_ops.decode_attention(q[:, 0], new["k"], new["v"], new["pos"], q_pos[:, 0],
                                       n_live, **spec.scoring())
-    return out[:, None], new
+    return out[:, None]

@@ -1,0 +1,178 @@
+"""One aligned microbatch decoding on device: the host loop as a small state object.
+
+:class:`DecodeGroup` owns the device state of a group (stores, the token fed back, positions,
+row ids) and its host bookkeeping (which request row sits in which batch slot, which rows are
+done). It makes no decision: before every dispatch it asks the pure policy
+(:func:`jaxrl_sym.runtime.policy.next_dispatch`) for the tile, the write slot, the row bucket and
+the store capacity, then carries them out — compaction, growth, one decode program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.runtime.metrics import MemoryMeter, tree_bytes
+from jaxrl_sym.runtime.policy import Dispatch, GroupShape, next_dispatch
+from jaxrl_sym.runtime.programs import DEAD_POSITION
+
+if TYPE_CHECKING:
+    from jaxrl_sym.runtime.engine import SymbolicLM
+
+OnFinished = Callable[[list[int], list[np.ndarray]], None]
+
+
+@dataclass
+class Outputs:
+    """Per request row, what generation emitted so far (host lists)."""
+
+    toks: list[list[int]]
+    lps: list[list[float]]
+    logits: list[list[np.ndarray]] | None
+
+
+class DecodeGroup:
+    """A microbatch from prefill to its last row's end (see the module docstring)."""
+
+    def __init__(self, lm: SymbolicLM, group: list[int], prompts: list[np.ndarray],
+                 limits: np.ndarray, cfg: GenerationConfig, meter: MemoryMeter,
+                 weights_bytes: int) -> None:
+        self.lm, self.cfg, self.meter, self.weights_bytes = lm, cfg, meter, weights_bytes
+        self.shape = GroupShape.plan([len(prompts[i]) for i in group], [limits[i] for i in group],
+                                     min_capacity=lm.min_capacity, max_len=lm.max_len)
+        self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
+        b = self.shape.rows
+        self.ids = np.full((b,), -1, np.int64)
+        self.limits = np.zeros((b,), np.int64)
+        self.ids[:len(group)] = group
+        self.limits[:len(group)] = [limits[i] for i in group]
+        self.done = self.ids < 0
+        self.prompts = prompts
+        self.seed = jax.device_put(np.uint32(cfg.seed))
+        self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
+        pos0 = np.full((b,), DEAD_POSITION, np.int32)
+        pos0[:len(group)] = [len(prompts[i]) for i in group]
+        self.pos0 = jax.device_put(pos0)
+        self.stores = lm.cache.run(("init", b, self.capacity), lambda: jax.jit(
+            lm.builder.init_stores, static_argnums=(0, 1)).lower(b, self.capacity).compile())
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
+            on_finished: OnFinished | None) -> None:
+        """Prefill, then decode until every row hit EOS or its limit."""
+        last = self.prefill(hoisted)
+        while True:
+            self.collect(last, out, on_finished)
+            if self.done.all():
+                return
+            live = np.nonzero(~self.done)[0]
+            remaining = max(int(self.limits[s]) - len(out.toks[int(self.ids[s])]) for s in live)
+            d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
+                              capacity=self.capacity, live=len(live), remaining=remaining,
+                              tile=self.lm.decode_tile, need=self.lm.growing_need)
+            if d.rows < self.rows:
+                self.compact(live, d.rows)
+            if d.capacity > self.capacity:
+                self.grow(d.capacity)
+            last = self.decode(hoisted, d)
+
+    def prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+        """The right-aligned prompt block, in chunks whose logits fit the config's budget."""
+        b, pcap = self.shape.rows, self.shape.prompt_slots
+        tok_in = np.zeros((b, pcap), np.int32)
+        pos_in = np.full((b, pcap), -1, np.int32)
+        for slot, i in enumerate(self.ids):
+            if i >= 0:
+                p = self.prompts[i]
+                tok_in[slot, pcap - len(p):] = p
+                pos_in[slot, pcap - len(p):] = np.arange(len(p))
+        chunk = self.cfg.prefill_chunk(b, pcap, self.lm.vocab_size)
+        (self.stores, tok, lp, lg), key = self.lm.run_program(
+            "prefill", self.cfg, hoisted, self.stores, jax.device_put(tok_in),
+            jax.device_put(pos_in), self.row_ids, self.seed, chunk=chunk)
+        self.last_tok = tok
+        self._observe(key, step=0)
+        return tok, lp, lg if self.cfg.return_logits else None, False
+
+    def decode(self, hoisted: tuple[jax.Array, ...], d: Dispatch) -> tuple[Any, ...]:
+        """One decode program: a single step, or a tile of ``d.tile`` steps."""
+        args = (hoisted, self.stores, self.last_tok, self.pos0, np.int32(d.step),
+                np.int32(d.write), self.row_ids, self.seed)
+        if d.tile == 1:
+            (self.stores, tok, lp, lg), key = self.lm.run_program("decode", self.cfg, *args)
+            self.last_tok = tok
+        else:
+            (self.stores, self.last_tok, tok, lp, lg), key = self.lm.run_program(
+                "decode_tile", self.cfg, *args, k=d.tile)
+        self.steps_done = d.step + d.tile - 1
+        self._observe(key, step=self.steps_done)
+        return tok, lp, lg if self.cfg.return_logits else None, d.tile > 1
+
+    # ------------------------------------------------------------------ host side
+    def collect(self, last: tuple[Any, ...], out: Outputs, on_finished: OnFinished | None
+                ) -> None:
+        """Read a dispatch's tokens back and mark rows that ended. ``last`` is (tokens,
+        log-probs, logits or None, tiled): [steps, rows] when tiled, else [rows]."""
+        *arrays, tiled = last
+        # host copies with a leading step axis (added on the host: no device op, no compile)
+        tok_h, lp_h, lg_h = (None if x is None else np.asarray(x) if tiled
+                             else np.asarray(x)[None] for x in arrays)
+        finished: list[int] = []
+        for j in range(tok_h.shape[0]):
+            for slot in np.nonzero(~self.done)[0]:
+                i = int(self.ids[slot])
+                out.toks[i].append(int(tok_h[j, slot]))
+                out.lps[i].append(float(lp_h[j, slot]))
+                if out.logits is not None and lg_h is not None:
+                    out.logits[i].append(lg_h[j, slot])
+                eos = self.cfg.eos_id is not None and tok_h[j, slot] == self.cfg.eos_id
+                if eos or len(out.toks[i]) >= self.limits[slot]:
+                    self.done[slot] = True
+                    finished.append(i)
+        if finished and on_finished is not None:
+            on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
+
+    def compact(self, live: np.ndarray, rows: int) -> None:
+        """Keep the live rows in a bucket of ``rows`` (fillers repeat a live row, masked)."""
+        keep = np.concatenate([live, np.repeat(live[:1], rows - len(live))])
+        caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items() if "pos" in s))
+        filler = np.arange(rows) >= len(live)
+        cargs = (self.stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
+                 self.last_tok, self.pos0, self.row_ids)
+        self.stores, self.last_tok, self.pos0, self.row_ids = self.lm.cache.run(
+            ("compact", self.rows, rows, caps),
+            lambda a=cargs: jax.jit(self.lm.builder.compact).lower(*a).compile(), *cargs)
+        del cargs  # holds the pre-compaction stores: free them now, not at the next compaction
+        self.ids = np.where(filler, -1, self.ids[keep])
+        self.limits, self.done, self.rows = self.limits[keep], filler.copy(), rows
+
+    def grow(self, capacity: int) -> None:
+        """Grow the growing stores to ``capacity`` in place, one store per program.
+
+        Why one at a time: a padded copy cannot alias its input, so growing every layer in one
+        program keeps all old and all new buffers live together. On an H100 (GPT-2-small shape,
+        batch 64, 4096 tokens) that made sym's peak 39.7 GB for a 19.4 GB final store, above
+        padded's 22.7 GB; one store per program measured 20.9 GB. Each store is replaced in the
+        dict as soon as its copy exists, so its old buffers are freed before the next one grows.
+        Stores of equal shape share one compiled program.
+        """
+        for g in self.lm.growing:
+            old_bytes = tree_bytes(self.stores[g])
+            key = ("grow", self.rows, capacity,
+                   tuple((n, a.shape, str(a.dtype)) for n, a in sorted(self.stores[g].items())))
+            grow = self.lm.specs[int(g)].kind.grow
+            self.stores[g] = self.lm.cache.run(key, lambda o=self.stores[g], f=grow: jax.jit(
+                f, static_argnums=1).lower(o, capacity).compile(), self.stores[g])
+            self.meter.observe(self.weights_bytes + tree_bytes(self.stores) + old_bytes,
+                               self.lm.cache.temp_bytes[key], step=self.steps_done)
+        self.capacity = capacity
+
+    def _observe(self, key: tuple, step: int) -> None:
+        self.meter.observe(self.weights_bytes + tree_bytes(self.stores),
+                           self.lm.cache.temp_bytes[key], step=step)
+

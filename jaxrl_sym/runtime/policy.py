@@ -1,0 +1,170 @@
+"""The host loop's decisions, as pure functions of integers: one copy, run and replayed.
+
+What a generation request costs on the symbolic runtime is decided here — how rows are grouped
+into aligned microbatches, each group's row bucket and prompt block, the initial capacity of its
+growing stores, and before every dispatch: how many decode steps it tiles, which slot it writes,
+whether finished rows are compacted away and whether the growing stores double. The engine's
+decode group (:mod:`jaxrl_sym.runtime.group`) executes these decisions on device arrays;
+``bench/suite_padding.py`` replays the very same functions on lengths alone to count the work each
+request costs. Keeping one copy is the point: a benchmark that re-implements a policy drifts from
+it (it did, when decode tiles changed growth look-ahead).
+
+No sympy and no JAX here: the growing stores' live-slot count arrives as a plain callable
+compiled once by the planner (:func:`jaxrl_sym.passes.storage.live_count_fn`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# The engine's defaults, read by ``SymbolicLM``'s signature and by :func:`replay` alike.
+DEFAULT_DECODE_TILE = 8  # decode steps per dispatch
+DEFAULT_MIN_CAPACITY = 128  # initial slots of a growing store
+DEFAULT_MAX_PAD_FRACTION = 0.1  # prompt padding a microbatch may add, as a share of its work
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def length_bucket(n: int, *, per_octave: int = 4, minimum: int = 8) -> int:
+    """Round up to a geometric grid with ``per_octave`` steps (≤ 1/per_octave waste)."""
+    if n <= minimum:
+        return minimum
+    top = next_pow2(n)
+    step = max(1, top // (2 * per_octave))
+    return -(-n // step) * step
+
+
+def microbatches(
+    lengths: Sequence[int], limits: Sequence[int], *, max_rows: int | None,
+    max_pad_fraction: float,
+) -> list[list[int]]:
+    """Aligned microbatches (paper §4.2): rows sorted by prompt length, right-aligned so that all
+    rows of a group decode at the same step. A row joins the current group while the group's
+    prompt padding stays within ``max_pad_fraction`` of the group's work (prompt + response
+    tokens) and the group has room; otherwise a new group starts. Weighing padding against the
+    whole row matters: 16 tokens of prompt padding are noise next to 1024 generated tokens, and a
+    needless split costs a second set of compiled programs and halves the batch."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g is not None and (max_rows is None or len(g) < max_rows):
+            members = [*g, i]
+            top = max(lengths[j] for j in members)
+            pad = sum(top - lengths[j] for j in members)
+            work = sum(top + int(limits[j]) for j in members)
+            if pad <= max_pad_fraction * work:
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """The static geometry of one microbatch.
+
+    rows: row bucket (power of two ≥ the group's rows; compaction only lowers it).
+    prompt_slots: width of the right-aligned prompt block (bucketed longest prompt).
+    total: slots the group can ever need (prompt block + the longest row limit).
+    capacity: initial capacity of its growing stores.
+    """
+
+    rows: int
+    prompt_slots: int
+    total: int
+    capacity: int
+
+    @staticmethod
+    def plan(prompt_lens: Sequence[int], limits: Sequence[int], *, min_capacity: int,
+             max_len: int | None = None) -> GroupShape:
+        """Geometry of a group with these prompt lengths and response limits.
+
+        The growing stores start at the smallest power of two above the prompt block (at least
+        ``min_capacity``, at most ``total``). With a user ``max_len``, stores are fixed at
+        ``max_len`` plus the block's left padding, so no row's slots run past the store.
+        """
+        plen = max(prompt_lens)
+        pcap = length_bucket(plen)
+        total = pcap + int(max(limits))
+        cap = min(max(min_capacity, next_pow2(pcap + 1)), total)
+        if max_len is not None:
+            cap = max_len + (pcap - plen)
+        return GroupShape(next_pow2(len(prompt_lens)), pcap, total, cap)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One decode dispatch as the policy decided it.
+
+    step: the first decode step it runs (1-based; the prefill produced token 0).
+    tile: decode steps in this dispatch (one program, one device→host sync).
+    write: slot of the token fed back at ``step``.
+    rows: the row bucket it runs at (after any compaction).
+    capacity: the growing stores' capacity it runs at (after any growth).
+    """
+
+    step: int
+    tile: int
+    write: int
+    rows: int
+    capacity: int
+
+
+def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: int, live: int,
+                  remaining: int, tile: int, need: Callable[[int], int] | None) -> Dispatch:
+    """Decide the next decode dispatch of a group.
+
+    steps_done: decode steps dispatched so far; rows / capacity: the current row bucket and
+    growing capacity; live: rows not finished; remaining: the most tokens any live row may still
+    emit; tile: the engine's decode tile; need(t): live slots of the growing stores after writing
+    slot t (None when the model has no growing store).
+
+    Tiles only while every step of the tile is within some live row's limit, so no write lands
+    past the slots the group can ever need. Finished rows are dropped once at most half the
+    bucket is live (the bucket shrinks to the next power of two). Growing stores double — or jump
+    to what the tile's last write needs — when that write would not fit, capped at ``total``.
+    """
+    k = tile if remaining >= tile > 1 else 1
+    step = steps_done + 1
+    write = shape.prompt_slots + step - 1
+    if rows > 1 and live <= rows // 2:
+        rows = next_pow2(live)
+    if need is not None:
+        n = need(write + k - 1)
+        if n > capacity:
+            capacity = min(max(2 * capacity, n), shape.total)
+    return Dispatch(step, k, write, rows, capacity)
+
+
+def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
+           min_capacity: int = DEFAULT_MIN_CAPACITY,
+           max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION, tile: int = DEFAULT_DECODE_TILE,
+           need: Callable[[int], int] | None = lambda t: t + 1,
+           microbatch_rows: int | None = None,
+           ) -> list[tuple[GroupShape, list[Dispatch]]]:
+    """The dispatches a request costs when every row runs to its limit (no EOS), per group.
+
+    The same functions the engine calls, driven by row counters instead of device outputs: a row
+    that has emitted ``e`` of its ``limit`` tokens emits ``min(tile, limit - e)`` more per
+    dispatch. ``need`` defaults to the growing store's live count (t + 1).
+    """
+    out = []
+    for group in microbatches(prompt_lens, limits, max_rows=microbatch_rows,
+                              max_pad_fraction=max_pad_fraction):
+        shape = GroupShape.plan([prompt_lens[i] for i in group], [limits[i] for i in group],
+                                min_capacity=min_capacity)
+        left = [int(limits[i]) - 1 for i in group]  # tokens still to emit after the prefill's
+        rows, cap, done, ds = shape.rows, shape.capacity, 0, []
+        while any(x > 0 for x in left):
+            live = [x for x in left if x > 0]
+            d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
+                              remaining=max(live), tile=tile, need=need)
+            ds.append(d)
+            rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
+            left = [max(0, x - d.tile) for x in left]
+        out.append((shape, ds))
+    return out

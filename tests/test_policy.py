@@ -1,0 +1,78 @@
+"""The host loop's policy is what runs: the engine's dispatches equal the policy's replay.
+
+``bench/suite_padding.py`` counts the symbolic runtime's work by calling
+:func:`jaxrl_sym.runtime.policy.replay`; these tests check that replay against the engine's own
+dispatch and compile counters on a model that is not ``DecoderLM`` (so a benchmark can never
+describe a policy the runtime does not follow), and the policy's invariants on random requests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from zoo import zoo
+
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.policy import GroupShape, next_dispatch, replay
+
+requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests, st.integers(1, 9), st.sampled_from([4, 16, 128]))
+def test_replay_covers_every_token_and_never_overflows(req, tile, min_cap) -> None:
+    prompts, limits = [p for p, _ in req], [n for _, n in req]
+    emitted = 0
+    for shape, ds in replay(prompts, limits, min_capacity=min_cap, tile=tile):
+        assert shape.capacity <= shape.total
+        prev = None
+        for d in ds:
+            assert 1 <= d.tile <= tile and d.rows >= 1
+            # the tile's last write fits the stores, which never exceed what the group needs
+            assert d.write + d.tile <= d.capacity <= shape.total
+            if prev is not None:
+                assert d.step == prev.step + prev.tile
+                assert d.rows <= prev.rows and d.capacity >= prev.capacity
+            prev = d
+        emitted += sum(d.tile for d in ds)
+    # every row emits limit tokens: one from the prefill, the rest from decode dispatches
+    assert emitted >= max(limits) - 1
+
+
+def test_next_dispatch_compacts_and_grows() -> None:
+    shape = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4)
+    assert (shape.rows, shape.prompt_slots) == (4, 10)  # 9 bucketed (4 per octave)
+    d = next_dispatch(shape, steps_done=0, rows=4, capacity=shape.capacity, live=2,
+                      remaining=20, tile=8, need=lambda t: t + 1)
+    assert d.rows == 2 and d.tile == 8 and d.write == 10
+    assert d.capacity >= d.write + 8  # the whole tile's writes fit
+    d = next_dispatch(shape, steps_done=0, rows=4, capacity=64, live=3, remaining=3, tile=8,
+                      need=None)
+    assert (d.rows, d.tile, d.capacity) == (4, 1, 64)  # short tail: single steps, nothing grows
+
+
+def test_engine_dispatches_what_the_policy_replays() -> None:
+    """Prefill, decode tiles, compactions and growths of the engine, counted, equal the replay.
+
+    A GPT-2-like zoo model (learned positions, LayerNorm, biases: full attention, so its stores
+    grow), ragged prompts and limits so that rows finish at different steps."""
+    m = zoo()["gpt2"]
+    rng = np.random.default_rng(0)
+    lens, limits = [3, 9, 5, 12, 4], [2, 30, 7, 19, 11]
+    prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
+    lm = SymbolicLM(m, min_capacity=8, decode_tile=4)
+    cfg = GenerationConfig(max_new_tokens=tuple(limits))
+    lm.generate(prompts, cfg)  # warm: hoist and programs compiled
+    d0 = lm.cache.dispatches
+    res = lm.generate(prompts, cfg)
+    assert [len(t) for t in res.tokens] == limits
+    want = 0
+    for shape, ds in replay(lens, limits, min_capacity=8, tile=4):
+        want += 2 + len(ds)  # init stores, prefill, one program per dispatch
+        rows, cap = shape.rows, shape.capacity
+        for d in ds:
+            want += (d.rows < rows) + (d.capacity > cap) * len(lm.growing)
+            rows, cap = d.rows, d.capacity
+    assert lm.cache.dispatches - d0 == want
