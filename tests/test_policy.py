@@ -76,3 +76,20 @@ def test_engine_dispatches_what_the_policy_replays() -> None:
             want += (d.rows < rows) + (d.capacity > cap) * len(lm.growing)
             rows, cap = d.rows, d.capacity
     assert lm.cache.dispatches - d0 == want
+
+
+def test_max_len_stores_hold_the_prompt_blocks_padding() -> None:
+    """With ``max_len``, full-attention stores are fixed; a group's prompt block is bucketed
+    (5 → 8 slots), so a row that uses all of max_len writes past slot max_len - 1. The store
+    must include the block's padding, or those writes clamp over older keys (silently different
+    tokens). Oracle: the padded baseline at the same max_len."""
+    from jaxrl_sym.baselines.padded import padded_generate
+
+    m = zoo()["gpt2"]
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 50, 5).astype(np.int32)]
+    cfg = GenerationConfig(max_new_tokens=11, max_len=16, return_logits=True)
+    lm = SymbolicLM(m, max_len=16, min_capacity=4, decode_tile=1)
+    sym, pad = lm.generate(prompts, cfg), padded_generate(m, prompts, cfg)
+    np.testing.assert_array_equal(sym.tokens[0], pad.tokens[0])
+    np.testing.assert_allclose(sym.logits[0], pad.logits[0], atol=1e-4, rtol=1e-4)

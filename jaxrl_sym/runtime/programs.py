@@ -114,7 +114,7 @@ class StepBuilder:
         return tuple(by_id[nid] for nid in self.boundary)
 
     def init_stores(self, batch: int, capacity: int) -> dict[str, dict[str, jax.Array]]:
-        return {str(nid): spec.kind.init(spec, batch, spec.capacity or capacity)
+        return {str(nid): spec.kind.init(spec, batch, spec.kind.capacity(spec, capacity))
                 for nid, spec in self.specs.items()}
 
     def prefill(self, hoisted, stores, tokens, positions, row_ids, seed, *, temperature: float,

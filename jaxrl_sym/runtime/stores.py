@@ -148,6 +148,11 @@ class StoreKind:
         """
         raise NotImplementedError
 
+    def capacity(self, spec: StoreSpec, group_capacity: int) -> int:
+        """Slots to allocate for a group whose growing capacity is ``group_capacity``: the
+        planned size where the plan fixed one (ring, block), else the group's."""
+        return spec.capacity or group_capacity
+
     def grow(self, store: Store, capacity: int) -> Store:
         raise TypeError(f"a {self.name} store has a fixed size; only growing stores grow")
 
@@ -188,6 +193,12 @@ class FixedStore(GrowingStore):
 
     name = "fixed"
     grows = False
+
+    def capacity(self, spec, group_capacity):
+        # The group's, not the plan's max_len: the group adds its prompt block's left padding
+        # (GroupShape.plan), without which the last writes of a row whose prompt is shorter
+        # than the block would land past the store's end (and be clamped over older slots).
+        return group_capacity
 
     def grow(self, store, capacity):
         return StoreKind.grow(self, store, capacity)
