@@ -27,6 +27,8 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.runtime.engine import PackedBatch, length_bucket
 
 SYSTEMS = ("sym", "padded")
+"""The built-in systems' names (the CLI's choices). Which layout a system uses is the system's
+own choice (:mod:`jaxrl_sym.rl.systems`), so nothing here dispatches on these names."""
 
 
 @dataclass(frozen=True)
@@ -131,11 +133,3 @@ def padded_layout(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
         spans.append((i, len(p) - 1, len(r)))
     return Layout("padded", (tokens, lengths), targets, tuple(spans), int(lengths.sum()))
 
-
-def build_layout(system: str, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
-                 row_len: int | None = None) -> Layout:
-    if system == "sym":
-        return packed_layout(prompts, responses, row_len=row_len)
-    if system == "padded":
-        return padded_layout(prompts, responses)
-    raise InputError(f"unknown system {system!r}; choose one of {', '.join(SYSTEMS)}")

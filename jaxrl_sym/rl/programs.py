@@ -1,0 +1,93 @@
+"""The step's compiled programs: a shape-keyed cache with peak-memory accounting, and the jitted
+reference / value / loss-gradient / update functions built over one system's forward.
+
+Why the functions are built from a ``logits_fn`` rather than per system: the loss, its gradient
+and the optimiser update are the same code on every layout (see :mod:`jaxrl_sym.rl.algorithms`);
+only the forward differs, and that is what a :class:`~jaxrl_sym.rl.systems.System` provides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrl_sym.rl.algorithms import RLConfig, rl_loss, token_logprobs, value_predictions
+from jaxrl_sym.runtime.metrics import tree_bytes
+from jaxrl_sym.runtime.programs import ProgramCache
+
+LogitsFn = Callable[[list[jax.Array], tuple[jax.Array, ...]], jax.Array]
+"""``logits_fn(lm_leaves, layout_inputs) -> [rows, L, vocab]`` logits: one system's forward."""
+
+
+class Programs:
+    """The runtime's :class:`ProgramCache` keyed by (name, argument shapes), plus the peak of
+    bytes held while a program runs (inputs + resident state + XLA temporaries + outputs).
+
+    Compiling ahead of time (``lower().compile()``) is what gives access to
+    ``memory_analysis()``; the cache key mirrors jit's own (pytree structure + shapes/dtypes).
+    """
+
+    def __init__(self) -> None:
+        self.cache = ProgramCache()
+        self.peak = 0
+
+    @property
+    def compiles(self) -> int:
+        return self.cache.compiles
+
+    def run(self, name: str, fn: Any, *args: Any, resident: int = 0) -> Any:
+        leaves, tdef = jax.tree_util.tree_flatten(args)
+        key = (name, tdef, tuple((np.shape(x), np.result_type(x).str) for x in leaves))
+        out = self.cache.run(key, lambda: fn.lower(*args).compile(), *args)
+        held = resident + sum(int(x.nbytes) for x in leaves)
+        self.peak = max(self.peak, held + self.cache.temp_bytes[key] + tree_bytes(out))
+        return out
+
+
+def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: LogitsFn
+              ) -> dict[str, Any]:
+    """Jitted functions of one layout, by role:
+
+    ``ref`` (reference log-probs), ``values`` (PPO value estimates), ``grad`` (loss and its
+    gradient), ``update`` (fused loss-grad-optimiser step for a batch in one micro-batch),
+    ``apply`` (optimiser step from accumulated gradients) and ``add`` (gradient accumulation).
+    """
+
+    def ref_lp(leaves, inputs, targets):
+        return token_logprobs(logits_fn(leaves, inputs), targets, cfg.temperature)
+
+    def values(params, inputs):
+        return value_predictions(logits_fn(params["lm"], inputs), params["value"])
+
+    # Rematerialise the loss head: only the logits are kept for the backward pass, not the
+    # log-softmax, softmax and entropy terms — each another [slots × vocab] fp32 buffer.
+    head = jax.checkpoint(lambda logits, arrays, value: rl_loss(logits, arrays, value, cfg))
+
+    def loss(params, inputs, arrays):
+        return head(logits_fn(params["lm"], inputs), arrays, params.get("value"))
+
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
+
+    def update(params, opt_state, inputs, arrays):
+        (_, aux), grads = grad_fn(params, inputs, arrays)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        aux = {**aux, "grad_norm": optax.tree.norm(grads)}
+        return optax.apply_updates(params, updates), opt_state, aux
+
+    def apply(params, opt_state, grads):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
+
+    def add(a, b):
+        return jax.tree_util.tree_map(jnp.add, a, b)
+
+    return {
+        "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
+        "update": jax.jit(update), "apply": jax.jit(apply, donate_argnums=(2,)),
+        "add": jax.jit(add, donate_argnums=(0,)),
+    }

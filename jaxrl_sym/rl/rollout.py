@@ -1,0 +1,96 @@
+"""What generation hands the rest of the step: the :class:`Rollout`, and the user's rewards on it.
+
+Kept apart from the trainer because both are plain data/functions every system shares: a rollout
+looks the same whether it came from the symbolic runtime or the padded baseline, and rewards are
+computed on the host from exact token arrays either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import GenerationConfig, validate_prompts
+from jaxrl_sym.rl.algorithms import RLConfig
+from jaxrl_sym.rl.errors import RewardError
+
+RewardFn = Callable[[np.ndarray, np.ndarray], float]
+"""``reward_fn(prompt_tokens, response_tokens) -> float``; the response includes the EOS token
+when the row ended on one."""
+
+
+@dataclass
+class Rollout:
+    """Generated samples, group after group (G consecutive samples share a prompt)."""
+
+    prompts: list[np.ndarray]
+    responses: list[np.ndarray]
+    old_logprobs: list[np.ndarray]
+    group_size: int
+    stats: dict = field(default_factory=dict)
+    ref_logprobs: list[np.ndarray] | None = None
+    """Reference log-probs per sample when they were computed during generation (sym, beta > 0,
+    ``RLConfig.overlap_reference``); None means the step runs the reference pass afterwards."""
+
+    @property
+    def useful_tokens(self) -> int:
+        return int(sum(len(p) + len(r) for p, r in zip(self.prompts, self.responses, strict=True)))
+
+
+def sampling_batch(cfg: RLConfig, prompts: Sequence[np.ndarray | Sequence[int]], seed: int,
+                   limits: Sequence[int] | None, vocab_size: int
+                   ) -> tuple[list[np.ndarray], GenerationConfig]:
+    """The G-fold expanded prompt list and its generation config (per-row limits included).
+
+    limits: optional response limits, one per prompt or one per sample (prompt-major, G per
+    prompt); default ``cfg.max_new_tokens`` for every row.
+    """
+    n, g = len(prompts), cfg.group_size
+    max_new: int | tuple[int, ...] = cfg.max_new_tokens
+    if limits is not None:
+        lim = [int(x) for x in limits]
+        if len(lim) == n:
+            lim = [x for x in lim for _ in range(g)]
+        elif len(lim) != n * g:
+            raise InputError(f"limits has {len(lim)} entries; give one per prompt ({n}) or "
+                             f"one per sample ({n * g})")
+        max_new = tuple(lim)
+    gcfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, eos_id=cfg.eos_id,
+                            temperature=cfg.temperature, seed=int(seed) & 0x7FFFFFFF)
+    # Validate the user's prompts first so errors name *their* index, not a repeated copy's.
+    ps = validate_prompts(list(prompts), vocab_size, gcfg)
+    gcfg = replace(gcfg, max_new_tokens=max_new)
+    return [p for p in ps for _ in range(g)], gcfg
+
+
+def compute_rewards(fn: RewardFn, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray],
+                    *, what: str = "reward function") -> np.ndarray:
+    """Call ``fn`` per sample and insist on one finite real number each.
+
+    Why so strict: a NaN or a vector reward would silently poison the group statistics and then
+    every parameter; failing here, before the update, keeps the model intact and names the sample.
+    """
+    out = np.zeros(len(prompts), np.float64)
+    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        try:
+            v = fn(p, r)
+        except Exception as e:
+            raise RewardError(
+                f"{what} raised on sample {i} (prompt {p.tolist()}, response {r.tolist()}): "
+                f"{type(e).__name__}: {e}. The step was not applied.", i) from e
+        a = np.asarray(v)
+        if a.shape != () or a.dtype == bool or not np.issubdtype(a.dtype, np.number) \
+                or np.iscomplexobj(a):
+            raise RewardError(
+                f"{what} returned {type(v).__name__} of shape {a.shape} and dtype {a.dtype} on "
+                f"sample {i}; it must return one real number per (prompt, response). The step "
+                "was not applied.", i)
+        if not np.isfinite(a):
+            raise RewardError(f"{what} returned {float(a)} on sample {i} (prompt {p.tolist()}, "
+                              f"response {r.tolist()}); rewards must be finite. The step was not "
+                              "applied.", i)
+        out[i] = float(a)
+    return out

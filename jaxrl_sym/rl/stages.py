@@ -1,0 +1,290 @@
+"""The stages of one RL step, as functions of a :class:`~jaxrl_sym.rl.state.TrainState`.
+
+generation → pack → reference log-probs → rewards → advantages / loss arrays → update → commit.
+
+Each stage takes the trainer (the fixed machinery: config, system, compiled programs, reward
+function) and the state it should read, and returns data — the update returns a *new* state. None
+of them assigns to the trainer, except :func:`commit`; that is what makes a failed step (a reward
+function that raises, a non-finite gradient) leave the trainer exactly as it was.
+
+Why functions and not trainer methods: the order and the data passed between stages is then
+visible in one short composition (``RLTrainer.step``), and a stage can be run or tested on its own
+with any state — e.g. scoring a rollout against the current parameters without updating them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.algorithms import (
+    RLConfig,
+    gae,
+    merge_aux,
+    sample_advantages,
+    token_weights,
+    whiten,
+)
+from jaxrl_sym.rl.layout import Layout
+from jaxrl_sym.rl.rollout import Rollout, compute_rewards, sampling_batch
+from jaxrl_sym.rl.state import TrainState
+from jaxrl_sym.runtime.metrics import CompileCounter, device_peak_bytes, tree_bytes
+
+if TYPE_CHECKING:
+    from jaxrl_sym.rl.step import RLTrainer
+
+Arrays = dict[str, np.ndarray]
+
+
+class Stopwatch:
+    """Per-stage wall-clock seconds, in the order the stages ran (the step's ``seconds``)."""
+
+    def __init__(self) -> None:
+        self.sec: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        t = time.perf_counter()
+        yield
+        self.sec[stage] = time.perf_counter() - t
+
+    def move(self, seconds: float, src: str, dst: str) -> None:
+        """Re-attribute ``seconds`` measured inside ``src`` to ``dst``."""
+        self.sec[dst] = self.sec[dst] + seconds
+        self.sec[src] -= seconds
+
+
+# ---------------------------------------------------------------------- batching
+def rows_per_chunk(cfg: RLConfig, width: int) -> int | None:
+    """Rows of ``width`` slots per forward so one program holds at most ``update_tokens`` slots
+    (None: no limit). Every whole-batch forward — reference, values, update — is cut to this:
+    the ``[slots × vocab]`` logits are what exhausts memory at real vocabularies (151,936 words:
+    0.6 MB per slot in fp32)."""
+    if cfg.update_tokens is None:
+        return None
+    return max(1, cfg.update_tokens // width)
+
+
+def row_chunks(cfg: RLConfig, layout: Layout) -> list[slice]:
+    rows, width = layout.shape
+    per = rows_per_chunk(cfg, width) or rows
+    return [slice(i, i + per) for i in range(0, rows, per)]
+
+
+def micro_batches(cfg: RLConfig, layout: Layout, arrays: Arrays
+                  ) -> list[tuple[tuple[np.ndarray, ...], Arrays]]:
+    """Row slices of the training batch of at most ``update_tokens`` slots each (one slice
+    when unset). Rows are never split: a packed row's sequences attend within the row."""
+    return [(tuple(x[sl] for x in layout.inputs), {k: v[sl] for k, v in arrays.items()})
+            for sl in row_chunks(cfg, layout)]
+
+
+# ---------------------------------------------------------------------- stages
+def generate(tr: RLTrainer, state: TrainState, prompts: Sequence[np.ndarray | Sequence[int]],
+             seed: int, limits: Sequence[int] | None = None) -> Rollout:
+    """G samples per prompt at the sampling temperature, with their sampling log-probs; on a
+    system that can, the reference log-probs too (scored while generation ran)."""
+    cfg = tr.cfg
+    expanded, gcfg = sampling_batch(cfg, prompts, seed, limits, tr.vocab_size)
+    if state.ref is not None and cfg.overlap_reference:
+        ref_fn = tr.fns(tr.system)["ref"]
+
+        def score(lay: Layout) -> Any:
+            return tr.programs.run(f"ref-{tr.system}", ref_fn, state.ref, lay.inputs, lay.targets,
+                                   resident=tree_bytes(state.params) + state.resident_bytes())
+
+        res, overlap = tr.system_impl.generate_scoring(tr, expanded, gcfg, score)
+    else:
+        res, overlap = tr.system_impl.generate(tr, expanded, gcfg), None
+    stats = dict(res.stats)
+    ref = None
+    if overlap is not None:
+        t = time.perf_counter()
+        ref = overlap.collect(len(expanded), res.tokens)
+        stats["ref_collect_seconds"] = time.perf_counter() - t
+        stats["ref_chunks"] = overlap.chunks
+        stats["ref_overlapped_samples"] = overlap.overlapped_samples
+    return Rollout(expanded, list(res.tokens), list(res.logprobs), cfg.group_size, stats, ref)
+
+
+def reference_logprobs(tr: RLTrainer, state: TrainState, layout: Layout) -> np.ndarray:
+    """[rows, L] reference log-probs at the response-predicting slots (0 without a reference)."""
+    if state.ref is None:
+        return np.zeros(layout.shape, np.float32)
+    fn = tr.fns(layout.system)["ref"]
+    outs = [tr.programs.run(f"ref-{layout.system}", fn, state.ref,
+                            tuple(x[sl] for x in layout.inputs), layout.targets[sl],
+                            resident=tree_bytes(state.params) + state.resident_bytes())
+            for sl in row_chunks(tr.cfg, layout)]
+    return np.concatenate([np.asarray(o) for o in outs])
+
+
+def reference_slots(tr: RLTrainer, state: TrainState, layout: Layout, rollout: Rollout
+                    ) -> np.ndarray:
+    """The step's reference stage: scatter what generation already scored, else one pass."""
+    if rollout.ref_logprobs is not None:  # scored during generation: only the read-back
+        return layout.scatter(rollout.ref_logprobs)
+    return reference_logprobs(tr, state, layout)
+
+
+def rewards(tr: RLTrainer, rollout: Rollout) -> tuple[np.ndarray, np.ndarray | None]:
+    """The optimised reward per sample, and the reported-only metric (None without one)."""
+    r = compute_rewards(tr.reward_fn, rollout.prompts, rollout.responses)
+    metric = (compute_rewards(tr.metric_fn, rollout.prompts, rollout.responses,
+                              what="metric function")
+              if tr.metric_fn is not None else None)
+    return r, metric
+
+
+def value_estimates(tr: RLTrainer, state: TrainState, layout: Layout) -> np.ndarray:
+    """[rows, L] PPO value estimates of the state's policy (before the update)."""
+    fn = tr.fns(layout.system)["values"]
+    outs = [tr.programs.run(f"values-{layout.system}", fn, state.params,
+                            tuple(x[sl] for x in layout.inputs), resident=state.resident_bytes())
+            for sl in row_chunks(tr.cfg, layout)]
+    return np.concatenate([np.asarray(o) for o in outs])
+
+
+def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.ndarray,
+                ref_slots: np.ndarray, value_slots: np.ndarray | None = None) -> Arrays:
+    """Everything the loss needs, scattered to the layout's response-predicting slots."""
+    lengths = [len(r) for r in rollout.responses]
+    arrays = {
+        "targets": layout.targets,
+        "mask": layout.mask(),
+        "weight": layout.scatter(token_weights(lengths, cfg.loss_agg)),
+        "old_lp": layout.scatter(rollout.old_logprobs),
+        "ref_lp": ref_slots.astype(np.float32),
+    }
+    if cfg.algo == "ppo":
+        if value_slots is None:
+            raise InputError("PPO needs value estimates: pass value_slots")
+        vals = layout.gather(value_slots)
+        token_rewards = []
+        for n, r in zip(lengths, rewards, strict=True):
+            tr = np.zeros(n, np.float32)
+            tr[-1] = r  # outcome reward arrives with the last token
+            token_rewards.append(tr)
+        advs, rets = gae(token_rewards, vals, cfg.gamma, cfg.lam)
+        arrays["adv"] = layout.scatter(whiten(advs))
+        arrays["returns"] = layout.scatter(rets)
+        arrays["old_values"] = value_slots.astype(np.float32)
+    else:
+        adv = sample_advantages(rewards, rollout.group_size, cfg.algo, cfg.adv_eps)
+        arrays["adv"] = layout.scatter(adv)
+    return arrays
+
+
+def advantages(tr: RLTrainer, state: TrainState, layout: Layout, rollout: Rollout,
+               rewards: np.ndarray, ref_slots: np.ndarray) -> Arrays:
+    """The step's advantage stage: value estimates (PPO) and the loss arrays."""
+    vals = value_estimates(tr, state, layout) if tr.cfg.algo == "ppo" else None
+    return loss_arrays(tr.cfg, layout, rollout, rewards, ref_slots, vals)
+
+
+def update_once(tr: RLTrainer, params: Any, opt_state: Any, ref: Any, layout: Layout,
+                arrays: Arrays) -> tuple[Any, Any, dict[str, float]]:
+    """One optimiser update from the whole batch: fused loss-grad-update when it is one
+    micro-batch, else gradients summed over micro-batches, then one optax update."""
+    fns, sys_ = tr.fns(layout.system), layout.system
+    resident = tree_bytes(ref) if ref else 0
+    chunks = micro_batches(tr.cfg, layout, arrays)
+    if len(chunks) == 1:
+        params, opt_state, aux = tr.programs.run(
+            f"update-{sys_}", fns["update"], params, opt_state, *chunks[0], resident=resident)
+        return params, opt_state, {k: float(v) for k, v in jax.device_get(aux).items()}
+    grads, parts = None, []
+    for inputs, arr in chunks:
+        (_, aux), g = tr.programs.run(
+            f"grad-{sys_}", fns["grad"], params, inputs, arr,
+            resident=resident + tree_bytes(opt_state) + tree_bytes(grads))
+        grads = g if grads is None else tr.programs.run(f"add-{sys_}", fns["add"], grads, g)
+        parts.append(aux)
+    params, opt_state, gnorm = tr.programs.run(
+        f"apply-{sys_}", fns["apply"], params, opt_state, grads, resident=resident)
+    merged = merge_aux([{k: float(v) for k, v in jax.device_get(a).items()} for a in parts])
+    return params, opt_state, {**merged, "grad_norm": float(gnorm)}
+
+
+def update(tr: RLTrainer, state: TrainState, layout: Layout, arrays: Arrays
+           ) -> tuple[TrainState, list[dict[str, float]]]:
+    """``cfg.epochs`` updates over the batch; the state after this step and each epoch's aux.
+
+    Raises before returning anything when the last epoch's loss or gradients are non-finite, so
+    a diverged update is never committed.
+    """
+    params, opt_state = state.params, state.opt_state
+    auxes = []
+    for _ in range(tr.cfg.epochs):
+        params, opt_state, aux = update_once(tr, params, opt_state, state.ref, layout, arrays)
+        auxes.append(aux)
+    if not all(math.isfinite(v) for v in auxes[-1].values()):
+        raise InputError(f"non-finite loss/gradients in the update ({auxes[-1]}); the step "
+                         "was not applied. Lower the learning rate or check rewards.")
+    return state.replace(params=params, opt_state=opt_state, step=state.step + 1), auxes
+
+
+def commit(tr: RLTrainer, state: TrainState) -> None:
+    """Make ``state`` the trainer's; the runtime gets the new weights in place (no re-trace)."""
+    tr.state = state
+    if tr._engine is not None:
+        tr._engine.set_params(state.params["lm"])
+
+
+# ---------------------------------------------------------------------- report
+def peak_bytes(tr: RLTrainer, rollout: Rollout) -> int:
+    """The device's own peak where it reports one, else the larger of generation's accounted
+    peak (plus the resident state) and the largest program's."""
+    gen_peak = int(rollout.stats.get("accounted_peak_bytes",
+                                     rollout.stats.get("accounted_bytes", 0)))
+    dev_peak = device_peak_bytes()
+    return int(dev_peak if dev_peak is not None else max(gen_peak + tr._resident(),
+                                                          tr.programs.peak))
+
+
+def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray,
+            metric: np.ndarray | None, auxes: list[dict[str, float]], sec: dict[str, float],
+            cc: CompileCounter) -> dict[str, Any]:
+    """The step's metrics, read after commit (``step`` is the committed step count)."""
+    aux_h, last_aux = auxes[0], auxes[-1]
+    lengths = [len(r) for r in rollout.responses]
+    useful = rollout.useful_tokens
+    out: dict[str, Any] = {
+        "step": tr.steps_done,
+        "reward": float(rewards.mean()),
+        # k3 estimate of KL(policy || reference) over response tokens; None without a
+        # reference pass (beta = 0), where there is nothing to compare against
+        "kl": aux_h["kl"] if tr.ref_leaves is not None else None,
+        "loss": aux_h["loss"],
+        "clip_frac": last_aux["clip_frac"],
+        "entropy": aux_h["entropy"],
+        "grad_norm": aux_h["grad_norm"],
+        "response_len": float(np.mean(lengths)),
+        "samples": len(lengths),
+        "generated_tokens": int(sum(lengths)),
+        "useful_tokens": useful,
+        "useful_tokens_per_s": useful / sec["total"],
+        "padding_fraction": layout.padding_fraction,
+        "layout_shape": list(layout.shape),
+        "peak_bytes": peak_bytes(tr, rollout),
+        "compiles": cc.count,
+        "compile_seconds": cc.seconds,
+        # generation's own split (the padded baseline compiles its program on every call)
+        "generation_run_seconds": float(rollout.stats.get("run_seconds", sec["generation"])),
+        "generation_compile_seconds": float(rollout.stats.get("compile_seconds", 0.0)),
+        # reference chunks dispatched while generation still ran (0: a separate pass)
+        "reference_chunks_during_generation": int(rollout.stats.get("ref_chunks", 0)),
+        "seconds": sec,
+    }
+    if metric is not None:
+        out["exact_match"] = float(metric.mean())
+    if "v_loss" in aux_h:
+        out["v_loss"] = aux_h["v_loss"]
+    return out

@@ -1,0 +1,80 @@
+"""The RL trainer's evolving state as one immutable pytree: policy, optimiser, reference, step.
+
+Why one value instead of loose attributes: a step must either happen completely or not at all (a
+reward function that raises leaves the model as it was). With the state in one frozen pytree, every
+stage reads the state it was given and the update *returns* a new one; the trainer swaps it in only
+at commit, so "nothing changed" after a failure holds by construction rather than by care. It is
+also the one object a checkpoint has to save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from jaxrl_sym.rl.algorithms import RLConfig
+from jaxrl_sym.runtime.metrics import tree_bytes
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step changes (or, for ``ref``, reads without changing).
+
+    params: ``{"lm": [model leaves], "value": {...}}`` (the value head only for PPO).
+    opt_state: optax state of ``params``.
+    ref: frozen reference leaves (a copy of the initial ``lm`` leaves), None when ``beta == 0``.
+    step: steps committed so far.
+    """
+
+    params: Any
+    opt_state: Any
+    ref: list[jax.Array] | None
+    step: int
+
+    def resident_bytes(self) -> int:
+        """Bytes held besides the policy parameters (optimiser state + reference); every
+        program's peak-memory estimate adds them, since they stay on the device throughout."""
+        return tree_bytes(self.opt_state) + (tree_bytes(self.ref) if self.ref else 0)
+
+
+def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
+    """Adam, after global-norm clipping when ``cfg.max_grad_norm`` is set."""
+    parts = [optax.clip_by_global_norm(cfg.max_grad_norm)] if cfg.max_grad_norm else []
+    return optax.chain(*parts, optax.adam(cfg.lr))
+
+
+def init_state(leaves: Sequence[Any], cfg: RLConfig, tx: optax.GradientTransformation,
+               vocab_size: int) -> TrainState:
+    """Step-0 state from the model's parameter leaves.
+
+    The reference is a *copy* of the leaves (not the same buffers), so donating or updating policy
+    arrays can never alias it.
+    """
+    params: dict[str, Any] = {"lm": [jnp.asarray(x) for x in leaves]}
+    if cfg.algo == "ppo":
+        # Zero-initialised read-out: the first value estimates are 0, GAE then starts from
+        # Monte-Carlo returns instead of noise.
+        params["value"] = {"w": jnp.zeros((vocab_size,), jnp.float32),
+                           "b": jnp.zeros((), jnp.float32)}
+    ref = [jnp.array(x, copy=True) for x in leaves] if cfg.beta > 0 else None
+    return TrainState(params=params, opt_state=tx.init(params), ref=ref, step=0)
+
+
+def params_sha256(params: Any) -> str:
+    """Digest of every parameter array (shape, dtype and bytes, in pytree order).
+
+    Used to check that an interrupted-and-resumed run ends exactly where an uninterrupted one does.
+    """
+    h = hashlib.sha256()
+    for x in jax.tree_util.tree_leaves(params):
+        a = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()

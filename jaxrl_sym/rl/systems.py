@@ -1,0 +1,194 @@
+"""The systems an RL step can run on, one class each, and the registry the trainer picks from.
+
+A *system* owns exactly what differs between the symbolic runtime and the padded baseline:
+
+* how samples are generated (sampled and greedy),
+* the training layout (packed exact-length rows vs right-padded rows, :mod:`jaxrl_sym.rl.layout`),
+* the forward that turns a layout's inputs into logits (reference, value and training passes),
+* optional capabilities — here, scoring the reference while generation still runs (sym only).
+
+Everything else — rewards, advantages, the loss, micro-batching, the optimiser, commit — is shared
+and lives in :mod:`jaxrl_sym.rl.stages`. Why a registry of objects rather than ``if system ==``
+branches: the branches were spread over half a dozen trainer methods, so adding a system (or
+changing one) meant editing all of them in step; now a system is one class, and
+:func:`register_system` makes it available to :class:`~jaxrl_sym.rl.step.RLTrainer` by name
+without touching the trainer.
+
+Systems are stateless: what they need from a trainer (its config, the traced runtime, the model
+structure) they get from the :class:`Host` passed to every call, so one registered instance serves
+any number of trainers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar, Protocol
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxrl_sym.baselines.padded import padded_forward, padded_generate
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import GenerationConfig, GenerationResult
+from jaxrl_sym.rl.algorithms import RLConfig
+from jaxrl_sym.rl.layout import Layout, packed_layout, padded_layout
+from jaxrl_sym.rl.overlap import ReferenceOverlap
+from jaxrl_sym.rl.programs import LogitsFn
+from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
+
+ScoreFn = Callable[[Layout], Any]
+"""``score(packed_layout) -> device array [rows, L]`` of reference log-probs, dispatched without
+blocking (the trainer runs the reference program; the system decides when and on what)."""
+
+
+class Host(Protocol):
+    """What a system may use from the trainer running it."""
+
+    cfg: RLConfig
+    graphdef: Any
+    treedef: Any
+
+    @property
+    def engine(self) -> SymbolicLM: ...
+
+    def model(self) -> nnx.Module: ...
+
+    def rows_per_chunk(self, width: int) -> int | None: ...
+
+
+class System:
+    """Base class of a system; subclasses set ``name`` and implement the abstract methods."""
+
+    name: ClassVar[str]
+
+    def attach(self, host: Host) -> None:
+        """Called once when a trainer is created on this system: the place to fail early on a
+        model the system cannot run (default: nothing to check)."""
+
+    def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
+                 ) -> GenerationResult:
+        """Sample a response for each (already validated, G-fold expanded) prompt."""
+        raise NotImplementedError
+
+    def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                         score: ScoreFn) -> tuple[GenerationResult, ReferenceOverlap | None]:
+        """Generate, and score the reference *during* generation where the system can.
+
+        Returns the generation result and the overlap whose ``collect`` yields the reference
+        log-probs, or None when this system cannot overlap — then the step runs one reference
+        pass after generation (the default, and what a padded RL library does).
+        """
+        return self.generate(host, prompts, gcfg), None
+
+    def greedy(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
+               ) -> list[np.ndarray]:
+        """Greedy responses (``gcfg.temperature == 0``) for evaluation."""
+        return list(self.generate(host, prompts, gcfg).tokens)
+
+    def layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
+               row_len: int | None) -> Layout:
+        """The training batch in this system's layout, tagged with this system's name so the
+        trainer runs it through this system's forward (a subclass registered under a new name
+        reuses its parent's layout code but gets its own programs)."""
+        lay = self.build_layout(prompts, responses, row_len=row_len)
+        return lay if lay.system == self.name else replace(lay, system=self.name)
+
+    def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
+                     row_len: int | None) -> Layout:
+        raise NotImplementedError
+
+    def logits_fn(self, host: Host) -> LogitsFn:
+        """``(lm_leaves, layout.inputs) -> logits``: traceable, differentiable in the leaves."""
+        raise NotImplementedError
+
+
+class SymSystem(System):
+    """The symbolic runtime: exact-size stores for generation, bin-packed exact-length rows for
+    every forward (``SymbolicLM.forward_fn``)."""
+
+    name: ClassVar[str] = "sym"
+
+    def attach(self, host: Host) -> None:
+        host.engine  # noqa: B018 - trace now, so a model the runtime rejects fails here
+
+    def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
+                 ) -> GenerationResult:
+        return host.engine.generate(prompts, gcfg, on_finished=None)
+
+    def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                         score: ScoreFn) -> tuple[GenerationResult, ReferenceOverlap | None]:
+        """Finished rows are packed into chunks whose reference forward is dispatched while the
+        remaining rows still decode (see :mod:`jaxrl_sym.rl.overlap`): a row's reference
+        log-probs depend only on its own tokens, which exact-length stores make available the
+        moment it ends."""
+        overlap = self._reference_overlap(host, prompts, gcfg, score)
+        return host.engine.generate(prompts, gcfg, on_finished=overlap.on_finished), overlap
+
+    @staticmethod
+    def _reference_overlap(host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                           score: ScoreFn) -> ReferenceOverlap:
+        # One row length for the whole step (the longest possible prompt + response), so the
+        # chunks reuse a handful of compiled programs.
+        limits = gcfg.max_new_tokens
+        longest = max(len(p) for p in prompts) + (max(limits) if isinstance(limits, tuple)
+                                                  else int(limits))
+        row_len = host.cfg.pack_row_len or length_bucket(max(longest, 64))
+        return ReferenceOverlap(prompts, row_len, score, min_rows=max(1, len(prompts) // 4),
+                                max_rows=host.rows_per_chunk(row_len))
+
+    def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
+                     row_len: int | None) -> Layout:
+        return packed_layout(prompts, responses, row_len=row_len)
+
+    def logits_fn(self, host: Host) -> LogitsFn:
+        fwd = host.engine.forward_fn()
+        return lambda leaves, inputs: fwd(leaves, *inputs)
+
+
+class PaddedSystem(System):
+    """The padded/masked baseline: ``padded_generate`` over MAX_LEN caches, one right-padded row
+    per sample for every forward (``padded_forward``). It ignores ``pack_row_len``."""
+
+    name: ClassVar[str] = "padded"
+
+    def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
+                 ) -> GenerationResult:
+        return padded_generate(host.model(), prompts, gcfg)
+
+    def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
+                     row_len: int | None) -> Layout:
+        return padded_layout(prompts, responses)
+
+    def logits_fn(self, host: Host) -> LogitsFn:
+        graphdef, treedef = host.graphdef, host.treedef
+
+        def padded_logits(leaves: list[jax.Array], inputs: tuple[jax.Array, ...]) -> jax.Array:
+            model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+            return padded_forward(model, inputs[0], inputs[1])
+
+        return padded_logits
+
+
+REGISTRY: dict[str, System] = {}
+"""Systems by name; :class:`~jaxrl_sym.rl.step.RLTrainer` looks its ``system`` argument up here."""
+
+
+def register_system(system: System) -> System:
+    """Make ``system`` available to trainers as ``system=system.name`` (replacing any system
+    of that name); returns it."""
+    REGISTRY[system.name] = system
+    return system
+
+
+def get_system(name: str) -> System:
+    """The registered system called ``name``; an :class:`InputError` naming the choices else."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise InputError(f"unknown system {name!r}; choose one of {', '.join(REGISTRY)}") from None
+
+
+register_system(SymSystem())
+register_system(PaddedSystem())
