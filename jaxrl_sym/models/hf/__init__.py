@@ -1,0 +1,21 @@
+"""Hugging Face checkpoints as contract models: Qwen2/Qwen2.5 and Llama 3.x.
+
+``load_pretrained(dir)`` reads ``config.json`` + safetensors (single or sharded) lazily into a
+Flax NNX :class:`CausalLM` that follows the model contract, so every system of the library
+(symbolic runtime, padded baseline, RL trainer) runs it unchanged. Logits are checked against
+transformers in ``tests/test_hf_models.py``.
+"""
+
+from jaxrl_sym.models.hf.config import SUPPORTED_MODEL_TYPES, HFConfig, parse_config
+from jaxrl_sym.models.hf.loader import load_pretrained, load_tokenizer
+from jaxrl_sym.models.hf.modeling import CausalLM, build_model
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "CausalLM",
+    "HFConfig",
+    "build_model",
+    "load_pretrained",
+    "load_tokenizer",
+    "parse_config",
+]

@@ -1,0 +1,266 @@
+"""Load a Hugging Face checkpoint directory into a contract model, one tensor at a time.
+
+``load_pretrained(path) -> (model, tokenizer | None, generation_config | None)``.
+
+Why it is built this way:
+
+* **Memory.** The model is first built under ``nnx.eval_shape`` (parameters are shapes, nothing
+  is allocated), then each safetensors tensor is read on its own (``safe_open`` maps the file;
+  ``get_tensor`` copies one tensor), transposed/cast on the host, put on the device and assigned
+  into its parameter before the next is read. At no point do two full copies of the weights exist.
+* **Fail before reading.** Every file's header (names, shapes, dtypes) is read first and checked
+  against the model's parameters; a missing, unexpected or mis-shaped tensor is reported by name
+  (with its file) before any weight data is read, instead of after minutes of loading.
+* **Names by rule.** The NNX modules carry transformers' names, so ``model.layers.3.mlp.up_proj
+  .weight`` is parameter path ``model/layers/3/mlp/up_proj/kernel``; Linear weights are stored
+  ``[out, in]`` by PyTorch and ``[in, out]`` by NNX, hence the transpose.
+* **bf16.** numpy has no bfloat16; ``safetensors.numpy`` returns ``ml_dtypes.bfloat16`` arrays
+  (safetensors >= 0.6). Older releases refuse BF16 under ``framework="numpy"``; for those the
+  tensor's bytes are read from the file directly at the offsets its header gives.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.hf.config import HFConfig, parse_config
+from jaxrl_sym.models.hf.modeling import CausalLM, abstract_model
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Buffers some exporters save that are recomputed from the config, never parameters.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+_ST_DTYPES: dict[str, Any] = {
+    "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as its file header describes it (no data read)."""
+
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str  # safetensors code: F32, BF16, F16, …
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a checkpoint tensor goes: parameter path, HF-layout shape, transpose or not."""
+
+    path: tuple[Any, ...]
+    hf_shape: tuple[int, ...]
+    transpose: bool
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from ``path``; an unreadable or non-object file is an error naming it."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"cannot read {what} {path}: {err}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what} {path} does not hold a JSON object")
+    return data
+
+
+def checkpoint_tensors(root: Path) -> dict[str, TensorInfo]:
+    """Every tensor of the checkpoint (single file or sharded via the index), from headers only.
+
+    A sharded checkpoint's index must agree with its shards: a tensor the index lists but its
+    shard lacks, or a shard holding a tensor the index does not list, is an error naming both.
+    """
+    from safetensors import safe_open
+
+    if (root / INDEX_FILE).exists():
+        weight_map = read_json(root / INDEX_FILE, "index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise InputError(f"{root / INDEX_FILE} has no 'weight_map' of tensor names to files")
+        files = sorted({str(f) for f in weight_map.values()})
+    elif (root / SINGLE_FILE).exists():
+        weight_map, files = None, [SINGLE_FILE]
+    else:
+        raise InputError(f"{root} holds neither {SINGLE_FILE} nor {INDEX_FILE}; point at a "
+                         "Hugging Face checkpoint directory saved with safetensors")
+    out: dict[str, TensorInfo] = {}
+    for fname in files:
+        fpath = root / fname
+        if not fpath.exists():
+            raise InputError(f"{root / INDEX_FILE} names shard {fname}, which is missing")
+        try:
+            with safe_open(str(fpath), framework="numpy") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    sl = f.get_slice(name)
+                    out[name] = TensorInfo(fpath, tuple(sl.get_shape()), str(sl.get_dtype()))
+        except (OSError, ValueError, RuntimeError) as err:
+            raise InputError(f"cannot read safetensors file {fpath}: {err}") from None
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            info = out.get(name)
+            if info is None or info.file.name != Path(fname).name:
+                raise InputError(f"{root / INDEX_FILE} maps tensor {name!r} to {fname}, but "
+                                 f"that shard does not hold it")
+        stray = sorted(set(out) - set(weight_map))
+        if stray:
+            raise InputError(f"tensor {stray[0]!r} in {out[stray[0]].file.name} is not listed "
+                             f"in {INDEX_FILE}; the index and shards disagree")
+    return out
+
+
+def parameter_targets(model: CausalLM) -> dict[str, Target]:
+    """HF tensor name → parameter target, derived from the model's own parameter paths."""
+    targets: dict[str, Target] = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        shape = tuple(var.get_value().shape)
+        leaf = path[-1]
+        hf_leaf = {"kernel": "weight", "embedding": "weight"}.get(str(leaf), str(leaf))
+        name = ".".join([*(str(p) for p in path[:-1]), hf_leaf])
+        transpose = leaf == "kernel"
+        targets[name] = Target(tuple(path), shape[::-1] if transpose else shape, transpose)
+    return targets
+
+
+def _check_names(root: Path, tensors: dict[str, TensorInfo], targets: dict[str, Target],
+                 cfg: HFConfig) -> None:
+    """Missing, unexpected and mis-shaped tensors, each named, before any data is read."""
+    missing = sorted(set(targets) - set(tensors))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InputError(f"checkpoint {root} lacks tensor {missing[0]!r}{more} that a "
+                         f"{cfg.model_type} model with this config.json needs; the weights do "
+                         "not match the config")
+    for name, info in tensors.items():
+        target = targets.get(name)
+        if target is None:
+            if _ignorable(name, cfg):
+                continue
+            raise InputError(f"unexpected tensor {name!r} in {info.file}: a {cfg.model_type} "
+                             "model with this config.json has no such parameter; the weights do "
+                             "not match the config (or the architecture is not supported)")
+        if info.shape != target.hf_shape:
+            raise InputError(f"tensor {name!r} in {info.file} has shape {list(info.shape)}, but "
+                             f"config.json implies {list(target.hf_shape)}; the weights do not "
+                             "match the config")
+        if info.dtype not in _ST_DTYPES:
+            raise InputError(f"tensor {name!r} in {info.file} has dtype {info.dtype}; only "
+                             f"floating tensors ({', '.join(_ST_DTYPES)}) can be parameters")
+
+
+def _ignorable(name: str, cfg: HFConfig) -> bool:
+    """Tensors a checkpoint may carry that this model recomputes or shares."""
+    if name.endswith(_IGNORED_SUFFIXES):
+        return True
+    return name == "lm_head.weight" and cfg.tie_word_embeddings  # tied: the embedding is used
+
+
+def _read_raw(info: TensorInfo, name: str) -> np.ndarray:
+    """One tensor's bytes at its header's offsets (for safetensors builds without numpy bf16)."""
+    with open(info.file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        begin, end = json.loads(fh.read(n))[name]["data_offsets"]
+        fh.seek(8 + n + begin)
+        buf = fh.read(end - begin)
+    return np.frombuffer(buf, dtype=_ST_DTYPES[info.dtype]).reshape(info.shape)
+
+
+def _read_tensor(handle: Any, info: TensorInfo, name: str) -> np.ndarray:
+    try:
+        arr = handle.get_tensor(name)
+    except (TypeError, ValueError, RuntimeError):
+        if info.dtype != "BF16":
+            raise
+        return _read_raw(info, name)
+    if info.dtype == "BF16" and arr.dtype != ml_dtypes.bfloat16:
+        arr = arr.view(ml_dtypes.bfloat16)  # a build that hands back raw uint16 words
+    return arr
+
+
+def _variable_at(model: nnx.Module, path: tuple[Any, ...]) -> nnx.Variable:
+    node: Any = model
+    for p in path:
+        node = node[p] if isinstance(p, int) else getattr(node, p)
+    return node
+
+
+def _assign(model: CausalLM, tensors: dict[str, TensorInfo], targets: dict[str, Target],
+            np_dtype: Any) -> None:
+    """Read each tensor, transpose/cast it on the host, and put it into its parameter."""
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for name in targets:
+        by_file.setdefault(tensors[name].file, []).append(name)
+    for fpath, names in by_file.items():
+        with safe_open(str(fpath), framework="numpy") as handle:
+            for name in names:
+                target = targets[name]
+                arr = _read_tensor(handle, tensors[name], name)
+                if target.transpose:
+                    arr = arr.T
+                arr = np.ascontiguousarray(arr, dtype=np_dtype)
+                _variable_at(model, target.path).set_value(jax.device_put(arr))
+                del arr  # one host copy of one tensor at a time
+
+
+def _dtype_from_tensors(raw: dict[str, Any], tensors: dict[str, TensorInfo]) -> Any:
+    """The dtype to load in when the caller gave none: config.json's, else the embedding's."""
+    if raw.get("dtype") or raw.get("torch_dtype"):
+        return None  # parse_config reads it from the config
+    info = tensors.get("model.embed_tokens.weight")
+    return {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(
+        info.dtype if info else "F32", "float32")
+
+
+def load_tokenizer(root: Path) -> Any:
+    """``tokenizers.Tokenizer`` from ``tokenizer.json``, or None when the directory has none."""
+    tok_file = root / "tokenizer.json"
+    if not tok_file.exists():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(tok_file))
+    except Exception as err:  # the Rust side raises its own Exception type
+        raise InputError(f"cannot read tokenizer {tok_file}: {err}") from None
+
+
+def load_pretrained(path: str | Path, dtype: Any = None,
+                    ) -> tuple[CausalLM, Any, dict[str, Any] | None]:
+    """Load a Hugging Face checkpoint directory as a contract model.
+
+    Args:
+      path: a directory with ``config.json`` and ``model.safetensors`` or
+        ``model.safetensors.index.json`` + shards (``save_pretrained(safe_serialization=True)``).
+      dtype: parameter/compute dtype (``"float32"``, ``"bfloat16"``, ``jnp.float32`` …); None
+        keeps the checkpoint's (``config.json``'s ``dtype``/``torch_dtype``).
+
+    Returns:
+      ``(model, tokenizer, generation_config)``: a :class:`CausalLM` called as
+      ``model(tokens, positions, segment_ids) -> float32 logits``; a ``tokenizers.Tokenizer``
+      from ``tokenizer.json`` or None; the ``generation_config.json`` dict or None.
+    """
+    root = Path(path)
+    if not (root / "config.json").is_file():
+        raise InputError(f"{root} is not a Hugging Face checkpoint directory: it has no "
+                         "config.json")
+    raw = read_json(root / "config.json", "config")
+    parse_config(raw)  # model_type and fields checked before any tensor file is touched
+    tensors = checkpoint_tensors(root)
+    cfg = parse_config(raw, dtype if dtype is not None else _dtype_from_tensors(raw, tensors))
+    model = abstract_model(cfg)
+    targets = parameter_targets(model)
+    _check_names(root, tensors, targets, cfg)
+    _assign(model, tensors, targets, np.dtype(cfg.dtype))
+    gen_file = root / "generation_config.json"
+    gen = read_json(gen_file, "generation config") if gen_file.exists() else None
+    return model, load_tokenizer(root), gen
