@@ -2,12 +2,32 @@
 
 The step (:class:`~jaxrl_sym.rl.step.RLTrainer`) runs on the symbolic runtime (``system="sym"``)
 or on the padded/masked baseline (``system="padded"``) with the same model, reward and loss code.
+
+The public names are loaded on first use (PEP 562), as in the top-level package: the ``train``
+command imports :mod:`jaxrl_sym.rl.cli` to check its flags before JAX is imported.
 """
 
-from jaxrl_sym.rl.algorithms import RLConfig
-from jaxrl_sym.rl.errors import CheckpointError, RewardError
-from jaxrl_sym.rl.step import RLTrainer, Rollout, compute_rewards, params_sha256
-from jaxrl_sym.rl.tasks import TASK_NAMES, Task, get_task
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxrl_sym.rl.algorithms import RLConfig
+    from jaxrl_sym.rl.errors import CheckpointError, RewardError
+    from jaxrl_sym.rl.names import TASK_NAMES
+    from jaxrl_sym.rl.step import RLTrainer, Rollout, compute_rewards, params_sha256
+    from jaxrl_sym.rl.tasks import Task, get_task
+
+_HOME = {
+    "RLConfig": "jaxrl_sym.rl.algorithms",
+    "CheckpointError": "jaxrl_sym.rl.errors",
+    "RewardError": "jaxrl_sym.rl.errors",
+    "TASK_NAMES": "jaxrl_sym.rl.names",
+    **dict.fromkeys(("RLTrainer", "Rollout", "compute_rewards", "params_sha256"),
+                    "jaxrl_sym.rl.step"),
+    **dict.fromkeys(("Task", "get_task"), "jaxrl_sym.rl.tasks"),
+}
 
 __all__ = [
     "TASK_NAMES",
@@ -21,3 +41,9 @@ __all__ = [
     "get_task",
     "params_sha256",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        return getattr(importlib.import_module(_HOME[name]), name)
+    raise AttributeError(f"module 'jaxrl_sym.rl' has no attribute {name!r}")

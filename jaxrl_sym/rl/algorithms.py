@@ -20,9 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-
-ALGOS = ("grpo", "rloo", "ppo")
-LOSS_AGGS = ("token_mean", "seq_mean")
+from jaxrl_sym.rl.names import ALGOS, LOSS_AGGS
 
 
 @dataclass(frozen=True)

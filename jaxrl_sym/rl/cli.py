@@ -17,9 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrl_sym.rl.algorithms import ALGOS, LOSS_AGGS
-from jaxrl_sym.rl.layout import SYSTEMS
-from jaxrl_sym.rl.tasks import TASK_NAMES
+from jaxrl_sym.rl.names import ALGOS, LOSS_AGGS, SYSTEMS, TASK_NAMES
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:

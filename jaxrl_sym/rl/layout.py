@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.names import SYSTEMS  # noqa: F401 - re-exported
 from jaxrl_sym.runtime.engine import PackedBatch, length_bucket
 
-SYSTEMS = ("sym", "padded")
 """The built-in systems' names (the CLI's choices). Which layout a system uses is the system's
 own choice (:mod:`jaxrl_sym.rl.systems`), so nothing here dispatches on these names."""
 

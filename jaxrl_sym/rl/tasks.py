@@ -123,7 +123,7 @@ def _sum_answer(body: list[int]) -> list[int]:
     return _int_digits(a + b)
 
 
-TASK_NAMES = ("reverse", "copy", "sort", "add")
+from jaxrl_sym.rl.names import TASK_NAMES  # noqa: E402 - re-exported
 
 
 def get_task(name: str, *, min_digits: int = 1, max_digits: int = 3) -> Task:

@@ -1,0 +1,11 @@
+"""The RL layer's choices as plain names, importable without JAX.
+
+Why a module of its own: ``jaxrl-sym train`` offers these as ``argparse`` choices and must reject
+a bad flag before paying JAX's multi-second import; the modules that implement the choices
+(algorithms, layouts, tasks) import JAX and re-export these tuples from here.
+"""
+
+ALGOS = ("grpo", "rloo", "ppo")
+LOSS_AGGS = ("token_mean", "seq_mean")
+SYSTEMS = ("sym", "padded")
+TASK_NAMES = ("reverse", "copy", "sort", "add")
