@@ -10,9 +10,31 @@ computes fp32 dots in fp32 and nothing changes.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import jax
+import pytest
 
 
 def pytest_configure(config: object) -> None:
     if any(d.platform == "gpu" for d in jax.devices()):
         jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture
+def unwritable_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot create files in (as root, mode 0o555 does not stop
+    writes, so pseudo filesystems are tried next); skips when there is none."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    for cand in (ro, Path("/sys/fs"), Path("/proc")):
+        try:
+            fd, name = tempfile.mkstemp(dir=cand)
+        except OSError:
+            return cand
+        os.close(fd)
+        os.remove(name)
+    pytest.skip("no unwritable directory available")

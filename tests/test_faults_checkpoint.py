@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -312,24 +311,9 @@ def test_resume_on_a_missing_or_empty_directory_is_an_error(
     assert open_checkpoints(str(finished[0]), False, True, 3)[1]
 
 
-def _unwritable_dir(tmp_path: Path) -> Path:
-    """A directory in which creating a file fails: chmod 555, or — as root, where permission
-    bits do not apply — a system directory that refuses new files."""
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    for cand in (ro, Path("/sys/fs"), Path("/proc")):
-        try:
-            fd, name = tempfile.mkstemp(dir=cand)
-        except OSError:
-            return cand
-        os.close(fd)
-        os.remove(name)
-    pytest.skip("no unwritable directory available")
-
-
-def test_unwritable_outputs_fail_before_the_first_step(tmp_path: Path) -> None:
-    ro = _unwritable_dir(tmp_path)
+def test_unwritable_outputs_fail_before_the_first_step(
+        tmp_path: Path, unwritable_dir: Path) -> None:
+    ro = unwritable_dir
 
     def never(m: dict[str, Any]) -> None:
         raise AssertionError("a training step ran before the path check")

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from functools import cache
 from pathlib import Path
@@ -291,24 +289,8 @@ def test_output_paths(tmp_path: Path) -> None:
     assert "does not exist" in check_output_dir("--checkpoint-dir", str(tmp_path / "a" / "b"))[0]
 
 
-def _unwritable_dir(tmp_path: Path) -> Path:
-    """chmod 555, or — as root, where permission bits do not apply — a system directory that
-    refuses new files."""
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    for cand in (ro, Path("/sys/fs"), Path("/proc")):
-        try:
-            fd, name = tempfile.mkstemp(dir=cand)
-        except OSError:
-            return cand
-        os.close(fd)
-        os.remove(name)
-    pytest.skip("no unwritable directory available")
-
-
-def test_read_only_output_paths(tmp_path: Path) -> None:
-    ro = _unwritable_dir(tmp_path)
+def test_read_only_output_paths(tmp_path: Path, unwritable_dir: Path) -> None:
+    ro = unwritable_dir
     try:
         assert "not writable" in check_output_file("--metrics", str(ro / "m.jsonl"))[0]
         assert "not writable" in check_output_dir("--checkpoint-dir", str(ro))[0]

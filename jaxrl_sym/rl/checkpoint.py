@@ -42,6 +42,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxrl_sym.rl.errors import CheckpointError
+from jaxrl_sym.rl.state import params_sha256
 from jaxrl_sym.rl.step import RLTrainer
 
 log = logging.getLogger(__name__)
@@ -66,17 +67,10 @@ class _BadStep(Exception):
 
 
 def tree_sha256(tree: Any) -> str:
-    """Digest of every leaf (shape, dtype and bytes, in pytree order).
-
-    Same construction as :func:`jaxrl_sym.rl.step.params_sha256`, so the parameter digest stored
-    in a checkpoint equals the ``params_sha256`` a run reports.
-    """
-    h = hashlib.sha256()
-    for x in jax.tree_util.tree_leaves(tree):
-        a = np.ascontiguousarray(np.asarray(x))
-        h.update(f"{a.shape}{a.dtype}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+    """Digest of every leaf (shape, dtype and bytes, in pytree order): the construction of
+    :func:`jaxrl_sym.rl.state.params_sha256`, so the parameter digest stored in a checkpoint
+    equals the ``params_sha256`` a run reports."""
+    return params_sha256(tree)
 
 
 def nonfinite_report(tree: Any) -> str | None:
