@@ -6,7 +6,10 @@ compares every baseline's tokens and logits against sym's and ends with one verd
 
 Every flag is checked before JAX is imported (this module and what it imports at the top are
 JAX-free), so a bad flag fails in well under a second with the flag's name, not minutes later
-inside a child process.
+inside a child process. Then, before any system starts, each system's memory is estimated from
+shapes (:mod:`jaxrl_sym.runtime.estimate`, in a child process) and a system that cannot fit the
+device's memory (``--memory-limit``, else the GPU's limit or the host's memory) is skipped with
+the estimate's breakdown, instead of dying with ``RESOURCE_EXHAUSTED`` minutes into its run.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import importlib.machinery
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +42,9 @@ PRESETS = ("decode-cpu", "tiny", "small", "gpt2-small", "qwen2.5-0.5b")
 ATTENTIONS = ("full", "window", "block", "linear", "mixed")
 BACKENDS = ("xla", "triton", "auto")
 INTERNAL = "_system"  # the child-process sub-command; not part of the user-facing parser
+ESTIMATE = "_estimate"  # the child that estimates memory per system before any system runs
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20,
+          "gi": 2**30, "ti": 2**40}
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -89,7 +96,25 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--out", default=None, metavar="FILE.json",
                    help="also write the report as JSON to this file")
     d.add_argument("--no-warm", action="store_true", help="skip the warm (timing) run")
+    d.add_argument("--memory-limit", default=None, metavar="BYTES",
+                   help="refuse a system whose estimated memory exceeds BYTES (e.g. 40e9, 16G, "
+                        "8GiB); default: the device's limit (GPU) or the host's memory (CPU)")
+    d.add_argument("--no-memory-check", action="store_true",
+                   help="run every system even when its memory estimate exceeds the limit")
     return d
+
+
+def parse_bytes(text: str) -> int:
+    """``40e9``, ``16G``/``16GB`` (10**9), ``8GiB`` (2**30), ``123`` → bytes (>= 1), else
+    ValueError naming ``--memory-limit``."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kmgt]i?)?b?\s*", text.lower())
+    num = m.group(1) if m else "nan"
+    value = (int(num) if num.isdigit() else float(num)) * _UNITS[m.group(2) or ""] if m \
+        else math.nan  # integers stay exact: 4611686019G is not rounded through a float
+    if not math.isfinite(value) or value < 1:
+        raise ValueError(f"--memory-limit must be a byte count >= 1 like 40e9, 16G or 8GiB, got "
+                         f"{text!r}")
+    return int(value)
 
 
 def _parser(with_train: bool = True) -> _Parser:
@@ -215,6 +240,11 @@ def check_decode(args: argparse.Namespace) -> list[str]:
         elif not _module_findable(mod):
             errors.append(f"--model {args.model}: no module {mod.split('.')[0]!r} in the working "
                           "directory or on PYTHONPATH")
+    if args.memory_limit is not None:
+        try:
+            parse_bytes(args.memory_limit)
+        except ValueError as err:
+            errors.append(str(err))
     errors += check_output_file("--out", args.out)
     return errors
 
@@ -380,19 +410,39 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     results: dict[str, Any] = {}
     arrays: dict[str, dict[str, np.ndarray]] = {}
+    memory = memory_check(args, systems)
+    estimates = {s: e["estimate"]["total"] for s, e in (memory or {"systems": {}})["systems"]
+                 .items()}
+    if memory and not args.no_memory_check and all(e["refused"] for e in
+                                                   memory["systems"].values()):
+        return {"systems": {s: {"skipped": e["refused"], "estimated_bytes": estimates[s]}
+                            for s, e in memory["systems"].items()}}  # nothing fits: no work
     with tempfile.TemporaryDirectory() as tmp:
         for k, s in enumerate(systems, 1):
+            refused = memory["systems"][s]["refused"] if memory else None
+            if refused and not args.no_memory_check:
+                results[s] = {"skipped": refused, "estimated_bytes": estimates[s]}
+                print(f"[{k}/{len(systems)}] {s}: skipped: {refused}", file=sys.stderr,
+                      flush=True)
+                continue
             # Progress on stderr: a large run is minutes per system, and silence looks hung.
             print(f"[{k}/{len(systems)}] {s}: running…", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             results[s], got = _run_child(_spec(args, s), tmp)
             if got:
                 arrays[s] = got
+            if s in estimates:
+                results[s]["estimated_bytes"] = estimates[s]
             state = "failed" if "error" in results[s] else "done"
             print(f"[{k}/{len(systems)}] {s}: {state} in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr, flush=True)
     report: dict[str, Any] = {"config": _spec(args, "-"), "systems": results}
     report["config"].pop("system")
+    if memory:
+        report["memory_check"] = {"limit": memory["limit"], "source": memory["limit_source"],
+                                  "enforced": not args.no_memory_check,
+                                  "estimates": {s: e["estimate"]
+                                                for s, e in memory["systems"].items()}}
     if "sym" in arrays:
         report["checks"] = {s: _check(arrays["sym"], a) for s, a in arrays.items() if s != "sym"}
         if "padded" in report["checks"]:
@@ -400,7 +450,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.report import run_metadata
 
     report.update(run_metadata("jaxrl-sym " + " ".join(sys.argv[1:])))
-    report["verdict"] = verdict_lines(report)
+    ran = {s: m for s, m in results.items() if "skipped" not in m}
+    report["verdict"] = verdict_lines({**report, "systems": ran}) + [
+        f"{s} was not run: {m['skipped']}" for s, m in results.items() if "skipped" in m]
     return report
 
 
@@ -417,8 +469,9 @@ def _table(report: dict[str, Any]) -> str:
     for c in cols:
         t.add_column(c, justify="right")
     for name, m in report["systems"].items():
-        if "error" in m:
-            t.add_row(name, *(["error"] + [""] * (len(cols) - 1)))
+        if "error" in m or "skipped" in m:
+            t.add_row(name, *(["error" if "error" in m else "skipped (memory)"]
+                              + [""] * (len(cols) - 1)))
             continue
         t.add_row(name, *(f"{m[c]:.4g}" if isinstance(m[c], float) else f"{m[c]:,}"
                           for c in cols))
@@ -446,6 +499,55 @@ def _child(argv: list[str]) -> int:
     return 0
 
 
+def _estimate_child(argv: list[str]) -> int:
+    """``_estimate SPEC OUT``: every system's memory estimate for the decode request (see
+    :func:`memory_check`). The model is built on the host CPU, so this process allocates no
+    device memory; only the device's limit is read."""
+    import jax
+
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.runtime.estimate import check_request
+
+    spec_path, out = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    with jax.default_device(jax.devices("cpu")[0]):
+        model, prompts = build_model(spec)
+        # The cold run keeps logits (return_logits=True): the larger of the two runs.
+        gcfg = GenerationConfig(max_new_tokens=spec["tokens"], return_logits=True)
+        result = check_request(model, spec["systems"], [len(x) for x in prompts], gcfg,
+                               spec["memory_limit"])
+    with open(out, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+def memory_check(args: argparse.Namespace, systems: list[str]) -> dict[str, Any] | None:
+    """Estimate every system's memory from shapes in a child process, before any system runs.
+
+    Why a child: the estimate imports JAX and traces the model; doing that here would make this
+    parent hold a device context (and, on a GPU, memory) beside every measured system. Returns
+    :func:`jaxrl_sym.runtime.estimate.check_request`'s result, or None (with a warning on
+    stderr) when the estimate itself failed — the systems then run and report their own errors.
+    """
+    spec = {**_spec(args, "-"), "systems": systems,
+            "memory_limit": parse_bytes(args.memory_limit) if args.memory_limit else None}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "estimate.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        proc = subprocess.run([sys.executable, "-m", "jaxrl_sym.cli", ESTIMATE, spec_path, out],
+                              capture_output=True, text=True, env=env)
+        if proc.returncode != 0 or not os.path.exists(out):
+            last = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+            print(f"warning: memory estimate failed, running without the check: {last}",
+                  file=sys.stderr, flush=True)
+            return None
+        with open(out) as f:
+            return json.load(f)
+
+
 def _refuse(p: _Parser, cmd: str, errors: list[str]) -> int:
     """Usage plus one ``error:`` line per problem on stderr; exit code 2 (as argparse's own).
     Returned, not raised, so in-process callers (tests, scripts) get the code from ``main``."""
@@ -460,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == [INTERNAL]:
         return _child(argv[1:])
+    if argv[:1] == [ESTIMATE]:
+        return _estimate_child(argv[1:])
     p = _parser(with_train=argv[:1] == ["train"])
     args = p.parse_args(argv)
     if args.cmd == "decode":
@@ -467,11 +571,15 @@ def main(argv: list[str] | None = None) -> int:
         if errors:
             return _refuse(p, "decode", errors)
         report = decode(args)
+        if all("skipped" in m for m in report["systems"].values()):
+            # Nothing fits: refuse as for a bad flag (no system ran, no report to print).
+            return _refuse(p, "decode", [m["skipped"] for m in report["systems"].values()])
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
         print(json.dumps(report) if args.json else _table(report))
-        return 0 if all("error" not in m for m in report["systems"].values()) else 1
+        return 0 if all("error" not in m and "skipped" not in m
+                        for m in report["systems"].values()) else 1
     if args.cmd == "train":
         errors = check_train(args)
         if errors:
