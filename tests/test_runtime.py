@@ -115,12 +115,12 @@ def test_property_window_and_block_sizes(window: int, block: int, n: int) -> Non
 
 def test_stores_are_exact_size_not_max_len() -> None:
     _, engine = model_and_engine("window")
-    specs = {s.kind: s.capacity for s in engine.specs.values()}
+    specs = {s.kind.name: s.capacity for s in engine.specs.values()}
     assert specs == {"ring": 3}
     _, engine = model_and_engine("block")
     assert {s.capacity for s in engine.specs.values()} == {4}
     _, engine = model_and_engine("linear")
-    assert {s.kind for s in engine.specs.values()} == {"state"}
+    assert {s.kind.name for s in engine.specs.values()} == {"state"}
 
 
 def test_growth_and_compaction_happen_and_compile_count_is_logarithmic() -> None:
