@@ -119,3 +119,13 @@ def test_cli_train_json_metrics_and_plot(tmp_path, capsys) -> None:
     assert cli_main(["train", "--task", "parity", "--steps", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "error: unknown task 'parity'" in err and "Traceback" not in err
+
+
+def test_progress_line_shows_the_mean_step_time_and_what_is_left() -> None:
+    from jaxrl_sym.rl.train import _Bar
+
+    with _Bar(True, total=6, done=1, title="t") as bar:  # resumed after step 1
+        for sec in (3.0, 1.0):  # a compile-heavy first step, then a fast one
+            bar.advance({"reward": 0.5, "seconds": {"total": sec}})
+        info = bar.progress.tasks[0].fields["info"]
+    assert "2.00s/step (mean of 2)" in info and "~6s left" in info  # 3 steps x 2 s

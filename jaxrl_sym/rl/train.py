@@ -383,6 +383,7 @@ class _Bar:
         self.enabled = enabled
         self.total, self.done, self.title = total, done, title
         self.progress: Any = None
+        self.seconds: list[float] = []  # per step of this run (a resumed run starts afresh)
 
     def __enter__(self) -> _Bar:
         if self.enabled:
@@ -410,7 +411,12 @@ class _Bar:
             info = f"reward {m['reward']:.3f}"
             if "exact_match" in m:
                 info += f"  exact {m['exact_match']:.3f}"
-            info += f"  {m['seconds']['total']:.2f}s/step"
+            # the mean over this run's steps (the last step alone jumps with compiles and with
+            # response lengths), plus the remaining time it implies
+            self.seconds.append(m["seconds"]["total"])
+            mean = sum(self.seconds) / len(self.seconds)
+            left = (self.total - self.done - len(self.seconds)) * mean
+            info += f"  {mean:.2f}s/step (mean of {len(self.seconds)}), ~{left:.0f}s left"
             self.progress.update(self.task, advance=1, info=info)
 
     def __exit__(self, *exc: object) -> None:
