@@ -1,11 +1,7 @@
-"""Models: a small decoder LM written for the tracer, and the baselines' KV caches."""
+"""Models: a small reference decoder LM (one contract model among many) and the KV caches the
+baselines keep outside any model."""
 
-from jaxrl_sym.models.cache import (
-    ExactKVCache,
-    PaddedKVCache,
-    init_exact_caches,
-    init_padded_caches,
-)
+from jaxrl_sym.models.cache import ExactKVCache, PaddedKVCache
 from jaxrl_sym.models.lm import (
     MLP,
     Attention,
@@ -26,9 +22,7 @@ __all__ = [
     "ExactKVCache",
     "LMConfig",
     "PaddedKVCache",
-    "init_exact_caches",
     "init_model",
-    "init_padded_caches",
     "preset",
     "preset_names",
     "rope",

@@ -2,9 +2,10 @@
 
 The baselines keep them *outside* the model (:mod:`jaxrl_sym.baselines.interpret` gives every
 ``attend`` call of any contract model one cache, shaped from that call's traced keys/values with
-:meth:`PaddedKVCache.like` / :meth:`ExactKVCache.like`); :class:`~jaxrl_sym.models.lm.DecoderLM`
-can also take them as arguments, built from its config. Two layouts, matching what JAX decoding
-code does today:
+:meth:`PaddedKVCache.like` / :meth:`ExactKVCache.like`). No model takes them as arguments, the
+library's own :class:`~jaxrl_sym.models.lm.DecoderLM` included, so they are built from traced
+keys/values rather than from any model config. Two layouts, matching what JAX decoding code does
+today:
 
 * :class:`PaddedKVCache` is preallocated at ``MAX_LEN`` slots and written in place with
   ``lax.dynamic_update_slice``; one compiled program serves every step, but every step attends over
@@ -21,21 +22,13 @@ bookkeeping.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_sym.errors import InputError
-
-if TYPE_CHECKING:
-    from jaxrl_sym.models.lm import LMConfig
-
-
-def _empty(batch: int, length: int, cfg: LMConfig) -> tuple[jax.Array, ...]:
-    kv = jax.ShapeDtypeStruct((batch, length, cfg.n_kv_heads, cfg.head_dim), cfg.dtype)
-    return _empty_like(kv, kv, length)
 
 
 def _empty_like(k: Any, v: Any, length: int) -> tuple[jax.Array, ...]:
@@ -61,14 +54,10 @@ class PaddedKVCache:
     seg: jax.Array
 
     @staticmethod
-    def init(batch: int, max_len: int, cfg: LMConfig) -> PaddedKVCache:
-        """An empty cache of ``max_len`` slots (every position -1, so every slot is masked)."""
-        return PaddedKVCache(*_empty(batch, max_len, cfg))
-
-    @staticmethod
     def like(k: Any, v: Any, max_len: int) -> PaddedKVCache:
         """An empty cache of ``max_len`` slots for one attention call's keys ``k`` and values
-        ``v`` (head count, head dims and dtypes taken from them, so no model config is needed)."""
+        ``v`` (head count, head dims and dtypes taken from them, so no model config is needed).
+        Every position is -1, so every slot is masked until written."""
         return PaddedKVCache(*_empty_like(k, v, max_len))
 
     def update(
@@ -87,7 +76,7 @@ class PaddedKVCache:
         if index is None:
             raise InputError(
                 "PaddedKVCache.update needs the slot index to write at; pass cache_index= to "
-                "DecoderLM.__call__"
+                "TracedForward.__call__ (jaxrl_sym.baselines.interpret)"
             )
         i = jnp.asarray(index, jnp.int32)
         z = jnp.zeros((), jnp.int32)
@@ -113,11 +102,6 @@ class ExactKVCache:
     v: jax.Array
     pos: jax.Array
     seg: jax.Array
-
-    @staticmethod
-    def init(batch: int, cfg: LMConfig) -> ExactKVCache:
-        """An empty (length-0) cache."""
-        return ExactKVCache(*_empty(batch, 0, cfg))
 
     @staticmethod
     def like(k: Any, v: Any) -> ExactKVCache:
@@ -146,13 +130,3 @@ class ExactKVCache:
     def length(self) -> int:
         """Number of entries written so far."""
         return int(self.pos.shape[1])
-
-
-def init_padded_caches(cfg: LMConfig, batch: int, max_len: int) -> tuple[PaddedKVCache, ...]:
-    """One empty :class:`PaddedKVCache` per layer."""
-    return tuple(PaddedKVCache.init(batch, max_len, cfg) for _ in range(cfg.n_layers))
-
-
-def init_exact_caches(cfg: LMConfig, batch: int) -> tuple[ExactKVCache, ...]:
-    """One empty :class:`ExactKVCache` per layer."""
-    return tuple(ExactKVCache.init(batch, cfg) for _ in range(cfg.n_layers))

@@ -1,17 +1,20 @@
-"""A small decoder-only LM (Llama/Qwen-style) in Flax NNX, written for the symbolic tracer.
+"""A small decoder-only LM (Llama/Qwen-style) in Flax NNX: one model that follows the contract.
 
-Why it looks the way it does:
+``DecoderLM`` is called as ``model(tokens, positions, segment_ids) -> logits`` like any other
+contract model (``tests/zoo.py``, ``jaxrl_sym.models.hf``); nothing in the library reads its config
+or calls it any other way. Why it looks the way it does:
 
 * Positions are an *input*. RoPE angles come from ``positions`` (never from ``jnp.arange`` over the
   sequence axis), so the same forward serves a left-padded prompt batch, a packed batch of several
   sequences, a single decode step and the tracer's symbolic-length program. Positions < 0 mark
   padding; they are clamped to 0 for the angles (their outputs are masked by ``attend`` anyway).
-* The forward without caches is position-wise except for :func:`attend`: no reduction, cumsum,
-  slice or pad over the sequence axis and no reshape that merges batch and sequence. The tracer
-  relies on this to treat ``attend`` as the only op that mixes positions. Reshapes are written
+* The forward is position-wise except for :func:`attend`: no reduction, cumsum, slice or pad over
+  the sequence axis and no reshape that merges batch and sequence. The tracer relies on this to
+  treat ``attend`` as the only op that mixes positions. Reshapes are written
   ``x.reshape(*x.shape[:2], heads, head_dim)`` so symbolic ``B, T`` dimensions pass through.
-* KV caches are optional and only for the baselines: with ``caches`` the attention layer writes its
-  new keys/values into the cache and attends against the whole cache, masked by cached positions.
+* It takes no KV caches. The baselines keep caches *outside* the model
+  (:mod:`jaxrl_sym.baselines.interpret` gives each ``attend`` call its own), so this model decodes
+  through exactly the same path as a model the library has never seen.
 """
 
 from __future__ import annotations
@@ -146,32 +149,21 @@ class Attention(nnx.Module):
         self.v_proj = nnx.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, **lin)
         self.o_proj = nnx.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, **lin)
 
-    def __call__(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        segment_ids: jax.Array,
-        cache: Any = None,
-        cache_index: jax.Array | int | None = None,
-    ) -> tuple[jax.Array, Any]:
+    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """x [B, T, d_model] -> [B, T, d_model]; keys are attended at their own positions."""
         cfg = self.cfg
         q = self.q_proj(x).reshape(*x.shape[:2], cfg.n_heads, cfg.head_dim)
         k = self.k_proj(x).reshape(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(*x.shape[:2], cfg.n_kv_heads, cfg.head_dim)
         q = rope(q, positions, cfg.rope_theta)
         k = rope(k, positions, cfg.rope_theta)
-        if cache is None:
-            kv_pos, kv_seg, new_cache = positions, segment_ids, None
-        else:
-            new_cache = cache.update(k, v, positions, segment_ids, cache_index)
-            k, v, kv_pos, kv_seg = new_cache.k, new_cache.v, new_cache.pos, new_cache.seg
         out = attend(
             q, k, v, self.pattern,
-            q_positions=positions, kv_positions=kv_pos,
-            q_segment_ids=segment_ids, kv_segment_ids=kv_seg,
+            q_positions=positions, kv_positions=positions,
+            q_segment_ids=segment_ids, kv_segment_ids=segment_ids,
         )
         out = out.reshape(*out.shape[:2], cfg.n_heads * cfg.head_dim)
-        return self.o_proj(out), new_cache
+        return self.o_proj(out)
 
 
 class MLP(nnx.Module):
@@ -197,18 +189,10 @@ class DecoderBlock(nnx.Module):
         self.mlp_norm = nnx.RMSNorm(cfg.d_model, **norm)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        segment_ids: jax.Array,
-        cache: Any = None,
-        cache_index: jax.Array | int | None = None,
-    ) -> tuple[jax.Array, Any]:
-        h, new_cache = self.attn(self.attn_norm(x), positions, segment_ids, cache, cache_index)
-        x = x + h
-        x = x + self.mlp(self.mlp_norm(x))
-        return x, new_cache
+    def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """x [B, T, d_model] -> [B, T, d_model]."""
+        x = x + self.attn(self.attn_norm(x), positions, segment_ids)
+        return x + self.mlp(self.mlp_norm(x))
 
 
 # --------------------------------------------------------------------------- model
@@ -232,34 +216,20 @@ class DecoderLM(nnx.Module):
         tokens: jax.Array,
         positions: jax.Array,
         segment_ids: jax.Array | None = None,
-        caches: tuple[Any, ...] | None = None,
-        cache_index: jax.Array | int | None = None,
-    ) -> jax.Array | tuple[jax.Array, tuple[Any, ...]]:
-        """Logits [B, T, V] (fp32); with ``caches`` also the updated caches.
+    ) -> jax.Array:
+        """Logits [B, T, V] in fp32 (the tied head runs in fp32 even for bf16 weights).
 
-        tokens / positions / segment_ids: [B, T] int32; positions < 0 are padding.
-        caches: one cache per layer (``PaddedKVCache`` or ``ExactKVCache``).
-        cache_index: slot where this call's T entries are written into a ``PaddedKVCache``
-          (a traced int32 scalar is fine); ignored by ``ExactKVCache``, which appends.
+        tokens / positions / segment_ids: [B, T] int32; positions < 0 are padding. segment_ids
+        may be left out for a batch of one sequence per row (all zeros), a convenience for
+        direct calls; the library always passes all three, as the contract says.
         """
         if segment_ids is None:
             segment_ids = jnp.zeros_like(positions)
-        if caches is not None and len(caches) != len(self.layers):
-            raise InputError(
-                f"DecoderLM: got {len(caches)} caches for {len(self.layers)} layers; pass one "
-                "cache per layer"
-            )
         x = self.embed(tokens)
-        new_caches = []
-        for i, layer in enumerate(self.layers):
-            cache = None if caches is None else caches[i]
-            x, nc = layer(x, positions, segment_ids, cache, cache_index)
-            new_caches.append(nc)
+        for layer in self.layers:
+            x = layer(x, positions, segment_ids)
         h = self.final_norm(x).astype(jnp.float32)
-        logits = h @ self.embed.embedding[...].astype(jnp.float32).T
-        if caches is None:
-            return logits
-        return logits, tuple(new_caches)
+        return h @ self.embed.embedding[...].astype(jnp.float32).T
 
 
 def init_model(cfg: LMConfig, seed: int = 0) -> DecoderLM:
