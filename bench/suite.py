@@ -22,7 +22,11 @@ Results go to ``bench/results/<device>/suite/`` (``results.jsonl``, ``results.md
 ``oom`` is skipped unless ``--force``; one that fails (``error``, ``timeout``) is retried. A child
 that runs out of memory (``RESOURCE_EXHAUSTED``/out of memory in its stderr, or killed by a
 signal such as the kernel's OOM killer) becomes a row with ``status: "oom"``, never a crash of
-the suite. Every row carries device, versions, git commit, date and command.
+the suite. Before anything runs, every configuration's memory is estimated from shapes
+(``jaxrl_sym.runtime.estimate``); one estimated above the device's limit (or ``--memory-limit``)
+is recorded as ``status: "skipped: estimated X GB > limit Y GB"`` without being started
+(``--no-memory-check`` runs it anyway). Every row carries device, versions, git commit, date
+and command.
 """
 
 from __future__ import annotations
@@ -333,6 +337,46 @@ def _run_rlft(job: Job, tmp: Path, timeout: float) -> list[dict[str, Any]]:
     return rows
 
 
+def estimate_jobs(jobs: Sequence[Job], limit: int | None) -> dict[str, dict[str, Any]]:
+    """Each generation job's memory estimate from shapes, keyed by job key: ``total``,
+    ``limit`` and ``refused`` (a message, or None when it fits).
+
+    Why: a configuration that cannot fit used to start, compile and die with
+    ``RESOURCE_EXHAUSTED`` minutes later. One child process estimates every job (JAX and each
+    model loaded once, on the host CPU, so this process never holds a device context); every
+    prompt is taken at the job's longest prompt (the worst case). RL-step jobs are not
+    estimated. Empty, with a warning, when the estimate itself fails: the jobs then run.
+    """
+    todo = [j for j in jobs if j.system != "rlft"]
+    specs = [{**j.config, "model": None, "systems": [j.system], "memory_limit": limit,
+              "batch": len(j.prompt_lens), "prompt_len": [max(j.prompt_lens)] * 2,
+              "tokens": max(j.limits), "return_logits": False} for j in todo]
+    if not specs:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, out = Path(tmp) / "estimate.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(specs))
+        status, err, _ = run_process([sys.executable, "-m", "jaxrl_sym.cli", "_estimate",
+                                      str(spec_path), str(out)], timeout=600)
+        if status != "ok":
+            print(f"warning: memory estimate failed ({err}); running without the check",
+                  file=sys.stderr)
+            return {}
+        results = json.loads(out.read_text())
+    return {j.key: {"total": r["systems"][j.system]["estimate"]["total"], "limit": r["limit"],
+                    "refused": r["systems"][j.system]["refused"]}
+            for j, r in zip(todo, results, strict=True)}
+
+
+def skipped_row(job: Job, est: dict[str, Any]) -> dict[str, Any]:
+    """The result row of a job refused by the memory check (not run; retried on resume)."""
+    return {**job.config, "system": job.system, "key": job.key,
+            "status": f"skipped: estimated {est['total'] / 1e9:.3g} GB > limit "
+                      f"{est['limit'] / 1e9:.3g} GB",
+            "estimated_bytes": est["total"], "memory_limit": est["limit"],
+            "error": est["refused"]}
+
+
 def pending(jobs: Iterable[Job], rows: dict[str, dict[str, Any]], force: bool) -> list[Job]:
     """Jobs still to run: not finished (ok/oom) in ``rows``, or all with ``force``."""
     out = []
@@ -346,12 +390,16 @@ def pending(jobs: Iterable[Job], rows: dict[str, dict[str, Any]], force: bool) -
 
 def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force: bool = False,
              timeout: float = 900, progress: bool = True, in_process: bool = False,
-             echo: Callable[[str], None] | None = print) -> dict[str, dict[str, Any]]:
+             echo: Callable[[str], None] | None = print, memory_check: bool = False,
+             memory_limit: int | None = None) -> dict[str, dict[str, Any]]:
     """Run what is not finished yet, appending one row per result to ``results.jsonl`` as soon
     as it exists (a killed suite loses at most the configuration it was running).
 
     in_process: run each configuration in this process instead of a child (for notebooks at
-    small sizes; peak RSS and out-of-memory isolation are then lost)."""
+    small sizes; peak RSS and out-of-memory isolation are then lost).
+    memory_check: estimate every job first (:func:`estimate_jobs`) and record a job whose
+    estimate exceeds ``memory_limit`` (default: the device's limit, else host memory) as
+    ``status: "skipped: estimated X GB > limit Y GB"`` instead of running it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.jsonl"
     rows = load_rows(path)
@@ -360,13 +408,17 @@ def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force:
         echo(f"{len(jobs) - len(todo)} of {len(jobs)} configurations already done (--force to "
              "re-run)")
     arrays: dict[str, dict[str, np.ndarray]] = {}
+    estimates = estimate_jobs(todo, memory_limit) if memory_check else {}
     bar = _progress(progress)
     with bar, tempfile.TemporaryDirectory() as tmpname:
         task = bar.add_task("suite", total=len(todo)) if bar else None
         for job in todo:
             if bar:
                 bar.update(task, description=job.label())
-            for row in run_job(job, Path(tmpname), timeout, arrays, in_process=in_process):
+            est = estimates.get(job.key)
+            rows_out = ([skipped_row(job, est)] if est and est["refused"] else
+                        run_job(job, Path(tmpname), timeout, arrays, in_process=in_process))
+            for row in rows_out:
                 if row["system"].startswith("sym") or row["system"] == "pershape":
                     padded = rows.get(row_key(job.config, "padded"))
                     check = _check(row, padded, arrays) if "tokens_sha" in row else None
@@ -494,6 +546,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=None, help="seconds per child process")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="run configurations whose memory estimate exceeds the limit")
+    p.add_argument("--memory-limit", type=float, default=None, metavar="BYTES",
+                   help="skip configurations estimated above BYTES (default: the device's "
+                        "limit, else host memory)")
     args = p.parse_args(argv)
     preset = narrow(QUICK if args.quick else FULL, args.kinds, args.tokens)
     command = "python bench/suite.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -516,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.render:
         print(f"{len(jobs)} jobs on {meta['device']} → {out_dir}")
         run_jobs(jobs, out_dir, meta, force=args.force,
-                 timeout=args.timeout or preset["timeout"], progress=not args.no_progress)
+                 timeout=args.timeout or preset["timeout"], progress=not args.no_progress,
+                 memory_check=not args.no_memory_check,
+                 memory_limit=int(args.memory_limit) if args.memory_limit else None)
     write_outputs(load_rows(out_dir / "results.jsonl"), out_dir)
     print(f"wrote {out_dir}/results.md, {out_dir.parent}/SUITE.md and plots")
     return 0

@@ -172,3 +172,33 @@ def test_decode_skips_only_what_does_not_fit(tmp_path: Path) -> None:
     assert "skipped (memory)" in proc.stdout
     assert any(line.startswith("padded was not run") for line in report["verdict"])
     assert report["memory_check"]["limit"] == 2_000_000
+
+
+def test_suite_skips_a_configuration_that_cannot_fit(tmp_path: Path, monkeypatch) -> None:
+    """Window attention at N = 12 and 4096 (tiny preset): padded's 4096-token MAX_LEN caches
+    are over a limit that every other job fits, so that one job becomes a ``skipped`` row and
+    is never started; the others run (a stand-in child: no JAX work)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import suite
+
+    preset = {**suite.QUICK, "preset": "tiny", "batch": 2, "prompt_len": (3, 6), "window": 8,
+              "block": 8, "kinds": ("window",), "tokens": (12, 4096), "pershape_tokens": (),
+              "pershape_kinds": ()}
+    jobs = suite.plan(preset, systems=("sym-xla", "padded"), scenarios=("decode",))
+    est = suite.estimate_jobs(jobs, None)
+    totals = {(j.system, j.config["tokens"]): est[j.key]["total"] for j in jobs}
+    big = totals[("padded", 4096)]
+    limit = (big + max(v for v in totals.values() if v != big)) // 2
+    assert totals[("sym-xla", 4096)] == totals[("sym-xla", 12)] < limit < big
+    child = tmp_path / "child.py"
+    child.write_text("import json, sys\nspec = json.load(open(sys.argv[1]))\n"
+                     "json.dump({'s_per_token': 1e-3, 'peak_bytes': 1, 'xla_compiles': 1,"
+                     " 'tokens_sha': 'x'}, open(sys.argv[2], 'w'))\n")
+    monkeypatch.setattr(suite, "child_command",
+                        lambda spec, out: [sys.executable, str(child), spec, out])
+    rows = suite.run_jobs(jobs, tmp_path / "out", {"device": "cpu"}, progress=False, echo=None,
+                          memory_check=True, memory_limit=limit)
+    status = {(r["system"], r["tokens"]): r["status"] for r in rows.values()}
+    assert status.pop(("padded", 4096)) == (f"skipped: estimated {big / 1e9:.3g} GB > limit "
+                                            f"{limit / 1e9:.3g} GB")
+    assert set(status.values()) == {"ok"}
