@@ -347,3 +347,43 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
                      "--plot", str(tmp_path / "no" / "p.png")]) == 2
     err = capsys.readouterr().err
     assert "error: --plot" in err and "does not exist" in err
+
+
+_CHILD = """
+import sys
+from jaxrl_sym.rl.train import train
+sys.path.insert(0, {tests!r})
+from test_faults_checkpoint import RUN, SEED
+train("grpo", "reverse", steps={steps}, seed=SEED, checkpoint_dir={d!r}, checkpoint_every=1,
+      keep=100, **RUN)
+"""
+
+
+def test_sigkill_during_saves_resumes_to_the_uninterrupted_run(
+        finished: tuple[Path, str], tmp_path: Path) -> None:
+    """A training process killed with SIGKILL while it writes checkpoints (every step) loses at
+    most the step being written: resume skips any half-written step and the run ends with the
+    digest of the uninterrupted run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    d = tmp_path / "run"
+    code = _CHILD.format(tests=str(Path(__file__).parent), steps=STEPS, d=str(d))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    try:  # kill as soon as a save of step >= 2 is under way (or the second step dir appears)
+        while time.time() < deadline and proc.poll() is None:
+            names = os.listdir(d) if d.exists() else []
+            if "1" in names and any(n != "1" for n in names):  # step 1 done, step 2 begun
+                break
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    out = train("grpo", "reverse", steps=STEPS, seed=SEED, checkpoint_dir=str(d),
+                checkpoint_every=EVERY, resume=True, **RUN)
+    assert out["params_sha256"] == finished[1]
