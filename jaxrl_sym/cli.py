@@ -28,14 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read by bench/
+    DECODE_CPU,
+    PROGRESS_PREFIX,
+    build_model,
+    compare_outputs,
+    prompts_for,
+    run_system,
+)
 from jaxrl_sym.generation import seed32
 from jaxrl_sym.systems import SYSTEMS
 
-# GPT-2-like multi-head shape scaled down for a CPU: like real long-context decoding, the KV
-# state (not the weights) dominates memory at a few thousand tokens, which is the regime the
-# padding-vs-symbolic comparison is about (paper Fig. 3 uses GPT-2 small at batch 64).
-DECODE_CPU = {"d_model": 64, "n_layers": 6, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16,
-              "ffn_dim": 128, "vocab_size": 128}
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
 # checked without importing the model code (JAX); a test keeps the two lists equal.
 PRESETS = ("decode-cpu", "tiny", "small", "gpt2-small", "qwen2.5-0.5b")
@@ -275,116 +278,6 @@ def _spec(args: argparse.Namespace, system: str) -> dict[str, Any]:
             "model": args.model, "backend": args.backend, "warm": not args.no_warm}
 
 
-def user_model(ref: str, seed: int) -> Any:
-    """``MODULE:FUNCTION`` → ``FUNCTION(seed)``, checked against the model contract."""
-    import importlib
-
-    from jaxrl_sym.errors import InputError
-    from jaxrl_sym.models.contract import check_model
-
-    mod_name, _, fn_name = ref.partition(":")
-    try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as err:
-        raise InputError(f"--model {ref}: cannot import {fn_name!r} from {mod_name!r} ({err}); "
-                         "is the module on PYTHONPATH?") from err
-    model = fn(seed)
-    check_model(model)
-    return model
-
-
-def build_model(spec: dict[str, Any]) -> tuple[Any, list[np.ndarray]]:
-    """The model and prompts every system shares (same seed → same weights and prompts)."""
-    from dataclasses import replace
-
-    from jaxrl_sym.models.contract import check_model
-
-    if spec.get("model"):
-        model = user_model(spec["model"], spec["seed"])
-        return model, _prompts(spec, check_model(model).vocab_size)
-
-    from flax import nnx
-
-    from jaxrl_sym.models.lm import DecoderLM, LMConfig, preset
-    from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
-
-    cfg = (preset("small", **DECODE_CPU) if spec["preset"] == "decode-cpu"
-           else preset(spec["preset"]))
-    n = cfg.n_layers
-    att = spec["attention"]
-    if att == "mixed":
-        cfg = replace(cfg, patterns=LMConfig.mixed(spec["window"], n_layers=n).patterns)
-    else:
-        pat = {"full": Causal(), "window": Window(spec["window"]), "block": Block(spec["block"]),
-               "linear": Linear()}[att]
-        cfg = replace(cfg, patterns=(pat,) * n)
-    return DecoderLM(cfg, rngs=nnx.Rngs(spec["seed"])), _prompts(spec, cfg.vocab_size)
-
-
-def _prompts(spec: dict[str, Any], vocab: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(spec["seed"])
-    lo, hi = spec["prompt_len"]
-    return [rng.integers(0, vocab, size=int(rng.integers(lo, hi + 1)), dtype=np.int32)
-            for _ in range(spec["batch"])]
-
-
-def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Run one system cold (compiles, logits) then warm (timing). Returns (metrics, arrays)."""
-    from dataclasses import replace
-
-    from jaxrl_sym.generation import GenerationConfig
-    from jaxrl_sym.runtime.metrics import peak_rss_bytes
-    from jaxrl_sym.systems import generator
-
-    model, prompts = build_model(spec)
-    gcfg = GenerationConfig(max_new_tokens=spec["tokens"], return_logits=True)
-    system = spec["system"]
-    gen = generator(system, model, backend=spec["backend"])
-    t0 = time.perf_counter()
-    cold = gen(prompts, gcfg)
-    cold_wall = time.perf_counter() - t0  # the whole call: every system's compiles included
-    steps = max(len(t) for t in cold.tokens)
-    metrics: dict[str, Any] = {
-        "xla_compiles": int(cold.stats["xla_compiles"]),
-        "s_per_token_with_compile": cold_wall / steps,
-        "peak_bytes": int(cold.stats["peak_bytes"]),
-        "generated_tokens": int(sum(len(t) for t in cold.tokens)),
-        "dispatches": int(cold.stats.get("dispatches", -1)),
-    }
-    if spec.get("warm", True):
-        nolog = replace(gcfg, return_logits=False)
-        if system == "sym":
-            # The no-logits step programs are other executables than the cold run's: compile
-            # them in an untimed call, so ``s_per_token`` is steady state (the padded baseline
-            # reports its run time without its compile already).
-            gen(prompts, nolog)
-        warm = gen(prompts, nolog)
-        metrics["s_per_token"] = warm.stats["run_seconds"] / steps
-        metrics["peak_bytes"] = int(warm.stats["peak_bytes"])
-        metrics["warm_xla_compiles"] = int(warm.stats["xla_compiles"])
-    else:
-        metrics["s_per_token"] = metrics["s_per_token_with_compile"]
-    metrics["peak_rss_bytes"] = peak_rss_bytes()
-    arrays = {f"tok{i}": t for i, t in enumerate(cold.tokens)}
-    arrays.update({f"logit{i}": lg for i, lg in enumerate(cold.logits or [])})
-    return metrics, arrays
-
-
-def _check(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Tokens and logits of two systems' cold runs: equal?, rows that differ, max |Δlogit|."""
-    rows = sum(1 for k in a if k.startswith("tok"))
-    differ = sum(1 for i in range(rows) if not np.array_equal(a[f"tok{i}"], b.get(f"tok{i}")))
-    diff = 0.0
-    for i in range(rows):
-        la, lb = a.get(f"logit{i}"), b.get(f"logit{i}")
-        if la is not None and lb is not None:
-            n = min(len(la), len(lb))
-            if n:
-                diff = max(diff, float(np.max(np.abs(la[:n] - lb[:n]))))
-    return {"tokens_equal": differ == 0, "rows": rows, "rows_differ": differ,
-            "max_abs_logit_diff": diff}
-
-
 def _run_child(spec: dict[str, Any], tmp: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """One system in its own process; (metrics or {"error": [...]}, arrays)."""
     s = spec["system"]
@@ -394,9 +287,18 @@ def _run_child(spec: dict[str, Any], tmp: str) -> tuple[dict[str, Any], dict[str
     cmd = [sys.executable, "-m", "jaxrl_sym.cli", INTERNAL, spec_path, out]
     # GPU: the allocator's peak is only meaningful without XLA's preallocation.
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # The child's output is streamed: its progress lines (see _progress_printer) reach the user
+    # while it runs; the rest is kept for the error message.
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env) as proc:
+        for line in proc.stdout or ():
+            if line.startswith(PROGRESS_PREFIX):
+                print(line.rstrip(), file=sys.stderr, flush=True)
+            else:
+                lines.append(line)
     if proc.returncode != 0:
-        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}, {}
+        return {"error": "".join(lines).strip().splitlines()[-1:]}, {}
     with open(out + ".json") as f:
         metrics = json.load(f)
     with np.load(out) as z:
@@ -444,7 +346,8 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                                   "estimates": {s: e["estimate"]
                                                 for s, e in memory["systems"].items()}}
     if "sym" in arrays:
-        report["checks"] = {s: _check(arrays["sym"], a) for s, a in arrays.items() if s != "sym"}
+        report["checks"] = {s: compare_outputs(arrays["sym"], a)
+                            for s, a in arrays.items() if s != "sym"}
         if "padded" in report["checks"]:
             report["check"] = report["checks"]["padded"]  # the field earlier reports carried
     from jaxrl_sym.report import run_metadata
@@ -522,7 +425,7 @@ def _estimate_child(argv: list[str]) -> int:
             if key not in models:
                 models[key] = build_model(s)[0]
             # The prompts build_model draws (same seed, same vocabulary: same lengths).
-            lens = [len(x) for x in _prompts(s, check_model(models[key]).vocab_size)]
+            lens = [len(x) for x in prompts_for(s, check_model(models[key]).vocab_size)]
             # The decode CLI's cold run keeps logits: the larger of its two runs.
             gcfg = GenerationConfig(max_new_tokens=s["tokens"],
                                     return_logits=s.get("return_logits", True))

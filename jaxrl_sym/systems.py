@@ -18,14 +18,17 @@ SYSTEMS = ("sym", "padded", "pershape")
 Generate = Callable[[Sequence[Any], GenerationConfig], GenerationResult]
 
 
-def generator(system: str, model: Any, *, backend: str = "xla") -> Generate:
+def generator(system: str, model: Any, *, backend: str = "xla",
+              progress: Callable[[int], None] | None = None) -> Generate:
     """The generate function of ``system`` on ``model`` (``sym-<backend>`` overrides
-    ``backend``)."""
+    ``backend``). ``progress(tokens_so_far)`` is called as the symbolic runtime reads tokens
+    back; the padded and per-shape baselines run one program per call and cannot report."""
     name, _, sub = system.partition("-")
     if name == "sym":
         from jaxrl_sym.runtime.engine import SymbolicLM
 
-        return SymbolicLM(model, backend=sub or backend).generate
+        lm = SymbolicLM(model, backend=sub or backend)
+        return lambda p, c: lm.generate(p, c, on_progress=progress)
     if name == "padded" and not sub:
         from jaxrl_sym.baselines.padded import padded_generate
 

@@ -93,3 +93,22 @@ def test_max_len_stores_hold_the_prompt_blocks_padding() -> None:
     sym, pad = lm.generate(prompts, cfg), padded_generate(m, prompts, cfg)
     np.testing.assert_array_equal(sym.tokens[0], pad.tokens[0])
     np.testing.assert_allclose(sym.logits[0], pad.logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_generate_reports_progress_after_every_read_back(capsys) -> None:
+    """A long run is not silent: ``on_progress`` sees the running token count after each
+    dispatch's read-back, ending at the total; the CLI's printer turns it into stderr lines."""
+    from jaxrl_sym.decode_run import PROGRESS_PREFIX, _progress_printer
+
+    m = zoo()["gpt2"]
+    prompts = [np.arange(1, 4, dtype=np.int32), np.arange(1, 8, dtype=np.int32)]
+    seen: list[int] = []
+    res = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(
+        prompts, GenerationConfig(max_new_tokens=(3, 13)), on_progress=seen.append)
+    assert seen == sorted(seen) and seen[-1] == sum(len(t) for t in res.tokens) == 16
+    # one report per read-back: each group's prefill and each of its decode dispatches
+    groups = replay([3, 7], [3, 13], min_capacity=8, tile=4)
+    assert len(seen) == sum(1 + len(ds) for _, ds in groups)
+    report = _progress_printer("sym", 16, every=0.0)
+    report(8)
+    assert f"{PROGRESS_PREFIX}sym: 8/16 tokens (50%)" in capsys.readouterr().err

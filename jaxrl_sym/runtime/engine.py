@@ -133,6 +133,7 @@ class SymbolicLM:
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], cfg: GenerationConfig, *,
                  on_finished: Callable[[list[int], list[np.ndarray]], None] | None = None,
+                 on_progress: Callable[[int], None] | None = None,
                  ) -> GenerationResult:
         """Generate for every prompt until EOS or its limit.
 
@@ -141,6 +142,8 @@ class SymbolicLM:
           still decode. The RL step uses it to queue reference scoring of finished rows behind the
           decode steps, so that work fills the device while the long tail generates instead of
           running as a separate pass afterwards.
+        on_progress: called after every read-back with the number of tokens emitted so far
+          (all rows), so a long run can show how far it is (the CLI prints it).
         """
         prompts = validate_prompts(prompts, self.vocab_size, cfg)
         limits = row_limits(cfg, len(prompts))
@@ -154,7 +157,7 @@ class SymbolicLM:
         with CompileCounter() as cc:
             hoisted = self._hoist()
             weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
-            out = Outputs(toks, lps, logits)
+            out = Outputs(toks, lps, logits, on_progress)
             for group in microbatches(lengths, limits, max_rows=self.microbatch_rows,
                                       max_pad_fraction=self.max_pad_fraction):
                 DecodeGroup(self, group, prompts, limits, cfg, meter, weights_bytes).run(

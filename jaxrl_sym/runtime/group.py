@@ -34,6 +34,7 @@ class Outputs:
     toks: list[list[int]]
     lps: list[list[float]]
     logits: list[list[np.ndarray]] | None
+    progress: Callable[[int], None] | None = None  # after each read-back: tokens emitted so far
 
 
 class DecodeGroup:
@@ -134,6 +135,8 @@ class DecodeGroup:
                 if eos or len(out.toks[i]) >= self.limits[slot]:
                     self.done[slot] = True
                     finished.append(i)
+        if out.progress is not None:
+            out.progress(sum(len(t) for t in out.toks))
         if finished and on_finished is not None:
             on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
 

@@ -1,0 +1,153 @@
+"""The decode comparison's child side: the shared model and prompts, one system's run, and
+the token/logit check between two systems.
+
+Why apart from :mod:`jaxrl_sym.cli`: the CLI must parse and check flags without importing JAX;
+everything here runs inside the per-system child processes (and ``bench/suite_child.py``), where
+JAX is imported anyway.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+# The ``decode-cpu`` preset: GPT-2-like multi-head shape scaled down for a CPU. Like real
+# long-context decoding, the KV state (not the weights) dominates memory at a few thousand tokens,
+# which is the regime the padding-vs-symbolic comparison is about (paper Fig. 3: GPT-2 small at
+# batch 64).
+DECODE_CPU = {"d_model": 64, "n_layers": 6, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16,
+              "ffn_dim": 128, "vocab_size": 128}
+
+
+def user_model(ref: str, seed: int) -> Any:
+    """``MODULE:FUNCTION`` → ``FUNCTION(seed)``, checked against the model contract."""
+    import importlib
+
+    from jaxrl_sym.errors import InputError
+    from jaxrl_sym.models.contract import check_model
+
+    mod_name, _, fn_name = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as err:
+        raise InputError(f"--model {ref}: cannot import {fn_name!r} from {mod_name!r} ({err}); "
+                         "is the module on PYTHONPATH?") from err
+    model = fn(seed)
+    check_model(model)
+    return model
+
+
+def build_model(spec: dict[str, Any]) -> tuple[Any, list[np.ndarray]]:
+    """The model and prompts every system shares (same seed → same weights and prompts)."""
+    from dataclasses import replace
+
+    from jaxrl_sym.models.contract import check_model
+
+    if spec.get("model"):
+        model = user_model(spec["model"], spec["seed"])
+        return model, prompts_for(spec, check_model(model).vocab_size)
+
+    from flax import nnx
+
+    from jaxrl_sym.models.lm import DecoderLM, LMConfig, preset
+    from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
+
+    cfg = (preset("small", **DECODE_CPU) if spec["preset"] == "decode-cpu"
+           else preset(spec["preset"]))
+    n = cfg.n_layers
+    att = spec["attention"]
+    if att == "mixed":
+        cfg = replace(cfg, patterns=LMConfig.mixed(spec["window"], n_layers=n).patterns)
+    else:
+        pat = {"full": Causal(), "window": Window(spec["window"]), "block": Block(spec["block"]),
+               "linear": Linear()}[att]
+        cfg = replace(cfg, patterns=(pat,) * n)
+    return DecoderLM(cfg, rngs=nnx.Rngs(spec["seed"])), prompts_for(spec, cfg.vocab_size)
+
+
+def prompts_for(spec: dict[str, Any], vocab: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(spec["seed"])
+    lo, hi = spec["prompt_len"]
+    return [rng.integers(0, vocab, size=int(rng.integers(lo, hi + 1)), dtype=np.int32)
+            for _ in range(spec["batch"])]
+
+
+PROGRESS_PREFIX = "  progress "
+
+
+def _progress_printer(system: str, total: int, every: float = 10.0) -> Callable[[int], None]:
+    """A progress callback that prints to stderr at most every ``every`` seconds, so a run that
+    takes hours is not silent (stdout stays the child's JSON)."""
+    state = {"t0": time.perf_counter(), "last": time.perf_counter()}
+
+    def report(done: int) -> None:
+        now = time.perf_counter()
+        if now - state["last"] >= every:
+            state["last"] = now
+            pct = 100 * done / max(total, 1)
+            print(f"{PROGRESS_PREFIX}{system}: {done:,}/{total:,} tokens ({pct:.0f}%), "
+                  f"{now - state['t0']:.0f} s", file=sys.stderr, flush=True)
+
+    return report
+
+
+def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Run one system cold (compiles, logits) then warm (timing). Returns (metrics, arrays)."""
+    from dataclasses import replace
+
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.runtime.metrics import peak_rss_bytes
+    from jaxrl_sym.systems import generator
+
+    model, prompts = build_model(spec)
+    gcfg = GenerationConfig(max_new_tokens=spec["tokens"], return_logits=True)
+    system = spec["system"]
+    gen = generator(system, model, backend=spec["backend"],
+                    progress=_progress_printer(system, spec["batch"] * spec["tokens"]))
+    t0 = time.perf_counter()
+    cold = gen(prompts, gcfg)
+    cold_wall = time.perf_counter() - t0  # the whole call: every system's compiles included
+    steps = max(len(t) for t in cold.tokens)
+    metrics: dict[str, Any] = {
+        "xla_compiles": int(cold.stats["xla_compiles"]),
+        "s_per_token_with_compile": cold_wall / steps,
+        "peak_bytes": int(cold.stats["peak_bytes"]),
+        "generated_tokens": int(sum(len(t) for t in cold.tokens)),
+        "dispatches": int(cold.stats.get("dispatches", -1)),
+    }
+    if spec.get("warm", True):
+        nolog = replace(gcfg, return_logits=False)
+        if system == "sym":
+            # The no-logits step programs are other executables than the cold run's: compile
+            # them in an untimed call, so ``s_per_token`` is steady state (the padded baseline
+            # reports its run time without its compile already).
+            gen(prompts, nolog)
+        warm = gen(prompts, nolog)
+        metrics["s_per_token"] = warm.stats["run_seconds"] / steps
+        metrics["peak_bytes"] = int(warm.stats["peak_bytes"])
+        metrics["warm_xla_compiles"] = int(warm.stats["xla_compiles"])
+    else:
+        metrics["s_per_token"] = metrics["s_per_token_with_compile"]
+    metrics["peak_rss_bytes"] = peak_rss_bytes()
+    arrays = {f"tok{i}": t for i, t in enumerate(cold.tokens)}
+    arrays.update({f"logit{i}": lg for i, lg in enumerate(cold.logits or [])})
+    return metrics, arrays
+
+
+def compare_outputs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Tokens and logits of two systems' cold runs: equal?, rows that differ, max |Δlogit|."""
+    rows = sum(1 for k in a if k.startswith("tok"))
+    differ = sum(1 for i in range(rows) if not np.array_equal(a[f"tok{i}"], b.get(f"tok{i}")))
+    diff = 0.0
+    for i in range(rows):
+        la, lb = a.get(f"logit{i}"), b.get(f"logit{i}")
+        if la is not None and lb is not None:
+            n = min(len(la), len(lb))
+            if n:
+                diff = max(diff, float(np.max(np.abs(la[:n] - lb[:n]))))
+    return {"tokens_equal": differ == 0, "rows": rows, "rows_differ": differ,
+            "max_abs_logit_diff": diff}
