@@ -7,6 +7,7 @@ transformers in ``tests/test_hf_models.py``.
 """
 
 from jaxrl_sym.models.hf.config import SUPPORTED_MODEL_TYPES, HFConfig, parse_config
+from jaxrl_sym.models.hf.export import export_pretrained
 from jaxrl_sym.models.hf.loader import load_pretrained, load_tokenizer
 from jaxrl_sym.models.hf.modeling import CausalLM, build_model
 
@@ -15,6 +16,7 @@ __all__ = [
     "CausalLM",
     "HFConfig",
     "build_model",
+    "export_pretrained",
     "load_pretrained",
     "load_tokenizer",
     "parse_config",

@@ -1,0 +1,198 @@
+"""Write a :class:`~jaxrl_sym.models.hf.modeling.CausalLM` back out as a Hugging Face directory.
+
+``export_pretrained(model, out_dir, source_dir=...)`` produces what transformers'
+``save_pretrained`` would: ``config.json`` (the source's, with its dtype field set to the
+parameters' dtype), ``model.safetensors`` or shards plus ``model.safetensors.index.json`` above
+``max_shard_bytes``, and the tokenizer files and ``generation_config.json`` copied from the source.
+
+Why it is built this way:
+
+* **Names by the loader's rule, inverted.** Tensor names and layouts come from
+  :func:`jaxrl_sym.models.hf.loader.parameter_targets` — the very function the loader uses to map
+  a checkpoint name to a parameter — so export and load cannot drift apart: there is no second
+  table. A ``kernel`` is transposed back to PyTorch's ``[out, in]``.
+* **The source config is the truth.** The model only knows what :class:`HFConfig` keeps; fields
+  transformers needs but the model ignores (``architectures``, ``bos_token_id``, rope spellings)
+  come from the source ``config.json``, which must parse to the model's own config — a source of
+  another architecture is refused rather than written next to weights it does not describe.
+* **Atomic.** Everything is written into a temporary directory beside ``out_dir`` and renamed
+  into place at the end, so a crash or a full disk leaves either nothing or the old directory,
+  never a half checkpoint whose ``config.json`` makes it look complete.
+* **One tensor at a time on the host** for sharded output: a shard's tensors are copied from the
+  device, written, and dropped before the next shard is gathered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.hf.config import parse_config
+from jaxrl_sym.models.hf.loader import INDEX_FILE, SINGLE_FILE, parameter_targets, read_json
+from jaxrl_sym.models.hf.modeling import CausalLM
+
+# Files copied verbatim from the source directory when present (tokenizer and generation
+# settings: nothing in them depends on the weights).
+COPIED_FILES = (
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+    "tokenizer.model", "chat_template.jinja", "chat_template.json",
+)
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # transformers' historical default ("5GB")
+_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def hf_tensors(model: CausalLM) -> dict[str, tuple[tuple[Any, ...], bool]]:
+    """HF tensor name → (parameter path, transpose?), the loader's mapping read backwards."""
+    return {name: (t.path, t.transpose) for name, t in parameter_targets(model).items()}
+
+
+def _param(model: CausalLM, path: tuple[Any, ...]) -> Any:
+    """The parameter's value (a device array) at an NNX path."""
+    node: Any = model
+    for p in path:
+        node = node[p] if isinstance(p, int) else getattr(node, p)
+    return node.get_value()
+
+
+def _host_tensor(model: CausalLM, path: tuple[Any, ...], transpose: bool) -> np.ndarray:
+    """One parameter as a contiguous host array in HF layout."""
+    arr = np.asarray(jax.device_get(_param(model, path)))
+    return np.ascontiguousarray(arr.T if transpose else arr)
+
+
+def export_config(model: CausalLM, source_dir: Path) -> dict[str, Any]:
+    """The source ``config.json`` with its dtype field(s) set to the model's parameter dtype.
+
+    Refuses a source whose config does not parse to the model's architecture (another model's
+    directory passed by mistake would otherwise produce a checkpoint that loads as garbage).
+    """
+    raw = read_json(source_dir / "config.json", "config")
+    dtype = np.dtype(model.cfg.dtype).name
+    if parse_config(raw, dtype) != model.cfg:
+        raise InputError(f"source_dir {source_dir}: its config.json describes another "
+                         "architecture than the model being exported (vocabulary, layers, "
+                         "heads, RoPE or attention patterns differ); pass the directory the "
+                         "model was loaded from")
+    out = dict(raw)
+    keys = [k for k in ("dtype", "torch_dtype") if k in out] or ["dtype"]
+    for k in keys:
+        out[k] = _DTYPE_NAMES[dtype]
+    return out
+
+
+def plan_shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
+    """Tensor names grouped into shards of at most ``max_shard_bytes`` (a tensor larger than
+    the limit gets a shard of its own, as transformers does), in name order."""
+    shards: list[list[str]] = [[]]
+    used = 0
+    for name in sorted(sizes):
+        if shards[-1] and used + sizes[name] > max_shard_bytes:
+            shards.append([])
+            used = 0
+        shards[-1].append(name)
+        used += sizes[name]
+    return shards
+
+
+def _write_weights(model: CausalLM, tmp: Path, max_shard_bytes: int) -> list[str]:
+    """safetensors file(s) (+ index when sharded) into ``tmp``; returns the files written."""
+    from safetensors.numpy import save_file
+
+    names = hf_tensors(model)
+    sizes = {}
+    for name, (path, _) in names.items():
+        val = _param(model, path)
+        sizes[name] = int(np.prod(val.shape)) * np.dtype(val.dtype).itemsize
+    shards = plan_shards(sizes, max_shard_bytes)
+    meta = {"format": "pt"}  # transformers refuses safetensors files without a known format
+    if len(shards) == 1:
+        save_file({n: _host_tensor(model, *names[n]) for n in shards[0]}, str(tmp / SINGLE_FILE),
+                  metadata=meta)
+        return [SINGLE_FILE]
+    files, weight_map = [], {}
+    for i, group in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: _host_tensor(model, *names[n]) for n in group}, str(tmp / fname),
+                  metadata=meta)
+        weight_map.update({n: fname for n in group})
+        files.append(fname)
+    index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+    (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    return [*files, INDEX_FILE]
+
+
+def _check_out_dir(out: Path, source: Path, overwrite: bool) -> None:
+    if out.resolve() == source.resolve():
+        raise InputError(f"out_dir {out} is the source directory; export into a new directory")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"out_dir {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InputError(f"out_dir {out} is not empty; choose an empty or new directory, or "
+                         "pass overwrite=True (--overwrite) to replace its contents")
+    if not out.parent.is_dir():
+        raise InputError(f"out_dir {out}: parent directory {out.parent} does not exist")
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted after."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, old / out.name)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export_pretrained(model: CausalLM, out_dir: str | Path, *, source_dir: str | Path,
+                      overwrite: bool = False,
+                      max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> list[str]:
+    """Write ``model`` as a Hugging Face checkpoint directory transformers can load.
+
+    Args:
+      model: a :class:`CausalLM` (from :func:`load_pretrained`, possibly fine-tuned or cast).
+      out_dir: the directory to create. An existing non-empty one is refused unless
+        ``overwrite``; it is replaced only once the new checkpoint is complete.
+      source_dir: the checkpoint the model was loaded from: its ``config.json`` (dtype updated)
+        and tokenizer/generation files are reused.
+      max_shard_bytes: above this total, the weights are split into shards of at most this
+        many bytes with a ``model.safetensors.index.json``.
+
+    Returns the names of the files written.
+    """
+    if not isinstance(model, CausalLM):
+        raise InputError(f"export_pretrained needs a jaxrl_sym.models.hf CausalLM, got "
+                         f"{type(model).__name__}")
+    if max_shard_bytes < 1:
+        raise InputError(f"max_shard_bytes={max_shard_bytes} must be >= 1")
+    out, source = Path(out_dir).absolute(), Path(source_dir)
+    if not (source / "config.json").is_file():
+        raise InputError(f"source_dir {source} has no config.json; pass the Hugging Face "
+                         "directory the model was loaded from")
+    _check_out_dir(out, source, overwrite)
+    config = export_config(model, source)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        written = _write_weights(model, tmp, max_shard_bytes)
+        for name in COPIED_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, tmp / name)
+                written.append(name)
+        # config.json last: a directory with it is a checkpoint (and tmp is renamed anyway).
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        written.append("config.json")
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sorted(written)

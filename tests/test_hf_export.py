@@ -1,0 +1,209 @@
+"""Export to Hugging Face format: our loader and transformers read back what we wrote.
+
+Two oracles. Without torch (CI): an unmodified model exports to exactly the tensors of the
+transformers-saved source (same names, dtypes, bytes) and the same config, and reloads with
+identical logits. With ``/tmp/hf-oracle/bin/python`` (torch + transformers, see
+``scripts/make_hf_fixtures.py``): transformers loads the exported directory and gives the logits
+it gave on the source (skipped where that interpreter is absent).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.hf import load_pretrained
+from jaxrl_sym.models.hf.export import export_pretrained, plan_shards
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+CASES = ("qwen2_tied", "qwen2_sliding_sharded", "llama3_scaled", "llama_tied_sharded")
+ORACLE = Path("/tmp/hf-oracle/bin/python")
+
+
+def expected(case: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / case / "expected.npz") as z:
+        return dict(z)
+
+
+def forward(model, prompt: np.ndarray) -> np.ndarray:
+    toks = jnp.asarray(prompt[None], jnp.int32)
+    pos = jnp.arange(len(prompt), dtype=jnp.int32)[None]
+    return np.asarray(model(toks, pos, jnp.zeros_like(pos)))[0]
+
+
+def all_tensors(root: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    out: dict[str, np.ndarray] = {}
+    for f in sorted(root.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_unmodified_export_is_the_source(case: str, tmp_path: Path) -> None:
+    """Same tensor names, dtypes and bytes as transformers saved; same config; same logits."""
+    src = FIXTURES / case
+    model, _, _ = load_pretrained(src)
+    out = tmp_path / "out"
+    files = export_pretrained(model, out, source_dir=src)
+    assert "model.safetensors" in files and "tokenizer.json" in files
+    theirs, ours = all_tensors(src), all_tensors(out)
+    assert sorted(ours) == sorted(theirs)
+    for name, arr in theirs.items():
+        assert ours[name].dtype == arr.dtype and ours[name].shape == arr.shape, name
+        assert ours[name].tobytes() == arr.tobytes(), f"{case}: {name} bytes differ"
+    assert json.loads((out / "config.json").read_text()) == json.loads(
+        (src / "config.json").read_text())
+    for name in ("tokenizer.json", "generation_config.json"):
+        assert (out / name).read_bytes() == (src / name).read_bytes()
+    again, _, _ = load_pretrained(out)
+    exp = expected(case)
+    assert np.array_equal(forward(again, exp["prompt1"]), forward(model, exp["prompt1"]))
+
+
+def test_sharded_export_reloads_identically(tmp_path: Path) -> None:
+    src = FIXTURES / "llama3_scaled"
+    model, _, _ = load_pretrained(src)
+    files = export_pretrained(model, tmp_path / "out", source_dir=src, max_shard_bytes=80_000)
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and set(shards) <= set(files) and "model.safetensors" not in files
+    sizes = {n: a.nbytes for n, a in all_tensors(src).items()}
+    assert index["metadata"]["total_size"] == sum(sizes.values())
+    for shard in shards:
+        in_shard = [n for n, f in index["weight_map"].items() if f == shard]
+        assert len(in_shard) == 1 or sum(sizes[n] for n in in_shard) <= 80_000
+    again, _, _ = load_pretrained(tmp_path / "out")
+    exp = expected("llama3_scaled")
+    assert np.array_equal(forward(again, exp["prompt0"]), forward(model, exp["prompt0"]))
+
+
+def test_plan_shards_limits() -> None:
+    assert plan_shards({"a": 5, "b": 5, "c": 5}, 10) == [["a", "b"], ["c"]]
+    assert plan_shards({"a": 50, "b": 5}, 10) == [["a"], ["b"]]  # too big: a shard of its own
+    assert plan_shards({"a": 1}, 10) == [["a"]]
+
+
+def test_bf16_cast_export(tmp_path: Path) -> None:
+    """Loaded as bf16 → BF16 tensors and dtype "bfloat16" in config.json; reload is bit-equal."""
+    src = FIXTURES / "qwen2_tied"
+    model, _, _ = load_pretrained(src, dtype="bfloat16")
+    export_pretrained(model, tmp_path / "bf", source_dir=src)
+    cfg = json.loads((tmp_path / "bf" / "config.json").read_text())
+    assert cfg["dtype"] == "bfloat16"
+    tensors = all_tensors(tmp_path / "bf")
+    assert all(a.dtype == ml_dtypes.bfloat16 for a in tensors.values())
+    again, _, _ = load_pretrained(tmp_path / "bf")
+    assert again.model.embed_tokens.embedding[...].dtype == jnp.bfloat16
+    exp = expected("qwen2_tied")
+    assert np.array_equal(forward(again, exp["prompt0"]), forward(model, exp["prompt0"]))
+
+
+def test_refusals(tmp_path: Path) -> None:
+    src = FIXTURES / "qwen2_tied"
+    model, _, _ = load_pretrained(src)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    with pytest.raises(InputError, match=r"full is not empty.*overwrite"):
+        export_pretrained(model, full, source_dir=src)
+    assert (full / "keep.txt").read_text() == "mine"
+    with pytest.raises(InputError, match=r"is the source directory"):
+        export_pretrained(model, src, source_dir=src, overwrite=True)
+    with pytest.raises(InputError, match=r"describes another architecture"):
+        export_pretrained(model, tmp_path / "x", source_dir=FIXTURES / "llama3_scaled")
+    with pytest.raises(InputError, match=r"no config\.json"):
+        export_pretrained(model, tmp_path / "x", source_dir=tmp_path)
+    export_pretrained(model, full, source_dir=src, overwrite=True)
+    assert not (full / "keep.txt").exists() and (full / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]  # no temp dirs left over
+
+
+def test_crash_leaves_no_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure after the first shard: no out_dir (or the old one intact), no temp dirs."""
+    src = FIXTURES / "llama3_scaled"
+    model, _, _ = load_pretrained(src)
+    from safetensors import numpy as st_numpy
+
+    real, calls = st_numpy.save_file, []
+
+    def flaky(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(st_numpy, "save_file", flaky)
+    with pytest.raises(OSError, match="No space"):
+        export_pretrained(model, tmp_path / "new", source_dir=src, max_shard_bytes=80_000)
+    assert list(tmp_path.iterdir()) == []
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text("{}")
+    calls.clear()
+    with pytest.raises(OSError, match="No space"):
+        export_pretrained(model, old, source_dir=src, overwrite=True, max_shard_bytes=80_000)
+    assert [p.name for p in tmp_path.iterdir()] == ["old"]
+    assert (old / "config.json").read_text() == "{}"
+
+
+ORACLE_SCRIPT = """
+import json, sys
+import numpy as np, torch
+from transformers import AutoModelForCausalLM
+out = {}
+for d, src in zip(sys.argv[1::2], sys.argv[2::2]):
+    model = AutoModelForCausalLM.from_pretrained(d).eval()
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    exp = np.load(src + "/expected.npz")
+    diffs, same, dtypes = [], [], {str(p.dtype) for p in model.parameters()}
+    for i in range(2):
+        ids = torch.tensor(exp[f"prompt{i}"][None].astype(np.int64))
+        with torch.no_grad():
+            got, ref = model(ids).logits[0].float(), source(ids).logits[0].float()
+        diffs.append(float(np.max(np.abs(got.numpy() - exp[f"logits{i}"]))))
+        same.append(float(torch.max(torch.abs(got - ref))))
+    out[d] = {"diff": max(diffs), "vs_source": max(same), "dtypes": sorted(dtypes)}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not ORACLE.exists(), reason="no /tmp/hf-oracle (torch + transformers)")
+def test_transformers_loads_export(tmp_path: Path) -> None:
+    """transformers' from_pretrained on our exports: fp32 exports give exactly the logits of
+    the source directory (same process, same torch) and those of the fixture within 1e-4; the
+    bf16-cast export has bf16 parameters and logits near the fp32 ones."""
+    args = []
+    for case in CASES:
+        model, _, _ = load_pretrained(FIXTURES / case)
+        shard = 100_000 if case.endswith("sharded") else 10**9
+        export_pretrained(model, tmp_path / case, source_dir=FIXTURES / case,
+                          max_shard_bytes=shard)
+        args += [str(tmp_path / case), str(FIXTURES / case)]
+    bf, _, _ = load_pretrained(FIXTURES / "qwen2_tied", dtype="bfloat16")
+    export_pretrained(bf, tmp_path / "bf16", source_dir=FIXTURES / "qwen2_tied")
+    args += [str(tmp_path / "bf16"), str(FIXTURES / "qwen2_tied")]
+    script = tmp_path / "oracle.py"
+    script.write_text(ORACLE_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([str(ORACLE), str(script), *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    for case in CASES:
+        assert res[str(tmp_path / case)]["dtypes"] == ["torch.float32"]
+        # fp32: the very logits transformers gives on the source it saved, under the same torch
+        assert res[str(tmp_path / case)]["vs_source"] == 0.0, (case, res)
+        assert res[str(tmp_path / case)]["diff"] < 1e-4, (case, res)
+    scale = np.max(np.abs(expected("qwen2_tied")["logits0"]))
+    assert res[str(tmp_path / "bf16")]["dtypes"] == ["torch.bfloat16"]
+    assert res[str(tmp_path / "bf16")]["diff"] / scale < 0.1
