@@ -10,13 +10,16 @@ from jaxrl_sym.models.hf.config import SUPPORTED_MODEL_TYPES, HFConfig, parse_co
 from jaxrl_sym.models.hf.export import export_pretrained
 from jaxrl_sym.models.hf.loader import load_pretrained, load_tokenizer
 from jaxrl_sym.models.hf.modeling import CausalLM, build_model
+from jaxrl_sym.models.hf.text import HFText, find_eos_ids
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "CausalLM",
     "HFConfig",
+    "HFText",
     "build_model",
     "export_pretrained",
+    "find_eos_ids",
     "load_pretrained",
     "load_tokenizer",
     "parse_config",
