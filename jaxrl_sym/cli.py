@@ -37,6 +37,9 @@ from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read
     run_system,
 )
 from jaxrl_sym.generation import seed32
+from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
+from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
+from jaxrl_sym.hf_cli import run as run_hf
 from jaxrl_sym.systems import SYSTEMS
 
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
@@ -125,8 +128,9 @@ def _parser(with_train: bool = True) -> _Parser:
     options: they live in :mod:`jaxrl_sym.rl.cli`, whose import pulls in JAX (seconds), so only
     a ``train`` command line pays for it."""
     p = _Parser(prog="jaxrl-sym", description=__doc__, formatter_class=_Help)
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{decode,train}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{decode,train,generate,export}")
     p.commands = {"decode": _decode_parser(sub)}
+    p.commands.update(add_hf_parsers(sub, _Help))  # generate, export: jaxrl_sym/hf_cli.py
     if with_train:
         from jaxrl_sym.rl.cli import add_train_parser
 
@@ -501,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         from jaxrl_sym.rl.cli import run_train
 
         return run_train(args)
+    if args.cmd in HF_COMMANDS:
+        return run_hf(args, lambda errors: _refuse(p, args.cmd, errors))
     return 2
 
 

@@ -73,11 +73,13 @@ def find_eos_ids(root: str | Path, tokenizer: Any = None) -> tuple[int, ...]:
         ids = _eos_field((data or {}).get("eos_token_id"), root / name)
         if ids:
             return ids
-    conf = _read_json(root / "tokenizer_config.json") or {}
-    text = _token_text(conf.get("eos_token"))
+    conf = _read_json(root / "tokenizer_config.json")
+    text = _token_text((conf or {}).get("eos_token"))
     if text is not None and tokenizer is not None and tokenizer.token_to_id(text) is not None:
         return (int(tokenizer.token_to_id(text)),)
-    looked.append(f"{root / 'tokenizer_config.json'} (no eos_token in the vocabulary)")
+    why = ("absent" if conf is None else "no eos_token" if text is None
+           else f"eos_token {text!r} not in tokenizer.json's vocabulary")
+    looked.append(f"{root / 'tokenizer_config.json'} ({why})")
     raise InputError("no EOS token id found; looked in " + ", ".join(looked) + ". Set "
                      "eos_token_id in generation_config.json, or give the id explicitly "
                      "(--eos-id), or ask for every row to run to its limit (--ignore-eos)")

@@ -1,0 +1,309 @@
+"""``jaxrl-sym generate`` and ``jaxrl-sym export``: Hugging Face checkpoints from the command line.
+
+``generate`` runs a batch of prompts (text through the checkpoint's tokenizer, optionally its chat
+template, or raw ids) on one system (sym or padded) and prints each row's tokens, log-probs and
+text; with ``--json`` the last stdout line is one JSON object. ``export`` writes a checkpoint
+directory transformers loads: from a directory (e.g. to cast the dtype) or from an RL training
+checkpoint that started from one.
+
+Like :mod:`jaxrl_sym.cli`, this module is JAX-free at import: every flag that can be checked from
+the file system and JSON alone (directories, ids against ``config.json``'s vocabulary, numbers,
+the output directory) is checked before JAX is imported, so a typo fails in well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+COMMANDS = ("generate", "export")
+DTYPES = ("float32", "bfloat16", "float16")
+GEN_SYSTEMS = ("sym", "padded")
+
+
+def _prompt_text(text: str) -> tuple[str, Any]:
+    return ("text", text)
+
+
+def _prompt_ids(text: str) -> tuple[str, Any]:
+    """``1,2,3`` → ``("ids", [1, 2, 3])``; anything else is an argparse error on the flag."""
+    try:
+        ids = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integer token ids like "
+                                         f"1,2,3; got {text!r}") from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0; got {text!r}")
+    return ("ids", ids)
+
+
+def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]:
+    """Add ``generate`` and ``export`` to the top-level sub-parser group; returns them."""
+    g = sub.add_parser("generate", help="generate text with a Hugging Face checkpoint",
+                       description="Generate for a batch of prompts with a Hugging Face "
+                                   "checkpoint directory;\nevery row stops at an EOS id or "
+                                   "--max-new-tokens.", formatter_class=formatter)
+    g.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    g.add_argument("--prompt", dest="prompts", action="append", type=_prompt_text,
+                   metavar="TEXT", help="a text prompt (repeat for a batch)")
+    g.add_argument("--prompt-ids", dest="prompts", action="append", type=_prompt_ids,
+                   metavar="1,2,3", help="a prompt as token ids (repeat; mixes with --prompt)")
+    g.add_argument("--chat", action="store_true",
+                   help="wrap each --prompt as one user message in the checkpoint's chat "
+                        "template (with the assistant turn opened)")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="per row (>= 1)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (any integer)")
+    g.add_argument("--system", choices=GEN_SYSTEMS, default="sym",
+                   help="sym (exact-size stores) or padded (masked baseline)")
+    g.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="parameter dtype (default: the checkpoint's)")
+    g.add_argument("--eos-id", type=int, action="append", default=None, metavar="ID",
+                   help="end token id (repeatable); default: the checkpoint's "
+                        "(generation_config.json, config.json, tokenizer_config.json)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="run every row to --max-new-tokens")
+    g.add_argument("--json", action="store_true", help="print one JSON object last")
+    e = sub.add_parser("export", help="write a Hugging Face checkpoint directory",
+                       description="Write a checkpoint directory transformers loads, from a "
+                                   "checkpoint directory (--model; e.g. with --dtype) or from "
+                                   "an RL training checkpoint (--checkpoint-dir).",
+                       formatter_class=formatter)
+    src = e.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", metavar="DIR", help="a Hugging Face checkpoint directory")
+    src.add_argument("--checkpoint-dir", metavar="DIR",
+                     help="an RL training checkpoint directory (jaxrl-sym train --model)")
+    e.add_argument("--out", required=True, metavar="DIR", help="directory to create")
+    e.add_argument("--step", type=int, default=None,
+                   help="with --checkpoint-dir: this step (default: the newest good one)")
+    e.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="cast the parameters (default: keep)")
+    e.add_argument("--max-shard-size", default="5GB", metavar="BYTES",
+                   help="shard the weights above this size (e.g. 5GB, 500MiB)")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty --out (only once the new one is complete)")
+    e.add_argument("--json", action="store_true", help="print one JSON object last")
+    return {"generate": g, "export": e}
+
+
+def _model_errors(flag: str, path: str) -> list[str]:
+    """A checkpoint directory: exists and has a readable config.json."""
+    if not os.path.isdir(path):
+        return [f"{flag} {path}: no such directory"]
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return [f"{flag} {path}: not a Hugging Face checkpoint directory (no config.json)"]
+    return []
+
+
+def _vocab_size(path: str) -> int | None:
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            vocab = json.load(f).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return vocab if isinstance(vocab, int) else None
+
+
+def check_generate(args: argparse.Namespace) -> list[str]:
+    """Every problem with a ``generate`` command line, each naming the flag."""
+    errors = _model_errors("--model", args.model)
+    prompts = args.prompts or []
+    if not prompts:
+        errors.append("give at least one --prompt TEXT or --prompt-ids 1,2,3")
+    if args.max_new_tokens < 1:
+        errors.append(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        errors.append(f"--temperature must be finite and >= 0 (0 = greedy), got "
+                      f"{args.temperature}")
+    if args.ignore_eos and args.eos_id:
+        errors.append("--ignore-eos and --eos-id contradict each other; give one")
+    if any(i < 0 for i in args.eos_id or []):
+        errors.append(f"--eos-id must be >= 0, got {args.eos_id}")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        return errors
+    vocab = _vocab_size(args.model)
+    for n, (kind, value) in enumerate(prompts):
+        if kind == "ids" and vocab is not None and max(value) >= vocab:
+            errors.append(f"--prompt-ids (prompt {n}): id {max(value)} is outside the "
+                          f"vocabulary [0, {vocab}) of {args.model}/config.json")
+        if kind == "text" and not os.path.isfile(os.path.join(args.model, "tokenizer.json")):
+            errors.append(f"--prompt (prompt {n}): {args.model} has no tokenizer.json; give "
+                          "--prompt-ids instead")
+    for i in args.eos_id or []:
+        if vocab is not None and i >= vocab:
+            errors.append(f"--eos-id {i} is outside the vocabulary [0, {vocab})")
+    if args.chat and not any(kind == "text" for kind, _ in prompts):
+        errors.append("--chat applies to --prompt TEXT prompts; none were given")
+    elif args.chat and not _has_chat_template(args.model):
+        errors.append(f"--chat: {args.model} has no chat template (no chat_template.jinja, no "
+                      "chat_template in tokenizer_config.json); drop --chat to send plain text")
+    return errors
+
+
+def _has_chat_template(path: str) -> bool:
+    """Whether HFText will find a template (the same files, without importing it)."""
+    if os.path.isfile(os.path.join(path, "chat_template.jinja")):
+        return True
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        try:
+            with open(os.path.join(path, name)) as f:
+                if json.load(f).get("chat_template"):
+                    return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
+def parse_size(text: str) -> int:
+    """``5GB``/``5G`` (10**9), ``500MiB`` (2**20), ``123`` → bytes, else ValueError naming
+    ``--max-shard-size``."""
+    from jaxrl_sym.cli import parse_bytes  # loaded already: this module is imported by it
+
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        raise ValueError(f"--max-shard-size must be a byte count >= 1 like 5GB, 500MiB or "
+                         f"1000000, got {text!r}") from None
+
+
+def check_export(args: argparse.Namespace) -> list[str]:
+    """Every problem with an ``export`` command line, each naming the flag."""
+    if args.model is not None:
+        errors = _model_errors("--model", args.model)
+        if args.step is not None:
+            errors.append("--step applies to --checkpoint-dir only")
+    else:
+        errors = ([] if os.path.isdir(args.checkpoint_dir)
+                  else [f"--checkpoint-dir {args.checkpoint_dir}: no such directory"])
+        if args.step is not None and args.step < 1:
+            errors.append(f"--step must be >= 1, got {args.step}")
+    try:
+        parse_size(args.max_shard_size)
+    except ValueError as err:
+        errors.append(str(err))
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        errors.append(f"--out {args.out}: exists and is not a directory")
+    elif os.path.isdir(out) and os.listdir(out) and not args.overwrite:
+        errors.append(f"--out {args.out}: not empty; choose a new directory or pass --overwrite")
+    elif not os.path.isdir(os.path.dirname(out)):
+        errors.append(f"--out {args.out}: parent directory {os.path.dirname(out)} does not "
+                      "exist")
+    return errors
+
+
+def _encode_prompts(args: argparse.Namespace, text: Any) -> list[list[int]]:
+    out = []
+    for kind, value in args.prompts:
+        if kind == "ids":
+            out.append(list(value))
+        elif args.chat:
+            out.append(text.encode_chat([{"role": "user", "content": value}]))
+        else:
+            out.append(text.encode(value))
+        if not out[-1]:
+            raise _CliError(f"--prompt {value!r} encodes to no tokens; give a non-empty prompt")
+    return out
+
+
+class _CliError(Exception):
+    """A user error found after JAX was imported (reported as ``error:`` with exit code 2)."""
+
+
+def cut_at_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int:
+    """Length of the row up to and including its first EOS id (all of it when none)."""
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return i + 1
+    return len(tokens)
+
+
+def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
+    """Load, encode, generate and decode; the report ``--json`` prints."""
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.hf import load_pretrained
+    from jaxrl_sym.models.hf.text import HFText, find_eos_ids
+    from jaxrl_sym.systems import generator
+
+    t0 = time.perf_counter()
+    model, _, _ = load_pretrained(args.model, dtype=args.dtype)
+    has_tok = os.path.isfile(os.path.join(args.model, "tokenizer.json"))
+    text = HFText(args.model) if has_tok else None
+    prompts = _encode_prompts(args, text)
+    if args.ignore_eos:
+        eos: tuple[int, ...] = ()
+    else:
+        eos = tuple(args.eos_id) if args.eos_id else find_eos_ids(
+            args.model, text.tokenizer if text else None)
+    # The systems stop a row at one id; rows are cut at the first of any other id afterwards
+    # (sampling keys depend on (seed, row, step) only, so the kept prefix is the same tokens).
+    gcfg = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_id=eos[0] if eos else None,
+                            temperature=args.temperature, seed=args.seed)
+    res = generator(args.system, model)([_np_ids(p) for p in prompts], gcfg)
+    rows = []
+    for p, toks, lps in zip(prompts, res.tokens, res.logprobs, strict=True):
+        n = cut_at_eos([int(t) for t in toks], eos)
+        kept = [int(t) for t in toks[:n]]
+        rows.append({"prompt_ids": p, "tokens": kept,
+                     "logprobs": [float(x) for x in lps[:n]],
+                     "text": text.decode(kept) if text else None,
+                     "stop": "eos" if kept and kept[-1] in eos else "length"})
+    return {"rows": rows, "model": os.path.abspath(args.model), "system": args.system,
+            "max_new_tokens": args.max_new_tokens, "temperature": gcfg.temperature,
+            "seed": gcfg.seed, "eos_ids": list(eos), "seconds": time.perf_counter() - t0}
+
+
+def _np_ids(ids: list[int]) -> Any:
+    import numpy as np
+
+    return np.asarray(ids, np.int32)
+
+
+def run_export(args: argparse.Namespace) -> dict[str, Any]:
+    """Load (a directory, or an RL checkpoint's policy) and export; the report."""
+    t0 = time.perf_counter()
+    shard = parse_size(args.max_shard_size)
+    if args.model is not None:
+        from jaxrl_sym.models.hf import export_pretrained, load_pretrained
+
+        model, _, _ = load_pretrained(args.model, dtype=args.dtype)
+        files = export_pretrained(model, args.out, source_dir=args.model,
+                                  overwrite=args.overwrite, max_shard_bytes=shard)
+        source: dict[str, Any] = {"model": os.path.abspath(args.model)}
+    else:
+        from jaxrl_sym.rl.pretrained import export_checkpoint
+
+        files, source = export_checkpoint(args.checkpoint_dir, args.out, step=args.step,
+                                          dtype=args.dtype, overwrite=args.overwrite,
+                                          max_shard_bytes=shard)
+    return {"out": os.path.abspath(args.out), "files": files, **source,
+            "seconds": time.perf_counter() - t0}
+
+
+def run(args: argparse.Namespace, refuse: Callable[[list[str]], int]) -> int:
+    """Check the flags (JAX-free), then run ``generate``/``export``; print; exit code."""
+    errors = check_generate(args) if args.cmd == "generate" else check_export(args)
+    if errors:
+        return refuse(errors)
+    from jaxrl_sym.errors import SymError
+
+    try:
+        report = generate_rows(args) if args.cmd == "generate" else run_export(args)
+    except (SymError, _CliError) as err:
+        print(f"jaxrl-sym {args.cmd}: error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    elif args.cmd == "generate":
+        for i, row in enumerate(report["rows"]):
+            shown = row["text"] if row["text"] is not None else row["tokens"]
+            print(f"[{i}] ({len(row['tokens'])} tokens, {row['stop']}) {shown}")
+    else:
+        print(f"wrote {report['out']}: {', '.join(report['files'])}")
+    return 0
