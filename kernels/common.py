@@ -35,43 +35,47 @@ def softcap_slope(s, SCALE: tl.constexpr, SOFTCAP: tl.constexpr):
         return 1.0
 
 
-# --------------------------------------------------------------------------- patterns
-# The Triton side of a pattern (``Pattern.kernel_code`` in jaxrl_sym/ops/attention.py):
-# 0 causal, 1 window of SIZE, 2 aligned blocks of SIZE. A new pattern adds a branch to each of
-# the three functions below and nothing in the kernels.
+# --------------------------------------------------------------------------- the mask family
+# Every softmax pattern reaches the kernels as ``KernelMask.constexprs()``
+# (jaxrl_sym/ops/attention.py): a key at position k is visible from a query at q iff
+# 0 <= k <= q, k >= q - LOOKBACK (LOOKBACK >= 0) and k >= q - q % PERIOD (PERIOD > 0).
+# Causal is (-1, 0), a window of w is (w-1, 0), blocks of b are (-1, b). The three functions
+# below evaluate that form for any values; they name no pattern, so a new pattern whose mask
+# has this form changes nothing here.
 
 
 @triton.jit
-def visible(qpos, kpos, PATTERN: tl.constexpr, SIZE: tl.constexpr):
+def visible(qpos, kpos, LOOKBACK: tl.constexpr, PERIOD: tl.constexpr):
     """Whether a key at ``kpos`` is visible from a query at ``qpos`` (broadcast shapes); empty
     slots and padded queries (position < 0) see nothing."""
     valid = (kpos >= 0) & (qpos >= 0) & (kpos <= qpos)
-    if PATTERN == 1:
-        valid = valid & (kpos > qpos - SIZE)
-    if PATTERN == 2:
-        valid = valid & (kpos >= qpos - qpos % SIZE)
+    if LOOKBACK >= 0:
+        valid = valid & (kpos >= qpos - LOOKBACK)
+    if PERIOD > 0:
+        valid = valid & (kpos >= qpos - qpos % PERIOD)
     return valid
 
 
 @triton.jit
-def first_key(first, fpos, PATTERN: tl.constexpr, SIZE: tl.constexpr):
+def first_key(first, fpos, LOOKBACK: tl.constexpr, PERIOD: tl.constexpr):
     """Packed layout: the first key index the query at index ``first`` (position ``fpos``, the
-    earliest valid query of a tile) can see."""
+    earliest valid query of a tile) can see: its sequence's start, raised by each bound."""
     lo = first - fpos
-    if PATTERN == 1:
-        lo = tl.maximum(lo, first - SIZE + 1)
-    if PATTERN == 2:
-        lo = first - fpos % SIZE
+    if LOOKBACK >= 0:
+        lo = tl.maximum(lo, first - LOOKBACK)
+    if PERIOD > 0:
+        lo = tl.maximum(lo, first - fpos % PERIOD)
     return lo
 
 
 @triton.jit
-def last_query(seg_end, last, lpos, PATTERN: tl.constexpr, SIZE: tl.constexpr):
+def last_query(seg_end, last, lpos, LOOKBACK: tl.constexpr, PERIOD: tl.constexpr):
     """Packed layout: one past the last query index that can see the key at index ``last``
-    (position ``lpos``) of a sequence ending at ``seg_end``."""
+    (position ``lpos``) of a sequence ending at ``seg_end``: the sequence's end, lowered by each
+    bound (a query further than LOOKBACK ahead, or past the key's period, cannot see it)."""
     q_hi = seg_end
-    if PATTERN == 1:
-        q_hi = tl.minimum(q_hi, last + SIZE)
-    if PATTERN == 2:
-        q_hi = tl.minimum(q_hi, last - lpos % SIZE + SIZE)
+    if LOOKBACK >= 0:
+        q_hi = tl.minimum(q_hi, last + LOOKBACK + 1)
+    if PERIOD > 0:
+        q_hi = tl.minimum(q_hi, last - lpos % PERIOD + PERIOD)
     return q_hi

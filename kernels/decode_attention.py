@@ -46,8 +46,8 @@ def decode_split_kernel(
     D: tl.constexpr,
     DV: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    PATTERN: tl.constexpr,
-    SIZE: tl.constexpr,
+    LOOKBACK: tl.constexpr,
+    PERIOD: tl.constexpr,
     QK_SCALE: tl.constexpr,
     SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -103,7 +103,7 @@ def decode_split_kernel(
     for start in range(lo, hi, BLOCK_N):
         n = start + offs_n
         kpos = tl.load(kvpos_ptr + b64 * CAP + n, mask=n < hi, other=-1)
-        valid = visible(qpos, kpos, PATTERN, SIZE)
+        valid = visible(qpos, kpos, LOOKBACK, PERIOD)
         # Masked-off slots (empty, outside the window/block) are not fetched: a predicated-off
         # load moves no bytes, so a window over a long append-only store reads ~w slots of K/V.
         k = tl.load(

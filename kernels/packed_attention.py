@@ -43,8 +43,8 @@ def packed_fwd_kernel(
     HKV: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
-    PATTERN: tl.constexpr,
-    SIZE: tl.constexpr,
+    LOOKBACK: tl.constexpr,
+    PERIOD: tl.constexpr,
     QK_SCALE: tl.constexpr,
     SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -77,7 +77,7 @@ def packed_fwd_kernel(
     first = tl.min(tl.where(qpos >= 0, rows, N), 0)
     last = tl.max(tl.where(qpos >= 0, rows, -1), 0)
     fpos = tl.load(pos_ptr + first, mask=first < N, other=0)
-    lo = first_key(first, fpos, PATTERN, SIZE)
+    lo = first_key(first, fpos, LOOKBACK, PERIOD)
     lo = (lo // BLOCK_N) * BLOCK_N
     hi = last + 1
 
@@ -107,7 +107,7 @@ def packed_fwd_kernel(
             other=0.0,
         )
         valid = (qseg[:, None] == kseg[None, :]) & visible(qpos[:, None], kpos[None, :],
-                                                           PATTERN, SIZE)
+                                                           LOOKBACK, PERIOD)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
         else:
@@ -153,8 +153,8 @@ def packed_bwd_dq_kernel(
     HKV: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
-    PATTERN: tl.constexpr,
-    SIZE: tl.constexpr,
+    LOOKBACK: tl.constexpr,
+    PERIOD: tl.constexpr,
     QK_SCALE: tl.constexpr,
     SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -185,7 +185,7 @@ def packed_bwd_dq_kernel(
     first = tl.min(tl.where(qpos >= 0, rows, N), 0)
     last = tl.max(tl.where(qpos >= 0, rows, -1), 0)
     fpos = tl.load(pos_ptr + first, mask=first < N, other=0)
-    lo = first_key(first, fpos, PATTERN, SIZE)
+    lo = first_key(first, fpos, LOOKBACK, PERIOD)
     lo = (lo // BLOCK_N) * BLOCK_N
     hi = last + 1
 
@@ -225,7 +225,7 @@ def packed_bwd_dq_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         valid = (qseg[:, None] == kseg[None, :]) & visible(qpos[:, None], kpos[None, :],
-                                                           PATTERN, SIZE)
+                                                           LOOKBACK, PERIOD)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
             dp = tl.dot(do, tl.trans(v), input_precision="tf32x3")
@@ -266,8 +266,8 @@ def packed_bwd_dkdv_kernel(
     HKV: tl.constexpr,
     D: tl.constexpr,
     DV: tl.constexpr,
-    PATTERN: tl.constexpr,
-    SIZE: tl.constexpr,
+    LOOKBACK: tl.constexpr,
+    PERIOD: tl.constexpr,
     QK_SCALE: tl.constexpr,
     SCALE: tl.constexpr,
     SOFTCAP: tl.constexpr,
@@ -280,9 +280,9 @@ def packed_bwd_dkdv_kernel(
     """dk, dv for one (key block, kv head), summed over the query heads of its group.
 
     Queries that can see this block lie in [first valid key, end of the last valid key's visible
-    range): the segment end (from ``cu_seqlens``), cut to ``last + SIZE`` for a window and to the
-    end of the last key's block for a block pattern. Every row of dk/dv is written (zeros for keys
-    nobody reads), so no zero-initialisation is needed.
+    range): the segment end (from ``cu_seqlens``), cut by the mask's bounds (``last_query``).
+    Every row of dk/dv is written (zeros for keys nobody reads), so no zero-initialisation is
+    needed.
     """
     pn = tl.program_id(0)
     hk = tl.program_id(1)
@@ -304,7 +304,7 @@ def packed_bwd_dkdv_kernel(
     lseg = tl.load(seg_ptr + last, mask=has, other=0)
     lpos = tl.load(pos_ptr + last, mask=has, other=0)
     seg_end = tl.load(cu_ptr + lseg + 1, mask=has, other=0)
-    q_hi = last_query(seg_end, last, lpos, PATTERN, SIZE)
+    q_hi = last_query(seg_end, last, lpos, LOOKBACK, PERIOD)
     q_hi = tl.where(has, q_hi, 0)
     q_lo = (first // BLOCK_M) * BLOCK_M
 
@@ -347,7 +347,7 @@ def packed_bwd_dkdv_kernel(
             lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
             delta = tl.load(delta_ptr + h * N + rows, mask=r_mask, other=0.0)
             valid = (kseg[:, None] == qseg[None, :]) & visible(qpos[None, :], kpos[:, None],
-                                                               PATTERN, SIZE)
+                                                               LOOKBACK, PERIOD)
             # Transposed scores [BLOCK_N, BLOCK_M] so dk/dv accumulate without transposes.
             if F32_DOT:
                 st = tl.dot(k, tl.trans(q), input_precision="tf32x3")

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from jaxrl_sym.backends import launch as _launch
 from jaxrl_sym.errors import InputError, PatternError
-from jaxrl_sym.ops.attention import Linear, Pattern
+from jaxrl_sym.ops.attention import KernelMask, Linear, Pattern
 from kernels import LOG2E
 
 _TARGET_PROGRAMS = 512
@@ -43,16 +43,20 @@ def _block(n: int) -> int:
     return max(16, _pow2(n))
 
 
-def _pattern_code(pattern: Pattern, op: str) -> tuple[int, int]:
-    """The pattern's code and size in the kernels (the pattern owns both)."""
-    code = getattr(pattern, "kernel_code", None)
+def _kernel_mask(pattern: Pattern, op: str) -> KernelMask:
+    """The pattern's mask in the kernels' family (the pattern owns it; the kernels know none)."""
     if isinstance(pattern, Linear):
         raise PatternError(
             f"{op}(): Linear() is not a softmax pattern; use linear_decode / linear_packed"
         )
-    if code is None:
-        raise PatternError(f"{op}(): pattern {pattern!r} has no Triton kernel code")
-    return code, pattern.kernel_size()
+    mask = pattern.kernel_mask()
+    if mask is None:
+        raise PatternError(
+            f"{op}(): pattern {pattern!r} has no kernel mask (its kernel_mask() returns None: its "
+            "mask is not 'k >= q - lookback and k >= q - q mod period'); run it with the xla "
+            "backend"
+        )
+    return mask
 
 
 def _f32_dot(dtype: Any) -> bool:
@@ -135,7 +139,7 @@ def decode_attention(
     query with position < 0 or without any visible key gets 0.
     """
     op = "decode_attention"
-    kind, size = _pattern_code(pattern, op)
+    mask = _kernel_mask(pattern, op)
     _check_float(op, q=q, k_store=k_store, v_store=v_store)
     _check_int32(op, kv_pos=kv_pos, q_pos=q_pos, n_live=n_live)
     if q.ndim != 3 or k_store.ndim != 4 or v_store.ndim != 4:
@@ -164,7 +168,7 @@ def decode_attention(
     g = hq // hkv
     block_dv = _block(dv)
     consts = dict(
-        CAP=cap, HQ=hq, HKV=hkv, D=d, DV=dv, NUM_SPLITS=num_splits, PATTERN=kind, SIZE=size,
+        CAP=cap, HQ=hq, HKV=hkv, D=d, DV=dv, NUM_SPLITS=num_splits, **mask.constexprs(),
         QK_SCALE=scale * LOG2E, SCALE=scale, SOFTCAP=float(softcap),
         BLOCK_H=max(16, _pow2(g)), BLOCK_N=block_n, BLOCK_D=_block(d),
         BLOCK_DV=block_dv, F32_DOT=_f32_dot(q.dtype),
@@ -303,8 +307,7 @@ def packed_segments(cu_seqlens: jax.Array, n: int) -> tuple[jax.Array, jax.Array
 
 @dataclass(frozen=True)
 class _PackedConfig:
-    kind: int
-    size: int
+    mask: KernelMask
     scale: float
     block_m: int
     block_n: int
@@ -315,7 +318,7 @@ def _packed_consts(cfg: _PackedConfig, q: jax.Array, v: jax.Array, hkv: int) -> 
     n, hq, d = q.shape
     dv = v.shape[-1]
     return dict(
-        N=n, HQ=hq, HKV=hkv, D=d, DV=dv, PATTERN=cfg.kind, SIZE=cfg.size,
+        N=n, HQ=hq, HKV=hkv, D=d, DV=dv, **cfg.mask.constexprs(),
         QK_SCALE=cfg.scale * LOG2E, SCALE=cfg.scale, SOFTCAP=cfg.softcap, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_D=_block(d),
         BLOCK_DV=_block(dv), F32_DOT=_f32_dot(q.dtype),
@@ -432,7 +435,7 @@ def packed_attention(
     jax-triton has no autodiff of its own.
     """
     op = "packed_attention"
-    kind, size = _pattern_code(pattern, op)
+    mask = _kernel_mask(pattern, op)
     _check_float(op, q=q, k=k, v=v)
     _check_int32(op, cu_seqlens=cu_seqlens)
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or cu_seqlens.ndim != 1:
@@ -452,6 +455,6 @@ def packed_attention(
             raise InputError(f"{op}(): {name} must be a power of two >= 16, got {bs}")
     _check_size(op, q.shape, k.shape, v.shape, (n, hq, v.shape[-1]))
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    cfg = _PackedConfig(kind, size, scale, block_m, block_n, float(softcap))
+    cfg = _PackedConfig(mask, scale, block_m, block_n, float(softcap))
     out, lse = _packed(q, k, v, cu_seqlens, cfg)
     return (out, lse.T) if return_lse else out

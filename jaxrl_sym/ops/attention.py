@@ -1,4 +1,4 @@
-"""The library's attention op: one JAX primitive, one masked reference, four patterns.
+"""The library's attention op: one JAX primitive, one masked reference, open-ended patterns.
 
 Users call :func:`attend` inside their Flax model. Under plain JAX (jit, grad, vmap) the
 primitive lowers to :func:`reference_attention`, a masked computation over every key it is given:
@@ -29,12 +29,79 @@ from jaxrl_sym.errors import InputError, PatternError
 
 
 @dataclass(frozen=True)
-class Causal:
+class KernelMask:
+    """A softmax pattern's mask in the Triton kernels' one family (``kernels/common.py``).
+
+    A key at position k is visible from a query at position q iff ``0 <= k <= q`` and
+    ``k >= q - lookback`` (when ``lookback`` is set) and ``k >= q - q mod period`` (when
+    ``period`` is set). Causal is neither, a window of w keys is ``lookback=w-1``, aligned blocks
+    of b are ``period=b``; both together intersect. The kernels evaluate this form for any
+    values — they know no pattern — so a new pattern that can state its mask this way needs no
+    kernel change. A pattern outside the family returns ``None`` from :meth:`Pattern.kernel_mask`
+    and the Triton backend refuses it by name (the XLA backends still run it).
+    """
+
+    lookback: int | None = None
+    period: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("lookback", "period"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0
+                                  or (name == "period" and v == 0)):
+                raise PatternError(f"KernelMask({name}={v!r}): must be None or an int "
+                                   f"{'>= 1' if name == 'period' else '>= 0'}")
+
+    def constexprs(self) -> dict[str, int]:
+        """The kernels' ``LOOKBACK`` (-1: unbounded) and ``PERIOD`` (0: none) constants."""
+        return {"LOOKBACK": -1 if self.lookback is None else self.lookback,
+                "PERIOD": self.period or 0}
+
+
+class Pattern:
+    """Base class of attention patterns: everything pattern-specific lives on the subclass.
+
+    A subclass is a frozen dataclass (hashable: it is a primitive parameter and a compile-cache
+    key) and defines:
+
+    - ``allows(q_pos, k_pos)``: the mask, by positions — every masked path (reference, padded
+      baseline, stores) uses it;
+    - ``key_range(t, size)``: S(t), the keys query t reads, as sympy ``[start, stop)``; the tracer
+      puts it on the PDG edge and the storage planner derives the store from it (``0:t+1``
+      grows, a start bounded behind t is a ring, one that resets is a block buffer);
+    - ``symbol``: its size symbol (``w``, ``b``, …; numbered per distinct size), with the value
+      in a ``size`` field, or ``None`` (no field) for an unsized pattern;
+    - ``kernel_mask()``: its mask in the Triton kernels' family (:class:`KernelMask`), or
+      ``None`` if the kernels cannot run it.
+
+    That is the whole change for a new pattern: the tracer, planner, stores, padded baseline and
+    Triton kernels read these, never the pattern's name or class.
+    """
+
+    name: ClassVar[str]
+    symbol: ClassVar[str | None] = None
+    softmax: ClassVar[bool] = True  # False: not a softmax over logits (Linear)
+
+    def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
+        raise NotImplementedError
+
+    def kernel_mask(self) -> KernelMask | None:
+        return None
+
+
+def _check_size(pattern: str, size: object, what: str, hint: str = "") -> None:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise PatternError(f"{pattern}(size={size!r}): {what} must be an int >= 1{hint}.")
+
+
+@dataclass(frozen=True)
+class Causal(Pattern):
     """Full causal attention, S(t) = 0:t+1."""
 
     name = "causal"
-    symbol: ClassVar[str | None] = None  # no size symbol
-    kernel_code: ClassVar[int | None] = 0  # PATTERN in the Triton kernels (kernels/common.py)
 
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return k_pos <= q_pos
@@ -43,25 +110,22 @@ class Causal:
         """S(t), the keys query t reads, as [start, stop) in the size symbol."""
         return sympy.Integer(0), t + 1
 
-    def kernel_size(self) -> int:
-        return getattr(self, "size", 1)
+    def kernel_mask(self) -> KernelMask:
+        return KernelMask()
 
 
 @dataclass(frozen=True)
-class Window:
+class Window(Pattern):
     """Sliding window of ``size`` keys ending at the query, S(t) = max(0, t-w+1):t+1."""
 
     size: int
     name = "window"
     symbol: ClassVar[str | None] = "w"
-    kernel_code: ClassVar[int | None] = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
-            raise PatternError(
-                f"Window(size={self.size!r}): the window must be an int >= 1 (it is the number "
-                "of keys a query sees, itself included); use Causal() for unbounded attention."
-            )
+        _check_size("Window", self.size, "the window",
+                    " (it is the number of keys a query sees, itself included); use Causal() "
+                    "for unbounded attention")
 
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return (k_pos <= q_pos) & (k_pos > q_pos - self.size)
@@ -69,24 +133,20 @@ class Window:
     def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
         return sympy.Max(0, t - size + 1), t + 1
 
-    def kernel_size(self) -> int:
-        return self.size
+    def kernel_mask(self) -> KernelMask:
+        return KernelMask(lookback=self.size - 1)
 
 
 @dataclass(frozen=True)
-class Block:
+class Block(Pattern):
     """Causal attention within aligned blocks of ``size``, S(t) = t-(t mod b):t+1."""
 
     size: int
     name = "block"
     symbol: ClassVar[str | None] = "b"
-    kernel_code: ClassVar[int | None] = 2
 
     def __post_init__(self) -> None:
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 1:
-            raise PatternError(
-                f"Block(size={self.size!r}): the block size must be an int >= 1."
-            )
+        _check_size("Block", self.size, "the block size")
 
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return (k_pos <= q_pos) & (k_pos >= q_pos - q_pos % self.size)
@@ -94,38 +154,28 @@ class Block:
     def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
         return t - sympy.Mod(t, size), t + 1
 
-    def kernel_size(self) -> int:
-        return self.size
+    def kernel_mask(self) -> KernelMask:
+        return KernelMask(period=self.size)
 
 
 @dataclass(frozen=True)
-class Linear:
+class Linear(Pattern):
     """Kernelised causal linear attention (paper Eq. 2) with feature map phi(x) = elu(x) + 1.
 
     A[t] = phi(q_t)^T S_t / phi(q_t)^T z_t with S_t = sum_{s<=t} phi(k_s) v_s^T and
     z_t = sum_{s<=t} phi(k_s): S(t) = 0:t+1, but the consumer is a sum, so the planner keeps a
-    recurrent state (S, z) instead of the keys.
+    recurrent state (S, z) instead of the keys. Not a softmax: its own kernels
+    (``kernels/linear_attention.py``), so no :class:`KernelMask`.
     """
 
     name = "linear"
-    symbol: ClassVar[str | None] = None
-    kernel_code: ClassVar[int | None] = None  # not a softmax: its own kernels (linear_attention)
+    softmax: ClassVar[bool] = False
 
     def allows(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
         return k_pos <= q_pos
 
     def key_range(self, t: sympy.Expr, size: sympy.Expr | None) -> tuple[sympy.Expr, sympy.Expr]:
         return sympy.Integer(0), t + 1
-
-    def kernel_size(self) -> int:
-        return 1
-
-
-Pattern = Causal | Window | Block | Linear
-"""A pattern owns everything pattern-specific on the XLA side: its mask (``allows``), its index
-expression S(t) (``key_range``, which the planner turns into a store), its size symbol
-(``symbol``: one per distinct size, w0, w1, …) and its code in the Triton kernels
-(``kernel_code``/``kernel_size``; the Triton-side mask is ``kernels/common.py:visible``)."""
 
 
 def parse_pattern(spec: str) -> Pattern:
@@ -320,9 +370,10 @@ def attend(
       logit_softcap: if given (> 0), scaled logits become ``c * tanh(s / c)`` before the
         softmax (Gemma 2); not defined for Linear().
     """
-    if not isinstance(pattern, Causal | Window | Block | Linear):
+    if not isinstance(pattern, Pattern):
         raise PatternError(
-            f"attend(): pattern must be Causal(), Window(w), Block(b) or Linear(), got {pattern!r}"
+            f"attend(): pattern must be a Pattern — Causal(), Window(w), Block(b), Linear() or "
+            f"your own subclass of jaxrl_sym.ops.attention.Pattern — got {pattern!r}"
         )
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check(name, x, 4, floating=True)
@@ -356,7 +407,7 @@ def _softcap(value: float | None, pattern: Pattern) -> float:
             or value == float("inf"):
         raise InputError(f"attend(): logit_softcap must be a finite number > 0 (Gemma 2 uses "
                          f"50.0), got {value!r}; pass None for no capping")
-    if isinstance(pattern, Linear):
-        raise PatternError("attend(): logit_softcap has no meaning for Linear() attention "
+    if not pattern.softmax:
+        raise PatternError(f"attend(): logit_softcap has no meaning for {pattern!r} attention "
                            "(there is no softmax over logits)")
     return float(value)

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_sym.generation import select_tokens
-from jaxrl_sym.ops.attention import Linear
 from jaxrl_sym.passes.storage import StoragePlan
 from jaxrl_sym.pdg.ir import PDG
 from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
@@ -241,7 +240,7 @@ class StepBuilder:
         def attn(node: Any, args: list[jax.Array]) -> jax.Array:
             pattern = node.params["pattern"]
             if self.backend == "triton" and cu_seqlens is not None and \
-                    not isinstance(pattern, Linear):
+                    pattern.kernel_mask() is not None:
                 from jaxrl_sym.backends import triton_ops
 
                 q, k, v = args[:3]

@@ -46,6 +46,12 @@ class StoreSpec:
     softcap: float = 0.0  # attention-logit soft-capping (0 = none)
     backend: str = "xla"  # "xla" | "triton": who computes single-token decode attention
 
+    @property
+    def triton_decode(self) -> bool:
+        """Single-token steps run the Triton decode kernel: the backend asks for it and the
+        pattern's mask is in the kernels' family (else the masked XLA path, same result)."""
+        return self.backend == "triton" and self.pattern.kernel_mask() is not None
+
     def scoring(self) -> dict[str, Any]:
         """The attention op's keyword arguments (pattern, scale, softcap) for this store."""
         return {"pattern": self.pattern, "scale": self.scale, "softcap": self.softcap}
@@ -176,7 +182,7 @@ class GrowingStore(StoreKind):
         if fresh:
             return _fresh(spec, store, args)
         new = _write(store, k, v, k_pos, write_index)
-        if spec.backend == "triton" and q.shape[1] == 1:
+        if spec.triton_decode and q.shape[1] == 1:
             return _triton_decode(spec, new, q, q_pos, live=write_index + 1), new
         return _masked(spec, q, q_pos, new), new  # write first, then one masked pass
 
@@ -217,7 +223,7 @@ class RingStore(StoreKind):
             return _fresh(spec, store, args)
         if c == 1:
             new = _write(store, k, v, k_pos, write_index % cap)
-            if spec.backend == "triton":
+            if spec.triton_decode:
                 live = jnp.minimum(write_index + 1, cap)
                 return _triton_decode(spec, new, q, q_pos, live=live), new
             return _masked(spec, q, q_pos, new), new
