@@ -1,0 +1,260 @@
+"""Text tasks with a verifiable reward: GSM8K-style word problems, offline.
+
+Why: fine-tuning a pretrained checkpoint needs a task in *text* whose reward is checked, not
+judged. :func:`word_problem` writes arithmetic word problems from templates (names, items, 1-4
+operations of + - × ÷, distractor sentences with numbers that do not matter, so lengths vary) with
+a GSM8K-style worked solution ending in ``#### answer``; :func:`load_problems` reads a user's
+JSONL of ``{"prompt": ..., "answer": ...}`` instead.
+
+Reward (:func:`reward`): the answer is extracted from the response (``#### 42``, else
+``\\boxed{42}``, else the last number; ``1,234``/``$5``/``2.50`` parsed exactly as fractions).
+``0.8`` for the exact answer plus up to ``0.2`` for the format (``####``: 0.2, boxed: 0.1), so any
+correct response scores at least 0.8 and any wrong one at most 0.2: the exact answer strictly
+dominates, while a policy that has not found answers yet still gets a signal for the format.
+
+Pure Python (no JAX): the CLI can check a ``jsonl:`` task file before importing JAX.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl_sym.errors import InputError
+
+TEXT_TASK_NAMES = ("word-problems",)  # plus "jsonl:PATH"
+CORRECT_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
+FORMAT_CREDIT = {"hash": 1.0, "boxed": 0.5, "last": 0.0, None: 0.0}
+INSTRUCTION = "Solve the problem. Give the final answer as '#### <number>'."
+
+# A number as people write it: 1,234 (groups of three), 12, 2.50, -7, $5 (sign before $ or not).
+# ASCII digits only (re.ASCII): other scripts' digits are not answers this task checks.
+_NUM = r"-?\$?-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUM_RE = re.compile(rf"(?<![\d.,]){_NUM}", re.ASCII)
+_HASH_RE = re.compile(rf"####\s*({_NUM})", re.ASCII)
+_BOXED_RE = re.compile(r"\\boxed\{\s*(?:\\\$|\$)?\s*(" + _NUM + r")\s*\}", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: the prompt text, its exact answer, and a worked solution (templates only)."""
+
+    prompt: str
+    answer: Fraction
+    solution: str | None = None
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """The answer found in a response and where: ``hash`` / ``boxed`` / ``last`` / None."""
+
+    value: Fraction | None
+    source: str | None
+
+
+def parse_number(text: str) -> Fraction:
+    """``"1,234"``, ``"$5"``, ``"-2.50"``, ``"7"`` → an exact Fraction (ValueError otherwise)."""
+    clean = text.strip().replace(",", "").replace("$", "")
+    if not re.fullmatch(r"-?[0-9]+(?:\.[0-9]+)?", clean):
+        raise ValueError(f"not a number: {text!r}")
+    return Fraction(clean)
+
+
+def extract_answer(text: str) -> Extracted:
+    """The final answer of a response: the last ``#### N``, else the last ``\\boxed{N}``, else
+    the last number anywhere; ``Extracted(None, None)`` when the text has no number."""
+    for source, pattern in (("hash", _HASH_RE), ("boxed", _BOXED_RE)):
+        found = pattern.findall(text)
+        if found:
+            return Extracted(parse_number(found[-1]), source)
+    found = _NUM_RE.findall(text)
+    if found:
+        return Extracted(parse_number(found[-1]), "last")
+    return Extracted(None, None)
+
+
+def reward(response: str, answer: Fraction | int) -> float:
+    """``0.8 * correct + 0.2 * format`` in [0, 1]; see the module docstring."""
+    ex = extract_answer(response)
+    correct = ex.value is not None and ex.value == Fraction(answer)
+    return CORRECT_WEIGHT * correct + FORMAT_WEIGHT * FORMAT_CREDIT[ex.source]
+
+
+def exact_match(response: str, answer: Fraction | int) -> float:
+    """1.0 when the extracted answer equals ``answer``, whatever the format."""
+    return float(extract_answer(response).value == Fraction(answer))
+
+
+def format_answer(value: Fraction) -> str:
+    """``42``, ``2.5`` or ``1/3``: how a target answer is shown (logs, solutions)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    text = f"{float(value):.10g}"
+    return text if Fraction(text) == value else str(value)
+
+
+# --------------------------------------------------------------------------- templates
+
+NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jamal",
+         "Keiko", "Liam", "Mia", "Noah", "Olga", "Priya")
+ITEMS = ("apples", "marbles", "stickers", "books", "cookies", "pencils", "coins", "shells",
+         "cards", "stamps")
+COLOURS = ("red", "blue", "green", "yellow", "purple")
+MULTIPLIERS = {2: "doubles", 3: "triples", 4: "quadruples"}
+
+
+def _start(rng: np.random.Generator, name: str, item: str) -> tuple[int, str, str]:
+    """The opening amount: plain, or boxes × per box (a first operation in itself)."""
+    if rng.random() < 0.5:
+        x = int(rng.integers(2, 60))
+        return x, f"{name} has {x} {item}.", ""
+    boxes, per = int(rng.integers(2, 7)), int(rng.integers(2, 13))
+    return (boxes * per, f"{name} buys {boxes} boxes of {item} with {per} {item} in each box.",
+            f"{boxes} * {per} = {boxes * per}")
+
+
+def _step(rng: np.random.Generator, x: int, name: str, friend: str, item: str
+          ) -> tuple[int, str, str]:
+    """One operation on the running amount ``x``: (new amount, sentence, worked line)."""
+    kind = ["add", "sub", "mul", "div"][int(rng.integers(0, 4))]
+    if kind == "sub" and x >= 2:
+        b = int(rng.integers(1, x))
+        return x - b, f"{name} gives {b} {item} to {friend}.", f"{x} - {b} = {x - b}"
+    if kind == "mul" and x <= 400:
+        k = int(rng.integers(2, 5))
+        return (x * k, f"Then the number of {item} {name} has {MULTIPLIERS[k]}.",
+                f"{x} * {k} = {x * k}")
+    divisors = [k for k in range(2, 7) if x % k == 0]
+    if kind == "div" and divisors:
+        k = divisors[int(rng.integers(0, len(divisors)))]
+        return (x // k, f"{name} splits the {item} into {k} equal piles and keeps one pile.",
+                f"{x} / {k} = {x // k}")
+    b = int(rng.integers(1, 40))
+    return x + b, f"{friend} gives {name} {b} more {item}.", f"{x} + {b} = {x + b}"
+
+
+def _distractor(rng: np.random.Generator, name: str, friend: str) -> str:
+    """A sentence with a number (or none) that the answer does not depend on."""
+    options = (f"{friend} is {int(rng.integers(6, 70))} years old.",
+               f"The shop is {int(rng.integers(2, 30))} kilometres from {name}'s house.",
+               f"{name}'s favourite colour is {COLOURS[int(rng.integers(0, len(COLOURS)))]}.",
+               f"It rained on {int(rng.integers(2, 20))} days last month.")
+    return options[int(rng.integers(0, len(options)))]
+
+
+def word_problem(rng: np.random.Generator, min_steps: int = 1, max_steps: int = 3,
+                 max_distractors: int = 2) -> Problem:
+    """A word problem of ``min_steps..max_steps`` operations after the opening amount, with
+    ``0..max_distractors`` irrelevant sentences placed among the relevant ones."""
+    if not 1 <= min_steps <= max_steps:
+        raise InputError(f"steps must satisfy 1 <= min_steps ({min_steps}) <= max_steps "
+                         f"({max_steps})")
+    i, j = rng.choice(len(NAMES), size=2, replace=False)
+    name, friend = NAMES[int(i)], NAMES[int(j)]
+    item = ITEMS[int(rng.integers(0, len(ITEMS)))]
+    x, first, work = _start(rng, name, item)
+    sentences, lines = [first], [work] if work else []
+    for _ in range(int(rng.integers(min_steps, max_steps + 1))):
+        x, sentence, line = _step(rng, x, name, friend, item)
+        sentences.append(sentence)
+        lines.append(line)
+    for _ in range(int(rng.integers(0, max_distractors + 1))):
+        sentences.insert(int(rng.integers(1, len(sentences) + 1)), _distractor(rng, name, friend))
+    question = f"How many {item} does {name} have now?"
+    prompt = " ".join([*sentences, question]) + "\n" + INSTRUCTION
+    return Problem(prompt, Fraction(x), "\n".join([*lines, f"#### {x}"]))
+
+
+# --------------------------------------------------------------------------- user files
+
+
+def _record(path: Path, n: int, line: str) -> Problem:
+    where = f"{path}:{n}"
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(rec, dict):
+        raise InputError(f"{where}: expected a JSON object {{\"prompt\": ..., \"answer\": ...}}, "
+                         f"got {type(rec).__name__}")
+    missing = [k for k in ("prompt", "answer") if k not in rec]
+    if missing:
+        raise InputError(f"{where}: the record has no {' and no '.join(map(repr, missing))} "
+                         f"(keys: {sorted(rec)})")
+    prompt, answer = rec["prompt"], rec["answer"]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError(f"{where}: 'prompt' must be a non-empty string, got {prompt!r}")
+    return Problem(prompt, _answer(answer, where))
+
+
+def _answer(value: Any, where: str) -> Fraction:
+    if isinstance(value, bool):
+        raise InputError(f"{where}: 'answer' must be a number, got {value!r}")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return Fraction(str(value))  # 2.5 -> 5/2 exactly as written, not the binary float
+    if isinstance(value, str):
+        try:
+            return parse_number(value)
+        except ValueError:
+            pass
+    raise InputError(f"{where}: 'answer' must be a number (42, 2.5, \"1,234\"), got {value!r}")
+
+
+def load_problems(path: str | Path) -> list[Problem]:
+    """Problems from a JSONL file, one ``{"prompt": str, "answer": number}`` per line (blank
+    lines skipped, other keys ignored). A bad record is an :class:`InputError` naming the file
+    and line; an empty file is one too."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read task file {path}: {err}") from None
+    problems = [_record(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    if not problems:
+        raise InputError(f"task file {path} holds no records; one JSON object per line: "
+                         '{"prompt": "...", "answer": 42}')
+    return problems
+
+
+# --------------------------------------------------------------------------- task by name
+
+
+@dataclass(frozen=True)
+class TextTask:
+    """A source of problems: templates (``word-problems``) or a fixed list (``jsonl:PATH``)."""
+
+    name: str
+    problems: tuple[Problem, ...] | None = None  # None: generated from templates
+    min_steps: int = 1
+    max_steps: int = 3
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
+        """``n`` problems; a file's records are drawn with replacement."""
+        if self.problems is None:
+            return [word_problem(rng, self.min_steps, self.max_steps) for _ in range(n)]
+        idx = rng.integers(0, len(self.problems), size=n)
+        return [self.problems[int(i)] for i in idx]
+
+
+def is_text_task(name: str) -> bool:
+    return name in TEXT_TASK_NAMES or name.startswith("jsonl:")
+
+
+def get_text_task(name: str, *, max_steps: int = 3) -> TextTask:
+    """``word-problems`` (1..max_steps operations) or ``jsonl:PATH`` (the file is read and
+    checked now, so a bad record fails before any model is loaded)."""
+    if name == "word-problems":
+        return TextTask(name, None, 1, max_steps)
+    if name.startswith("jsonl:"):
+        return TextTask(name, tuple(load_problems(name.removeprefix("jsonl:"))))
+    raise InputError(f"unknown text task {name!r}; choose {', '.join(TEXT_TASK_NAMES)} or "
+                     "jsonl:PATH (a file of {\"prompt\", \"answer\"} lines)")
