@@ -255,9 +255,11 @@ def make_case(name: str, case: Case, seed: int) -> None:
     randomize(model, seed)
     kw = {"max_shard_size": case.shard} if case.shard else {}
     if case.bf16:  # round the weights to bf16, save them so, compute the fp32 oracle from them
-        model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True, **kw)
-        model.float()
-        model.config.dtype = torch.float32
+        with torch.no_grad():  # not model.to(bf16).float(): that would round buffers too
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(out, safe_serialization=True,
+                                                                 **kw)
     else:
         model.save_pretrained(out, safe_serialization=True, **kw)
     write_tokenizer(out / "tokenizer.json")
@@ -269,8 +271,9 @@ def make_case(name: str, case: Case, seed: int) -> None:
             arrays[f"logits{i}"] = model(torch.tensor([prompt])).logits[0].float().numpy()
         arrays[f"prompt{i}"] = np.asarray(prompt, np.int32)
         margin = min(margin, greedy(model, prompt, arrays, i, logprobs=new_family))
-    if case.bf16:
-        m16 = copy.deepcopy(model).to(torch.bfloat16)
+    if case.bf16:  # transformers run in bf16 as a user would load it (dtype from config.json)
+        m16 = case.model_cls.from_pretrained(out, attn_implementation="eager").eval()
+        assert m16.dtype == torch.bfloat16, m16.dtype
         for i, prompt in enumerate(PROMPTS):
             with torch.no_grad():
                 arrays[f"logits_bf16{i}"] = m16(torch.tensor([prompt])).logits[0].float().numpy()

@@ -1,9 +1,10 @@
-"""Hugging Face checkpoints as contract models: Qwen2/Qwen2.5 and Llama 3.x.
+"""Hugging Face checkpoints as contract models: Qwen2/Qwen2.5, Qwen3, Llama 3.x, Mistral,
+Gemma 2 and Gemma 3 (text, ``Gemma3ForCausalLM``).
 
 ``load_pretrained(dir)`` reads ``config.json`` + safetensors (single or sharded) lazily into a
 Flax NNX :class:`CausalLM` that follows the model contract, so every system of the library
 (symbolic runtime, padded baseline, RL trainer) runs it unchanged. Logits are checked against
-transformers in ``tests/test_hf_models.py``.
+transformers in ``tests/test_hf_models.py`` and ``tests/test_hf_families.py``.
 """
 
 from jaxrl_sym.models.hf.config import SUPPORTED_MODEL_TYPES, HFConfig, parse_config
