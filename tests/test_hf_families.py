@@ -23,6 +23,7 @@ from test_hf_models import FIXTURES, _copy, _rewrite, expected, forward, n_promp
 
 from jaxrl_sym import Causal, GenerationConfig, Window
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.models.hf import load_pretrained, parse_config
 from jaxrl_sym.models.hf.config import rope_inv_freq
 
@@ -43,6 +44,7 @@ def test_logits_match_transformers(case: str) -> None:
     """fp32 logits on both prompts; the gemma2 case's weights are bf16 on disk, its oracle ran
     them in fp32, so loading with dtype=float32 must match as tightly as the others."""
     model, tok, _ = load_pretrained(FIXTURES / case, dtype="float32")
+    assert check_model(model).vocab_size == 128
     exp = expected(case)
     for i in range(n_prompts(exp)):
         diff = float(np.max(np.abs(forward(model, exp[f"prompt{i}"]) - exp[f"logits{i}"])))
