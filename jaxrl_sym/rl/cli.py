@@ -59,6 +59,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="default: the task recipe's (0.01)")
     t.add_argument("--system", choices=SYSTEMS, default="sym")
     t.add_argument("--max-digits", type=int, default=3)
+    t.add_argument("--model", default=None, metavar="DIR",
+                   help="fine-tune this Hugging Face checkpoint directory on a text task: "
+                        "--task word-problems or jsonl:FILE ({prompt, answer} lines)")
+    t.add_argument("--max-new-tokens", type=int, default=None,
+                   help="response limit (default: the task's)")
     t.add_argument("--eval-prompts", type=int, default=256,
                    help="held-out prompts for the final greedy exact match (0: skip)")
     t.add_argument("--no-progress", action="store_true")
@@ -75,7 +80,8 @@ def run_train(args: argparse.Namespace) -> int:
     from jaxrl_sym.rl.plot import plot_run, read_metrics
     from jaxrl_sym.rl.train import check_output_file, train
 
-    config = {k: v for k, v in (("loss_agg", args.loss_agg),
+    config = {k: v for k, v in (("max_new_tokens", args.max_new_tokens),
+                                ("loss_agg", args.loss_agg),
                                 ("entropy_coef", args.entropy_coef)) if v is not None}
     try:
         with _warnings_to_stderr():
@@ -86,6 +92,7 @@ def run_train(args: argparse.Namespace) -> int:
                 args.checkpoint_every, args.metrics, prompts_per_step=args.prompts,
                 group_size=args.group, lr=args.lr, beta=args.beta, epochs=args.epochs,
                 system=args.system, max_digits=args.max_digits, config=config or None,
+                model_dir=args.model,
                 progress=not args.no_progress, resume=args.resume,
                 resume_or_start=args.resume_or_start, resume_anyway=args.resume_anyway,
                 keep=args.keep, eval_prompts=args.eval_prompts)

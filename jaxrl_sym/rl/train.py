@@ -23,6 +23,7 @@ from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.errors import CheckpointError
+from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task, get_task
 
@@ -243,6 +244,7 @@ def train(
     system: str = "sym",
     max_digits: int = 3,
     model: dict[str, Any] | None = None,
+    model_dir: str | None = None,
     config: dict[str, Any] | None = None,
     progress: bool = True,
     on_step: Callable[[dict[str, Any]], None] | None = None,
@@ -264,6 +266,8 @@ def train(
       metrics_file: JSON lines, one per step (appended on resume, after dropping lines of steps
         that will be re-run).
       model: overrides of :data:`TASK_MODEL` (LMConfig fields).
+      model_dir: fine-tune this Hugging Face checkpoint directory instead, on a text task
+        (``word-problems`` or ``jsonl:PATH``; see :mod:`jaxrl_sym.rl.pretrained`).
       config: RLConfig fields overriding :data:`TASK_RECIPE` and the arguments above.
       on_step: called with each step's metrics (after its checkpoint, if any).
       resume: continue from the newest *good* checkpoint in ``checkpoint_dir`` (corrupt newer
@@ -282,20 +286,28 @@ def train(
     rejected on resume, with reasons) and ``changed_on_resume`` (hyper-parameters overridden by
     ``resume_anyway``).
     """
-    task_obj = get_task(task, max_digits=max_digits)  # unknown task → InputError, before any work
+    # --model DIR: a text task on a Hugging Face checkpoint (None: the built-in model)
+    hf = setup_pretrained(model_dir, task, max_new_tokens=(config or {}).get("max_new_tokens"))
+    # unknown task → InputError, before any work
+    task_obj = hf.task if hf else get_task(task, max_digits=max_digits)
     _check_counts(steps, checkpoint_every, keep, resume or resume_or_start, resume_anyway)
     if metrics_file:
         check_output_file(metrics_file, "--metrics (metrics_file)")
     ckpt, resuming = open_checkpoints(checkpoint_dir, resume, resume_or_start, keep)
+    if hf is not None:
+        config = {**hf.rl_config, **(config or {})}
     rl_cfg = RLConfig(**{
         "algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
         "max_new_tokens": task_obj.max_new_tokens, "eos_id": EOS, **TASK_RECIPE,
         **(config or {})})
     lm_cfg = preset("tiny", **{**TASK_MODEL, **(model or {})})
-    trainer = RLTrainer(init_model(lm_cfg, seed), task_obj.reward, rl_cfg, system=system,
+    policy = hf.load_model() if hf else init_model(lm_cfg, seed)
+    trainer = RLTrainer(policy, task_obj.reward, rl_cfg, system=system,
                         metric_fn=task_obj.exact_match)
     hparams = run_hparams(rl_cfg, task=task, max_digits=max_digits, seed=seed, system=system,
                           prompts_per_step=prompts_per_step)
+    if hf is not None:  # the source model: a resume compares it, export reads it
+        hparams.update(hf.hparams)
     meta = {"fingerprint": fingerprint(trainer), "hparams": hparams, "lineage": []}
     resumed_from, changed = None, []
     if resuming:

@@ -1,0 +1,230 @@
+"""RL fine-tuning of a pretrained Hugging Face checkpoint on a text task, and the way back out.
+
+``jaxrl-sym train --model DIR --task word-problems`` (or ``--task jsonl:FILE``) runs the same
+training loop as the built-in tasks (:func:`jaxrl_sym.rl.train.train`); this module supplies what
+differs, so the loop itself only asks :func:`setup` for it:
+
+* the **task in tokens**: problems rendered through the checkpoint's chat template when it has
+  one (else plain text), encoded with its tokenizer; the reward decodes the response and scores
+  it with :func:`jaxrl_sym.rl.text_tasks.reward` against the answer of *that* prompt;
+* the **EOS id** from the checkpoint's files, and the **model** itself (loaded only after the
+  loop has checked its flags and output paths);
+* the **source directory** in the run's hyper-parameters (``model_dir``), so a checkpoint knows
+  which model it started from: resuming with another ``--model`` is refused like any changed
+  setting, and :func:`export_checkpoint` can write the trained policy as a Hugging Face
+  directory next to that model's config and tokenizer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.text_tasks import (
+    TEXT_TASK_NAMES,
+    Problem,
+    TextTask,
+    exact_match,
+    get_text_task,
+    is_text_task,
+    reward,
+)
+
+DEFAULT_MAX_NEW_TOKENS = 256  # room for a short worked solution and its '#### N' line
+
+
+class TokenTextTask:
+    """A :class:`TextTask` in tokens, with the interface the training loop uses for its tasks:
+    ``sample(rng, n)`` → prompt token arrays, ``reward``/``exact_match(prompt, response)``,
+    ``max_new_tokens``.
+
+    The answer of each sampled prompt is remembered by its tokens (the reward only sees tokens);
+    a prompt the task did not sample in its latest ``sample`` call is an error, not a zero.
+    """
+
+    def __init__(self, task: TextTask, text: Any, chat: bool, max_new_tokens: int) -> None:
+        self.task, self.text, self.chat = task, text, chat
+        self.max_new_tokens = max_new_tokens
+        self._answers: dict[tuple[int, ...], Problem] = {}
+
+    def encode(self, problem: Problem) -> np.ndarray:
+        if self.chat:
+            ids = self.text.encode_chat([{"role": "user", "content": problem.prompt}])
+        else:
+            ids = self.text.encode(problem.prompt)
+        return np.asarray(ids, np.int32)
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[np.ndarray]:
+        problems = self.task.sample(rng, n)
+        prompts = [self.encode(p) for p in problems]
+        self._answers = {}
+        for p, ids in zip(problems, prompts, strict=True):
+            seen = self._answers.setdefault(tuple(ids.tolist()), p)
+            if seen.answer != p.answer:
+                raise InputError(f"task {self.task.name}: the prompt {p.prompt[:60]!r} appears "
+                                 f"with two answers ({seen.answer} and {p.answer})")
+        return prompts
+
+    def _problem(self, prompt: Sequence[int] | np.ndarray) -> Problem:
+        key = tuple(int(t) for t in prompt)
+        if key not in self._answers:
+            raise InputError(f"task {self.task.name}: a reward was asked for a prompt this task "
+                             "did not sample last (its answer is unknown)")
+        return self._answers[key]
+
+    def response_text(self, response: Sequence[int] | np.ndarray) -> str:
+        return self.text.decode([int(t) for t in response])
+
+    def reward(self, prompt: Sequence[int] | np.ndarray,
+               response: Sequence[int] | np.ndarray) -> float:
+        return reward(self.response_text(response), self._problem(prompt).answer)
+
+    def exact_match(self, prompt: Sequence[int] | np.ndarray,
+                    response: Sequence[int] | np.ndarray) -> float:
+        return exact_match(self.response_text(response), self._problem(prompt).answer)
+
+
+@dataclasses.dataclass
+class PretrainedRun:
+    """What :func:`jaxrl_sym.rl.train.train` needs from a ``--model DIR`` run."""
+
+    model_dir: str
+    task: TokenTextTask
+    eos_id: int
+    dtype: str | None = None
+
+    @property
+    def rl_config(self) -> dict[str, Any]:
+        """RLConfig fields this run fixes (a caller's ``config`` may still override them)."""
+        return {"eos_id": self.eos_id, "max_new_tokens": self.task.max_new_tokens}
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """Recorded in every checkpoint: the source model (export, resume check) and the
+        prompt format."""
+        return {"model_dir": self.model_dir, "chat_template": self.task.chat,
+                "model_dtype": self.dtype}
+
+    def load_model(self) -> Any:
+        from jaxrl_sym.models.hf import load_pretrained
+
+        return load_pretrained(self.model_dir, dtype=self.dtype)[0]
+
+
+def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None,
+          dtype: str | None = None) -> PretrainedRun | None:
+    """The pretrained side of a run, or None for the built-in model and token tasks.
+
+    Cheap: reads the tokenizer, chat template, EOS ids and (for ``jsonl:``) the task file — the
+    weights are loaded later by :meth:`PretrainedRun.load_model`. Every mismatch of model and
+    task is an :class:`InputError` naming the flag.
+    """
+    if model_dir is None:
+        if is_text_task(task):
+            raise InputError(f"--task {task} is a text task: it needs --model DIR (a Hugging "
+                             "Face checkpoint directory with a tokenizer)")
+        return None
+    if not is_text_task(task):
+        raise InputError(f"--task {task} is a token task for the built-in model; with --model "
+                         f"use a text task: {', '.join(TEXT_TASK_NAMES)} or jsonl:PATH")
+    from jaxrl_sym.models.hf.text import HFText
+
+    root = Path(model_dir)
+    if not (root / "config.json").is_file():
+        raise InputError(f"--model {model_dir}: not a Hugging Face checkpoint directory (no "
+                         "config.json)")
+    text = HFText(root)
+    eos = text.eos_ids()
+    limit = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+    token_task = TokenTextTask(get_text_task(task), text, text.chat_template is not None, limit)
+    return PretrainedRun(os.path.abspath(model_dir), token_task, eos[0], dtype)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _rl_config(hparams: dict[str, Any]) -> Any:
+    """The run's RLConfig from a checkpoint's hyper-parameters (fields this version knows)."""
+    from jaxrl_sym.rl.algorithms import RLConfig
+
+    names = {f.name for f in dataclasses.fields(RLConfig)}
+    return RLConfig(**{k: v for k, v in hparams.items() if k in names})
+
+
+def _cast(model: Any, dtype: str) -> Any:
+    """The model with every parameter cast to ``dtype``, its config saying so (export writes
+    the config's dtype)."""
+    import jax
+    from flax import nnx
+
+    from jaxrl_sym.models.hf.config import parse_dtype
+    from jaxrl_sym.models.hf.modeling import abstract_model
+
+    dt = parse_dtype(dtype, "--dtype")
+    graphdef = nnx.graphdef(abstract_model(dataclasses.replace(model.cfg, dtype=dt)))
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(dt), nnx.state(model)))
+
+
+def restore_policy(checkpoint_dir: str | Path, step: int | None = None
+                   ) -> tuple[Any, dict[str, Any]]:
+    """The trained policy (a CausalLM) of a ``train --model`` checkpoint and its metadata.
+
+    The source model (its ``model_dir`` in the checkpoint) gives the structure; the checkpoint's
+    fingerprint, digests and finiteness are verified as on resume, and the newest good step is
+    used unless ``step`` is given (a step that fails verification is an error naming it).
+    """
+    from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
+    from jaxrl_sym.rl.step import RLTrainer
+
+    ckpt = Checkpointer(checkpoint_dir, create=False)
+    steps = ckpt.steps()
+    if not steps:
+        raise InputError(f"--checkpoint-dir {checkpoint_dir} holds no checkpoint")
+    if step is not None and step not in steps:
+        raise InputError(f"--step {step}: {checkpoint_dir} holds steps {steps}")
+    # One named step, never a fall-back: restore() would move rejected newer steps aside, and
+    # an export must not change a training directory.
+    step = steps[-1] if step is None else step
+    meta = ckpt._read_meta(step)  # hyper-parameters first: they say which model to build
+    hparams = meta.get("hparams", {})
+    source = hparams.get("model_dir")
+    if not source:
+        raise InputError(f"checkpoint {checkpoint_dir} was not trained from a Hugging Face "
+                         "model (its metadata records no model_dir); only checkpoints of "
+                         "'jaxrl-sym train --model DIR' can be exported")
+    if not (Path(source) / "config.json").is_file():
+        raise InputError(f"checkpoint {checkpoint_dir} started from {source}, which is no "
+                         "longer a checkpoint directory (no config.json); export needs its "
+                         "config and tokenizer")
+    from jaxrl_sym.models.hf import load_pretrained
+
+    model = load_pretrained(source, dtype=hparams.get("model_dtype"))[0]
+    trainer = RLTrainer(model, lambda p, r: 0.0, _rl_config(hparams),
+                        system=hparams.get("system", "sym"))
+    saved = ckpt.restore(trainer, fingerprint(trainer), step)
+    return trainer.model(), saved
+
+
+def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
+                      dtype: str | None = None, overwrite: bool = False,
+                      max_shard_bytes: int | None = None) -> tuple[list[str], dict[str, Any]]:
+    """Export the policy of a ``train --model`` checkpoint as a Hugging Face directory.
+
+    Returns the files written and ``{"source_model", "step", "params_sha256"}``.
+    """
+    from jaxrl_sym.models.hf.export import DEFAULT_MAX_SHARD_BYTES, export_pretrained
+
+    model, meta = restore_policy(checkpoint_dir, step)
+    if dtype is not None:
+        model = _cast(model, dtype)
+    source = meta["hparams"]["model_dir"]
+    files = export_pretrained(model, out_dir, source_dir=source, overwrite=overwrite,
+                              max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
+    return files, {"source_model": source, "step": int(meta["step"]),
+                   "params_sha256": meta.get("params_sha256")}
