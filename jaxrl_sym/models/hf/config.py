@@ -172,7 +172,8 @@ def _gemma3_rope(raw: dict[str, Any]) -> tuple[tuple[float, dict[str, Any] | Non
                                                             "sliding_attention"}:
         raise InputError("config.json: rope_parameters of a gemma3_text model must map "
                          f"'full_attention'/'sliding_attention' to dicts, got {params!r}")
-    full = params.get("full_attention") or {}
+    # an old-style rope_scaling next to rope_parameters updates the global layers' dict
+    full = {**(params.get("full_attention") or {}), **(raw.get("rope_scaling") or {})}
     local = params.get("sliding_attention") or {}
     if _scaling(local, raw, "rope_parameters.sliding_attention") is not None:
         raise InputError("config.json: rope_parameters.sliding_attention has a rope scaling "
