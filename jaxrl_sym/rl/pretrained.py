@@ -176,7 +176,7 @@ def restore_policy(checkpoint_dir: str | Path, step: int | None = None
     """The trained policy (a CausalLM) of a ``train --model`` checkpoint and its metadata.
 
     The source model (its ``model_dir`` in the checkpoint) gives the structure; the checkpoint's
-    fingerprint, digests and finiteness are verified as on resume, and the newest good step is
+    fingerprint, digests and finiteness are verified as on resume, and the newest step is
     used unless ``step`` is given (a step that fails verification is an error naming it).
     """
     from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
