@@ -24,6 +24,8 @@ from jaxrl_sym.models.hf import load_pretrained
 from jaxrl_sym.models.hf.export import export_pretrained, plan_shards
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+# Every transformers-made checkpoint fixture, including families added later.
+ALL_CASES = sorted(p.parent.name for p in FIXTURES.glob("*/config.json"))
 CASES = ("qwen2_tied", "qwen2_sliding_sharded", "llama3_scaled", "llama_tied_sharded")
 ORACLE = Path("/tmp/hf-oracle/bin/python")
 
@@ -48,7 +50,7 @@ def all_tensors(root: Path) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ALL_CASES)
 def test_unmodified_export_is_the_source(case: str, tmp_path: Path) -> None:
     """Same tensor names, dtypes and bytes as transformers saved; same config; same logits."""
     src = FIXTURES / case
@@ -172,18 +174,20 @@ for d, src in zip(sys.argv[1::2], sys.argv[2::2]):
             got, ref = model(ids).logits[0].float(), source(ids).logits[0].float()
         diffs.append(float(np.max(np.abs(got.numpy() - exp[f"logits{i}"]))))
         same.append(float(torch.max(torch.abs(got - ref))))
-    out[d] = {"diff": max(diffs), "vs_source": max(same), "dtypes": sorted(dtypes)}
+    out[d] = {"diff": max(diffs), "vs_source": max(same), "dtypes": sorted(dtypes),
+              "source_dtypes": sorted({str(p.dtype) for p in source.parameters()})}
 print(json.dumps(out))
 """
 
 
 @pytest.mark.skipif(not ORACLE.exists(), reason="no /tmp/hf-oracle (torch + transformers)")
 def test_transformers_loads_export(tmp_path: Path) -> None:
-    """transformers' from_pretrained on our exports: fp32 exports give exactly the logits of
-    the source directory (same process, same torch) and those of the fixture within 1e-4; the
-    bf16-cast export has bf16 parameters and logits near the fp32 ones."""
+    """transformers' from_pretrained on our exports of every fixture family: exactly the
+    logits of the source directory (same process, same torch) and its parameter dtypes; the fp32
+    ones the fixture's logits within 1e-4; a bf16-cast export has bf16 parameters and logits
+    near the fp32 ones."""
     args = []
-    for case in CASES:
+    for case in ALL_CASES:
         model, _, _ = load_pretrained(FIXTURES / case)
         shard = 100_000 if case.endswith("sharded") else 10**9
         export_pretrained(model, tmp_path / case, source_dir=FIXTURES / case,
@@ -199,10 +203,11 @@ def test_transformers_loads_export(tmp_path: Path) -> None:
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    for case in CASES:
+    for case in ALL_CASES:  # the very logits transformers gives on the source, same torch
+        got = res[str(tmp_path / case)]
+        assert got["dtypes"] == got["source_dtypes"] and got["vs_source"] == 0.0, (case, got)
+    for case in CASES:  # fp32 checkpoints: and the fixture's logits
         assert res[str(tmp_path / case)]["dtypes"] == ["torch.float32"]
-        # fp32: the very logits transformers gives on the source it saved, under the same torch
-        assert res[str(tmp_path / case)]["vs_source"] == 0.0, (case, res)
         assert res[str(tmp_path / case)]["diff"] < 1e-4, (case, res)
     scale = np.max(np.abs(expected("qwen2_tied")["logits0"]))
     assert res[str(tmp_path / "bf16")]["dtypes"] == ["torch.bfloat16"]

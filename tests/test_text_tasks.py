@@ -148,6 +148,8 @@ def test_jsonl_loading_and_errors(tmp_path: Path) -> None:
         '{"prompt": "a", "answer": true}': r"tasks\.jsonl:1: 'answer' must be a number",
         '{"prompt": "a", "answer": NaN}': r"tasks\.jsonl:1: 'answer' must be a number",
         "\n\n": r"holds no records",
+        '{"prompt": "a", "answer": 1}\n{"prompt": "a", "answer": "1.0"}\n{"prompt": "a", '
+        '"answer": 2}': r"tasks\.jsonl:3: the same prompt as line 1 with another answer",
     }
     for text, pattern in bad.items():
         f.write_text(text)

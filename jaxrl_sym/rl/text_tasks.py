@@ -211,14 +211,24 @@ def _answer(value: Any, where: str) -> Fraction:
 
 def load_problems(path: str | Path) -> list[Problem]:
     """Problems from a JSONL file, one ``{"prompt": str, "answer": number}`` per line (blank
-    lines skipped, other keys ignored). A bad record is an :class:`InputError` naming the file
-    and line; an empty file is one too."""
+    lines skipped, other keys ignored). A bad record — or a prompt repeated with another
+    answer — is an :class:`InputError` naming the file and line; an empty file is one too."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read task file {path}: {err}") from None
-    problems = [_record(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    problems: list[Problem] = []
+    first: dict[str, tuple[int, Problem]] = {}
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        problem = _record(path, n, line)
+        k, other = first.setdefault(problem.prompt, (n, problem))
+        if other.answer != problem.answer:  # the reward could not tell which one is right
+            raise InputError(f"{path}:{n}: the same prompt as line {k} with another answer "
+                             f"({format_answer(problem.answer)} vs {format_answer(other.answer)})")
+        problems.append(problem)
     if not problems:
         raise InputError(f"task file {path} holds no records; one JSON object per line: "
                          '{"prompt": "...", "answer": 42}')
