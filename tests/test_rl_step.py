@@ -65,17 +65,21 @@ def test_reference_scored_during_generation_equals_a_separate_pass() -> None:
     assert off.generate(setup()[1], seed=SEED).ref_logprobs is None
 
 
-def _compare(trainer: RLTrainer, rollout: Rollout, rewards: np.ndarray) -> None:
+def _compare(trainer: RLTrainer, rollout: Rollout, rewards: np.ndarray) -> dict[str, float]:
     loss_s, aux_s, g_s = trainer.loss_and_grads(rollout, rewards, "sym")
     loss_p, aux_p, g_p = trainer.loss_and_grads(rollout, rewards, "padded")
     assert loss_s == pytest.approx(loss_p, abs=1e-5)
-    assert aux_s["kl"] == pytest.approx(aux_p["kl"], abs=1e-5)
+    # every training signal the loss reports is the same number on both layouts
+    assert set(aux_s) == set(aux_p)
+    for key in aux_s:
+        assert aux_s[key] == pytest.approx(aux_p[key], abs=1e-5), key
     leaves_s = jax.tree_util.tree_leaves(g_s)
     leaves_p = jax.tree_util.tree_leaves(g_p)
     assert len(leaves_s) == len(leaves_p)
     assert max(float(np.abs(np.asarray(a)).max()) for a in leaves_s) > 1e-4  # not vacuous
     for a, b in zip(leaves_s, leaves_p, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+    return aux_s
 
 
 def test_sym_and_padded_loss_and_grads_match_grpo_with_kl() -> None:
@@ -88,6 +92,31 @@ def test_sym_and_padded_loss_and_grads_match_grpo_with_kl() -> None:
         assert trainer.loss_and_grads(rollout, rewards, "sym")[1]["kl"] > 1e-6
     finally:
         trainer.params = saved
+
+
+# Each stabiliser changes which slots the loss weighs or how much: the packed and padded layouts
+# must still give the same loss, signals and gradients (token-level aggregation included).
+KNOBS = {
+    "token_mean+clip_high+drop_zero_var+entropy": dict(
+        loss_agg="token_mean", clip_eps=0.1, clip_eps_high=0.3, drop_zero_var=True,
+        entropy_coef=0.02),
+    "token_sum+adv_none": dict(loss_agg="token_sum", adv_norm="none", entropy_coef=0.01),
+    "seq_mean+batch_std+drop_zero_var": dict(loss_agg="seq_mean", adv_norm="batch_std",
+                                            drop_zero_var=True, clip_eps=0.05),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KNOBS))
+def test_sym_and_padded_agree_with_each_stabiliser(name: str) -> None:
+    _, _, rollout, rewards = setup()
+    trainer = RLTrainer(init_model(MODEL, 0), TASK.reward, replace(CFG, **KNOBS[name]))
+    # off the sampling policy, so ratios leave 1 and both clip bounds can bind
+    trainer.params = jax.tree_util.tree_map(lambda x: x * 1.05, trainer.params)
+    aux = _compare(trainer, rollout, rewards)
+    assert aux["ratio_min"] < 1.0 < aux["ratio_max"]
+    if KNOBS[name].get("clip_eps", 0.2) <= 0.1:
+        assert aux["clip_frac"] > 0  # the clip is exercised, not vacuous
+        assert aux["clip_frac"] == pytest.approx(aux["clip_low_frac"] + aux["clip_high_frac"])
 
 
 def test_sym_and_padded_loss_and_grads_match_ppo() -> None:

@@ -7,7 +7,13 @@ import pytest
 
 from jaxrl_sym.errors import InputError, SymError
 from jaxrl_sym.rl import RewardError, RLConfig, compute_rewards, get_task
-from jaxrl_sym.rl.algorithms import gae, sample_advantages, token_weights, whiten
+from jaxrl_sym.rl.algorithms import (
+    gae,
+    informative_samples,
+    sample_advantages,
+    token_weights,
+    whiten,
+)
 from jaxrl_sym.rl.layout import packed_layout, padded_layout
 from jaxrl_sym.rl.tasks import BOS, EOS, PLUS, SEP, TASK_NAMES, VOCAB_SIZE, partial_credit
 
@@ -134,3 +140,67 @@ def test_config_validation() -> None:
     with pytest.raises(InputError, match="temperature"):
         RLConfig(temperature=0.0)
     RLConfig(algo="ppo", group_size=1)  # PPO has a critic, no group needed
+
+
+def test_partial_weight_makes_the_exact_answer_dominant() -> None:
+    p = np.array([BOS, 1, 2, 3, SEP], np.int32)  # target 3 2 1 EOS
+    half = get_task("reverse", partial_weight=0.5)
+    assert half.reward(p, [3, 2, 1, EOS]) == 1.0
+    assert half.reward(p, [3, 2, 9, EOS]) == pytest.approx(0.375)  # 0.5 x 3/4
+    assert get_task("reverse", partial_weight=0.0).reward(p, [3, 2, 9, EOS]) == 0.0
+    with pytest.raises(InputError, match=r"partial_weight=1\.5 \(--partial-weight\)"):
+        get_task("reverse", partial_weight=1.5)
+
+
+def test_advantage_normalisations() -> None:
+    r = np.array([1.0, 0.0, 0.0, 1.0, 0.6, 0.5, 0.5, 0.5, 0.2, 0.2, 0.2, 0.2])
+    none = sample_advantages(r, 4, "grpo", 0.0, "none")
+    np.testing.assert_allclose(none[:8], r[:8] - np.repeat([0.5, 0.525], 4), atol=1e-6)
+    np.testing.assert_allclose(none[8:], 0.0)
+    # batch_std: one scale for the batch, so the near-equal group stays small
+    b = sample_advantages(r, 4, "grpo", 0.0, "batch_std")
+    assert abs(b[4]) < abs(b[0]) and np.all(b[8:] == 0)
+    g = sample_advantages(r, 4, "grpo", 0.0, "group_std")
+    assert abs(g[4]) == pytest.approx(abs(g[0]) * np.sqrt(3), rel=1e-5)  # blown up to unit std
+    np.testing.assert_array_equal(informative_samples(r, 4), [True] * 8 + [False] * 4)
+
+
+def test_token_sum_and_dropped_groups_weights() -> None:
+    w = token_weights([1, 3, 4], "token_sum", max_new_tokens=5)
+    assert all(np.allclose(x, 1 / 15) for x in w)  # 3 sequences x 5 slots
+    keep = [True, False, True]
+    for agg in ("token_mean", "seq_mean"):
+        w = token_weights([1, 3, 4], agg, keep=keep)
+        assert float(w[1].sum()) == 0.0
+        assert sum(float(x.sum()) for x in w) == pytest.approx(1.0)
+    assert all(float(x.sum()) == 0 for x in token_weights([2, 2], "seq_mean", keep=[0, 0]))
+
+
+def test_stabiliser_config_validation() -> None:
+    with pytest.raises(InputError, match=r"loss_agg='sum'.*token_mean, seq_mean, token_sum"):
+        RLConfig(loss_agg="sum")
+    with pytest.raises(InputError, match="adv_norm='std'"):
+        RLConfig(adv_norm="std")
+    with pytest.raises(InputError, match=r"lr_schedule='cosine' \(--lr-schedule\).*total_steps"):
+        RLConfig(lr_schedule="cosine", warmup_steps=10)
+    with pytest.raises(InputError, match=r"warmup_steps=-1 \(--warmup-steps\)"):
+        RLConfig(warmup_steps=-1)
+    with pytest.raises(InputError, match=r"clip_eps=1\.0 \(--clip-low\)"):
+        RLConfig(clip_eps=1.0)
+    with pytest.raises(InputError, match="clip_eps_high=nan"):
+        RLConfig(clip_eps_high=float("nan"))
+    RLConfig(lr_schedule="linear", warmup_steps=10, total_steps=11)
+
+
+def test_lr_schedule_warms_up_and_decays() -> None:
+    from jaxrl_sym.rl.state import lr_schedule
+
+    cfg = RLConfig(lr=1e-3, warmup_steps=10, lr_schedule="cosine", total_steps=100,
+                   min_lr_ratio=0.1, epochs=2)
+    f = lr_schedule(cfg)
+    # counted in optimiser updates: 2 per RL step
+    assert float(f(0)) < float(f(10)) < float(f(19)) <= 1e-3
+    assert float(f(20)) == pytest.approx(1e-3)
+    assert float(f(200)) == pytest.approx(1e-4)
+    const = lr_schedule(RLConfig(lr=1e-3, warmup_steps=4))
+    assert float(const(0)) == pytest.approx(2.5e-4) and float(const(1000)) == pytest.approx(1e-3)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.names import ALGOS, LOSS_AGGS
+from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,29 @@ class RLConfig:
     temperature: sampling temperature; the loss scales logits the same way so the ratio of new
       to generation-time ("old") log-probs is 1 before the first update.
     max_new_tokens: response limit per row (a row also ends at ``eos_id``).
-    clip_eps / clip_eps_high: PPO ratio clip range [1 - clip_eps, 1 + clip_eps_high]
-      (clip_eps_high defaults to clip_eps; a larger one is DAPO's "clip-higher").
+    clip_eps / clip_eps_high: PPO ratio clip range [1 - clip_eps, 1 + clip_eps_high] (the
+      "clip_low" / "clip_high" of DAPO). clip_eps_high None means clip_eps (symmetric); a larger
+      one ("clip-higher") lets a token that was unlikely at sampling time grow further in one
+      update, which is how a rare correct answer gets reinforced before entropy collapses.
     beta: weight of the k3 KL estimate against the reference policy (0 skips the reference pass).
     epochs: optimisation passes over one batch of rollouts (ratios leave 1 from the second on).
-    loss_agg: ``token_mean`` (every response token weighs the same; DAPO) or ``seq_mean`` (mean
-      over each sequence's tokens, then over sequences; the GRPO paper).
+    loss_agg: how per-token terms become one number. ``token_mean``: every response token of the
+      batch weighs the same (DAPO). ``seq_mean``: mean over each sequence's tokens, then over
+      sequences (the GRPO paper; short responses weigh more per token). ``token_sum``: the sum over
+      tokens divided by a constant, sequences x max_new_tokens (Dr. GRPO: no length bias at all).
+    adv_norm: GRPO's advantage scaling after subtracting the group mean: ``group_std`` (the GRPO
+      paper), ``batch_std`` (one std over the batch: a group of near-equal rewards is not blown up
+      to unit scale) or ``none`` (Dr. GRPO). RLOO and PPO ignore it.
+    drop_zero_var: give groups whose G rewards are all equal zero weight in the loss and spread
+      the weights over the other groups (DAPO's dynamic sampling without re-sampling). Their
+      advantage is 0 already; what dropping changes is that they no longer dilute the update
+      and their tokens no longer feed the entropy bonus and KL term. GRPO/RLOO only.
     entropy_coef: weight of an entropy bonus on response slots (0: off). From random init the
       policy otherwise collapses onto fixed outputs before it finds the signal in the prompt.
+    lr / warmup_steps / lr_schedule / total_steps / min_lr_ratio: Adam's learning rate, reached
+      linearly over ``warmup_steps`` updates, then held (``constant``) or decayed to
+      ``min_lr_ratio * lr`` at ``total_steps`` (``cosine``, ``linear``; they need total_steps).
+      Counted in RL steps (each of the ``epochs`` updates of a step uses that step's rate).
     gamma / lam / vf_coef / vf_clip: PPO's discount, GAE lambda, value-loss weight and value clip.
     pack_row_len: row length of the packed training layout (None: at least 64 and the longest
       sequence, rounded to a length bucket).
@@ -70,8 +85,14 @@ class RLConfig:
     beta: float = 0.0
     epochs: int = 1
     loss_agg: str = "token_mean"
+    adv_norm: str = "group_std"
     adv_eps: float = 1e-6
+    drop_zero_var: bool = False
     entropy_coef: float = 0.0
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
     gamma: float = 1.0
     lam: float = 0.95
     vf_coef: float = 0.5
@@ -84,9 +105,12 @@ class RLConfig:
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
             raise InputError(f"RLConfig.algo={self.algo!r}; choose one of {', '.join(ALGOS)}")
-        if self.loss_agg not in LOSS_AGGS:
-            raise InputError(f"RLConfig.loss_agg={self.loss_agg!r}; choose one of "
-                             f"{', '.join(LOSS_AGGS)}")
+        for name, choices in (("loss_agg", LOSS_AGGS), ("adv_norm", ADV_NORMS),
+                              ("lr_schedule", LR_SCHEDULES)):
+            if getattr(self, name) not in choices:
+                raise InputError(f"RLConfig.{name}={getattr(self, name)!r}; choose one of "
+                                 f"{', '.join(choices)}")
+        self._check_schedule()
         if self.group_size < 1 or (self.algo in ("grpo", "rloo") and self.group_size < 2):
             raise InputError(f"RLConfig.group_size={self.group_size}: {self.algo} compares "
                              "generations of the same prompt, so it needs >= 2")
@@ -99,9 +123,27 @@ class RLConfig:
             if getattr(self, name) < 1:
                 raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 1")
         for name in ("lr", "clip_eps", "beta", "vf_coef", "vf_clip", "adv_eps", "entropy_coef",
-                     "gen_max_pad_fraction"):
-            if getattr(self, name) < 0:
-                raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 0")
+                     "gen_max_pad_fraction", "clip_eps_high"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v >= 0):
+                raise InputError(f"RLConfig.{name}={v} must be finite and >= 0")
+        if not 0.0 <= self.clip_eps < 1.0:
+            raise InputError(f"RLConfig.clip_eps={self.clip_eps} (--clip-low) must be in [0, 1): "
+                             "the ratio's lower clip bound 1 - clip_eps must stay positive")
+
+    def _check_schedule(self) -> None:
+        """The learning-rate schedule's fields, each named as the ``train`` flag that sets it."""
+        if isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise InputError(f"RLConfig.warmup_steps={self.warmup_steps} (--warmup-steps) must "
+                             "be an integer >= 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise InputError(f"RLConfig.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.lr_schedule != "constant" and (self.total_steps is None
+                                               or self.total_steps <= self.warmup_steps):
+            raise InputError(
+                f"RLConfig.lr_schedule={self.lr_schedule!r} (--lr-schedule) decays until "
+                f"total_steps, which must be set and > warmup_steps ({self.warmup_steps}); "
+                f"got total_steps={self.total_steps}")
 
     @property
     def clip_high(self) -> float:
@@ -114,13 +156,15 @@ class RLConfig:
 # --------------------------------------------------------------------------- advantages
 
 
-def sample_advantages(rewards: np.ndarray, group_size: int, algo: str, eps: float) -> np.ndarray:
+def sample_advantages(rewards: np.ndarray, group_size: int, algo: str, eps: float,
+                      adv_norm: str = "group_std") -> np.ndarray:
     """One advantage per sample from rewards laid out group after group (G consecutive samples of
     the same prompt).
 
-    GRPO: (r - mean_g) / (std_g + eps) — a group where every sample scored the same teaches
-    nothing, so it gets 0 rather than a division blow-up. RLOO: r - mean of the *other* G-1
-    samples, an unbiased baseline (it does not use the sample's own reward).
+    GRPO: (r - mean_g) / scale, scale = std_g + eps (``group_std``), the batch's std of
+    r - mean_g + eps (``batch_std``) or 1 (``none``) — a group where every sample scored the same
+    teaches nothing, so it gets 0 rather than a division blow-up. RLOO: r - mean of the *other*
+    G-1 samples, an unbiased baseline (it does not use the sample's own reward).
     """
     r = np.asarray(rewards, np.float64)
     if r.ndim != 1 or r.size % group_size:
@@ -128,14 +172,27 @@ def sample_advantages(rewards: np.ndarray, group_size: int, algo: str, eps: floa
     g = r.reshape(-1, group_size)
     mean = g.mean(axis=1, keepdims=True)
     if algo == "grpo":
+        centred = g - mean
         std = g.std(axis=1, keepdims=True)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            adv = np.where(std > 0, (g - mean) / (std + eps), 0.0)
+        if adv_norm == "group_std":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                adv = np.where(std > 0, centred / (std + eps), 0.0)
+        elif adv_norm == "batch_std":
+            adv = np.where(std > 0, centred / (centred.std() + eps), 0.0)
+        else:
+            adv = np.where(std > 0, centred, 0.0)
     elif algo == "rloo":
         adv = g - (g.sum(axis=1, keepdims=True) - g) / (group_size - 1)
     else:
         raise InputError(f"sample_advantages: algo {algo!r} has no per-sample advantage")
     return adv.reshape(-1).astype(np.float32)
+
+
+def informative_samples(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """Per sample: does its group's reward vary? (All-equal groups carry no preference.)"""
+    g = np.asarray(rewards, np.float64).reshape(-1, group_size)
+    varies = g.max(axis=1) > g.min(axis=1)
+    return np.repeat(varies, group_size)
 
 
 def gae(
@@ -168,13 +225,31 @@ def whiten(per_seq: Sequence[np.ndarray], eps: float = 1e-8) -> list[np.ndarray]
     return [((np.asarray(a) - mu) / (sd + eps)).astype(np.float32) for a in per_seq]
 
 
-def token_weights(lengths: Sequence[int], loss_agg: str) -> list[np.ndarray]:
-    """Per-token weights whose sum over the batch is 1 (the loss is a weighted sum)."""
-    n = len(lengths)
-    total = float(sum(lengths))
-    if loss_agg == "token_mean":
-        return [np.full(k, 1.0 / total, np.float32) for k in lengths]
-    return [np.full(k, 1.0 / (n * k), np.float32) for k in lengths]
+def token_weights(lengths: Sequence[int], loss_agg: str, max_new_tokens: int = 1,
+                  keep: Sequence[bool] | None = None) -> list[np.ndarray]:
+    """Per-token weights of the loss's weighted sum, zero on samples not kept.
+
+    ``token_mean`` / ``seq_mean`` weights sum to 1 over the kept samples; ``token_sum`` weighs
+    every token ``1 / (kept sequences x max_new_tokens)`` (Dr. GRPO's constant normaliser: a
+    longer response adds terms instead of diluting each one). Nothing kept: all zero.
+    """
+    keep_l = [True] * len(lengths) if keep is None else [bool(k) for k in keep]
+    if len(keep_l) != len(lengths):
+        raise InputError(f"token_weights: {len(keep_l)} keep flags for {len(lengths)} samples")
+    n = sum(keep_l)
+    total = float(sum(k for k, on in zip(lengths, keep_l, strict=True) if on))
+    out = []
+    for k, on in zip(lengths, keep_l, strict=True):
+        if not on:
+            w = 0.0
+        elif loss_agg == "token_mean":
+            w = 1.0 / total
+        elif loss_agg == "seq_mean":
+            w = 1.0 / (n * k)
+        else:
+            w = 1.0 / (n * max_new_tokens)
+        out.append(np.full(k, w, np.float32))
+    return out
 
 
 # --------------------------------------------------------------------------- loss
@@ -246,12 +321,28 @@ def rl_loss(
     if cfg.entropy_coef > 0:
         per_tok = per_tok - cfg.entropy_coef * ent
     loss = jnp.sum(jnp.where(mask, w * per_tok, 0.0))
+
+    def tok_mean(x: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.where(mask, x, 0.0)) / n_tok
+
+    low = (ratio < 1.0 - cfg.clip_eps) & (adv < 0)
+    high = (ratio > 1.0 + cfg.clip_high) & (adv > 0)
+
     aux = {
         "pg_loss": jnp.sum(jnp.where(mask, w * pg, 0.0)),
-        "kl": jnp.sum(jnp.where(mask, kl, 0.0)) / n_tok,
-        "clip_frac": jnp.sum(mask & (jnp.abs(ratio - clipped) > 0)) / n_tok,
+        "kl": tok_mean(kl),
+        # k3 KL(behaviour || current) from the same ratios: how far this update has moved off
+        # the policy that sampled (0 on the first epoch; a large value means lr or epochs too big)
+        "kl_old": tok_mean(jnp.maximum(jnp.expm1(-log_ratio) + log_ratio, 0.0)),
+        # the clip binds (zero gradient) only where it changes the minimum: ratio below
+        # 1 - clip_eps with A < 0, or above 1 + clip_eps_high with A > 0 (TRL's definition)
+        "clip_frac": tok_mean(low | high),
+        "clip_low_frac": tok_mean(low),
+        "clip_high_frac": tok_mean(high),
+        "ratio_mean": tok_mean(ratio),
+        "ratio_min": jnp.min(jnp.where(mask, ratio, 1.0)),
         "ratio_max": jnp.max(jnp.where(mask, ratio, 1.0)),
-        "entropy": jnp.sum(jnp.where(mask, ent, 0.0)) / n_tok,
+        "entropy": tok_mean(ent),
     }
     if value_head is not None:
         v = value_predictions(logits, value_head)
@@ -268,7 +359,8 @@ def rl_loss(
 
 
 SUMMED_AUX = ("loss", "pg_loss", "v_loss", "n_tok")
-TOKEN_MEAN_AUX = ("kl", "entropy", "clip_frac")
+TOKEN_MEAN_AUX = ("kl", "kl_old", "entropy", "clip_frac", "clip_low_frac", "clip_high_frac",
+                  "ratio_mean")
 
 
 def merge_aux(parts: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -286,6 +378,8 @@ def merge_aux(parts: Sequence[dict[str, float]]) -> dict[str, float]:
             out[key] = sum(p[key] * p["n_tok"] for p in parts) / max(n, 1.0)
         elif key == "ratio_max":
             out[key] = max(p[key] for p in parts)
+        elif key == "ratio_min":
+            out[key] = min(p[key] for p in parts)
         else:
             out[key] = parts[-1][key]
     return out

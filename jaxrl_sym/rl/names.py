@@ -6,6 +6,8 @@ a bad flag before paying JAX's multi-second import; the modules that implement t
 """
 
 ALGOS = ("grpo", "rloo", "ppo")
-LOSS_AGGS = ("token_mean", "seq_mean")
+LOSS_AGGS = ("token_mean", "seq_mean", "token_sum")
+ADV_NORMS = ("group_std", "batch_std", "none")
+LR_SCHEDULES = ("constant", "cosine", "linear")
 SYSTEMS = ("sym", "padded")
 TASK_NAMES = ("reverse", "copy", "sort", "add")

@@ -27,6 +27,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.algorithms import (
     RLConfig,
     gae,
+    informative_samples,
     merge_aux,
     sample_advantages,
     token_weights,
@@ -34,13 +35,21 @@ from jaxrl_sym.rl.algorithms import (
 )
 from jaxrl_sym.rl.layout import Layout
 from jaxrl_sym.rl.rollout import Rollout, compute_rewards, sampling_batch
-from jaxrl_sym.rl.state import TrainState
+from jaxrl_sym.rl.state import TrainState, current_lr
 from jaxrl_sym.runtime.metrics import CompileCounter, device_peak_bytes, tree_bytes
 
 if TYPE_CHECKING:
     from jaxrl_sym.rl.step import RLTrainer
 
 Arrays = dict[str, np.ndarray]
+
+
+class DivergedError(InputError):
+    """The update produced a non-finite loss or gradient (the step was not committed)."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class Stopwatch:
@@ -154,12 +163,19 @@ def value_estimates(tr: RLTrainer, state: TrainState, layout: Layout) -> np.ndar
 
 def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.ndarray,
                 ref_slots: np.ndarray, value_slots: np.ndarray | None = None) -> Arrays:
-    """Everything the loss needs, scattered to the layout's response-predicting slots."""
+    """Everything the loss needs, scattered to the layout's response-predicting slots.
+
+    Per-sample advantages and the informative-group flags are also returned (``sample_adv``,
+    ``informative``; not scattered), for the step's metrics.
+    """
     lengths = [len(r) for r in rollout.responses]
+    informative = (informative_samples(rewards, rollout.group_size) if rollout.group_size > 1
+                   else np.ones(len(lengths), bool))
+    keep = informative if (cfg.drop_zero_var and cfg.algo != "ppo") else None
     arrays = {
         "targets": layout.targets,
         "mask": layout.mask(),
-        "weight": layout.scatter(token_weights(lengths, cfg.loss_agg)),
+        "weight": layout.scatter(token_weights(lengths, cfg.loss_agg, cfg.max_new_tokens, keep)),
         "old_lp": layout.scatter(rollout.old_logprobs),
         "ref_lp": ref_slots.astype(np.float32),
     }
@@ -173,18 +189,22 @@ def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.nda
             tr[-1] = r  # outcome reward arrives with the last token
             token_rewards.append(tr)
         advs, rets = gae(token_rewards, vals, cfg.gamma, cfg.lam)
-        arrays["adv"] = layout.scatter(whiten(advs))
+        advs = whiten(advs)
+        arrays["adv"] = layout.scatter(advs)
         arrays["returns"] = layout.scatter(rets)
         arrays["old_values"] = value_slots.astype(np.float32)
+        sample_adv = np.array([float(np.mean(a)) for a in advs], np.float32)
     else:
-        adv = sample_advantages(rewards, rollout.group_size, cfg.algo, cfg.adv_eps)
-        arrays["adv"] = layout.scatter(adv)
-    return arrays
+        sample_adv = sample_advantages(rewards, rollout.group_size, cfg.algo, cfg.adv_eps,
+                                       cfg.adv_norm)
+        arrays["adv"] = layout.scatter(sample_adv)
+    return arrays, {"sample_adv": sample_adv, "informative": informative}
 
 
 def advantages(tr: RLTrainer, state: TrainState, layout: Layout, rollout: Rollout,
-               rewards: np.ndarray, ref_slots: np.ndarray) -> Arrays:
-    """The step's advantage stage: value estimates (PPO) and the loss arrays."""
+               rewards: np.ndarray, ref_slots: np.ndarray) -> tuple[Arrays, Arrays]:
+    """The step's advantage stage: value estimates (PPO), the loss arrays and the per-sample
+    advantage / informative-group arrays the metrics report."""
     vals = value_estimates(tr, state, layout) if tr.cfg.algo == "ppo" else None
     return loss_arrays(tr.cfg, layout, rollout, rewards, ref_slots, vals)
 
@@ -225,9 +245,11 @@ def update(tr: RLTrainer, state: TrainState, layout: Layout, arrays: Arrays
     for _ in range(tr.cfg.epochs):
         params, opt_state, aux = update_once(tr, params, opt_state, state.ref, layout, arrays)
         auxes.append(aux)
-    if not all(math.isfinite(v) for v in auxes[-1].values()):
-        raise InputError(f"non-finite loss/gradients in the update ({auxes[-1]}); the step "
-                         "was not applied. Lower the learning rate or check rewards.")
+    bad = sorted(k for k, v in auxes[-1].items() if not math.isfinite(v))
+    if bad:
+        raise DivergedError(f"non-finite {', '.join(bad)} in the update of step "
+                            f"{state.step + 1}; the step was not applied. Lower the learning "
+                            "rate or check rewards.", state.step + 1)
     return state.replace(params=params, opt_state=opt_state, step=state.step + 1), auxes
 
 
@@ -250,23 +272,42 @@ def peak_bytes(tr: RLTrainer, rollout: Rollout) -> int:
 
 
 def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray,
-            metric: np.ndarray | None, auxes: list[dict[str, float]], sec: dict[str, float],
-            cc: CompileCounter) -> dict[str, Any]:
-    """The step's metrics, read after commit (``step`` is the committed step count)."""
+            metric: np.ndarray | None, per_sample: Arrays, auxes: list[dict[str, float]],
+            sec: dict[str, float], cc: CompileCounter) -> dict[str, Any]:
+    """The step's metrics, read after commit (``step`` is the committed step count).
+
+    Training signals (see README "Training signals"): the loss-side ones come from the first
+    epoch's aux (ratios are exactly 1 there; ``clip_frac`` / ``ratio_*`` / ``kl_old`` from the
+    last epoch, where the policy has moved), the sample-side ones from the rollout.
+    """
     aux_h, last_aux = auxes[0], auxes[-1]
     lengths = [len(r) for r in rollout.responses]
     useful = rollout.useful_tokens
+    adv, informative = per_sample["sample_adv"], per_sample["informative"]
     out: dict[str, Any] = {
         "step": tr.steps_done,
         "reward": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
         # k3 estimate of KL(policy || reference) over response tokens; None without a
         # reference pass (beta = 0), where there is nothing to compare against
         "kl": aux_h["kl"] if tr.ref_leaves is not None else None,
+        "kl_old": last_aux["kl_old"],
         "loss": aux_h["loss"],
         "clip_frac": last_aux["clip_frac"],
+        "clip_low_frac": last_aux["clip_low_frac"],
+        "clip_high_frac": last_aux["clip_high_frac"],
+        "ratio_mean": last_aux["ratio_mean"],
+        "ratio_min": last_aux["ratio_min"],
+        "ratio_max": last_aux["ratio_max"],
         "entropy": aux_h["entropy"],
         "grad_norm": aux_h["grad_norm"],
+        "lr": current_lr(tr.opt_state),
+        "adv_mean": float(adv.mean()),
+        "adv_std": float(adv.std()),
+        # groups whose G rewards were all equal: no preference, no policy gradient
+        "zero_var_frac": float(1.0 - informative.mean()),
         "response_len": float(np.mean(lengths)),
+        "response_len_max": int(max(lengths)),
         "samples": len(lengths),
         "generated_tokens": int(sum(lengths)),
         "useful_tokens": useful,

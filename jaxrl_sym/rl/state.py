@@ -44,10 +44,53 @@ class TrainState:
         return tree_bytes(self.opt_state) + (tree_bytes(self.ref) if self.ref else 0)
 
 
+def lr_schedule(cfg: RLConfig) -> optax.Schedule:
+    """Learning rate per optimiser update: linear warm-up over ``warmup_steps`` RL steps, then
+    constant or decayed (cosine / linear) to ``min_lr_ratio * lr`` at ``total_steps``.
+
+    Why a warm-up: Adam's first updates have ~lr-sized steps in *every* coordinate (its second
+    moment is still near the first gradient squared), which on a freshly initialised policy
+    sharpens the output distribution before the reward signal has a direction.
+    The schedule counts optimiser updates; ``epochs`` updates make one RL step.
+    """
+    e = cfg.epochs
+    warm = cfg.warmup_steps * e
+    if cfg.lr_schedule == "constant":
+        if warm == 0:
+            return optax.constant_schedule(cfg.lr)
+        return optax.join_schedules(
+            [optax.linear_schedule(cfg.lr / warm, cfg.lr, warm), optax.constant_schedule(cfg.lr)],
+            [warm])
+    assert cfg.total_steps is not None  # RLConfig checks it for decaying schedules
+    end = cfg.lr * cfg.min_lr_ratio
+    if cfg.lr_schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(cfg.lr / max(warm, 1) if warm else cfg.lr,
+                                                  cfg.lr, warm, cfg.total_steps * e, end)
+    decay = optax.linear_schedule(cfg.lr, end, cfg.total_steps * e - warm)
+    if warm == 0:
+        return decay
+    return optax.join_schedules([optax.linear_schedule(cfg.lr / warm, cfg.lr, warm), decay],
+                                [warm])
+
+
 def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
-    """Adam, after global-norm clipping when ``cfg.max_grad_norm`` is set."""
+    """Adam on :func:`lr_schedule`, after global-norm clipping when ``cfg.max_grad_norm`` is set.
+
+    ``inject_hyperparams`` keeps the current rate in the optimiser state, so the step's metrics
+    report the rate the update actually used.
+    """
     parts = [optax.clip_by_global_norm(cfg.max_grad_norm)] if cfg.max_grad_norm else []
-    return optax.chain(*parts, optax.adam(cfg.lr))
+    adam = optax.inject_hyperparams(optax.adam)(learning_rate=lr_schedule(cfg))
+    return optax.chain(*parts, adam)
+
+
+def current_lr(opt_state: Any) -> float | None:
+    """The learning rate the last update used (None for an optimiser without injected ones)."""
+    for part in opt_state if isinstance(opt_state, tuple) else (opt_state,):
+        hp = getattr(part, "hyperparams", None)
+        if hp is not None and "learning_rate" in hp:
+            return float(hp["learning_rate"])
+    return None
 
 
 def init_state(leaves: Sequence[Any], cfg: RLConfig, tx: optax.GradientTransformation,

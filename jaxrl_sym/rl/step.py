@@ -200,14 +200,14 @@ class RLTrainer:
                     ref_slots: np.ndarray, value_slots: np.ndarray | None = None
                     ) -> dict[str, np.ndarray]:
         """Everything the loss needs, scattered to the layout's response-predicting slots."""
-        return stages.loss_arrays(self.cfg, layout, rollout, rewards, ref_slots, value_slots)
+        return stages.loss_arrays(self.cfg, layout, rollout, rewards, ref_slots, value_slots)[0]
 
     def prepare(self, rollout: Rollout, rewards: np.ndarray, system: str | None = None
                 ) -> tuple[Layout, dict[str, np.ndarray]]:
         """Layout + loss arrays for a rollout on ``system`` (reference/values via its forward)."""
         layout = self.layout(rollout, system)
         ref = self.reference_logprobs(layout)
-        return layout, stages.advantages(self, self.state, layout, rollout, rewards, ref)
+        return layout, stages.advantages(self, self.state, layout, rollout, rewards, ref)[0]
 
     def loss_and_grads(self, rollout: Rollout, rewards: np.ndarray, system: str | None = None
                        ) -> tuple[float, dict[str, float], Any]:
@@ -248,13 +248,13 @@ class RLTrainer:
             with clock("reward"):
                 rewards, metric = stages.rewards(self, rollout)
             with clock("advantage"):
-                arrays = stages.advantages(self, state, layout, rollout, rewards, ref)
+                arrays, per_sample = stages.advantages(self, state, layout, rollout, rewards, ref)
             with clock("update"):
                 new_state, auxes = stages.update(self, state, layout, arrays)
         stages.commit(self, new_state)  # nothing above changed the trainer's state
         sec = clock.sec
         sec["total"] = sum(sec.values())
-        return stages.metrics(self, rollout, layout, rewards, metric, auxes, sec, cc)
+        return stages.metrics(self, rollout, layout, rewards, metric, per_sample, auxes, sec, cc)
 
     def params_sha256(self) -> str:
         return params_sha256(self.params)

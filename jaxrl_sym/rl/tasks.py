@@ -9,8 +9,11 @@ a user's reward function gets in :mod:`jaxrl_sym.rl.step`.
 Vocabulary (14 tokens): ``0..9`` digits, ``PLUS`` (10), ``SEP`` ('=', 11, ends every prompt),
 ``EOS`` (12, ends a response), ``BOS`` (13, starts every prompt).
 
-Reward: position-wise partial credit against ``answer + [EOS]`` (an exact-match-only reward gives
-no gradient signal from a random policy; FIELD_NOTES §5 notes it "learned only the format").
+Reward: 1 for the exact ``answer + [EOS]``, else ``partial_weight`` x position-wise partial credit
+against it (an exact-match-only reward gives no gradient signal from a random policy; FIELD_NOTES
+§5 notes it "learned only the format"). ``partial_weight`` < 1 makes the exact answer strictly
+dominant by a margin: with full partial credit a response one digit off scores 0.75 against 1.0,
+and a policy that is reliably one digit off is paid nearly as much as one that is right.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Task:
     _sample: Callable[[np.random.Generator, int, int], list[int]]
     _answer: Callable[[list[int]], list[int]]
     max_answer_len: int
+    partial_weight: float = 1.0
 
     def sample(self, rng: np.random.Generator, n: int) -> list[np.ndarray]:
         """``n`` prompts (``BOS operand SEP``), lengths varying per sample."""
@@ -75,12 +79,16 @@ class Task:
 
     def reward(self, prompt: Sequence[int] | np.ndarray,
                response: Sequence[int] | np.ndarray) -> float:
-        """Position-wise partial credit in [0, 1]; 1 only for the exact target.
+        """1.0 for the exact target, else ``partial_weight`` x partial credit (< partial_weight).
 
-        Fraction of positions where the response agrees with ``answer + [EOS]``, divided by the
-        longer of the two lengths (so rambling past the answer costs as much as stopping short).
+        Partial credit: positions where the response agrees with ``answer + [EOS]``, divided by
+        the longer of the two lengths (so rambling past the answer costs as much as stopping
+        short).
         """
-        return partial_credit(self.target(prompt), [int(t) for t in response])
+        target, resp = self.target(prompt), [int(t) for t in response]
+        if resp == target:
+            return 1.0
+        return self.partial_weight * partial_credit(target, resp)
 
     def exact_match(self, prompt: Sequence[int] | np.ndarray,
                     response: Sequence[int] | np.ndarray) -> float:
@@ -126,18 +134,23 @@ def _sum_answer(body: list[int]) -> list[int]:
 from jaxrl_sym.rl.names import TASK_NAMES  # noqa: E402 - re-exported
 
 
-def get_task(name: str, *, min_digits: int = 1, max_digits: int = 3) -> Task:
+def get_task(name: str, *, min_digits: int = 1, max_digits: int = 3,
+             partial_weight: float = 1.0) -> Task:
     """A task by name: ``reverse``, ``copy``, ``sort`` (operand of min..max digits) or ``add``
-    (two operands of min..max digits each)."""
+    (two operands of min..max digits each). ``partial_weight``: see the module docstring."""
     if not 1 <= min_digits <= max_digits:
         raise InputError(f"digits must satisfy 1 <= min_digits ({min_digits}) <= max_digits "
                          f"({max_digits})")
+    if not (isinstance(partial_weight, int | float) and 0.0 <= partial_weight <= 1.0):
+        raise InputError(f"partial_weight={partial_weight!r} (--partial-weight) must be in [0, 1]: "
+                         "above 1 a near miss could outscore the exact answer")
+    lo, hi, pw = min_digits, max_digits, float(partial_weight)
     if name == "reverse":
-        return Task(name, min_digits, max_digits, _random_digits, lambda d: d[::-1], max_digits)
+        return Task(name, lo, hi, _random_digits, lambda d: d[::-1], hi, pw)
     if name == "copy":
-        return Task(name, min_digits, max_digits, _random_digits, list, max_digits)
+        return Task(name, lo, hi, _random_digits, list, hi, pw)
     if name == "sort":
-        return Task(name, min_digits, max_digits, _random_digits, sorted, max_digits)
+        return Task(name, lo, hi, _random_digits, sorted, hi, pw)
     if name == "add":
-        return Task(name, min_digits, max_digits, _random_sum, _sum_answer, max_digits + 1)
+        return Task(name, lo, hi, _random_sum, _sum_answer, hi + 1, pw)
     raise InputError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")

@@ -24,6 +24,7 @@ from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.errors import CheckpointError
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
+from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task, get_task
 
@@ -35,6 +36,7 @@ TASK_MODEL: dict[str, Any] = dict(vocab_size=VOCAB_SIZE, d_model=64, n_layers=2,
 # 0.1-0.2, entropy -> 0.05); lr 1e-3, a 0.01 entropy bonus and per-sequence loss averaging reach
 # 0.4-0.5 in 400 steps.
 TASK_RECIPE: dict[str, Any] = dict(entropy_coef=0.01, loss_agg="seq_mean")
+TASK_REWARD: dict[str, Any] = dict(partial_weight=1.0)
 
 
 EVAL_STREAM = 2**31 - 1  # the held-out prompt stream (steps use 1, 2, ...)
@@ -61,7 +63,10 @@ FLAGS: dict[str, str] = {
     "algo": "--algo", "task": "--task", "seed": "--seed", "max_digits": "--max-digits",
     "system": "--system", "prompts_per_step": "--prompts", "group_size": "--group",
     "lr": "--lr", "beta": "--beta", "epochs": "--epochs", "loss_agg": "--loss-agg",
-    "entropy_coef": "--entropy-coef",
+    "entropy_coef": "--entropy-coef", "partial_weight": "--partial-weight",
+    "clip_eps": "--clip-low", "clip_eps_high": "--clip-high", "adv_norm": "--adv-norm",
+    "drop_zero_var": "--drop-zero-var", "warmup_steps": "--warmup-steps",
+    "lr_schedule": "--lr-schedule",
 }
 
 
@@ -243,6 +248,7 @@ def train(
     epochs: int = 1,
     system: str = "sym",
     max_digits: int = 3,
+    partial_weight: float | None = None,
     model: dict[str, Any] | None = None,
     model_dir: str | None = None,
     config: dict[str, Any] | None = None,
@@ -265,6 +271,7 @@ def train(
       keep: how many of the newest checkpoints to keep (older ones are deleted).
       metrics_file: JSON lines, one per step (appended on resume, after dropping lines of steps
         that will be re-run).
+      partial_weight: the task reward's weight on partial credit (None: :data:`TASK_REWARD`'s).
       model: overrides of :data:`TASK_MODEL` (LMConfig fields).
       model_dir: fine-tune this Hugging Face checkpoint directory instead, on a text task
         (``word-problems`` or ``jsonl:PATH``; see :mod:`jaxrl_sym.rl.pretrained`).
@@ -286,26 +293,31 @@ def train(
     rejected on resume, with reasons) and ``changed_on_resume`` (hyper-parameters overridden by
     ``resume_anyway``).
     """
+    if partial_weight is None:
+        partial_weight = TASK_REWARD["partial_weight"]
     # --model DIR: a text task on a Hugging Face checkpoint (None: the built-in model)
     hf = setup_pretrained(model_dir, task, max_new_tokens=(config or {}).get("max_new_tokens"))
     # unknown task → InputError, before any work
-    task_obj = hf.task if hf else get_task(task, max_digits=max_digits)
+    task_obj = hf.task if hf else get_task(task, max_digits=max_digits,
+                                           partial_weight=partial_weight)
     _check_counts(steps, checkpoint_every, keep, resume or resume_or_start, resume_anyway)
     if metrics_file:
         check_output_file(metrics_file, "--metrics (metrics_file)")
     ckpt, resuming = open_checkpoints(checkpoint_dir, resume, resume_or_start, keep)
     if hf is not None:
         config = {**hf.rl_config, **(config or {})}
-    rl_cfg = RLConfig(**{
-        "algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
-        "max_new_tokens": task_obj.max_new_tokens, "eos_id": EOS, **TASK_RECIPE,
-        **(config or {})})
+    fields = {"algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
+              "max_new_tokens": task_obj.max_new_tokens, "eos_id": EOS, **TASK_RECIPE,
+              **(config or {})}
+    if fields.get("lr_schedule", "constant") != "constant" and fields.get("total_steps") is None:
+        fields["total_steps"] = steps  # a decaying schedule ends with the run
+    rl_cfg = RLConfig(**fields)
     lm_cfg = preset("tiny", **{**TASK_MODEL, **(model or {})})
     policy = hf.load_model() if hf else init_model(lm_cfg, seed)
     trainer = RLTrainer(policy, task_obj.reward, rl_cfg, system=system,
                         metric_fn=task_obj.exact_match)
     hparams = run_hparams(rl_cfg, task=task, max_digits=max_digits, seed=seed, system=system,
-                          prompts_per_step=prompts_per_step)
+                          prompts_per_step=prompts_per_step, partial_weight=partial_weight)
     if hf is not None:  # the source model: a resume compares it, export reads it
         hparams.update(hf.hparams)
     meta = {"fingerprint": fingerprint(trainer), "hparams": hparams, "lineage": []}
@@ -329,6 +341,9 @@ def train(
                                 (ckpt.skipped if ckpt is not None else [])],
         "changed_on_resume": [{"flag": f, "checkpoint": a, "given": b} for f, a, b in changed],
         "history": history,
+        # the first step the health check flagged (None: never), e.g. an entropy collapse
+        "health": next(({"step": m["step"], "message": m["health"]} for m in history
+                        if m.get("health")), None),
         "seconds": time.perf_counter() - t_run,
     }
 
@@ -340,10 +355,16 @@ def _run_steps(trainer: RLTrainer, task: Task, seed: int, steps: int, prompts_pe
     """Steps ``steps_done + 1 .. steps``: prompts and seed from ``(seed, k)`` only (resume
     replays), one metrics line each, a checkpoint every ``every`` steps and at the end."""
     history: list[dict[str, Any]] = []
+    health = RunHealth()
     while trainer.steps_done < steps:
         k = trainer.steps_done + 1
         prompts = task.sample(step_rng(seed, k), prompts_per_step)
-        m = trainer.step(prompts, seed=step_seed(seed, k))
+        try:
+            m = trainer.step(prompts, seed=step_seed(seed, k))
+        except DivergedError as e:
+            bar.alert(f"DIVERGED at step {e.step}: {e}")
+            raise
+        m["health"] = health.check(m)
         history.append(m)
         if metrics_file:
             with open(metrics_file, "a") as f:
@@ -388,6 +409,41 @@ def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> float:
                                                                    strict=True)]))
 
 
+class RunHealth:
+    """Flags a run that has stopped learning, from its per-step metrics (``health`` per line).
+
+    ``non-finite``: a reported metric is NaN/inf. ``entropy collapse``: the policy's entropy
+    fell below :attr:`entropy_floor` nats/token while the reward moved less than
+    :attr:`flat_tol` between the two halves of the last :attr:`window` steps — every group
+    then samples (nearly) the same answer, its advantages are 0, and nothing changes any more.
+    A run that converged to the right answers also ends with low entropy and a flat reward;
+    the flag says the run has stopped moving, the reward says at what level.
+    """
+
+    entropy_floor = 0.05
+    window = 50
+    flat_tol = 0.01
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+
+    def check(self, m: dict[str, Any]) -> str | None:
+        bad = [k for k in ("reward", "loss", "entropy", "grad_norm")
+               if m.get(k) is not None and not np.isfinite(m[k])]
+        if bad:
+            return f"diverged: non-finite {', '.join(bad)}"
+        self.rewards.append(float(m["reward"]))
+        if len(self.rewards) < self.window or m.get("entropy") is None:
+            return None
+        last = self.rewards[-self.window:]
+        half = self.window // 2
+        a, b = float(np.mean(last[:half])), float(np.mean(last[half:]))
+        if m["entropy"] < self.entropy_floor and abs(b - a) < self.flat_tol:
+            return (f"entropy collapse: entropy {m['entropy']:.3f} < {self.entropy_floor}, "
+                    f"reward flat ({a:.3f} -> {b:.3f} over {self.window} steps)")
+        return None
+
+
 class _Bar:
     """Rich progress bar with the latest reward / exact match; a no-op when disabled."""
 
@@ -429,7 +485,16 @@ class _Bar:
             mean = sum(self.seconds) / len(self.seconds)
             left = (self.total - self.done - len(self.seconds)) * mean
             info += f"  {mean:.2f}s/step (mean of {len(self.seconds)}), ~{left:.0f}s left"
+            if m.get("entropy") is not None:
+                info += f"  entropy {m['entropy']:.3f}"
+            if m.get("health"):
+                info += f"  [red]{m['health'].upper()}[/red]"
             self.progress.update(self.task, advance=1, info=info)
+
+    def alert(self, text: str) -> None:
+        """Show ``text`` in the progress line (the run is about to stop)."""
+        if self.progress is not None:
+            self.progress.update(self.task, info=f"[red]{text}[/red]")
 
     def __exit__(self, *exc: object) -> None:
         if self.progress is not None:
