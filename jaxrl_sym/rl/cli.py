@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrl_sym.rl.names import ALGOS, LOSS_AGGS, SYSTEMS, TASK_NAMES
+from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_NAMES
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -57,6 +57,19 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="default: the task recipe's (seq_mean)")
     t.add_argument("--entropy-coef", type=float, default=None,
                    help="default: the task recipe's (0.01)")
+    # stabilisers (RLConfig fields; default: the task recipe's, see README "Learning")
+    t.add_argument("--clip-low", type=float, default=None, help="ratio clip 1 - eps (clip_eps)")
+    t.add_argument("--clip-high", type=float, default=None,
+                   help="ratio clip 1 + eps_high (clip_eps_high; > --clip-low: DAPO clip-higher)")
+    t.add_argument("--adv-norm", choices=ADV_NORMS, default=None,
+                   help="GRPO advantage scale (none: Dr. GRPO)")
+    t.add_argument("--drop-zero-var", action=argparse.BooleanOptionalAction, default=None,
+                   help="drop groups whose rewards are all equal from the loss")
+    t.add_argument("--warmup-steps", type=int, default=None, help="linear lr warm-up, RL steps")
+    t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
+                   help="after warm-up: constant, or decay to the end of the run")
+    t.add_argument("--partial-weight", type=float, default=None,
+                   help="task reward: weight of partial credit for a non-exact answer (in [0, 1])")
     t.add_argument("--system", choices=SYSTEMS, default="sym")
     t.add_argument("--max-digits", type=int, default=3)
     t.add_argument("--model", default=None, metavar="DIR",
@@ -82,7 +95,11 @@ def run_train(args: argparse.Namespace) -> int:
 
     config = {k: v for k, v in (("max_new_tokens", args.max_new_tokens),
                                 ("loss_agg", args.loss_agg),
-                                ("entropy_coef", args.entropy_coef)) if v is not None}
+                                ("entropy_coef", args.entropy_coef),
+                                ("clip_eps", args.clip_low), ("clip_eps_high", args.clip_high),
+                                ("adv_norm", args.adv_norm), ("drop_zero_var", args.drop_zero_var),
+                                ("warmup_steps", args.warmup_steps),
+                                ("lr_schedule", args.lr_schedule)) if v is not None}
     try:
         with _warnings_to_stderr():
             if args.plot:
@@ -93,6 +110,7 @@ def run_train(args: argparse.Namespace) -> int:
                 group_size=args.group, lr=args.lr, beta=args.beta, epochs=args.epochs,
                 system=args.system, max_digits=args.max_digits, config=config or None,
                 model_dir=args.model,
+                partial_weight=args.partial_weight,
                 progress=not args.no_progress, resume=args.resume,
                 resume_or_start=args.resume_or_start, resume_anyway=args.resume_anyway,
                 keep=args.keep, eval_prompts=args.eval_prompts)
