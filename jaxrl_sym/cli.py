@@ -40,7 +40,7 @@ from jaxrl_sym.generation import seed32
 from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
-from jaxrl_sym.systems import SYSTEMS
+from jaxrl_sym.systems import PEERS, SYSTEMS, peer_errors
 
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
 # checked without importing the model code (JAX); a test keeps the two lists equal.
@@ -239,6 +239,8 @@ def check_decode(args: argparse.Namespace) -> list[str]:
                       f"{args.systems!r}{extra}")
     elif len(set(systems)) != len(systems):
         errors.append(f"--systems names a system twice: {args.systems!r}")
+    else:
+        errors += peer_errors(systems, attention=args.attention, user_model=bool(args.model))
     if args.model is not None:
         mod, _, fn = args.model.partition(":")
         if not mod or not fn or ":" in fn:
@@ -325,7 +327,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                             for s, e in memory["systems"].items()}}  # nothing fits: no work
     with tempfile.TemporaryDirectory() as tmp:
         for k, s in enumerate(systems, 1):
-            refused = memory["systems"][s]["refused"] if memory else None
+            # Peers have no shape estimate (jaxrl_sym.runtime.estimate knows our systems only).
+            refused = memory["systems"][s]["refused"] if memory and s in memory["systems"] \
+                else None
             if refused and not args.no_memory_check:
                 results[s] = {"skipped": refused, "estimated_bytes": estimates[s]}
                 print(f"[{k}/{len(systems)}] {s}: skipped: {refused}", file=sys.stderr,
@@ -354,6 +358,9 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                             for s, a in arrays.items() if s != "sym"}
         if "padded" in report["checks"]:
             report["check"] = report["checks"]["padded"]  # the field earlier reports carried
+    if "padded" in arrays and any(s in arrays for s in PEERS):  # peers: also against padded
+        report["checks_vs_padded"] = {s: compare_outputs(arrays["padded"], a)
+                                      for s, a in arrays.items() if s in PEERS}
     from jaxrl_sym.report import run_metadata
 
     report.update(run_metadata("jaxrl-sym " + " ".join(sys.argv[1:])))
@@ -448,7 +455,7 @@ def memory_check(args: argparse.Namespace, systems: list[str]) -> dict[str, Any]
     :func:`jaxrl_sym.runtime.estimate.check_request`'s result, or None (with a warning on
     stderr) when the estimate itself failed — the systems then run and report their own errors.
     """
-    spec = {**_spec(args, "-"), "systems": systems,
+    spec = {**_spec(args, "-"), "systems": [s for s in systems if s not in PEERS],
             "memory_limit": parse_bytes(args.memory_limit) if args.memory_limit else None}
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "estimate.json")

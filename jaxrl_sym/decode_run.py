@@ -135,19 +135,25 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
     metrics["peak_rss_bytes"] = peak_rss_bytes()
     arrays = {f"tok{i}": t for i, t in enumerate(cold.tokens)}
     arrays.update({f"logit{i}": lg for i, lg in enumerate(cold.logits or [])})
+    arrays.update({f"lp{i}": lp for i, lp in enumerate(cold.logprobs)})
     return metrics, arrays
 
 
 def compare_outputs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Tokens and logits of two systems' cold runs: equal?, rows that differ, max |Δlogit|."""
+    """Tokens, logits and log-probs of two systems' cold runs: equal?, rows that differ, max
+    |Δlogit| (None when either system returns no logits: Tunix), max |Δlog-prob| over the
+    positions both report (Tunix does not return an EOS token's log-prob)."""
     rows = sum(1 for k in a if k.startswith("tok"))
     differ = sum(1 for i in range(rows) if not np.array_equal(a[f"tok{i}"], b.get(f"tok{i}")))
-    diff = 0.0
-    for i in range(rows):
-        la, lb = a.get(f"logit{i}"), b.get(f"logit{i}")
-        if la is not None and lb is not None:
-            n = min(len(la), len(lb))
-            if n:
-                diff = max(diff, float(np.max(np.abs(la[:n] - lb[:n]))))
-    return {"tokens_equal": differ == 0, "rows": rows, "rows_differ": differ,
-            "max_abs_logit_diff": diff}
+    out: dict[str, Any] = {"tokens_equal": differ == 0, "rows": rows, "rows_differ": differ}
+    for key, name in (("logit", "max_abs_logit_diff"), ("lp", "max_abs_logprob_diff")):
+        diff, seen = 0.0, False
+        for i in range(rows):
+            la, lb = a.get(f"{key}{i}"), b.get(f"{key}{i}")
+            if la is not None and lb is not None:
+                seen = True
+                n = min(len(la), len(lb))
+                if n:
+                    diff = max(diff, float(np.max(np.abs(la[:n] - lb[:n]))))
+        out[name] = diff if seen else None
+    return out
