@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv with Python 3.12 and install the project (editable) with test + interpreter extras.
+# Create .venv with Python 3.12 and install the project (editable) with test + interpreter extras
+# and the Tunix peer (light install).
 # Idempotent: re-installs only when pyproject.toml changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,9 @@ fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev,interp]"
+  .venv/bin/python -m pip install -q -e ".[dev,interp,peers-light]"
+  # The Tunix peer (tests/test_tunix.py, decode --systems tunix) without its trainer stack's
+  # dependencies: see the peers / peers-light extras in pyproject.toml.
+  .venv/bin/python -m pip install -q --no-deps google-tunix==0.1.7
   rm -f .venv/.installed-*; touch "$stamp"
 fi
