@@ -40,6 +40,7 @@ import importlib.metadata
 import importlib.util
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -99,8 +100,9 @@ def load_tunix() -> Tunix:
         assert spec is not None
         sys.modules["tunix"] = importlib.util.module_from_spec(spec)
     try:
-        qwen2 = importlib.import_module("tunix.models.qwen2.model")
-        sampler = importlib.import_module("tunix.generate.sampler")
+        with _Quiet():
+            qwen2 = importlib.import_module("tunix.models.qwen2.model")
+            sampler = importlib.import_module("tunix.generate.sampler")
     except ImportError as err:
         raise PeerMissingError(f"system 'tunix': importing Tunix failed ({err}); {INSTALL_HINT}") \
             from err
@@ -109,6 +111,16 @@ def load_tunix() -> Tunix:
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     return Tunix(qwen2, sampler, version)
+
+
+class _Quiet(warnings.catch_warnings):
+    """Tunix 0.1.7's own deprecation warnings hidden (``jax.experimental.shard_map``, nnx
+    ``sharding=``, and one per call because its Qwen2 has no ``init_cache``): nothing a user of
+    this adapter can act on."""
+
+    def __enter__(self) -> None:
+        super().__enter__()
+        warnings.simplefilter("ignore", DeprecationWarning)
 
 
 # --------------------------------------------------------------------------- weights
@@ -165,7 +177,8 @@ def to_tunix(model: Any, tx: Tunix | None = None) -> Any:
     zero). Built under ``nnx.eval_shape``, so Tunix's random initialisation never runs."""
     tx = tx or load_tunix()
     cfg = tunix_config(model, tx)
-    tm = nnx.eval_shape(lambda: tx.qwen2.Qwen2(cfg, rngs=nnx.Rngs(0)))
+    with _Quiet():
+        tm = nnx.eval_shape(lambda: tx.qwen2.Qwen2(cfg, rngs=nnx.Rngs(0)))
     for ours, theirs, shape in _pairs(model, tm):
         theirs.set_value(jnp.asarray(ours.get_value()).reshape(shape))
     for layer in tm.layers:
@@ -271,7 +284,7 @@ class TunixSystem:
         sampling = (dict(temperature=cfg.temperature, top_p=1.0, seed=cfg.seed)
                     if cfg.temperature > 0 else {})
         text = [" ".join(map(str, r.tolist())) for r in rows]
-        with CompileCounter() as counter:
+        with CompileCounter() as counter, _Quiet():
             t0 = time.perf_counter()
             out = sampler(text, max_generation_steps=n, max_prompt_length=geo.max_prompt_length,
                           echo=False, return_logprobs=True, eos_tokens=[eos], **sampling)
@@ -314,6 +327,12 @@ def _accounting(sampler: Any, tmodel: Any, b: int, geo: TunixGeometry, n: int,
     donated in place between its two programs) and the larger of its prefill and decode
     executables' temporaries. Reads Tunix's two jitted functions (private attributes) after the
     measured call; the compiles this needs are not counted."""
+    with _Quiet():
+        return _measure(sampler, tmodel, b, geo, n, cfg, sampling)
+
+
+def _measure(sampler: Any, tmodel: Any, b: int, geo: TunixGeometry, n: int,
+             cfg: GenerationConfig, sampling: dict[str, Any]) -> tuple[int, int]:
     ids = jnp.full((b, geo.prompt_len), sampler.tokenizer.pad_id(), jnp.int32)
     # A concrete state (its static fields hold concrete arrays, so it cannot be abstract).
     state = sampler.init_sample_state(
