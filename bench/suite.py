@@ -52,7 +52,9 @@ if str(HERE) not in sys.path:  # importable from tests as well as run as a scrip
     sys.path.insert(0, str(HERE))
 
 DONE = ("ok", "oom")  # statuses that count as finished (not re-run without --force)
-SYSTEM_ORDER = ("padded", "sym-xla", "sym-triton", "pershape")  # padded first: sym checks vs it
+# padded first: the others are checked against it
+SYSTEM_ORDER = ("padded", "sym-xla", "sym-triton", "pershape", "tunix", "tunix-defaults")
+PEERS = ("tunix", "tunix-defaults")  # Tunix's Qwen2: full attention only; optional package
 _OOM = re.compile(r"RESOURCE_EXHAUSTED|out of memory|OutOfMemory|MemoryError|"
                   r"Cannot allocate memory|CUDA_ERROR_OUT_OF_MEMORY", re.IGNORECASE)
 
@@ -65,7 +67,7 @@ QUICK: dict[str, Any] = {
     "preset": "decode-cpu", "batch": 4, "prompt_len": (8, 24), "window": 64, "block": 64,
     "kinds": ("full", "window", "block", "linear", "mixed"),
     "tokens": (256, 512, 1024),
-    "systems": ("sym-xla", "padded"),
+    "systems": ("sym-xla", "padded", "tunix"),  # tunix where installed (the peers extra)
     # Per-shape compiles once per length (seconds each on a loaded 2-core CPU): one small N.
     "pershape_tokens": (16,), "pershape_kinds": ("full",),
     "realistic": {"batch": 16, "prompt": (16, 128), "median": 69, "cap": 256, "sigma": 0.6},
@@ -81,7 +83,7 @@ FULL: dict[str, Any] = {
     "preset": "gpt2-small", "batch": 64, "prompt_len": (8, 24), "window": 512, "block": 512,
     "kinds": ("full", "window", "block", "linear", "mixed"),
     "tokens": (512, 1024, 2048, 4096, 8192, 16384),
-    "systems": ("sym-xla", "sym-triton", "padded"),
+    "systems": ("sym-xla", "sym-triton", "padded", "tunix"),
     "pershape_tokens": (512,), "pershape_kinds": ("full", "window"),
     "realistic": {"batch": 64, "prompt": (64, 512), "median": 275, "cap": 1024, "sigma": 0.6},
     "growing": {"batch": 64, "prompt": (64, 512), "medians": (100, 1000), "runs": 6, "cap": 4096,
@@ -146,7 +148,8 @@ def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
                        "window": p["window"], "block": p["block"]}
                 rng = np.random.default_rng(seed)
                 lens = _prompts(rng, p["batch"], *p["prompt_len"])
-                names = [s for s in systems if s != "pershape"]
+                names = [s for s in systems if s != "pershape"
+                         and (s not in PEERS or kind == "full")]
                 if "pershape" in systems and n in extra:
                     names.append("pershape")
                 jobs += [Job(cfg, s, lens, [n] * p["batch"]) for s in names]
@@ -347,7 +350,7 @@ def estimate_jobs(jobs: Sequence[Job], limit: int | None) -> dict[str, dict[str,
     prompt is taken at the job's longest prompt (the worst case). RL-step jobs are not
     estimated. Empty, with a warning, when the estimate itself fails: the jobs then run.
     """
-    todo = [j for j in jobs if j.system != "rlft"]
+    todo = [j for j in jobs if j.system != "rlft" and j.system not in PEERS]  # no estimate
     specs = [{**j.config, "model": None, "systems": [j.system], "memory_limit": limit,
               "batch": len(j.prompt_lens), "prompt_len": [max(j.prompt_lens)] * 2,
               "tokens": max(j.limits), "return_logits": False} for j in todo]
@@ -419,7 +422,7 @@ def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force:
             rows_out = ([skipped_row(job, est)] if est and est["refused"] else
                         run_job(job, Path(tmpname), timeout, arrays, in_process=in_process))
             for row in rows_out:
-                if row["system"].startswith("sym") or row["system"] == "pershape":
+                if row["system"] != "padded":
                     padded = rows.get(row_key(job.config, "padded"))
                     check = _check(row, padded, arrays) if "tokens_sha" in row else None
                     if check is not None:
@@ -534,8 +537,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="decode,realistic,growing,rlft",
                    help="comma-separated scenarios: decode, realistic, growing, rlft")
     p.add_argument("--systems", default=None,
-                   help="comma-separated: sym-xla, sym-triton, padded, pershape (default: the "
-                        "preset's, sym-triton only where compiled Triton runs, i.e. on a GPU)")
+                   help="comma-separated: sym-xla, sym-triton, padded, pershape, tunix, "
+                        "tunix-defaults (default: the preset's, sym-triton only where compiled "
+                        "Triton runs, i.e. on a GPU, tunix only where it is installed)")
     p.add_argument("--kinds", default=None,
                    help="comma-separated decode kinds to run (default: the preset's)")
     p.add_argument("--tokens", default=None,
@@ -558,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.systems:
         systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     else:
-        systems = [s for s in preset["systems"] if s != "sym-triton" or meta["triton_gpu"]]
+        systems = [s for s in preset["systems"] if (s != "sym-triton" or meta["triton_gpu"])
+                   and (s not in PEERS or meta.get("tunix"))]
         if preset["pershape_tokens"]:
             systems.append("pershape")
     scenarios = [s.strip() for s in args.only.split(",") if s.strip()]

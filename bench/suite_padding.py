@@ -116,6 +116,23 @@ def pershape_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequenc
     return w
 
 
+def tunix_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer], *,
+               defaults: bool = False) -> Work:
+    """Tunix's Sampler (``jaxrl_sym.baselines.tunix``): prompts left-padded to the next power of
+    two of the longest (rollout defaults: at least 64), N = max(limits) decode steps for every
+    row (its while_loop stops only when all rows are done; without an EOS it runs N steps, the
+    last one's token dropped), each attending over all ``cache_size`` slots (P + N, or 1024)."""
+    w = _needed(prompts, limits, layers)
+    b, n = len(prompts), max(limits)
+    p = 1 << (max(prompts) - 1).bit_length()
+    if defaults and p <= 64:
+        p = 64
+    cache = 1024 if defaults else p + n
+    w.tokens_computed = b * p + b * n
+    w.keys_computed = b * n * cache * len(layers)
+    return w
+
+
 def sym_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer]) -> Work:
     """The symbolic runtime at its defaults: the dispatches its own policy
     (:func:`jaxrl_sym.runtime.policy.replay`) decides for this request, counted."""
@@ -138,4 +155,6 @@ def work_for(system: str, prompts: Sequence[int], limits: Sequence[int],
         return padded_work(prompts, limits, layers)
     if system == "pershape":
         return pershape_work(prompts, limits, layers)
+    if system in ("tunix", "tunix-defaults"):
+        return tunix_work(prompts, limits, layers, defaults=system == "tunix-defaults")
     raise ValueError(f"unknown system {system!r}")

@@ -49,7 +49,8 @@ def _by(rows: Sequence[Row], scenario: str) -> list[Row]:
     return [r for r in rows if r.get("scenario") == scenario]
 
 
-_SYS_ORDER = {"sym-xla": 0, "sym-triton": 1, "padded": 2, "pershape": 3, "sym": 0}
+_SYS_ORDER = {"sym-xla": 0, "sym-triton": 1, "padded": 2, "pershape": 3, "sym": 0,
+              "tunix": 4, "tunix-defaults": 5}
 _KIND_ORDER = {"full": 0, "window": 1, "block": 2, "linear": 3, "mixed": 4}
 
 
