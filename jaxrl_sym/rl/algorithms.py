@@ -45,7 +45,8 @@ class RLConfig:
       tokens divided by a constant, sequences x max_new_tokens (Dr. GRPO: no length bias at all).
     adv_norm: GRPO's advantage scaling after subtracting the group mean: ``group_std`` (the GRPO
       paper), ``batch_std`` (one std over the batch: a group of near-equal rewards is not blown up
-      to unit scale) or ``none`` (Dr. GRPO). RLOO and PPO ignore it.
+      to unit scale) or ``none`` (Dr. GRPO). RLOO ignores it; PPO whitens its GAE advantages
+      over the batch's tokens unless it is ``none``.
     drop_zero_var: give groups whose G rewards are all equal zero weight in the loss and spread
       the weights over the other groups (DAPO's dynamic sampling without re-sampling). Their
       advantage is 0 already; what dropping changes is that they no longer dilute the update

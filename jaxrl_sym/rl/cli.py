@@ -62,14 +62,15 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--clip-high", type=float, default=None,
                    help="ratio clip 1 + eps_high (clip_eps_high; > --clip-low: DAPO clip-higher)")
     t.add_argument("--adv-norm", choices=ADV_NORMS, default=None,
-                   help="GRPO advantage scale (none: Dr. GRPO)")
+                   help="advantage scale; default: the task recipe's (none: Dr. GRPO)")
     t.add_argument("--drop-zero-var", action=argparse.BooleanOptionalAction, default=None,
                    help="drop groups whose rewards are all equal from the loss")
     t.add_argument("--warmup-steps", type=int, default=None, help="linear lr warm-up, RL steps")
     t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
                    help="after warm-up: constant, or decay to the end of the run")
     t.add_argument("--partial-weight", type=float, default=None,
-                   help="task reward: weight of partial credit for a non-exact answer (in [0, 1])")
+                   help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
+                        "(default: 0.5)")
     t.add_argument("--system", choices=SYSTEMS, default="sym")
     t.add_argument("--max-digits", type=int, default=3)
     t.add_argument("--model", default=None, metavar="DIR",

@@ -189,7 +189,8 @@ def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.nda
             tr[-1] = r  # outcome reward arrives with the last token
             token_rewards.append(tr)
         advs, rets = gae(token_rewards, vals, cfg.gamma, cfg.lam)
-        advs = whiten(advs)
+        if cfg.adv_norm != "none":  # zero-mean unit-std over the batch's tokens
+            advs = whiten(advs)
         arrays["adv"] = layout.scatter(advs)
         arrays["returns"] = layout.scatter(rets)
         arrays["old_values"] = value_slots.astype(np.float32)
