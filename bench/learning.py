@@ -133,9 +133,12 @@ def run_child(spec: dict[str, Any], cache_dir: str | None = None) -> dict[str, A
 
 
 def _git_head() -> str | None:
-    """The commit the library was loaded from (its checkout's HEAD), for the record."""
+    """The commit the library was loaded from (its checkout's HEAD; ``JAXRL_SYM_GIT`` for a
+    ``git archive`` snapshot without .git), for the record."""
     import jaxrl_sym
 
+    if os.environ.get("JAXRL_SYM_GIT"):
+        return os.environ["JAXRL_SYM_GIT"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(jaxrl_sym.__file__)))
     try:
         return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
