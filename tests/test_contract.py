@@ -238,3 +238,38 @@ def test_vmap_of_attend_with_unmapped_operands_equals_a_loop() -> None:
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
     jaxpr = jax.make_jaxpr(jax.vmap(f, in_axes=(0, None)))(q, kv)
     assert "sym_attention" in str(jaxpr)  # still the primitive: the runtime can plan a store
+
+
+def test_the_feedback_edge_is_a_slot_store_the_step_program_reads() -> None:
+    """``tok[t] = sample(logits[t-1])`` is planned as a slot store and *that* store is what the
+    decode program reads: plant a token in it and the step's logits are the model's on the
+    prompt followed by that token (not on the token the prefill sampled); the step's own sample
+    is written back to it for the next step."""
+    from jaxrl_sym.runtime.stores import SlotStore
+
+    model = zoo()["gpt2"]
+    lm = SymbolicLM(model, min_capacity=8)
+    (tokens_id,) = lm.builder.slots
+    assert tokens_id == lm.pdg.input_id("tokens")
+    assert [s.kind for s in lm.plan.stores].count("slot") == 1
+    slot = lm.builder.slots[tokens_id]
+    assert isinstance(slot.kind, SlotStore) and slot.lag == 1
+    assert lm.pdg.node(slot.source).op == "sample"
+
+    prompt = np.array([[5, 9, 2]], np.int32)
+    pos = np.arange(3, dtype=np.int32)[None]
+    hoisted, seed, rows = lm._hoist(), jnp.uint32(0), jnp.zeros((1,), jnp.int32)
+    kw = dict(temperature=0.0, want_logits=True)
+    stores = lm.builder.init_stores(1, 8)
+    assert stores[str(tokens_id)]["tok"].shape == (1, 1)
+    stores, tok0, _, _ = lm.builder.prefill(hoisted, stores, jnp.asarray(prompt),
+                                            jnp.asarray(pos), rows, seed, chunk=3, **kw)
+    assert int(stores[str(tokens_id)]["tok"][0, 0]) == int(tok0[0])
+    planted = (int(tok0[0]) + 7) % 47
+    stores[str(tokens_id)] = {"tok": jnp.full((1, 1), planted, jnp.int32)}
+    stores, tok1, _, logits = lm.builder.decode(hoisted, stores, jnp.asarray([3], jnp.int32),
+                                                jnp.int32(1), jnp.int32(3), rows, seed, **kw)
+    seq = jnp.asarray([[5, 9, 2, planted]], jnp.int32)
+    want = model(seq, jnp.arange(4, dtype=jnp.int32)[None], jnp.zeros_like(seq))[0, -1]
+    np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(want), atol=1e-4, rtol=0)
+    assert int(stores[str(tokens_id)]["tok"][0, 0]) == int(tok1[0]) == int(np.argmax(want))

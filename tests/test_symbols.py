@@ -21,6 +21,7 @@ from jaxrl_sym.symbols import (
     classify_access,
     compile_index,
     compile_int,
+    compile_jax,
     compile_numpy,
     evaluate_index,
     is_monotone,
@@ -495,6 +496,21 @@ def test_compile_numpy_matches_compile_int(
     out = fv(np.array(ts, dtype=np.int64), wv, bs[0])
     for i, tv in enumerate(ts):
         assert tuple(int(col[i]) for col in out) == fi(tv, wv, bs[0])
+
+
+def test_compile_jax_matches_compile_int_inside_jit(compiled_exprs) -> None:
+    """The device copy (a step program's live-slot count) is the same code over jax.numpy:
+    traced once, it agrees with the host's integer code for every input."""
+    import jax
+    import jax.numpy as jnp
+
+    fj = jax.jit(compile_jax(TABLE, _EXPRS, ["t", "w", "b"]))
+    ts = np.arange(-20, 21, dtype=np.int32)
+    for wv, bv in ((3, 4), (-2, 5), (7, -3)):
+        out = fj(jnp.asarray(ts), jnp.int32(wv), jnp.int32(bv))
+        assert all(o.dtype == jnp.int32 for o in out)
+        for i, tv in enumerate(ts):
+            assert tuple(int(col[i]) for col in out) == compiled_exprs[0](int(tv), wv, bv)
 
 
 _BOUNDED = [

@@ -18,7 +18,7 @@ import sympy
 from jaxrl_sym.errors import SymbolError
 from jaxrl_sym.ops.attention import Linear, Pattern
 from jaxrl_sym.pdg.ir import PDG
-from jaxrl_sym.symbols import IndexExpr, SymbolTable, classify_access, compile_int
+from jaxrl_sym.symbols import IndexExpr, SymbolTable, classify_access, compile_int, compile_jax
 
 KINDS = ("growing", "ring", "block", "state", "slot", "fixed")
 
@@ -109,14 +109,17 @@ def plan_storage(pdg: PDG, *, max_len: int | None = None) -> StoragePlan:
     return StoragePlan(tuple(stores))
 
 
-def live_count_fn(table: SymbolTable, plan: StorePlan, bindings: dict[str, int]):
-    """Compile (once) the number of live slots after writing step ``t``: plain integer code.
+def live_count_fn(table: SymbolTable, plan: StorePlan, bindings: dict[str, int], *,
+                  device: bool = False):
+    """Compile (once) the number of live slots after writing step ``t``.
 
-    growing/fixed: t+1; ring/block (a ring of ``capacity`` slots): min(t+1, capacity).
+    growing/fixed: t+1; ring/block (a ring of ``capacity`` slots): min(t+1, capacity). The host
+    loop uses the plain-integer version (growth decisions); with ``device=True`` the same source
+    runs over jax.numpy inside a step program (the slots a decode kernel reads).
     """
     t = table.sym("t")
     if plan.kind in ("ring", "block"):
         expr = sympy.Min(t + 1, plan.capacity_value(bindings))
     else:
         expr = t + 1
-    return compile_int(table, [expr], ["t"])
+    return (compile_jax if device else compile_int)(table, [expr], ["t"])

@@ -38,7 +38,7 @@ from jaxrl_sym.runtime.policy import (
     microbatches,
     next_pow2,
 )
-from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, store_specs
+from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, slot_specs, store_specs
 from jaxrl_sym.tracer.trace import trace_model
 
 
@@ -97,8 +97,9 @@ class SymbolicLM:
         self.plan: StoragePlan = plan_storage(self.pdg, max_len=max_len)
         self.bindings = self.program.binding_dict
         self.specs = store_specs(self.pdg, self.plan, self.bindings, self.backend)
-        self.builder = StepBuilder(self.pdg, self.specs, constant_values(self.program.consts),
-                                   self.backend)
+        self.builder = StepBuilder(self.pdg, self.specs,
+                                   slot_specs(self.pdg, self.plan, self.bindings),
+                                   constant_values(self.program.consts), self.backend)
         self.leaves = jax.tree_util.tree_leaves(state)
         self.min_capacity = min_capacity
         self.max_len = max_len
@@ -165,7 +166,7 @@ class SymbolicLM:
         elapsed = time.perf_counter() - t0
         dev_peak = device_peak_bytes()
         stats = {
-            "xla_compiles": cc.count,
+            "xla_compiles": cc.count, "compile_cache_hits": cc.cache_hits,
             "program_compiles": self.cache.compiles - compiles0,
             "compile_seconds": cc.seconds,
             "dispatches": self.cache.dispatches - disp0,

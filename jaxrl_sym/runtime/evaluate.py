@@ -3,8 +3,10 @@
 This runs only while JAX traces a jitted program (once per compiled shape), never per step: the
 resulting XLA program is the fused region. The sequence extent ``T`` is instantiated with the
 *chunk* length (1 for a decode step, the prompt bucket for prefill, the packed row length for a
-parallel forward) and ``B`` with the batch bucket. Attention nodes are delegated to a callback so
-the same evaluator serves store-backed decoding and the packed forward.
+parallel forward) and ``B`` with the batch bucket. Nodes the runtime executes itself — attention
+(against its store, or a packed kernel) and ``sample`` (token selection) — are delegated to
+handlers keyed by op, so the same evaluator serves store-backed decoding and the packed forward;
+a ``sample`` node without a handler is not evaluated (the packed forward samples nothing).
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 import numpy as np
 import sympy
 
 from jaxrl_sym.pdg.ir import PDG, Node
 
-AttentionFn = Callable[[Node, list[jax.Array]], jax.Array]
+Handler = Callable[[Node, list[Any]], Any]
+"""Runs one node: its array, or a tuple of outputs."""
 
 
 def instantiate(obj: Any, env: Mapping[sympy.Symbol, int]) -> Any:
@@ -47,7 +49,7 @@ def evaluate(
     pdg: PDG,
     values: dict[int, tuple[Any, ...]],
     extents: Mapping[str, int],
-    attention: AttentionFn,
+    handlers: Mapping[str, Handler],
     *,
     order: tuple[int, ...] | None = None,
     only: frozenset[int] | None = None,
@@ -55,7 +57,8 @@ def evaluate(
     """Compute every node not already in ``values`` (restricted to ``only`` if given).
 
     ``values`` maps node id → tuple of outputs and must hold the inputs (and, for a step program,
-    the hoisted static nodes). ``extents`` binds ``B`` and ``T``.
+    the hoisted static nodes). ``extents`` binds ``B`` and ``T``. ``handlers`` maps an op name
+    (``sym_attention``, ``sample``) to the runtime's implementation of that node.
     """
     env = {pdg.symbols.sym(k): v for k, v in extents.items()}
     vals = dict(values)
@@ -64,7 +67,8 @@ def evaluate(
         if nid in vals or (only is not None and nid not in only):
             continue
         node = pdg.node(nid)
-        if node.op in ("input", "weight", "sample"):
+        handler = handlers.get(node.op)
+        if node.op in ("input", "weight") or (node.op == "sample" and handler is None):
             continue
         args: list[Any] = [None] * node.n_inputs
         for port, lit in node.literals:
@@ -72,9 +76,13 @@ def evaluate(
         for e in in_edges[nid]:
             if e.kind == "data":
                 args[e.port] = vals[e.src][e.src_out]
-        if node.op == "sym_attention":
-            vals[nid] = (attention(node, args),)
+        if handler is not None:
+            out = handler(node, args)
+            vals[nid] = out if isinstance(out, tuple) else (out,)
             continue
+        if node.op == "sym_attention":
+            raise ValueError(f"attention node %{nid} ({node.source}) reached evaluate() without "
+                             "a 'sym_attention' handler")
         params = instantiate(node.params, env)
         out = node.prim.bind(*args, **params)
         vals[nid] = tuple(out) if node.prim.multiple_results else (out,)

@@ -1,8 +1,8 @@
 """One aligned microbatch decoding on device: the host loop as a small state object.
 
-:class:`DecodeGroup` owns the device state of a group (stores, the token fed back, positions,
-row ids) and its host bookkeeping (which request row sits in which batch slot, which rows are
-done). It makes no decision: before every dispatch it asks the pure policy
+:class:`DecodeGroup` owns the device state of a group (its stores, the fed-back token's slot
+included; positions; row ids) and its host bookkeeping (which request row sits in which batch
+slot, which rows are done). It makes no decision: before every dispatch it asks the pure policy
 (:func:`jaxrl_sym.runtime.policy.next_dispatch`) for the tile, the write slot, the row bucket and
 the store capacity, then carries them out — compaction, growth, one decode program.
 """
@@ -96,20 +96,18 @@ class DecodeGroup:
         (self.stores, tok, lp, lg), key = self.lm.run_program(
             "prefill", self.cfg, hoisted, self.stores, jax.device_put(tok_in),
             jax.device_put(pos_in), self.row_ids, self.seed, chunk=chunk)
-        self.last_tok = tok
         self._observe(key, step=0)
         return tok, lp, lg if self.cfg.return_logits else None, False
 
     def decode(self, hoisted: tuple[jax.Array, ...], d: Dispatch) -> tuple[Any, ...]:
         """One decode program: a single step, or a tile of ``d.tile`` steps."""
-        args = (hoisted, self.stores, self.last_tok, self.pos0, np.int32(d.step),
-                np.int32(d.write), self.row_ids, self.seed)
+        args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
+                self.row_ids, self.seed)
         if d.tile == 1:
             (self.stores, tok, lp, lg), key = self.lm.run_program("decode", self.cfg, *args)
-            self.last_tok = tok
         else:
-            (self.stores, self.last_tok, tok, lp, lg), key = self.lm.run_program(
-                "decode_tile", self.cfg, *args, k=d.tile)
+            (self.stores, tok, lp, lg), key = self.lm.run_program("decode_tile", self.cfg, *args,
+                                                                  k=d.tile)
         self.steps_done = d.step + d.tile - 1
         self._observe(key, step=self.steps_done)
         return tok, lp, lg if self.cfg.return_logits else None, d.tile > 1
@@ -131,7 +129,7 @@ class DecodeGroup:
                 out.lps[i].append(float(lp_h[j, slot]))
                 if out.logits is not None and lg_h is not None:
                     out.logits[i].append(lg_h[j, slot])
-                eos = self.cfg.eos_id is not None and tok_h[j, slot] == self.cfg.eos_id
+                eos = int(tok_h[j, slot]) in self.cfg.eos_ids
                 if eos or len(out.toks[i]) >= self.limits[slot]:
                     self.done[slot] = True
                     finished.append(i)
@@ -146,8 +144,8 @@ class DecodeGroup:
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items() if "pos" in s))
         filler = np.arange(rows) >= len(live)
         cargs = (self.stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
-                 self.last_tok, self.pos0, self.row_ids)
-        self.stores, self.last_tok, self.pos0, self.row_ids = self.lm.cache.run(
+                 self.pos0, self.row_ids)
+        self.stores, self.pos0, self.row_ids = self.lm.cache.run(
             ("compact", self.rows, rows, caps),
             lambda a=cargs: jax.jit(self.lm.builder.compact).lower(*a).compile(), *cargs)
         del cargs  # holds the pre-compaction stores: free them now, not at the next compaction

@@ -18,12 +18,14 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_sym.generation import select_tokens
-from jaxrl_sym.passes.storage import StoragePlan
+from jaxrl_sym.passes.storage import StoragePlan, live_count_fn
 from jaxrl_sym.pdg.ir import PDG
 from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
 from jaxrl_sym.runtime.metrics import executable_temp_bytes
 from jaxrl_sym.runtime.stores import (
     STORE_KINDS,
+    SlotSpec,
+    SlotStore,
     StoreSpec,
     take_rows,
 )
@@ -59,7 +61,7 @@ def store_specs(
     """Concrete layouts for every attention node's store."""
     out: dict[int, StoreSpec] = {}
     for sp in plan.stores:
-        if sp.kind not in STORE_KINDS:  # the feedback edge's slot: the step program's own carry
+        if sp.kind == "slot":  # the feedback edge: see slot_specs
             continue
         node = pdg.node(sp.node)
         ins = {e.port: pdg.node(e.src) for e in pdg.in_edges(node.id)}
@@ -69,17 +71,38 @@ def store_specs(
             hkv=int(k.shape[2]), d=int(k.shape[3]), dv=int(v.shape[3]),
             dtype=jnp.dtype(k.dtype), pattern=node.params["pattern"],
             scale=float(node.params["scale"]), softcap=float(node.params["softcap"]),
-            backend=backend,
+            backend=backend, live=live_count_fn(pdg.symbols, sp, bindings, device=True),
         )
+    return out
+
+
+def slot_specs(pdg: PDG, plan: StoragePlan, bindings: dict[str, int]) -> dict[int, SlotSpec]:
+    """The feedback edges' stores, keyed by the input each one feeds."""
+    out: dict[int, SlotSpec] = {}
+    for sp in plan.stores:
+        if sp.kind != "slot":
+            continue
+        (edge,) = (e for e in pdg.edges if e.kind == "feedback" and e.dst == sp.node)
+        kind = STORE_KINDS["slot"]
+        assert isinstance(kind, SlotStore)
+        out[sp.node] = SlotSpec(node=sp.node, source=edge.src,
+                                lag=int(sp.capacity_value(bindings) or 1), kind=kind)
     return out
 
 
 @dataclass(frozen=True)
 class StepBuilder:
-    """Pure functions (to be jitted) over a generation PDG and its store specs."""
+    """Pure functions (to be jitted) over a generation PDG and its stores.
+
+    A step program is "evaluate the PDG against these stores": attention nodes read and write
+    their :class:`StoreSpec` stores, the ``sample`` node selects the next token, and the feedback
+    edge's :class:`SlotSpec` store carries that token to the next step's tokens input. The host
+    passes no token back in: it only reads the sampled tokens out.
+    """
 
     pdg: PDG
     specs: dict[int, StoreSpec]
+    slots: dict[int, SlotSpec]
     consts: dict[int, tuple[Any, ...]]
     backend: str = "xla"
 
@@ -102,7 +125,7 @@ class StepBuilder:
         vals = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
         vals.update(self.consts)
         static = static_nodes(self.pdg)
-        vals = evaluate(self.pdg, vals, {}, _no_attention, only=static)
+        vals = evaluate(self.pdg, vals, {}, {"sym_attention": _no_attention}, only=static)
         return tuple(vals[nid][0] for nid in self.computed_boundary())
 
     def assemble(self, leaves: list[jax.Array], hoisted: tuple[jax.Array, ...]):
@@ -113,8 +136,10 @@ class StepBuilder:
         return tuple(by_id[nid] for nid in self.boundary)
 
     def init_stores(self, batch: int, capacity: int) -> dict[str, dict[str, jax.Array]]:
-        return {str(nid): spec.kind.init(spec, batch, spec.kind.capacity(spec, capacity))
-                for nid, spec in self.specs.items()}
+        stores = {str(nid): spec.kind.init(spec, batch, spec.kind.capacity(spec, capacity))
+                  for nid, spec in self.specs.items()}
+        stores.update({str(nid): sp.kind.init(sp, batch, sp.lag) for nid, sp in self.slots.items()})
+        return stores
 
     def prefill(self, hoisted, stores, tokens, positions, row_ids, seed, *, temperature: float,
                 want_logits: bool, chunk: int):
@@ -123,37 +148,38 @@ class StepBuilder:
         The first chunk (``P mod chunk`` slots, or ``chunk``) starts from empty stores; a scan
         feeds the rest through the stores as multi-slot steps, so only one chunk's
         ``[B, chunk, vocab]`` logits are alive (see :meth:`GenerationConfig.prefill_chunk`).
-        Token 0 is selected from the last chunk's last slot.
+        The prompt is the tokens input here (the feedback edge is not read); token 0 is sampled
+        from the last chunk's last slot and left in the slot store for decode step 1.
         """
         p = tokens.shape[1]
         first = p % chunk or chunk
-        steps = jnp.zeros(tokens.shape[:1], jnp.int32)
-        kw = dict(temperature=temperature, want_logits=want_logits)
-        out = self._chunk(hoisted, stores, tokens[:, :first], positions[:, :first],
-                          jnp.zeros((), jnp.int32), steps, row_ids, seed, fresh=True, **kw)
+        zero = jnp.zeros((), jnp.int32)
+        kw = dict(temperature=temperature, want_logits=want_logits, step=zero)
+        out = self._chunk(hoisted, stores, tokens[:, :first], positions[:, :first], zero, row_ids,
+                          seed, fresh=True, **kw)
         if first == p:
             return out
 
         def fill(st, start):
             sl = lambda x: lax.dynamic_slice_in_dim(x, start, chunk, axis=1)
-            st, tok, lp, lg = self._chunk(hoisted, st, sl(tokens), sl(positions), start, steps,
-                                          row_ids, seed, **kw)
+            st, tok, lp, lg = self._chunk(hoisted, st, sl(tokens), sl(positions), start, row_ids,
+                                          seed, **kw)
             return st, (tok, lp, lg)
 
         stores, (toks, lps, lgs) = lax.scan(fill, out[0], jnp.arange(first, p, chunk,
                                                                       dtype=jnp.int32))
         return stores, toks[-1], lps[-1], lgs[-1]
 
-    def decode(self, hoisted, stores, prev_tokens, pos0, step, write_index, row_ids, seed, *,
+    def decode(self, hoisted, stores, pos0, step, write_index, row_ids, seed, *,
                temperature: float, want_logits: bool):
-        """Decode step ``step`` (>= 1): feed back token step-1 (the t-1 feedback edge)."""
+        """Decode step ``step`` (>= 1): its tokens input is the feedback edge, read from the slot
+        store (the token step ``step-1`` sampled); returns (stores, tokens, log-probs, logits)."""
         positions = (pos0 + (step - 1))[:, None]
-        steps = jnp.full(prev_tokens.shape, step, jnp.int32)
-        return self._chunk(hoisted, stores, prev_tokens[:, None], positions, write_index, steps,
-                           row_ids, seed, temperature=temperature, want_logits=want_logits)
+        return self._chunk(hoisted, stores, None, positions, write_index, row_ids, seed,
+                           step=step, temperature=temperature, want_logits=want_logits)
 
-    def decode_tile(self, hoisted, stores, prev_tokens, pos0, step, write_index, row_ids, seed,
-                    *, temperature: float, want_logits: bool, k: int):
+    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, *,
+                    temperature: float, want_logits: bool, k: int):
         """Decode steps ``step .. step+k-1`` in one program (``lax.scan`` over :meth:`decode`).
 
         Why: a host-driven loop pays a dispatch and a device→host sync per token, which for
@@ -161,40 +187,44 @@ class StepBuilder:
         once; tokens a row samples after its EOS or limit inside a tile are discarded by the
         host (at most k-1 per row), and sampling is keyed by (seed, step, row), so the tokens
         are the ones k single steps would give. The host guarantees capacity for all k writes.
-        Returns (stores, last tokens [B], tokens [k, B], log-probs [k, B], logits [k, …]).
+        Returns (stores, tokens [k, B], log-probs [k, B], logits [k, …]).
         """
 
-        def body(carry, i):
-            st, tok = carry
-            st, tok, lp, lg = self.decode(hoisted, st, tok, pos0, step + i, write_index + i,
-                                          row_ids, seed, temperature=temperature,
-                                          want_logits=want_logits)
-            return (st, tok), (tok, lp, lg)
+        def body(st, i):
+            st, tok, lp, lg = self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids,
+                                          seed, temperature=temperature, want_logits=want_logits)
+            return st, (tok, lp, lg)
 
-        (stores, last), (toks, lps, lgs) = lax.scan(body, (stores, prev_tokens),
-                                                   jnp.arange(k, dtype=jnp.int32))
-        return stores, last, toks, lps, lgs
+        stores, (toks, lps, lgs) = lax.scan(body, stores, jnp.arange(k, dtype=jnp.int32))
+        return stores, toks, lps, lgs
 
     def _chunk(
         self,
         hoisted: tuple[jax.Array, ...],
         stores: dict[str, dict[str, jax.Array]],
-        tokens: jax.Array,
+        tokens: jax.Array | None,
         positions: jax.Array,
         write_index: jax.Array,
-        steps: jax.Array,
         row_ids: jax.Array,
         seed: jax.Array,
         *,
+        step: jax.Array,
         temperature: float,
         want_logits: bool,
         fresh: bool = False,
     ) -> tuple[Any, ...]:
-        """One chunk for every row: model forward on [B, c] with stores, then token selection."""
+        """One chunk of every row: evaluate the PDG against the stores, ``sample`` included.
+
+        ``tokens`` (a prompt chunk) is the tokens input; ``None`` reads it from the feedback
+        edge's slot store. ``step`` is the index of the token this chunk samples in each row's
+        response (0 for prefill): the slot it writes and the sampling key. A chunk samples only
+        its last position — earlier positions' samples would be replaced by the prompt.
+        """
         pdg = self.pdg
         vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
                                              zip(self.boundary, hoisted, strict=True)}
-        vals[pdg.input_id("tokens")] = (tokens,)
+        for nid, sp in self.slots.items():
+            vals[nid] = (sp.kind.read(sp, stores[str(nid)], step) if tokens is None else tokens,)
         vals[pdg.input_id("positions")] = (positions,)
         vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions),)
         new_stores: dict[str, dict[str, jax.Array]] = {}
@@ -206,20 +236,26 @@ class StepBuilder:
             new_stores[str(node.id)] = new
             return out
 
-        b, c = tokens.shape
-        logits_id = pdg.outputs[0]
-        out = evaluate(pdg, vals, {"B": b, "T": c}, attn, only=_dynamic(pdg))
-        logits = out[logits_id][0][:, -1].astype(jnp.float32)
-        tok, lp = select_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
-                                temperature=temperature)
+        def sample(node: Any, args: list[jax.Array]) -> tuple[jax.Array, ...]:
+            logits = args[0][:, -1].astype(jnp.float32)
+            steps = jnp.full(logits.shape[:1], step, jnp.int32)
+            tok, lp = select_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
+                                    temperature=temperature)
+            return tok, lp, logits
+
+        out = evaluate(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]},
+                       {"sym_attention": attn, "sample": sample}, only=_dynamic(pdg))
+        for nid, sp in self.slots.items():
+            new_stores[str(nid)] = sp.kind.write(sp, stores[str(nid)], out[sp.source][0], step)
+        tok, lp, logits = out[pdg.outputs[1]]
         return new_stores, tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
 
     @staticmethod
-    def compact(stores, rows, filler, tok, pos0, row_ids):
+    def compact(stores, rows, filler, pos0, row_ids):
         """Keep ``rows`` (finished rows dropped); filler slots get dead (negative) positions."""
         pos0 = jnp.where(filler, DEAD_POSITION, jnp.take(pos0, rows, axis=0))
-        return ({k: take_rows(s, rows) for k, s in stores.items()},
-                jnp.take(tok, rows, axis=0), pos0, jnp.take(row_ids, rows, axis=0))
+        return ({k: take_rows(s, rows) for k, s in stores.items()}, pos0,
+                jnp.take(row_ids, rows, axis=0))
 
     def forward(self, leaves: list[jax.Array], tokens: jax.Array, positions: jax.Array,
                 segment_ids: jax.Array, cu_seqlens: jax.Array | None = None) -> jax.Array:
@@ -252,7 +288,7 @@ class StepBuilder:
             # The primitive itself: masked by positions and segments, differentiable.
             return node.prim.bind(*args, **node.params)
 
-        out = evaluate(pdg, vals, {"B": r, "T": length}, attn)
+        out = evaluate(pdg, vals, {"B": r, "T": length}, {"sym_attention": attn})
         return out[pdg.outputs[0]][0]
 
 

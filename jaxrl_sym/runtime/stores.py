@@ -9,6 +9,8 @@ Layouts (per attention node, pytrees of arrays; batch axis first so rows can be 
   ``s mod C``. Slots are out of order; attention masks by stored *position*, so order is
   irrelevant and no contiguous copy (Tempo's 2×window trick) is needed.
 - state (linear attention): ``S [B, Hkv, D, Dv]``, ``z [B, Hkv, D]`` — the recurrence of Eq. 2.
+- slot (the generation loop's ``t-1`` feedback edge): ``tok [B, lag]``, the sampled tokens the
+  next steps read as their input.
 
 Each kind is a :class:`StoreKind` that owns its behaviour (init, chunk read/write, growth, the
 slots one step reads); :data:`STORE_KINDS` maps the storage plan's kind names to them. Adding a
@@ -18,6 +20,7 @@ program.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,6 +48,7 @@ class StoreSpec:
     scale: float
     softcap: float = 0.0  # attention-logit soft-capping (0 = none)
     backend: str = "xla"  # "xla" | "triton": who computes single-token decode attention
+    live: Callable[[jax.Array], tuple[jax.Array]] | None = None  # the plan's live-slot count
 
     @property
     def triton_decode(self) -> bool:
@@ -183,7 +187,7 @@ class GrowingStore(StoreKind):
             return _fresh(spec, store, args)
         new = _write(store, k, v, k_pos, write_index)
         if spec.triton_decode and q.shape[1] == 1:
-            return _triton_decode(spec, new, q, q_pos, live=write_index + 1), new
+            return _triton_decode(spec, new, q, q_pos, write_index), new
         return _masked(spec, q, q_pos, new), new  # write first, then one masked pass
 
     def grow(self, store, capacity):
@@ -224,8 +228,7 @@ class RingStore(StoreKind):
         if c == 1:
             new = _write(store, k, v, k_pos, write_index % cap)
             if spec.triton_decode:
-                live = jnp.minimum(write_index + 1, cap)
-                return _triton_decode(spec, new, q, q_pos, live=live), new
+                return _triton_decode(spec, new, q, q_pos, write_index), new
             return _masked(spec, q, q_pos, new), new
         # A chunk longer than one step: attend over ring ∪ chunk, then keep the chunk's tail.
         joined = {"k": jnp.concatenate([store["k"], k.astype(store["k"].dtype)], axis=1),
@@ -270,18 +273,63 @@ class StateStore(StoreKind):
         return 1
 
 
+@dataclass(frozen=True)
+class SlotSpec:
+    """The feedback edge's store (``tok[t] = sample(logits[t-lag])``): which input it feeds,
+    which node's output it keeps and for how many steps. Static: part of the compile key."""
+
+    node: int  # the input node the edge feeds (the tokens)
+    source: int  # the node whose output is fed back (sample)
+    lag: int
+    kind: SlotStore
+
+
+class SlotStore(StoreKind):
+    """The feedback edge: ``tok [B, lag]`` int32, a ring of the last ``lag`` sampled tokens of
+    each row. Sample ``s`` is written to slot ``s mod lag``; decode step ``s`` reads sample
+    ``s - lag`` from the same slot before the step overwrites it. The generation loop's edge has
+    lag 1: the token fed to step ``s`` is the one step ``s - 1`` sampled. Compaction keeps its
+    rows like any store's, so the host never holds the fed-back token."""
+
+    name = "slot"
+
+    def init(self, spec, batch, capacity):
+        return {"tok": jnp.zeros((batch, spec.lag), jnp.int32)}
+
+    def read(self, spec: SlotSpec, store: Store, step: jax.Array) -> jax.Array:
+        """The fed-back input for decode step ``step``: ``[B, 1]`` tokens."""
+        return lax.dynamic_index_in_dim(store["tok"], step % spec.lag, axis=1, keepdims=True)
+
+    def write(self, spec: SlotSpec, store: Store, value: jax.Array, step: jax.Array) -> Store:
+        """Keep sample ``step`` (``[B]``) for the step ``lag`` later."""
+        zero = jnp.zeros((), jnp.int32)
+        return {"tok": lax.dynamic_update_slice(store["tok"], value[:, None].astype(jnp.int32),
+                                                (zero, step % spec.lag))}
+
+    def attend(self, spec, store, args, write_index, *, fresh):
+        raise TypeError("a slot store feeds a token back; it holds no keys")
+
+    def slots(self, spec, capacity):
+        return 0
+
+
 STORE_KINDS: dict[str, StoreKind] = {
-    k.name: k for k in (GrowingStore(), FixedStore(), RingStore(), BlockStore(), StateStore())}
+    k.name: k for k in (GrowingStore(), FixedStore(), RingStore(), BlockStore(), StateStore(),
+                        SlotStore())}
 """The runtime's store table: the storage plan's kind name → its behaviour."""
 
 
 def _triton_decode(spec: StoreSpec, new: Store, q: jax.Array, q_pos: jax.Array,
-                   live: jax.Array) -> jax.Array:
-    """Single-token decode through the Triton kernel, reading only the ``live`` slots (a device
-    value from ``write_index``: the planner's live-count expression), so one compiled program
-    serves every step of a capacity bucket. ``new`` already holds this step's entry."""
+                   write_index: jax.Array) -> jax.Array:
+    """Single-token decode through the Triton kernel, reading only the live slots: the plan's
+    live-count expression (``spec.live``, compiled from sympy once) of the device-side
+    ``write_index``, so one compiled program serves every step of a capacity bucket. ``new``
+    already holds this step's entry."""
     from jaxrl_sym.backends import triton_ops  # imported only when this backend is chosen
 
+    if spec.live is None:
+        raise ValueError(f"store of attention node %{spec.node}: no live-count function planned")
+    (live,) = spec.live(write_index)
     n_live = jnp.full((q.shape[0],), live, jnp.int32)
     out = triton_ops.decode_attention(q[:, 0], new["k"], new["v"], new["pos"], q_pos[:, 0],
                                       n_live, **spec.scoring())

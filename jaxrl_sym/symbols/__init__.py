@@ -22,7 +22,8 @@ Modules, each depending only on those above it:
 
 * :mod:`.expressions` -- ``Point``/``Range`` index expressions and shared sympy helpers;
 * :mod:`.prover` -- the prover and exact upper bounds, over bare hypotheses;
-* :mod:`.codegen` -- ``compile_int``/``compile_numpy``/``compile_index``/``evaluate_index``;
+* :mod:`.codegen` -- ``compile_int``/``compile_numpy``/``compile_jax``/``compile_index``/
+  ``evaluate_index``;
 * :mod:`.table` -- ``Dim``, ``SymbolTable`` (parsing, checking, proving) and ``parse_index``;
 * :mod:`.access` -- ``classify_access``/``is_monotone``: what storage planning asks.
 """
@@ -32,6 +33,7 @@ from jaxrl_sym.symbols.codegen import (
     CompiledFn,
     compile_index,
     compile_int,
+    compile_jax,
     compile_numpy,
     evaluate_index,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "classify_access",
     "compile_index",
     "compile_int",
+    "compile_jax",
     "compile_numpy",
     "evaluate_index",
     "is_monotone",

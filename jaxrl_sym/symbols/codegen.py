@@ -191,7 +191,7 @@ def _numpy_prologue(args: Sequence[str]) -> list[str]:
     return lines
 
 
-def _exec(src: str, mode: str) -> Any:
+def _exec(src: str, mode: str, array_module: Any = np) -> Any:
     """Run the generated source in a namespace holding only what it may call."""
     ns: dict[str, Any] = {
         "__builtins__": {
@@ -203,15 +203,17 @@ def _exec(src: str, mode: str) -> Any:
             "tuple": tuple,
         },
         "_F": Fraction,
-        "_np": np,
+        "_np": array_module,
         "_bad_dtype": _bad_dtype,
     }
     exec(compile(src, f"<jaxrl_sym {mode} code>", "exec"), ns)
     return ns["_jaxrl_sym_compiled"]
 
 
-def build(table: ExprParser, exprs: Sequence[Any], args: Sequence[str], *, mode: str) -> CompiledFn:
-    """Print ``exprs`` once, ``exec`` the source, return the function (see compile_int)."""
+def build(table: ExprParser, exprs: Sequence[Any], args: Sequence[str], *, mode: str,
+          array_module: Any = np) -> CompiledFn:
+    """Print ``exprs`` once, ``exec`` the source, return the function (see compile_int).
+    ``array_module`` is what numpy-mode code calls as ``_np`` (numpy, or jax.numpy)."""
     args = list(args)
     if len(set(args)) != len(args):
         raise SymbolError(f"duplicate argument names in {args}")
@@ -231,7 +233,7 @@ def build(table: ExprParser, exprs: Sequence[Any], args: Sequence[str], *, mode:
     tail = "," if len(body) == 1 else ""
     lines.append(f"    return ({', '.join(body)}{tail})")
     src = "\n".join(lines) + "\n"
-    fn = _exec(src, mode)
+    fn = _exec(src, mode, array_module)
     fn.source = src
     fn.args = tuple(args)
     return fn
@@ -261,6 +263,18 @@ def compile_numpy(
     gives 0 with a RuntimeWarning instead of raising.
     """
     return build(table, exprs, args, mode="numpy")
+
+
+def compile_jax(
+    table: ExprParser, exprs: Sequence[sympy.Expr | str | int], args: Sequence[str]
+) -> CompiledFn:
+    """:func:`compile_numpy`'s code over ``jax.numpy``: for a value a jitted program computes
+    from device scalars (a live-slot count from the step's write index), traced once with the
+    program. Same source as the host's numpy version, so host and device agree by construction.
+    """
+    import jax.numpy as jnp  # here: the symbols layer needs JAX only for this
+
+    return build(table, exprs, args, mode="numpy", array_module=jnp)
 
 
 def compile_index(table: ExprParser, ix: IndexExpr, args: Sequence[str]) -> CompiledFn:
