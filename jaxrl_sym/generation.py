@@ -61,6 +61,19 @@ def _int_at_least(value: Any, name: str, minimum: int = 1) -> int:
     return v
 
 
+def _eos(value: Any) -> int | tuple[int, ...]:
+    """``eos_id`` as one int >= 0 or a non-empty tuple of distinct ints >= 0."""
+    if (isinstance(value, Sequence) and not isinstance(value, str | bytes)) or \
+            (isinstance(value, np.ndarray) and value.ndim > 0):
+        ids = tuple(_int_at_least(v, "eos_id", minimum=0) for v in value)
+        if not ids:
+            raise InputError("eos_id=(): give at least one id, or None for no EOS")
+        if len(set(ids)) != len(ids):
+            raise InputError(f"eos_id={ids}: an id is repeated")
+        return ids
+    return _int_at_least(value, "eos_id", minimum=0)
+
+
 def _limits(value: Any) -> int | tuple[int, ...]:
     """``max_new_tokens`` as one int or a tuple of ints, each >= 1 (a row must allow a token)."""
     name = "max_new_tokens"
@@ -94,8 +107,9 @@ class GenerationConfig:
     max_new_tokens: per-row limit (int for all rows, or one int per row, each >= 1; NumPy
       integers are accepted and stored as Python ints, a sequence as a tuple). A row ends at its
       limit or after emitting ``eos_id``, whichever comes first.
-    eos_id: token id that ends a row (an int >= 0; checked against the vocabulary at generation)
-      or None.
+    eos_id: token id that ends a row (an int >= 0; checked against the vocabulary at generation),
+      several ids (a sequence: a row ends at the first of any of them — Llama 3 and Qwen
+      instruct checkpoints have two or three) or None. :attr:`eos_ids` is always a tuple.
     temperature: 0 means greedy (argmax); > 0 samples from softmax(logits / temperature) with a key
       derived from (seed, row index, step), identical in every system. Must be finite.
     seed: any integer; stored as ``seed mod 2**32`` (see :func:`seed32`), the value every system
@@ -107,7 +121,7 @@ class GenerationConfig:
     """
 
     max_new_tokens: int | tuple[int, ...]
-    eos_id: int | None = None
+    eos_id: int | tuple[int, ...] | None = None
     temperature: float = 0.0
     seed: int = 0
     max_len: int | None = None
@@ -129,7 +143,7 @@ class GenerationConfig:
         put("temperature", _temperature(self.temperature))
         put("seed", seed32(self.seed))
         if self.eos_id is not None:
-            put("eos_id", _int_at_least(self.eos_id, "eos_id", minimum=0))
+            put("eos_id", _eos(self.eos_id))
         if self.max_len is not None:
             put("max_len", _int_at_least(self.max_len, "max_len"))
         if not isinstance(self.return_logits, bool | np.bool_):
@@ -137,6 +151,13 @@ class GenerationConfig:
         put("return_logits", bool(self.return_logits))
         put("prefill_logits_bytes",
             _int_at_least(self.prefill_logits_bytes, "prefill_logits_bytes"))
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every id that ends a row (empty: rows end at their limits only)."""
+        if self.eos_id is None:
+            return ()
+        return self.eos_id if isinstance(self.eos_id, tuple) else (self.eos_id,)
 
     def prefill_chunk(self, rows: int, prompt_len: int, vocab: int) -> int:
         """Prompt slots per prefill chunk: all of them when their logits fit
@@ -207,8 +228,9 @@ def validate_prompts(
                 f"max_len={cfg.max_len}. Shorten the prompt, lower max_new_tokens or raise max_len."
             )
         out.append(a.astype(np.int32))
-    if cfg.eos_id is not None and not 0 <= cfg.eos_id < vocab_size:
-        raise InputError(f"eos_id={cfg.eos_id} is outside the vocabulary [0, {vocab_size})")
+    for e in cfg.eos_ids:
+        if not 0 <= e < vocab_size:
+            raise InputError(f"eos_id={e} is outside the vocabulary [0, {vocab_size})")
     if cfg.temperature < 0:
         raise InputError(f"temperature={cfg.temperature} must be >= 0 (0 = greedy)")
     return out

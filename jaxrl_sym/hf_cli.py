@@ -241,9 +241,9 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
     else:
         eos = tuple(args.eos_id) if args.eos_id else find_eos_ids(
             args.model, text.tokenizer if text else None)
-    # The systems stop a row at one id; rows are cut at the first of any other id afterwards
-    # (sampling keys depend on (seed, row, step) only, so the kept prefix is the same tokens).
-    gcfg = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_id=eos[0] if eos else None,
+    # Every system stops a row at the first of any EOS id; the cut below only re-derives the
+    # row's end (and is a no-op on their output).
+    gcfg = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_id=eos or None,
                             temperature=args.temperature, seed=args.seed)
     res = generator(args.system, model)([_np_ids(p) for p in prompts], gcfg)
     rows = []

@@ -164,3 +164,34 @@ def test_sequence_logprobs_errors(model) -> None:
         padded_sequence_logprobs(model, [np.array([1])], [np.array([99])])
     out = padded_sequence_logprobs(model, [np.array([1, 2])], [np.array([], np.int32)])
     assert out[0].shape == (0,)
+
+
+def test_several_eos_ids_end_a_row_at_the_first_of_any_in_every_system(model) -> None:
+    """Instruct checkpoints end turns at two or three ids (Llama 3: <|eot_id|>, <|end_of_text|>).
+    Oracle: the no-EOS greedy rows cut by hand at the first position holding either id."""
+    from jaxrl_sym.runtime.engine import SymbolicLM
+
+    prompts = _prompts((3, 7, 5, 1), 4)
+    free = padded_generate(model, prompts, GenerationConfig(max_new_tokens=12)).tokens
+    counts = np.bincount(np.concatenate(free), minlength=64)
+    a, b = (int(x) for x in np.argsort(-counts)[:2])  # the two commonest tokens
+    cfg = GenerationConfig(max_new_tokens=12, eos_id=[a, b])
+    assert cfg.eos_ids == (a, b)
+    want = []
+    for r in free:
+        hits = np.nonzero(np.isin(r, (a, b)))[0]
+        want.append(r[: hits[0] + 1] if hits.size else r)
+    assert any(len(w) < 12 for w in want) and len({len(w) for w in want}) > 1
+    runs = {"padded": padded_generate(model, prompts, cfg),
+            "pershape": pershape_generate(model, prompts, cfg),
+            "sym": SymbolicLM(model, min_capacity=4).generate(prompts, cfg)}
+    for name, res in runs.items():
+        for i, w in enumerate(want):
+            np.testing.assert_array_equal(res.tokens[i], w, err_msg=f"{name} row {i}")
+
+
+@pytest.mark.parametrize(("eos", "msg"), [((), "at least one"), ((3, 3), "repeated"),
+                                          ((1, -2), ">= 0")])
+def test_bad_eos_id_lists_are_refused(eos, msg) -> None:
+    with pytest.raises(InputError, match=msg):
+        GenerationConfig(max_new_tokens=4, eos_id=eos)

@@ -113,7 +113,8 @@ def trim_rows(
     return toks, lps, lgs
 
 
-def row_lengths(tokens: np.ndarray, limits: np.ndarray, eos_id: int | None) -> np.ndarray:
+def row_lengths(tokens: np.ndarray, limits: np.ndarray,
+                eos_ids: int | tuple[int, ...] | None) -> np.ndarray:
     """Response length per row: up to and including the first EOS, else its limit.
 
     tokens: [N, B] generated tokens (every row decoded for N >= its limit steps, or until all
@@ -121,9 +122,10 @@ def row_lengths(tokens: np.ndarray, limits: np.ndarray, eos_id: int | None) -> n
     """
     n, b = tokens.shape
     lengths = np.minimum(limits, n).astype(np.int64)
-    if eos_id is not None:
+    ids = np.asarray(() if eos_ids is None else eos_ids, np.int64).reshape(-1)
+    if ids.size:
         for i in range(b):
-            hits = np.nonzero(tokens[: lengths[i], i] == eos_id)[0]
+            hits = np.nonzero(np.isin(tokens[: lengths[i], i], ids))[0]
             if hits.size:
                 lengths[i] = hits[0] + 1
     return lengths
@@ -152,7 +154,7 @@ def _build_program(
     c = int(prefill.jaxpr.in_avals[-1].shape[1])
     first = head if head is not None else prefill
     f = int(first.jaxpr.in_avals[-1].shape[1])  # slots of the first chunk
-    eos = gen.eos_id
+    eos = gen.eos_ids
     temperature = float(gen.temperature)
     seed = int(gen.seed)
     want_logits = gen.return_logits
@@ -170,7 +172,9 @@ def _build_program(
 
         def finished(tok: jax.Array, step: jax.Array) -> jax.Array:
             hit = step + 1 >= limits
-            return hit | (tok == eos) if eos is not None else hit
+            for e in eos:
+                hit = hit | (tok == e)
+            return hit
 
         logits, caches = first(state, tokens[:, :f], positions[:, :f], seg[:, :f], None,
                                new_cache=new_cache, cache_index=0)
@@ -262,7 +266,7 @@ def padded_generate(
                                host["lengths"])
     dev_peak = device_peak_bytes()
     stats = {
-        "xla_compiles": counter.count,
+        "xla_compiles": counter.count, "compile_cache_hits": counter.cache_hits,
         "peak_bytes": dev_peak if dev_peak is not None else meter.peak,
         "accounted_bytes": meter.peak,
         "compile_seconds": compile_seconds,

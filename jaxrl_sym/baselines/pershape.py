@@ -122,8 +122,8 @@ def pershape_generate(
         dispatches = 1
         for s in range(1, n + 1):
             done |= s >= limits
-            if cfg.eos_id is not None:
-                done |= tok_host == cfg.eos_id
+            if cfg.eos_ids:
+                done |= np.isin(tok_host, cfg.eos_ids)
             if done.all() or s == n:
                 break
             if s % _RELEASE_EVERY == 0:
@@ -153,11 +153,11 @@ def pershape_generate(
         tok_np = np.stack([np.asarray(t) for t in toks])
         lp_np = np.stack([np.asarray(x) for x in lps])
         lg_np = np.stack([np.asarray(x) for x in lgs]) if cfg.return_logits else None
-    lengths = row_lengths(tok_np, limits, cfg.eos_id)
+    lengths = row_lengths(tok_np, limits, cfg.eos_ids)
     out_toks, out_lps, out_lgs = trim_rows(tok_np, lp_np, lg_np, lengths)
     dev_peak = device_peak_bytes()
     stats = {
-        "xla_compiles": counter.count,
+        "xla_compiles": counter.count, "compile_cache_hits": counter.cache_hits,
         "peak_bytes": dev_peak if dev_peak is not None else meter.peak,
         "accounted_bytes": meter.peak,
         "compile_seconds": compile_seconds,
