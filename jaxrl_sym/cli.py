@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_sym.compile_cache import configure_environment
 from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read by bench/
     DECODE_CPU,
     PROGRESS_PREFIX,
@@ -485,6 +486,9 @@ def _refuse(p: _Parser, cmd: str, errors: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``jaxrl-sym``: parse, check every flag, then (only then) do the work."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Before JAX is imported anywhere: this process and its children share the persistent
+    # compilation cache (``JAXRL_SYM_COMPILE_CACHE=off`` or a directory; see compile_cache).
+    configure_environment()
     if argv[:1] == [INTERNAL]:
         return _child(argv[1:])
     if argv[:1] == [ESTIMATE]:

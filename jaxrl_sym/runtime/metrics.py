@@ -11,29 +11,44 @@ import jax
 import jax.monitoring as monitoring
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class CompileCounter:
-    """Counts XLA backend compiles (every one: jitted programs and eager ops alike) while active.
+    """Counts XLA backend compiles (every one: jitted programs and eager ops alike) while active,
+    and programs loaded from the persistent compilation cache instead (``cache_hits``: no
+    backend compile happens for them, see :mod:`jaxrl_sym.compile_cache`).
 
-    Uses JAX's public monitoring listener API; the listener is removed on exit.
+    Uses JAX's public monitoring listener API; the listeners are removed on exit.
     """
 
     def __init__(self) -> None:
-        self.count = 0
+        self.requests = 0  # backend compile requests, cache hits included (JAX times both)
         self.seconds = 0.0
+        self.cache_hits = 0
+
+    @property
+    def count(self) -> int:
+        """Programs XLA actually compiled (requests not served from the persistent cache)."""
+        return self.requests - self.cache_hits
 
     def _listener(self, event: str, duration: float, **_: object) -> None:
         if event == _COMPILE_EVENT:
-            self.count += 1
+            self.requests += 1
             self.seconds += duration
+
+    def _hits(self, event: str, **_: object) -> None:
+        if event == _CACHE_HIT_EVENT:
+            self.cache_hits += 1
 
     def __enter__(self) -> CompileCounter:
         monitoring.register_event_duration_secs_listener(self._listener)
+        monitoring.register_event_listener(self._hits)
         return self
 
     def __exit__(self, *exc: object) -> None:
         monitoring.unregister_event_duration_listener(self._listener)
+        monitoring.unregister_event_listener(self._hits)
 
 
 def tree_bytes(tree: object) -> int:
