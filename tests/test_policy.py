@@ -15,7 +15,7 @@ from zoo import zoo
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.policy import GroupShape, next_dispatch, replay
+from jaxrl_sym.runtime.policy import GroupShape, microbatches, next_dispatch, replay
 
 requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=12)
 
@@ -76,6 +76,41 @@ def test_engine_dispatches_what_the_policy_replays() -> None:
             want += (d.rows < rows) + (d.capacity > cap) * len(lm.growing)
             rows, cap = d.rows, d.capacity
     assert lm.cache.dispatches - d0 == want
+    # The engine's own log of work: every position it computed is needed or has one cause.
+    st = res.stats
+    assert st["needed_positions"] == sum(p + n - 1 for p, n in zip(lens, limits, strict=True))
+    computed = sum(shape.rows * shape.prompt_slots + sum(d.rows * d.tile for d in ds)
+                   for shape, ds in replay(lens, limits, min_capacity=8, tile=4))
+    assert st["token_positions"] == computed
+    by_cause = st["waste_by_cause"]
+    assert abs(sum(by_cause.values()) - st["waste_fraction"]) < 1e-12
+    align = 0
+    for g in microbatches(lens, limits, max_rows=None, max_pad_fraction=lm.max_pad_fraction):
+        pcap = GroupShape.plan([lens[i] for i in g], [limits[i] for i in g],
+                               min_capacity=8).prompt_slots
+        align += sum(pcap - lens[i] for i in g)
+    assert round(by_cause["prompt_alignment"] * computed) == align > 0
+    assert by_cause["tile_overrun"] > 0 and by_cause["row_bucket"] > 0
+
+
+def test_work_log_counts_rows_that_end_at_eos_inside_a_tile() -> None:
+    """Rows stopped by EOS (not by their limit) end mid-tile and wait for compaction: the log
+    books those steps as tile overrun and finished rows, and the totals still add up."""
+    m = zoo()["gpt2"]
+    prompts = [np.array([1, 2, 3], np.int32), np.array([4, 5], np.int32),
+               np.array([6], np.int32), np.array([7, 8, 9, 10], np.int32)]
+    free = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(
+        prompts, GenerationConfig(max_new_tokens=24)).tokens
+    eos = int(free[0][5])  # row 0 ends at its 6th token; others wherever it appears
+    res = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(
+        prompts, GenerationConfig(max_new_tokens=24, eos_id=eos))
+    st = res.stats
+    assert len(res.tokens[0]) == 6 <= min(len(t) for t in free)
+    assert st["needed_positions"] == sum(len(p) + len(t) - 1
+                                         for p, t in zip(prompts, res.tokens, strict=True))
+    wasted = st["token_positions"] - st["needed_positions"]
+    assert wasted == round(sum(st["waste_by_cause"].values()) * st["token_positions"])
+    assert st["waste_by_cause"]["tile_overrun"] > 0
 
 
 def test_max_len_stores_hold_the_prompt_blocks_padding() -> None:

@@ -29,7 +29,13 @@ from jaxrl_sym.passes.generation import add_generation_loop
 from jaxrl_sym.passes.storage import StoragePlan, live_count_fn, plan_storage
 from jaxrl_sym.runtime.evaluate import constant_values
 from jaxrl_sym.runtime.group import DecodeGroup, Outputs
-from jaxrl_sym.runtime.metrics import CompileCounter, MemoryMeter, device_peak_bytes, tree_bytes
+from jaxrl_sym.runtime.metrics import (
+    CompileCounter,
+    MemoryMeter,
+    WorkLog,
+    device_peak_bytes,
+    tree_bytes,
+)
 from jaxrl_sym.runtime.policy import (
     DEFAULT_DECODE_TILE,
     DEFAULT_MAX_PAD_FRACTION,
@@ -39,6 +45,7 @@ from jaxrl_sym.runtime.policy import (
     next_pow2,
 )
 from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, slot_specs, store_specs
+from jaxrl_sym.sharding import make_mesh, tree_shardings
 from jaxrl_sym.tracer.trace import trace_model
 
 
@@ -73,6 +80,12 @@ class SymbolicLM:
         ``auto``.
       decode_tile: decode steps per dispatch (one device→host sync per tile; rows that end
         inside a tile waste at most ``decode_tile - 1`` steps). 1: a dispatch per token.
+      mesh: a ``jax.sharding.Mesh`` (or ``"data=4"`` / a :class:`~jaxrl_sym.sharding.MeshConfig`):
+        weights are placed by :mod:`jaxrl_sym.sharding`'s rule and every program keeps its
+        stores' rows split over the data axes, so XLA partitions each step; the host loop is
+        unchanged (it reads lengths and tokens back as before). A row bucket the data axes do
+        not divide runs with its stores unsplit (the policy's buckets are powers of two, so
+        that is only a group smaller than the data axes).
     """
 
     def __init__(
@@ -85,6 +98,7 @@ class SymbolicLM:
         max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION,
         backend: str = "xla",
         decode_tile: int = DEFAULT_DECODE_TILE,
+        mesh: Any = None,
     ) -> None:
         if decode_tile < 1:
             raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
@@ -99,8 +113,10 @@ class SymbolicLM:
         self.specs = store_specs(self.pdg, self.plan, self.bindings, self.backend)
         self.builder = StepBuilder(self.pdg, self.specs,
                                    slot_specs(self.pdg, self.plan, self.bindings),
-                                   constant_values(self.program.consts), self.backend)
-        self.leaves = jax.tree_util.tree_leaves(state)
+                                   constant_values(self.program.consts), self.backend,
+                                   mesh=make_mesh(mesh))
+        self.mesh = self.builder.mesh
+        self.leaves = self._place(jax.tree_util.tree_leaves(state))
         self.min_capacity = min_capacity
         self.max_len = max_len
         self.microbatch_rows = microbatch_rows
@@ -119,8 +135,15 @@ class SymbolicLM:
     # ------------------------------------------------------------------ parameters
     def set_params(self, state: Any) -> None:
         """Swap in new parameters (same structure); hoisted values are recomputed lazily."""
-        self.leaves = jax.tree_util.tree_leaves(state)
+        self.leaves = self._place(jax.tree_util.tree_leaves(state))
         self._hoisted = None
+
+    def _place(self, leaves: list[Any]) -> list[Any]:
+        """On a mesh, weights go where the sharding rule puts them (a no-op when a trainer on
+        the same mesh already placed them); without one, untouched."""
+        if self.mesh is None:
+            return leaves
+        return jax.device_put(leaves, tree_shardings(leaves, self.mesh))
 
     def _hoist(self) -> tuple[jax.Array, ...]:
         if self._hoisted is None:
@@ -159,10 +182,13 @@ class SymbolicLM:
             hoisted = self._hoist()
             weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
             out = Outputs(toks, lps, logits, on_progress)
-            for group in microbatches(lengths, limits, max_rows=self.microbatch_rows,
-                                      max_pad_fraction=self.max_pad_fraction):
-                DecodeGroup(self, group, prompts, limits, cfg, meter, weights_bytes).run(
-                    hoisted, out, on_finished)
+            work = WorkLog()
+            groups = microbatches(lengths, limits, max_rows=self.microbatch_rows,
+                                  max_pad_fraction=self.max_pad_fraction)
+            for group in groups:
+                dg = DecodeGroup(self, group, prompts, limits, cfg, meter, weights_bytes)
+                dg.run(hoisted, out, on_finished)
+                work.merge(dg.work)
         elapsed = time.perf_counter() - t0
         dev_peak = device_peak_bytes()
         stats = {
@@ -174,6 +200,8 @@ class SymbolicLM:
             "accounted_peak_bytes": meter.peak,
             "run_seconds": elapsed,
             "generated_tokens": int(sum(len(t) for t in toks)),
+            "groups": len(groups),
+            **work.report(),
         }
         return GenerationResult(
             tokens=[np.asarray(t, np.int32) for t in toks],

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jaxrl_sym.generation import GenerationConfig
-from jaxrl_sym.runtime.metrics import MemoryMeter, tree_bytes
+from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
 from jaxrl_sym.runtime.policy import Dispatch, GroupShape, next_dispatch
 from jaxrl_sym.runtime.programs import DEAD_POSITION
 
@@ -54,6 +54,8 @@ class DecodeGroup:
         self.limits[:len(group)] = [limits[i] for i in group]
         self.done = self.ids < 0
         self.prompts = prompts
+        self.work = WorkLog()
+        self._tile = 0  # steps of the dispatch whose tokens ``collect`` reads next (0: prefill)
         self.seed = jax.device_put(np.uint32(cfg.seed))
         self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
         pos0 = np.full((b,), DEAD_POSITION, np.int32)
@@ -92,6 +94,12 @@ class DecodeGroup:
                 p = self.prompts[i]
                 tok_in[slot, pcap - len(p):] = p
                 pos_in[slot, pcap - len(p):] = np.arange(len(p))
+        lens = [len(self.prompts[i]) for i in self.ids if i >= 0]
+        self.work.computed += b * pcap
+        self.work.needed += sum(lens)
+        self.work.add("prompt_alignment", sum(pcap - n for n in lens))
+        self.work.add("row_bucket", (b - len(lens)) * pcap)
+        self._tile = 0
         chunk = self.cfg.prefill_chunk(b, pcap, self.lm.vocab_size)
         (self.stores, tok, lp, lg), key = self.lm.run_program(
             "prefill", self.cfg, hoisted, self.stores, jax.device_put(tok_in),
@@ -101,6 +109,11 @@ class DecodeGroup:
 
     def decode(self, hoisted: tuple[jax.Array, ...], d: Dispatch) -> tuple[Any, ...]:
         """One decode program: a single step, or a tile of ``d.tile`` steps."""
+        filler = int((self.ids < 0).sum())
+        self.work.computed += d.rows * d.tile
+        self.work.add("row_bucket", filler * d.tile)
+        self.work.add("finished_rows", (int(self.done.sum()) - filler) * d.tile)
+        self._tile = d.tile
         args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
                 self.row_ids, self.seed)
         if d.tile == 1:
@@ -122,6 +135,8 @@ class DecodeGroup:
         tok_h, lp_h, lg_h = (None if x is None else np.asarray(x) if tiled
                              else np.asarray(x)[None] for x in arrays)
         finished: list[int] = []
+        live = np.nonzero(~self.done)[0]
+        before = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
         for j in range(tok_h.shape[0]):
             for slot in np.nonzero(~self.done)[0]:
                 i = int(self.ids[slot])
@@ -133,6 +148,10 @@ class DecodeGroup:
                 if eos or len(out.toks[i]) >= self.limits[slot]:
                     self.done[slot] = True
                     finished.append(i)
+        if self._tile:  # a decode dispatch: each emitted token was one needed position
+            used = sum(len(out.toks[int(self.ids[s])]) - n for s, n in before.items())
+            self.work.needed += used
+            self.work.add("tile_overrun", len(before) * self._tile - used)
         if out.progress is not None:
             out.progress(sum(len(t) for t in out.toks))
         if finished and on_finished is not None:

@@ -105,3 +105,42 @@ def device_peak_bytes() -> int | None:
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux reports KiB)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+WASTE_CAUSES = ("prompt_alignment", "row_bucket", "finished_rows", "tile_overrun")
+
+
+@dataclass
+class WorkLog:
+    """Token positions the decode groups pushed through the model, and why each wasted one was.
+
+    Written by the engine while it runs (:class:`jaxrl_sym.runtime.group.DecodeGroup`), not
+    replayed: one entry per prefill and per decode dispatch. A token position is one
+    (row slot, position) of a program's batch. Needed: each row's prompt tokens and every token
+    it emitted after the first (each was fed back once). Every other position is wasted, by cause:
+
+    - ``prompt_alignment``: left padding of a real row in the right-aligned prompt block;
+    - ``row_bucket``: filler slots of the row bucket (no request row), prefill and decode;
+    - ``finished_rows``: rows that ended but still sit in the bucket until compaction;
+    - ``tile_overrun``: steps a row computed inside a decode tile after it ended.
+    """
+
+    needed: int = 0
+    computed: int = 0
+    wasted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WASTE_CAUSES, 0))
+
+    def add(self, cause: str, n: int) -> None:
+        self.wasted[cause] += int(n)
+
+    def merge(self, other: WorkLog) -> None:
+        self.needed += other.needed
+        self.computed += other.computed
+        for k, v in other.wasted.items():
+            self.wasted[k] += v
+
+    def report(self) -> dict[str, object]:
+        """Fractions of computed positions: total waste and per cause (they sum to the total)."""
+        c = max(1, self.computed)
+        return {"token_positions": self.computed, "needed_positions": self.needed,
+                "waste_fraction": 1.0 - self.needed / c if self.computed else 0.0,
+                "waste_by_cause": {k: v / c for k, v in self.wasted.items()}}
