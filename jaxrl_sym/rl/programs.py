@@ -49,13 +49,19 @@ class Programs:
         return out
 
 
-def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: LogitsFn
-              ) -> dict[str, Any]:
+def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: LogitsFn,
+              shardings: dict[str, Any] | None = None) -> dict[str, Any]:
     """Jitted functions of one layout, by role:
 
     ``ref`` (reference log-probs), ``values`` (PPO value estimates), ``grad`` (loss and its
     gradient), ``update`` (fused loss-grad-optimiser step for a batch in one micro-batch),
     ``apply`` (optimiser step from accumulated gradients) and ``add`` (gradient accumulation).
+
+    shardings (on a device mesh): ``{"params", "opt", "rows", "repl"}`` — trees of
+    ``NamedSharding`` for the parameters and optimiser state, the batch rows' sharding and the
+    replicated one. Every function is then jitted with explicit in/out shardings, so parameters
+    and optimiser state come back where they went in (nothing drifts to one device) and the
+    batch's rows are split over the data axes; the loss is the same sum, partitioned by XLA.
     """
 
     def ref_lp(leaves, inputs, targets):
@@ -86,8 +92,19 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     def add(a, b):
         return jax.tree_util.tree_map(jnp.add, a, b)
 
+    if shardings is None:
+        return {
+            "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
+            "update": jax.jit(update), "apply": jax.jit(apply, donate_argnums=(2,)),
+            "add": jax.jit(add, donate_argnums=(0,)),
+        }
+    p, o, rows, rep = (shardings[k] for k in ("params", "opt", "rows", "repl"))
+    jit = lambda f, i, out, **kw: jax.jit(f, in_shardings=i, out_shardings=out, **kw)
     return {
-        "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
-        "update": jax.jit(update), "apply": jax.jit(apply, donate_argnums=(2,)),
-        "add": jax.jit(add, donate_argnums=(0,)),
+        "ref": jit(ref_lp, (p["lm"], rows, rows), rows),
+        "values": jit(values, (p, rows), rows),
+        "grad": jit(grad_fn, (p, rows, rows), ((rep, rep), p)),
+        "update": jit(update, (p, o, rows, rows), (p, o, rep)),
+        "apply": jit(apply, (p, o, p), (p, o, rep), donate_argnums=(2,)),
+        "add": jit(add, (p, p), p, donate_argnums=(0,)),
     }

@@ -71,28 +71,30 @@ class Stopwatch:
 
 
 # ---------------------------------------------------------------------- batching
-def rows_per_chunk(cfg: RLConfig, width: int) -> int | None:
+def rows_per_chunk(cfg: RLConfig, width: int, multiple: int = 1) -> int | None:
     """Rows of ``width`` slots per forward so one program holds at most ``update_tokens`` slots
     (None: no limit). Every whole-batch forward — reference, values, update — is cut to this:
     the ``[slots × vocab]`` logits are what exhausts memory at real vocabularies (151,936 words:
-    0.6 MB per slot in fp32)."""
+    0.6 MB per slot in fp32). On a mesh the count is a multiple of ``multiple`` (the data axes'
+    devices, at least one row each), so every chunk splits evenly."""
     if cfg.update_tokens is None:
         return None
-    return max(1, cfg.update_tokens // width)
+    per = max(1, cfg.update_tokens // width)
+    return max(multiple, per // multiple * multiple)
 
 
-def row_chunks(cfg: RLConfig, layout: Layout) -> list[slice]:
+def row_chunks(cfg: RLConfig, layout: Layout, multiple: int = 1) -> list[slice]:
     rows, width = layout.shape
-    per = rows_per_chunk(cfg, width) or rows
+    per = rows_per_chunk(cfg, width, multiple) or rows
     return [slice(i, i + per) for i in range(0, rows, per)]
 
 
-def micro_batches(cfg: RLConfig, layout: Layout, arrays: Arrays
+def micro_batches(cfg: RLConfig, layout: Layout, arrays: Arrays, multiple: int = 1
                   ) -> list[tuple[tuple[np.ndarray, ...], Arrays]]:
     """Row slices of the training batch of at most ``update_tokens`` slots each (one slice
     when unset). Rows are never split: a packed row's sequences attend within the row."""
     return [(tuple(x[sl] for x in layout.inputs), {k: v[sl] for k, v in arrays.items()})
-            for sl in row_chunks(cfg, layout)]
+            for sl in row_chunks(cfg, layout, multiple)]
 
 
 # ---------------------------------------------------------------------- stages
@@ -106,6 +108,7 @@ def generate(tr: RLTrainer, state: TrainState, prompts: Sequence[np.ndarray | Se
         ref_fn = tr.fns(tr.system)["ref"]
 
         def score(lay: Layout) -> Any:
+            lay = tr.system_impl.pad_rows(lay, tr.row_multiple)  # ReferenceOverlap reads spans
             return tr.programs.run(f"ref-{tr.system}", ref_fn, state.ref, lay.inputs, lay.targets,
                                    resident=tree_bytes(state.params) + state.resident_bytes())
 
@@ -131,7 +134,7 @@ def reference_logprobs(tr: RLTrainer, state: TrainState, layout: Layout) -> np.n
     outs = [tr.programs.run(f"ref-{layout.system}", fn, state.ref,
                             tuple(x[sl] for x in layout.inputs), layout.targets[sl],
                             resident=tree_bytes(state.params) + state.resident_bytes())
-            for sl in row_chunks(tr.cfg, layout)]
+            for sl in row_chunks(tr.cfg, layout, tr.row_multiple)]
     return np.concatenate([np.asarray(o) for o in outs])
 
 
@@ -157,7 +160,7 @@ def value_estimates(tr: RLTrainer, state: TrainState, layout: Layout) -> np.ndar
     fn = tr.fns(layout.system)["values"]
     outs = [tr.programs.run(f"values-{layout.system}", fn, state.params,
                             tuple(x[sl] for x in layout.inputs), resident=state.resident_bytes())
-            for sl in row_chunks(tr.cfg, layout)]
+            for sl in row_chunks(tr.cfg, layout, tr.row_multiple)]
     return np.concatenate([np.asarray(o) for o in outs])
 
 
@@ -216,7 +219,7 @@ def update_once(tr: RLTrainer, params: Any, opt_state: Any, ref: Any, layout: La
     micro-batch, else gradients summed over micro-batches, then one optax update."""
     fns, sys_ = tr.fns(layout.system), layout.system
     resident = tree_bytes(ref) if ref else 0
-    chunks = micro_batches(tr.cfg, layout, arrays)
+    chunks = micro_batches(tr.cfg, layout, arrays, tr.row_multiple)
     if len(chunks) == 1:
         params, opt_state, aux = tr.programs.run(
             f"update-{sys_}", fns["update"], params, opt_state, *chunks[0], resident=resident)

@@ -110,6 +110,25 @@ def init_state(leaves: Sequence[Any], cfg: RLConfig, tx: optax.GradientTransform
     return TrainState(params=params, opt_state=tx.init(params), ref=ref, step=0)
 
 
+def state_shardings(state: TrainState, mesh: Any) -> dict[str, Any]:
+    """Where each part of ``state`` lives on ``mesh`` (:mod:`jaxrl_sym.sharding`'s rule):
+    ``params`` and ``opt`` as trees of ``NamedSharding`` (a moment shares its parameter's shape,
+    hence its sharding; scalars are replicated), ``rows`` for batch arrays, ``repl`` for
+    replicated outputs. The reference uses ``params["lm"]``'s (same shapes)."""
+    from jaxrl_sym.sharding import replicated, rows_sharding, tree_shardings
+
+    return {"params": tree_shardings(state.params, mesh),
+            "opt": tree_shardings(state.opt_state, mesh),
+            "rows": rows_sharding(mesh), "repl": replicated(mesh)}
+
+
+def place_state(state: TrainState, shardings: dict[str, Any]) -> TrainState:
+    """``state`` with its arrays moved onto the given shardings (see :func:`state_shardings`)."""
+    ref = None if state.ref is None else jax.device_put(state.ref, shardings["params"]["lm"])
+    return state.replace(params=jax.device_put(state.params, shardings["params"]),
+                         opt_state=jax.device_put(state.opt_state, shardings["opt"]), ref=ref)
+
+
 def params_sha256(params: Any) -> str:
     """Digest of every parameter array (shape, dtype and bytes, in pytree order).
 

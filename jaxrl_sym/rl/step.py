@@ -49,10 +49,18 @@ from jaxrl_sym.rl.layout import Layout
 from jaxrl_sym.rl.programs import Programs
 from jaxrl_sym.rl.programs import build_fns as _build_fns
 from jaxrl_sym.rl.rollout import RewardFn, Rollout, compute_rewards
-from jaxrl_sym.rl.state import TrainState, init_state, make_optimizer, params_sha256
+from jaxrl_sym.rl.state import (
+    TrainState,
+    init_state,
+    make_optimizer,
+    params_sha256,
+    place_state,
+    state_shardings,
+)
 from jaxrl_sym.rl.systems import System, get_system
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.metrics import CompileCounter
+from jaxrl_sym.sharding import data_size, make_mesh
 
 __all__ = ["RLTrainer", "RewardFn", "Rollout", "TrainState", "compute_rewards", "params_sha256"]
 
@@ -69,6 +77,12 @@ class RLTrainer:
         ``padded`` (baseline), or one added with :func:`~jaxrl_sym.rl.systems.register_system`.
       metric_fn: optional second per-sample function reported as ``exact_match`` (not optimised).
       min_capacity: initial slots of the symbolic runtime's growing stores.
+      mesh: a ``jax.sharding.Mesh``, a ``"data=4,model=2"`` string or a
+        :class:`~jaxrl_sym.sharding.MeshConfig` (None: one device). Parameters, optimiser state
+        and reference are placed by :mod:`jaxrl_sym.sharding`'s rule, every training batch's rows
+        are split over the data axes (padded with empty, zero-weight rows to a multiple of
+        them), and each program is jitted with explicit in/out shardings; generation runs on a
+        sharded :class:`SymbolicLM`.
 
     ``state`` is the whole evolving state; ``params``, ``opt_state``, ``ref_leaves`` and
     ``steps_done`` read and replace its fields (checkpoint restore assigns them).
@@ -83,6 +97,7 @@ class RLTrainer:
         system: str = "sym",
         metric_fn: RewardFn | None = None,
         min_capacity: int = 16,
+        mesh: Any = None,
     ) -> None:
         self.system_impl: System = get_system(system)
         if not callable(reward_fn):
@@ -101,7 +116,12 @@ class RLTrainer:
         self._min_capacity = min_capacity
         self._engine: SymbolicLM | None = None
         self.tx = make_optimizer(cfg)
+        self.mesh = make_mesh(mesh)
         self.state: TrainState = init_state(leaves, cfg, self.tx, self.vocab_size)
+        self.shardings: dict[str, Any] | None = None
+        if self.mesh is not None:
+            self.shardings = state_shardings(self.state, self.mesh)
+            self.state = place_state(self.state, self.shardings)
         self.programs = Programs()
         self._fns: dict[str, dict[str, Any]] = {}
         self.system_impl.attach(self)
@@ -145,7 +165,8 @@ class RLTrainer:
         """The symbolic runtime (traced on first use; shares the trainer's weights)."""
         if self._engine is None:
             self._engine = SymbolicLM(self._model_ref, min_capacity=self._min_capacity,
-                                      max_pad_fraction=self.cfg.gen_max_pad_fraction)
+                                      max_pad_fraction=self.cfg.gen_max_pad_fraction,
+                                      mesh=self.mesh)
             self._engine.set_params(self.params["lm"])
         return self._engine
 
@@ -157,7 +178,8 @@ class RLTrainer:
     def fns(self, system: str) -> dict[str, Any]:
         """Jitted reference / value / loss-grad / update functions for one system's layout."""
         if system not in self._fns:
-            self._fns[system] = _build_fns(self.cfg, self.tx, get_system(system).logits_fn(self))
+            self._fns[system] = _build_fns(self.cfg, self.tx, get_system(system).logits_fn(self),
+                                           self.shardings)
         return self._fns[system]
 
     def _resident(self) -> int:
@@ -180,13 +202,21 @@ class RLTrainer:
         return self.system_impl.greedy(self, list(prompts), gcfg)
 
     def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
-        """The rollout in ``system``'s training layout (default: the trainer's system)."""
-        return get_system(system or self.system).layout(rollout.prompts, rollout.responses,
-                                                        row_len=self.cfg.pack_row_len)
+        """The rollout in ``system``'s training layout (default: the trainer's system); on a
+        mesh its rows are padded to a multiple of the data axes with empty rows."""
+        sys_ = get_system(system or self.system)
+        lay = sys_.layout(rollout.prompts, rollout.responses, row_len=self.cfg.pack_row_len)
+        return sys_.pad_rows(lay, self.row_multiple)
+
+    @property
+    def row_multiple(self) -> int:
+        """Rows of every training batch (and micro-batch) are a multiple of this: the number
+        of devices the data axes split them over (1 without a mesh)."""
+        return data_size(self.mesh)
 
     def rows_per_chunk(self, width: int) -> int | None:
         """Rows of ``width`` slots per forward (see :func:`jaxrl_sym.rl.stages.rows_per_chunk`)."""
-        return stages.rows_per_chunk(self.cfg, width)
+        return stages.rows_per_chunk(self.cfg, width, self.row_multiple)
 
     def reference_logprobs(self, layout: Layout) -> np.ndarray:
         """[rows, L] reference log-probs at the response-predicting slots (0 with beta = 0)."""
@@ -219,7 +249,7 @@ class RLTrainer:
     def micro_batches(self, layout: Layout, arrays: dict[str, np.ndarray]
                       ) -> list[tuple[tuple[np.ndarray, ...], dict[str, np.ndarray]]]:
         """Row slices of the training batch of at most ``update_tokens`` slots each."""
-        return stages.micro_batches(self.cfg, layout, arrays)
+        return stages.micro_batches(self.cfg, layout, arrays, self.row_multiple)
 
     def _update(self, params: Any, opt_state: Any, layout: Layout,
                 arrays: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:

@@ -62,6 +62,7 @@ class System:
     """Base class of a system; subclasses set ``name`` and implement the abstract methods."""
 
     name: ClassVar[str]
+    input_fill: ClassVar[tuple[int, ...]] = ()  # value of each layout input in an empty row
 
     def attach(self, host: Host) -> None:
         """Called once when a trainer is created on this system: the place to fail early on a
@@ -99,6 +100,24 @@ class System:
                      row_len: int | None) -> Layout:
         raise NotImplementedError
 
+    def pad_rows(self, layout: Layout, multiple: int) -> Layout:
+        """``layout`` with empty rows appended until its row count is a multiple of
+        ``multiple`` (a mesh's data axes split rows evenly or not at all). An empty row holds
+        no span, so the loss arrays scattered onto it are zero — mask off, weight 0 — and its
+        inputs are this system's ``input_fill`` (all slots padding): it adds nothing to the
+        loss, its gradient or any reported mean."""
+        rows = layout.shape[0]
+        extra = -rows % multiple
+        if extra == 0:
+            return layout
+        if len(self.input_fill) != len(layout.inputs):
+            raise InputError(f"system {self.name!r} does not say how to fill an empty row "
+                             "(set input_fill), so its batches cannot be split over a mesh")
+        pad = lambda a, v: np.concatenate([a, np.full((extra, *a.shape[1:]), v, a.dtype)])
+        return replace(layout, inputs=tuple(pad(a, v) for a, v in
+                                            zip(layout.inputs, self.input_fill, strict=True)),
+                       targets=pad(layout.targets, 0))
+
     def logits_fn(self, host: Host) -> LogitsFn:
         """``(lm_leaves, layout.inputs) -> logits``: traceable, differentiable in the leaves."""
         raise NotImplementedError
@@ -109,6 +128,7 @@ class SymSystem(System):
     every forward (``SymbolicLM.forward_fn``)."""
 
     name: ClassVar[str] = "sym"
+    input_fill: ClassVar[tuple[int, ...]] = (0, -1, -1)  # tokens, positions, segment ids
 
     def attach(self, host: Host) -> None:
         host.engine  # noqa: B018 - trace now, so a model the runtime rejects fails here
@@ -152,6 +172,7 @@ class PaddedSystem(System):
     per sample for every forward (``padded_forward``). It ignores ``pack_row_len``."""
 
     name: ClassVar[str] = "padded"
+    input_fill: ClassVar[tuple[int, ...]] = (0, 0)  # tokens, lengths (0: every slot padding)
 
     def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
                  ) -> GenerationResult:

@@ -29,6 +29,7 @@ from jaxrl_sym.runtime.stores import (
     StoreSpec,
     take_rows,
 )
+from jaxrl_sym.sharding import constrain_rows, data_size
 
 
 @dataclass
@@ -105,6 +106,16 @@ class StepBuilder:
     slots: dict[int, SlotSpec]
     consts: dict[int, tuple[Any, ...]]
     backend: str = "xla"
+    mesh: Any = None  # a jax.sharding.Mesh: stores' rows stay split over its data axes
+
+    def rows(self, stores: Any) -> Any:
+        """Pin every store's row axis to the mesh's data axes (see
+        :func:`jaxrl_sym.sharding.constrain_rows`); a row count they do not divide is left to
+        XLA (an uneven split is refused), as is everything without a mesh."""
+        leaves = jax.tree_util.tree_leaves(stores)
+        if self.mesh is None or not leaves or leaves[0].shape[0] % data_size(self.mesh):
+            return stores
+        return constrain_rows(stores, self.mesh)
 
     @property
     def boundary(self) -> tuple[int, ...]:
@@ -139,7 +150,7 @@ class StepBuilder:
         stores = {str(nid): spec.kind.init(spec, batch, spec.kind.capacity(spec, capacity))
                   for nid, spec in self.specs.items()}
         stores.update({str(nid): sp.kind.init(sp, batch, sp.lag) for nid, sp in self.slots.items()})
-        return stores
+        return self.rows(stores)
 
     def prefill(self, hoisted, stores, tokens, positions, row_ids, seed, *, temperature: float,
                 want_logits: bool, chunk: int):
@@ -248,13 +259,13 @@ class StepBuilder:
         for nid, sp in self.slots.items():
             new_stores[str(nid)] = sp.kind.write(sp, stores[str(nid)], out[sp.source][0], step)
         tok, lp, logits = out[pdg.outputs[1]]
-        return new_stores, tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
+        kept = logits if want_logits else jnp.zeros((0,), jnp.float32)
+        return self.rows(new_stores), tok, lp, kept
 
-    @staticmethod
-    def compact(stores, rows, filler, pos0, row_ids):
+    def compact(self, stores, rows, filler, pos0, row_ids):
         """Keep ``rows`` (finished rows dropped); filler slots get dead (negative) positions."""
         pos0 = jnp.where(filler, DEAD_POSITION, jnp.take(pos0, rows, axis=0))
-        return ({k: take_rows(s, rows) for k, s in stores.items()}, pos0,
+        return (self.rows({k: take_rows(s, rows) for k, s in stores.items()}), pos0,
                 jnp.take(row_ids, rows, axis=0))
 
     def forward(self, leaves: list[jax.Array], tokens: jax.Array, positions: jax.Array,

@@ -1,0 +1,222 @@
+"""Device meshes and the rules that place parameters, optimiser state and batches on them.
+
+One mesh configuration serves the whole system: ``MeshConfig.parse("data=4,model=2")`` names the
+mesh axes and their sizes, :meth:`MeshConfig.build` turns it into a ``jax.sharding.Mesh`` over
+``jax.devices()`` (every process's devices after ``jax.distributed.initialize()``).
+
+Placement is a *rule*, not a table (FSDP / ZeRO-3 style):
+
+- a parameter with at least ``min_elements`` elements has its largest dimension that the
+  data-parallel axes (``data`` and/or ``fsdp``) divide sharded over them; of its other
+  dimensions, the largest one the ``model`` axis divides is sharded over ``model``. Everything
+  else — small parameters, dimensions nothing divides — is replicated. Why a rule: it needs no
+  per-model naming convention (the runtime sees flat parameter leaves), and any sharding is
+  *correct* under XLA's SPMD partitioner; the rule only decides where memory goes.
+- optimiser state follows its parameter: the rule is a function of the shape alone, and optax's
+  moments have their parameter's shape, so a moment lands exactly where its parameter does;
+  step counters and injected hyper-parameters are scalars and replicated.
+- batches (packed training rows, the generation stores' rows) are split along their first axis
+  over the data-parallel axes; a row count the axes do not divide is padded up with empty rows
+  (:func:`round_up`), never sharded unevenly (XLA refuses uneven splits).
+
+This module does not import JAX at import time: the CLI checks ``--mesh`` before JAX starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jaxrl_sym.errors import InputError
+
+if TYPE_CHECKING:
+    from jax.sharding import Mesh, NamedSharding
+
+AXIS_NAMES = ("data", "fsdp", "model")
+"""Mesh axes this system knows: ``data``/``fsdp`` split batches and parameters, ``model`` splits a
+second parameter dimension (its activations are left to XLA's partitioner)."""
+BATCH_AXES = ("data", "fsdp")
+DEFAULT_MIN_ELEMENTS = 1024  # parameters smaller than this are replicated: splitting costs more
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """Named mesh axes and sizes, in order (the device grid's row-major layout)."""
+
+    axes: tuple[tuple[str, int], ...]
+    flag: str = "--mesh"  # what the user wrote it as, for errors
+
+    @staticmethod
+    def parse(text: str, *, flag: str = "--mesh") -> MeshConfig:
+        """``"data=4,model=2"`` → a config; an :class:`InputError` naming ``flag`` otherwise."""
+        axes: list[tuple[str, int]] = []
+        for part in (p.strip() for p in str(text).split(",")):
+            name, eq, size = part.partition("=")
+            name = name.strip()
+            if not eq or not name:
+                raise InputError(f"{flag} {text!r}: each entry is NAME=SIZE, e.g. "
+                                 f"{flag} data=4,model=2 (got {part!r})")
+            if name not in AXIS_NAMES:
+                raise InputError(f"{flag} {text!r}: unknown axis {name!r}; axes are "
+                                 f"{', '.join(AXIS_NAMES)}")
+            if name in dict(axes):
+                raise InputError(f"{flag} {text!r}: axis {name!r} is given twice")
+            try:
+                n = int(size)
+            except ValueError:
+                n = 0
+            if n < 1:
+                raise InputError(f"{flag} {text!r}: the size of {name!r} must be a positive "
+                                 f"integer (got {size.strip()!r})")
+            axes.append((name, n))
+        if not any(a in dict(axes) for a in BATCH_AXES):
+            raise InputError(f"{flag} {text!r}: name a data-parallel axis (data=N or fsdp=N); "
+                             "batches and parameters are split over it")
+        return MeshConfig(tuple(axes), flag)
+
+    @property
+    def size(self) -> int:
+        return math.prod(n for _, n in self.axes)
+
+    def check(self, device_count: int) -> None:
+        """The mesh must use every device exactly once (a mesh of fewer devices leaves some idle
+        and some runtimes refuse it later with a less helpful message)."""
+        if self.size != device_count:
+            spec = ",".join(f"{a}={n}" for a, n in self.axes)
+            raise InputError(
+                f"{self.flag} {spec}: the axis sizes multiply to {self.size} but JAX sees "
+                f"{device_count} device(s); make the product {device_count} (e.g. {self.flag} "
+                f"data={device_count})")
+
+    def build(self, devices: Sequence[Any] | None = None) -> Mesh:
+        """The ``jax.sharding.Mesh`` (axes of type Auto: XLA propagates shardings between the
+        constraints this system places)."""
+        import jax
+        from jax.sharding import AxisType
+
+        devs = list(jax.devices() if devices is None else devices)
+        self.check(len(devs))
+        names = tuple(a for a, _ in self.axes)
+        shape = tuple(n for _, n in self.axes)
+        return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(names),
+                             devices=devs)
+
+
+def make_mesh(spec: str | MeshConfig | Mesh | None) -> Mesh | None:
+    """A mesh from a ``--mesh`` string, a config or a mesh (None stays None: one device)."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        spec = MeshConfig.parse(spec, flag="mesh")
+    if isinstance(spec, MeshConfig):
+        return spec.build()
+    return spec
+
+
+# ---------------------------------------------------------------------- the rules
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    """The data-parallel axes present in ``mesh`` (batches and parameters are split over them)."""
+    return tuple(a for a in BATCH_AXES if a in mesh.shape)
+
+
+def data_size(mesh: Mesh | None) -> int:
+    """Devices a batch is split over (1 without a mesh)."""
+    if mesh is None:
+        return 1
+    return math.prod(mesh.shape[a] for a in batch_axes(mesh))
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-int(n) // multiple) * multiple
+
+
+def param_spec(shape: Sequence[int], mesh: Mesh, *, min_elements: int = DEFAULT_MIN_ELEMENTS
+               ) -> tuple[Any, ...]:
+    """PartitionSpec entries for one parameter of ``shape`` (see the module docstring)."""
+    spec: list[Any] = [None] * len(shape)
+    if math.prod(shape) < min_elements:
+        return tuple(spec)
+    data, n_data = batch_axes(mesh), data_size(mesh)
+
+    def largest(n: int) -> int | None:
+        dims = [i for i, s in enumerate(shape) if spec[i] is None and s % n == 0 and s >= n]
+        return max(dims, key=lambda i: (shape[i], -i)) if dims else None
+
+    if n_data > 1 and (i := largest(n_data)) is not None:
+        spec[i] = data if len(data) > 1 else data[0]
+    n_model = mesh.shape.get("model", 1)
+    if n_model > 1 and (j := largest(n_model)) is not None:
+        spec[j] = "model"
+    return tuple(spec)
+
+
+def tree_shardings(tree: Any, mesh: Mesh, *, min_elements: int = DEFAULT_MIN_ELEMENTS) -> Any:
+    """A ``NamedSharding`` per leaf of a parameter (or optimiser-state) tree, by the rule."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.tree_util.tree_map(
+        lambda x: NamedSharding(mesh, PartitionSpec(*param_spec(np.shape(x), mesh,
+                                                                min_elements=min_elements))),
+        tree)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def rows_sharding(mesh: Mesh) -> NamedSharding:
+    """First axis split over the data-parallel axes, the rest replicated (any rank >= 1)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    data = batch_axes(mesh)
+    return NamedSharding(mesh, PartitionSpec(data if len(data) > 1 else data[0]))
+
+
+def place(tree: Any, shardings: Any) -> Any:
+    """``jax.device_put`` of a tree onto matching shardings (a single sharding: every leaf)."""
+    import jax
+
+    return jax.device_put(tree, shardings)
+
+
+def per_device_bytes(tree: Any) -> dict[Any, int]:
+    """Bytes each device holds of a tree of arrays (its addressable shards)."""
+    import jax
+
+    out: dict[Any, int] = {}
+    for x in jax.tree_util.tree_leaves(tree):
+        for shard in x.addressable_shards:
+            out[shard.device] = out.get(shard.device, 0) + int(shard.data.nbytes)
+    return out
+
+
+def describe(mesh: Mesh | None) -> str:
+    """``data=4,model=2`` (or ``single device``), for logs and summaries."""
+    if mesh is None:
+        return "single device"
+    return ",".join(f"{a}={n}" for a, n in mesh.shape.items())
+
+
+def constrain_rows(tree: Any, mesh: Mesh | None) -> Any:
+    """Inside a jitted program: keep every leaf's first (row) axis split over the data axes.
+
+    Why a constraint rather than only input placement: XLA's propagation may choose to gather a
+    store whose producer it cannot see through (a dynamic update, a gather of rows); the
+    constraint pins the layout the next program expects, so no step re-shards its stores.
+    """
+    if mesh is None:
+        return tree
+    import jax
+
+    return jax.lax.with_sharding_constraint(tree, rows_sharding(mesh))
+
+
+__all__ = ["MeshConfig", "batch_axes", "constrain_rows", "data_size", "describe", "make_mesh",
+           "param_spec", "per_device_bytes", "place", "replicated", "round_up", "rows_sharding",
+           "tree_shardings"]

@@ -1,0 +1,144 @@
+"""Multi-device checks run in a child process (``python tests/sharding_checks.py CHECK``).
+
+Why a child: ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before JAX
+initialises its CPU backend, and the test process has initialised it with one device long
+before. :mod:`tests.test_sharding` starts this script with the flag set and reads the JSON line
+it prints last; every check also asserts here, so a failure exits non-zero with a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.models.lm import init_model, preset
+from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
+from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.sharding import MeshConfig, per_device_bytes
+
+TASK = get_task("reverse", max_digits=3)
+MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
+CFG = RLConfig(algo="grpo", group_size=4, beta=0.1, epochs=1, eos_id=EOS,
+               max_new_tokens=TASK.max_new_tokens, lr=1e-2)
+
+
+def mesh_of(spec: str) -> Any:
+    """A mesh over the first devices its sizes need (the child has 8)."""
+    cfg = MeshConfig.parse(spec)
+    return cfg.build(jax.devices()[:cfg.size])
+
+
+def generation() -> dict[str, Any]:
+    """Tokens of a sharded SymbolicLM equal the single-device run: 2 and 8 devices and a
+    data x model mesh, greedy and sampled. 7 prompts make a bucket of 8 rows, and as rows
+    finish compaction shrinks it to 4, 2, 1: row counts the data axis does not divide, which
+    run with unsplit stores and must give the same tokens."""
+    model = init_model(preset("tiny"), 0)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, size=int(n)).astype(np.int32)
+               for n in rng.integers(2, 9, size=7)]
+    limits = tuple(int(x) for x in rng.integers(3, 21, size=7))
+    out: dict[str, Any] = {}
+    for spec, temp in (("data=2", 0.0), ("data=8", 1.0), ("data=4,model=2", 0.0)):
+        gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
+        want = SymbolicLM(model, max_pad_fraction=1.0).generate(prompts, gen)  # one group
+        lm = SymbolicLM(model, max_pad_fraction=1.0, mesh=mesh_of(spec))
+        got = lm.generate(prompts, gen)
+        assert all(np.array_equal(a, b) for a, b in zip(want.tokens, got.tokens, strict=True))
+        for a, b in zip(want.logprobs, got.logprobs, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        split = _split_programs(lm)
+        assert split > 0, f"{spec}: no step program kept its stores split over data"
+        out[f"{spec},T={temp}"] = {"programs_with_split_stores": split,
+                                   "programs": len(lm.cache.compiled),
+                                   "weights_sharded": _sharded_leaves(lm.leaves),
+                                   "tokens": int(sum(len(t) for t in got.tokens))}
+    return out
+
+
+def _split_programs(lm: SymbolicLM) -> int:
+    """Compiled decode/prefill programs whose store outputs are split over the data axis."""
+    n = 0
+    for key, exe in lm.cache.compiled.items():
+        if key[0] in ("prefill", "decode", "decode_tile"):
+            specs = [s.spec for s in jax.tree_util.tree_leaves(exe.output_shardings[0])]
+            n += all(len(sp) and sp[0] in ("data", ("data",)) for sp in specs)
+    return n
+
+
+def _sharded_leaves(leaves: list[Any]) -> int:
+    return sum(any(a is not None for a in x.sharding.spec) for x in leaves)
+
+
+def _trainer(mesh: Any, cfg: RLConfig = CFG) -> RLTrainer:
+    return RLTrainer(init_model(MODEL, 0), TASK.reward, cfg, mesh=mesh)
+
+
+def rl_step() -> dict[str, Any]:
+    """Loss, training signals and gradients of a sharded trainer equal the single-device
+    trainer's on the same samples (sym and padded layouts); then one full sharded step."""
+    single = _trainer(None)
+    rollout = single.generate(TASK.sample(np.random.default_rng(0), 5), seed=3)  # 20 samples
+    rewards = compute_rewards(TASK.reward, rollout.prompts, rollout.responses)
+    moved = jax.tree_util.tree_map(lambda x: x * 1.05, single.params)  # KL term non-zero
+    single.params = moved
+    out: dict[str, Any] = {}
+    for spec in ("data=8", "data=4,model=2"):
+        tr = _trainer(mesh_of(spec))
+        tr.params = jax.device_put(moved, tr.shardings["params"])
+        for system in ("sym", "padded"):
+            loss1, aux1, g1 = single.loss_and_grads(rollout, rewards, system)
+            loss8, aux8, g8 = tr.loss_and_grads(rollout, rewards, system)
+            assert abs(loss1 - loss8) <= 1e-5, (spec, system, loss1, loss8)
+            assert max(abs(aux1[k] - aux8[k]) for k in aux1) <= 1e-5
+            diff = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                       for a, b in zip(jax.tree_util.tree_leaves(g1),
+                                       jax.tree_util.tree_leaves(g8), strict=True))
+            assert diff <= 1e-5, (spec, system, diff)
+            rows = (single.layout(rollout, system).shape[0], tr.layout(rollout, system).shape[0])
+            out[f"{spec},{system}"] = {"loss": loss8, "loss_single": loss1,
+                                       "max_grad_diff": diff, "rows_single_vs_mesh": rows,
+                                       "kl": aux8["kl"]}
+    metrics = tr.step(TASK.sample(np.random.default_rng(1), 2), seed=4)
+    assert np.isfinite(metrics["loss"])
+    leaves = jax.tree_util.tree_leaves(tr.params)
+    assert _sharded_leaves(leaves) > 0
+    assert all(x.sharding == s for x, s in zip(
+        leaves, jax.tree_util.tree_leaves(tr.shardings["params"]), strict=True))
+    out["step_loss"] = metrics["loss"]
+    return out
+
+
+def memory() -> dict[str, Any]:
+    """Per-device bytes of a sharded trainer's parameters + optimiser state: at most 1/8 of the
+    total plus the replicated small leaves (XLA's CPU client has no per-device memory limit to
+    exceed, so the bound is shown by the shards' sizes)."""
+    cfg = preset("small", vocab_size=VOCAB_SIZE, d_model=256, ffn_dim=1024)
+    tr = RLTrainer(init_model(cfg, 0), TASK.reward, replace(CFG, beta=0.0),
+                   mesh=mesh_of("data=8"))
+    tree = {"params": tr.params, "opt": tr.opt_state}
+    total = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree))
+    small = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree)
+                if all(a is None for a in x.sharding.spec))
+    per = per_device_bytes(tree)
+    assert len(per) == 8
+    assert max(per.values()) <= total / 8 + small, (max(per.values()), total, small)
+    assert max(per.values()) <= total / 8 * 1.05
+    metrics = tr.step(TASK.sample(np.random.default_rng(1), 2), seed=4)
+    assert np.isfinite(metrics["loss"])
+    return {"total_bytes": total, "replicated_bytes": small, "max_per_device": max(per.values()),
+            "fraction": max(per.values()) / total}
+
+
+CHECKS = {"generation": generation, "rl_step": rl_step, "memory": memory}
+
+if __name__ == "__main__":
+    result = {name: CHECKS[name]() for name in sys.argv[1:]}
+    print(json.dumps(result))

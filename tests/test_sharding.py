@@ -1,0 +1,90 @@
+"""Meshes and sharding rules (issue 15): flags, the FSDP rule, and multi-device runs.
+
+The multi-device checks run in a child process with 8 virtual CPU devices
+(``tests/sharding_checks.py``): XLA reads ``--xla_force_host_platform_device_count`` once, when
+JAX initialises, and this process has one device. They compare against single-device runs in
+the same child, so "same samples" and "same weights" hold by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.sharding import MeshConfig, param_spec, round_up
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_checks(*checks: str, devices: int = 8, timeout: int = 900) -> dict[str, Any]:
+    """Run named checks of ``tests/sharding_checks.py`` on ``devices`` virtual CPU devices."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_PLATFORMS": "cpu", "JAXRL_SYM_COMPILE_CACHE": "off"}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharding_checks.py"), *checks],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------- flags (no devices)
+def test_mesh_flag_parses_and_names_the_flag_when_wrong() -> None:
+    cfg = MeshConfig.parse("data=4,model=2")
+    assert cfg.axes == (("data", 4), ("model", 2)) and cfg.size == 8
+    for bad, words in (("data=4,model", "NAME=SIZE"), ("data=0", "positive"),
+                       ("data=x", "positive"), ("rows=2", "unknown axis 'rows'"),
+                       ("data=2,data=2", "twice"), ("model=8", "data-parallel axis")):
+        with pytest.raises(InputError, match="--mesh") as e:
+            MeshConfig.parse(bad)
+        assert words in str(e.value), bad
+    with pytest.raises(InputError) as e:
+        cfg.check(4)
+    assert "--mesh data=4,model=2" in str(e.value) and "4 device(s)" in str(e.value)
+    cfg.check(8)
+
+
+class _Mesh:
+    """Just what the rule reads from a mesh (its axis sizes)."""
+
+    def __init__(self, **shape: int) -> None:
+        self.shape = shape
+
+
+def test_param_rule_shards_the_largest_divisible_axis_and_replicates_small_ones() -> None:
+    m = _Mesh(data=4, model=2)
+    assert param_spec((64, 256), m) == ("model", "data")  # 256 over data, 64 over model
+    assert param_spec((6, 512), m) == ("model", "data")
+    assert param_spec((100, 64, 3), m) == ("data", "model", None)
+    assert param_spec((30, 50), m) == (None, "model")  # nothing divisible by 4
+    assert param_spec((16,), m) == (None,)  # small: replicated
+    assert param_spec((), m) == ()
+    assert param_spec((4096,), _Mesh(data=2, fsdp=2)) == (("data", "fsdp"),)
+    assert param_spec((128, 64), _Mesh(fsdp=8)) == ("fsdp", None)
+    assert round_up(7, 8) == 8 and round_up(16, 8) == 16 and round_up(3, 1) == 3
+
+
+# ---------------------------------------------------------------------- 8 virtual devices
+@pytest.mark.slow
+def test_sharded_generation_tokens_equal_single_device() -> None:
+    out = run_checks("generation")["generation"]
+    assert set(out) == {"data=2,T=0.0", "data=8,T=1.0", "data=4,model=2,T=0.0"}
+    for res in out.values():
+        assert res["programs_with_split_stores"] >= 1 and res["weights_sharded"] >= 1
+
+
+@pytest.mark.slow
+def test_sharded_rl_step_loss_and_grads_equal_single_device() -> None:
+    out = run_checks("rl_step")["rl_step"]
+    for key in ("data=8,sym", "data=8,padded", "data=4,model=2,sym", "data=4,model=2,padded"):
+        assert out[key]["max_grad_diff"] <= 1e-5
+        assert abs(out[key]["loss"] - out[key]["loss_single"]) <= 1e-5
+        assert out[key]["kl"] > 1e-6  # the KL term is exercised
+    # the rows were padded to a multiple of the data axis with empty rows
+    assert out["data=8,sym"]["rows_single_vs_mesh"][1] % 8 == 0
+    assert out["data=8,padded"]["rows_single_vs_mesh"] == [20, 24]
