@@ -119,6 +119,9 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
         "generated_tokens": int(sum(len(t) for t in cold.tokens)),
         "dispatches": int(cold.stats.get("dispatches", -1)),
     }
+    # A peer's version and cache geometry (Tunix: jaxrl_sym.baselines.tunix), kept with its row.
+    metrics.update({k: cold.stats[k] for k in ("tunix_version", "cache_size", "prompt_len")
+                    if k in cold.stats and system.startswith("tunix")})
     if spec.get("warm", True):
         nolog = replace(gcfg, return_logits=False)
         if system == "sym":

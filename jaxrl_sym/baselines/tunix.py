@@ -292,7 +292,8 @@ class TunixSystem:
         toks, lps = _trim(out, limits, cfg.eos_id)
         dev_peak = device_peak_bytes()  # before the accounting below allocates anything
         held, temp = _accounting(sampler, self.tmodel, len(rows), geo, n, cfg, sampling)
-        stats = {"xla_compiles": counter.count, "compile_seconds": counter.seconds,
+        stats = {"xla_compiles": counter.count, "compile_cache_hits": counter.cache_hits,
+                 "compile_seconds": counter.seconds,
                  "run_seconds": seconds, "peak_bytes": dev_peak if dev_peak is not None
                  else held + temp, "accounted_bytes": held + temp, "prompt_len": geo.prompt_len,
                  "cache_size": geo.cache_size, "decode_steps": n, "tunix_version": self.tx.version}
