@@ -129,3 +129,40 @@ def test_progress_line_shows_the_mean_step_time_and_what_is_left() -> None:
             bar.advance({"reward": 0.5, "seconds": {"total": sec}})
         info = bar.progress.tasks[0].fields["info"]
     assert "2.00s/step (mean of 2)" in info and "~6s left" in info  # 3 steps x 2 s
+
+
+def test_health_flags_entropy_collapse_with_flat_reward_and_non_finite() -> None:
+    from jaxrl_sym.rl.train import RunHealth
+
+    h = RunHealth()
+    flags = [h.check({"reward": 0.46, "entropy": 0.02, "loss": 0.0, "grad_norm": 0.1})
+             for _ in range(RunHealth.window)]
+    assert flags[:-1] == [None] * (RunHealth.window - 1)  # needs a full window first
+    assert flags[-1].startswith("entropy collapse: entropy 0.020 < 0.05, reward flat")
+    # low entropy while the reward still climbs is learning, not a stall
+    h = RunHealth()
+    rising = [h.check({"reward": 0.3 + 0.01 * i, "entropy": 0.02, "loss": 0.0,
+                       "grad_norm": 0.1}) for i in range(RunHealth.window)]
+    assert rising == [None] * RunHealth.window
+    assert RunHealth().check({"reward": 0.1, "entropy": float("nan"), "loss": 1.0,
+                              "grad_norm": float("inf")}) == \
+        "diverged: non-finite entropy, grad_norm"
+
+
+def test_a_diverging_run_stops_and_says_so(tmp_path) -> None:
+    from jaxrl_sym.rl.stages import DivergedError
+    from jaxrl_sym.rl.train import _Bar
+
+    # an absurd learning rate overflows the weights on the first update; the next update's
+    # loss is non-finite, is not applied, and the run stops naming the step
+    with pytest.raises(DivergedError, match=r"non-finite .* step 2; the step was not applied") \
+            as e:
+        train("grpo", "reverse", steps=4, seed=0, lr=1e38, eval_prompts=0,
+              config={"max_grad_norm": None}, **RUN)
+    assert e.value.step == 2
+    with _Bar(True, total=4, done=0, title="t") as bar:
+        bar.alert(f"DIVERGED at step {e.value.step}: {e.value}")
+        assert "DIVERGED at step 2" in bar.progress.tasks[0].fields["info"]
+        bar.advance({"reward": 0.4, "entropy": 0.01, "seconds": {"total": 1.0},
+                     "health": "entropy collapse: entropy 0.010 < 0.05"})
+        assert "ENTROPY COLLAPSE" in bar.progress.tasks[0].fields["info"]
