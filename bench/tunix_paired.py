@@ -1,0 +1,100 @@
+"""Steady-state time of sym, padded and Tunix on one request, interleaved in one process.
+
+Why besides ``bench/suite.py``: the suite runs each system in its own process, one after the
+other, which is right for memory and compile counts but makes a steady-state time ratio hostage
+to whatever else the machine is doing at that minute (on a shared 2-core CPU, runs of the same
+configuration moved by 1.8×). Here every system is warmed up once, then called ``--reps`` times in
+rotating order on the same request; each system's median ``run_seconds`` (padded: its execution
+without the compile it repeats on every call; the others: the whole call) is reported, with the
+ratios and a token check against padded.
+
+    .venv/bin/python bench/tunix_paired.py --out bench/results/cpu/tunix_paired.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SYSTEMS = ("sym-xla", "padded", "tunix", "tunix-defaults")
+
+
+def request(scenario: str = "realistic") -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
+    """The suite's quick-preset request (same model, prompts and per-row limits)."""
+    from suite import QUICK, plan
+
+    from jaxrl_sym.cli import build_model
+    from jaxrl_sym.generation import GenerationConfig
+
+    job = next(j for j in plan(QUICK, systems=("padded",), scenarios=(scenario,)))
+    spec = {**job.config, "system": "padded"}
+    model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
+    rng = np.random.default_rng(spec["seed"] + 1)  # as bench/suite_child.py draws them
+    vocab = model.cfg.vocab_size
+    prompts = [rng.integers(0, vocab, size=int(p), dtype=np.int32) for p in job.prompt_lens]
+    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in job.limits))
+    return model, prompts, cfg, job.config
+
+
+def run(reps: int, systems: tuple[str, ...]) -> dict[str, Any]:
+    from jaxrl_sym.systems import generator
+
+    model, prompts, cfg, config = request()
+    gens = {s: generator(s, model) for s in systems}
+    first: dict[str, Any] = {}
+    tokens: dict[str, list[np.ndarray]] = {}
+    for s, gen in gens.items():
+        t0 = time.perf_counter()
+        out = gen(prompts, cfg)
+        first[s] = {"seconds": time.perf_counter() - t0, "xla_compiles": out.stats["xla_compiles"]}
+        tokens[s] = out.tokens
+    times: dict[str, list[float]] = {s: [] for s in systems}
+    for r in range(reps):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        for s in order:
+            times[s].append(float(gens[s](prompts, cfg).stats["run_seconds"]))
+    med = {s: statistics.median(v) for s, v in times.items()}
+    useful = int(sum(len(t) for t in tokens["padded"])) if "padded" in tokens else None
+    return {
+        "config": config, "reps": reps, "median_seconds": med, "seconds": times,
+        "first_call": first, "useful_tokens": useful,
+        "ratio_to_sym": {s: med[s] / med["sym-xla"] for s in systems} if "sym-xla" in med else {},
+        "ratio_to_padded": {s: med[s] / med["padded"] for s in systems} if "padded" in med else {},
+        "tokens_equal_padded": {s: all(np.array_equal(a, b) for a, b in
+                                       zip(tokens[s], tokens["padded"], strict=True))
+                                for s in systems if "padded" in tokens},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    from jaxrl_sym.report import run_metadata
+
+    report = run(args.reps, tuple(s.strip() for s in args.systems.split(",") if s.strip()))
+    report.update(run_metadata("python bench/tunix_paired.py " + " ".join(sys.argv[1:])))
+    import importlib.metadata as md
+
+    report["versions"]["google-tunix"] = md.version("google-tunix")
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
