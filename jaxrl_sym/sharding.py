@@ -203,20 +203,6 @@ def describe(mesh: Mesh | None) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.shape.items())
 
 
-def constrain_rows(tree: Any, mesh: Mesh | None) -> Any:
-    """Inside a jitted program: keep every leaf's first (row) axis split over the data axes.
-
-    Why a constraint rather than only input placement: XLA's propagation may choose to gather a
-    store whose producer it cannot see through (a dynamic update, a gather of rows); the
-    constraint pins the layout the next program expects, so no step re-shards its stores.
-    """
-    if mesh is None:
-        return tree
-    import jax
-
-    return jax.lax.with_sharding_constraint(tree, rows_sharding(mesh))
-
-
-__all__ = ["MeshConfig", "batch_axes", "constrain_rows", "data_size", "describe", "make_mesh",
+__all__ = ["MeshConfig", "batch_axes", "data_size", "describe", "make_mesh",
            "param_spec", "per_device_bytes", "place", "replicated", "round_up", "rows_sharding",
            "tree_shardings"]

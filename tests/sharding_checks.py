@@ -37,14 +37,15 @@ def mesh_of(spec: str) -> Any:
 
 def generation() -> dict[str, Any]:
     """Tokens of a sharded SymbolicLM equal the single-device run: 2 and 8 devices and a
-    data x model mesh, greedy and sampled. 7 prompts make a bucket of 8 rows, and as rows
-    finish compaction shrinks it to 4, 2, 1: row counts the data axis does not divide, which
-    run with unsplit stores and must give the same tokens."""
+    data x model mesh, greedy and sampled. 8 prompts of different limits start at a bucket of
+    8 rows (split over data); as rows finish, compaction shrinks the bucket to row counts the
+    data axis does not divide, which run with replicated stores and must give the same
+    tokens."""
     model = init_model(preset("tiny"), 0)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 64, size=int(n)).astype(np.int32)
-               for n in rng.integers(2, 9, size=7)]
-    limits = tuple(int(x) for x in rng.integers(3, 21, size=7))
+               for n in rng.integers(2, 9, size=8)]
+    limits = tuple(int(x) for x in rng.integers(3, 25, size=8))
     out: dict[str, Any] = {}
     for spec, temp in (("data=2", 0.0), ("data=8", 1.0), ("data=4,model=2", 0.0)):
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
@@ -56,7 +57,8 @@ def generation() -> dict[str, Any]:
             np.testing.assert_allclose(a, b, atol=1e-5)
         split = _split_programs(lm)
         assert split > 0, f"{spec}: no step program kept its stores split over data"
-        out[f"{spec},T={temp}"] = {"programs_with_split_stores": split,
+        rows = sorted({k[1][0] for k in lm.cache.compiled if k[0] in ("decode", "decode_tile")})
+        out[f"{spec},T={temp}"] = {"programs_with_split_stores": split, "decode_rows": rows,
                                    "programs": len(lm.cache.compiled),
                                    "weights_sharded": _sharded_leaves(lm.leaves),
                                    "tokens": int(sum(len(t) for t in got.tokens))}
@@ -137,7 +139,45 @@ def memory() -> dict[str, Any]:
             "fraction": max(per.values()) / total}
 
 
-CHECKS = {"generation": generation, "rl_step": rl_step, "memory": memory}
+def checkpoint() -> dict[str, Any]:
+    """State saved by a trainer on 8 devices (after one step: Adam moments non-zero) restores
+    onto a 2-device mesh and onto one device with equal parameters, optimiser state and
+    reference, each placed by the restoring trainer's own shardings."""
+    import tempfile
+
+    from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
+    from jaxrl_sym.rl.state import params_sha256
+
+    src = _trainer(mesh_of("data=8"))
+    src.step(TASK.sample(np.random.default_rng(1), 2), seed=4)
+    want = {k: params_sha256(v) for k, v in
+            (("params", src.params), ("opt", src.opt_state), ("ref", src.ref_leaves))}
+    out: dict[str, Any] = {"saved_on": "data=8"}
+    with tempfile.TemporaryDirectory() as d:
+        Checkpointer(d).save(1, src, {"fingerprint": fingerprint(src)})
+        for spec in ("data=2", None):
+            dst = _trainer(None if spec is None else mesh_of(spec))
+            assert params_sha256(dst.params) != want["params"]  # restore has work to do
+            Checkpointer(d, create=False).restore(dst, fingerprint(dst))
+            got = {k: params_sha256(v) for k, v in
+                   (("params", dst.params), ("opt", dst.opt_state), ("ref", dst.ref_leaves))}
+            assert got == want, (spec, got, want)
+            assert dst.steps_done == 1
+            if spec is not None:
+                for x, sh in zip(jax.tree_util.tree_leaves(dst.params),
+                                 jax.tree_util.tree_leaves(dst.shardings["params"]),
+                                 strict=True):
+                    assert x.sharding == sh and len(x.sharding.device_set) == 2
+            else:
+                assert all(len(x.sharding.device_set) == 1
+                           for x in jax.tree_util.tree_leaves(dst.params))
+            dst.step(TASK.sample(np.random.default_rng(2), 2), seed=5)  # and trains on
+            out[f"restored_on_{spec or 'one device'}"] = got["params"][:16]
+    return out
+
+
+CHECKS = {"generation": generation, "rl_step": rl_step, "memory": memory,
+          "checkpoint": checkpoint}
 
 if __name__ == "__main__":
     result = {name: CHECKS[name]() for name in sys.argv[1:]}

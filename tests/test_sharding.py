@@ -88,3 +88,52 @@ def test_sharded_rl_step_loss_and_grads_equal_single_device() -> None:
     # the rows were padded to a multiple of the data axis with empty rows
     assert out["data=8,sym"]["rows_single_vs_mesh"][1] % 8 == 0
     assert out["data=8,padded"]["rows_single_vs_mesh"] == [20, 24]
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_on_8_devices_restores_on_2_and_on_1() -> None:
+    out = run_checks("checkpoint")["checkpoint"]
+    assert out["restored_on_data=2"] == out["restored_on_one device"]
+
+
+@pytest.mark.slow
+def test_sharded_state_takes_an_eighth_of_the_memory_per_device() -> None:
+    out = run_checks("memory")["memory"]
+    assert out["max_per_device"] <= out["total_bytes"] / 8 + out["replicated_bytes"]
+    assert out["fraction"] <= 0.13
+
+
+def _cli(args: list[str], devices: int, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_PLATFORMS": "cpu", "JAXRL_SYM_COMPILE_CACHE": "off", **extra}
+    return subprocess.run([sys.executable, "-m", "jaxrl_sym.cli", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_refuses_a_bad_mesh_before_importing_jax(tmp_path: Path) -> None:
+    # a jax that cannot be imported first on the path: the flag must be refused without it
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "__init__.py").write_text("raise ImportError('jax imported')\n")
+    path = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    proc = _cli(["train", "--mesh", "data=2,rows=4", "--steps", "1"], devices=1, PYTHONPATH=path)
+    assert "jax imported" not in proc.stderr
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: --mesh 'data=2,rows=4': unknown axis 'rows'; axes are "
+                                   "data, fsdp, model")
+
+
+@pytest.mark.slow
+def test_cli_trains_on_a_mesh_and_resumes_on_another(tmp_path: Path) -> None:
+    run = ["train", "--prompts", "2", "--group", "4", "--eval-prompts", "0", "--no-progress",
+           "--json", "--checkpoint-dir", str(tmp_path / "run")]
+    proc = _cli([*run, "--steps", "1", "--mesh", "data=3"], devices=8)
+    assert proc.returncode == 2 and "--mesh data=3" in proc.stderr and "8 device(s)" in proc.stderr
+    proc = _cli([*run, "--steps", "2", "--mesh", "data=4,model=2"], devices=8)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert first["mesh"] == "data=4,model=2" and first["steps"] == 2
+    proc = _cli([*run, "--steps", "3", "--resume", "--mesh", "data=2"], devices=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert second["resumed_from"] == 2 and second["mesh"] == "data=2"
+    assert second["changed_on_resume"] == []  # the mesh is not part of the run's identity

@@ -22,6 +22,11 @@ Why each piece:
 - **Finite-only saves**: :meth:`Checkpointer.save` refuses to write non-finite parameters or
   optimiser state, so a diverged run never replaces good checkpoints with poisoned ones.
 
+Sharded state (a trainer on a mesh, :mod:`jaxrl_sym.sharding`) is saved as the same host arrays —
+a checkpoint does not record the mesh it was written on — and restored with *target shardings*:
+orbax reads each array straight into the restoring trainer's placement (its rule on its mesh), so
+a run saved on 8 devices resumes on 2, or on one, with equal parameters.
+
 Atomicity comes from orbax's ``CheckpointManager``: a step is written into a temporary directory
 and renamed into place only once complete, so an interrupted save never becomes "the latest
 checkpoint". Only the newest ``max_to_keep`` steps are kept (``--keep``).
@@ -286,15 +291,29 @@ class Checkpointer:
                 + ". Use another checkpoint_dir or the same model/algorithm.")
         if check_meta is not None:
             check_meta(meta)
-        target = self._state(trainer)
+        target = self._target(trainer)
         try:
             state = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target)))["state"]
         except Exception as e:
             raise _BadStep(f"its arrays cannot be read ({type(e).__name__}: {_short(e)})") from e
-        state = jax.tree_util.tree_map(np.asarray, state)
-        self._verify(meta, state)
+        self._verify(meta, jax.tree_util.tree_map(np.asarray, state))
         return meta, state
+
+    def _target(self, trainer: RLTrainer) -> dict[str, Any]:
+        """What orbax restores into: host arrays for a single-device trainer; on a mesh,
+        ``ShapeDtypeStruct``s carrying the trainer's shardings, so each array is read straight
+        onto the devices and layout this trainer uses (whatever mesh wrote it)."""
+        state = self._state(trainer)
+        shardings = getattr(trainer, "shardings", None)
+        if shardings is None:
+            return state
+        where = {"params": shardings["params"],
+                 "opt_state": jax.tree_util.tree_leaves(shardings["opt"]),
+                 "ref": shardings["params"]["lm"]}
+        return {part: jax.tree_util.tree_map(
+            lambda x, sh: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=sh),
+            tree, where[part]) for part, tree in state.items()}
 
     @staticmethod
     def _verify(meta: dict[str, Any], state: dict[str, Any]) -> None:
@@ -334,7 +353,9 @@ class Checkpointer:
 
     @staticmethod
     def _apply(trainer: RLTrainer, meta: dict[str, Any], state: dict[str, Any]) -> None:
-        to_dev = lambda t: jax.tree_util.tree_map(jnp.asarray, t)
+        # restored arrays already sit on the trainer's shardings (see _target); host ones move
+        to_dev = lambda t: jax.tree_util.tree_map(
+            lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x), t)
         trainer.params = to_dev(state["params"])
         trainer.opt_state = jax.tree_util.tree_unflatten(
             jax.tree_util.tree_structure(trainer.opt_state), to_dev(state["opt_state"]))

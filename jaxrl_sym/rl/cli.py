@@ -80,6 +80,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="response limit (default: the task's)")
     t.add_argument("--eval-prompts", type=int, default=256,
                    help="held-out prompts for the final greedy exact match (0: skip)")
+    t.add_argument("--mesh", default=None, metavar="AXES",
+                   help="train on a device mesh, e.g. data=4,model=2 (axes data/fsdp/model; "
+                        "the sizes must multiply to the device count): parameters and optimiser "
+                        "state sharded FSDP-style, batch rows split over data. See README "
+                        "'Multi-device and multi-host'")
     t.add_argument("--no-progress", action="store_true")
     return t
 
@@ -91,6 +96,14 @@ def run_train(args: argparse.Namespace) -> int:
     ``error:`` line on stderr with exit code 2, not a traceback.
     """
     from jaxrl_sym.errors import SymError
+    from jaxrl_sym.sharding import MeshConfig  # JAX-free: the flag is checked before JAX starts
+
+    if args.mesh is not None:
+        try:
+            MeshConfig.parse(args.mesh)
+        except SymError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     from jaxrl_sym.rl.plot import plot_run, read_metrics
     from jaxrl_sym.rl.train import check_output_file, train
 
@@ -114,7 +127,7 @@ def run_train(args: argparse.Namespace) -> int:
                 partial_weight=args.partial_weight,
                 progress=not args.no_progress, resume=args.resume,
                 resume_or_start=args.resume_or_start, resume_anyway=args.resume_anyway,
-                keep=args.keep, eval_prompts=args.eval_prompts)
+                keep=args.keep, eval_prompts=args.eval_prompts, mesh=args.mesh)
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

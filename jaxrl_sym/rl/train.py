@@ -27,6 +27,7 @@ from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task, get_task
+from jaxrl_sym.sharding import MeshConfig, describe
 
 # FIELD_NOTES §5: ~100K parameters (d=64, 2 layers, 4 heads) learns digit reversal on a CPU.
 TASK_MODEL: dict[str, Any] = dict(vocab_size=VOCAB_SIZE, d_model=64, n_layers=2, n_heads=4,
@@ -265,6 +266,7 @@ def train(
     resume_anyway: bool = False,
     keep: int = DEFAULT_KEEP,
     eval_prompts: int = 256,
+    mesh: str | None = None,
 ) -> dict[str, Any]:
     """Train a fresh model (seeded) on an offline task, or resume one from ``checkpoint_dir``.
 
@@ -292,6 +294,8 @@ def train(
       resume_anyway: accept hyper-parameters that differ from the checkpoint's (by default a
         difference is refused: the run would no longer be the one that was checkpointed).
       eval_prompts: held-out prompts for the final greedy evaluation (0: skip).
+      mesh: ``"data=4,model=2"``: train on a device mesh (:mod:`jaxrl_sym.sharding`); not part
+        of the checkpoint's identity, so a run may resume on another mesh.
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` (greedy decoding of the final policy on
     ``eval_prompts`` held-out prompts; a function of the parameters alone, so an interrupted and
@@ -321,7 +325,8 @@ def train(
     lm_cfg = preset("tiny", **{**TASK_MODEL, **(model or {})})
     policy = hf.load_model() if hf else init_model(lm_cfg, seed)
     trainer = RLTrainer(policy, task_obj.reward, rl_cfg, system=system,
-                        metric_fn=task_obj.exact_match)
+                        metric_fn=task_obj.exact_match,
+                        mesh=None if mesh is None else MeshConfig.parse(mesh, flag="--mesh"))
     hparams = run_hparams(rl_cfg, task=task, max_digits=max_digits, seed=seed, system=system,
                           prompts_per_step=prompts_per_step, partial_weight=partial_weight)
     if hf is not None:  # the source model: a resume compares it, export reads it
@@ -351,6 +356,7 @@ def train(
         "health": next(({"step": m["step"], "message": m["health"]} for m in history
                         if m.get("health")), None),
         "seconds": time.perf_counter() - t_run,
+        "mesh": describe(trainer.mesh),
     }
 
 

@@ -45,7 +45,7 @@ from jaxrl_sym.runtime.policy import (
     next_pow2,
 )
 from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, slot_specs, store_specs
-from jaxrl_sym.sharding import make_mesh, tree_shardings
+from jaxrl_sym.sharding import data_size, make_mesh, tree_shardings
 from jaxrl_sym.tracer.trace import trace_model
 
 
@@ -138,6 +138,12 @@ class SymbolicLM:
         self.leaves = self._place(jax.tree_util.tree_leaves(state))
         self._hoisted = None
 
+    @property
+    def row_multiple(self) -> int:
+        """Row buckets this many rows apart split evenly over the mesh's data axes (1 without
+        a mesh); a bucket that is not a multiple runs with replicated stores."""
+        return data_size(self.mesh)
+
     def _place(self, leaves: list[Any]) -> list[Any]:
         """On a mesh, weights go where the sharding rule puts them (a no-op when a trainer on
         the same mesh already placed them); without one, untouched."""
@@ -214,6 +220,8 @@ class SymbolicLM:
     def run_program(self, name: str, cfg: GenerationConfig, *args: Any, **static: int
                     ) -> tuple[Any, tuple]:
         """Run the prefill/decode(-tile) program for these shapes, compiling it on first use."""
+        if self.mesh is not None:  # a compiled program takes only the shardings it was built for
+            args = (args[0], self.builder.place_stores(args[1]), *args[2:])
         stores = args[1]
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
         shape = args[2].shape

@@ -29,7 +29,7 @@ from jaxrl_sym.runtime.stores import (
     StoreSpec,
     take_rows,
 )
-from jaxrl_sym.sharding import constrain_rows, data_size
+from jaxrl_sym.sharding import data_size, replicated, rows_sharding
 
 
 @dataclass
@@ -108,14 +108,29 @@ class StepBuilder:
     backend: str = "xla"
     mesh: Any = None  # a jax.sharding.Mesh: stores' rows stay split over its data axes
 
-    def rows(self, stores: Any) -> Any:
-        """Pin every store's row axis to the mesh's data axes (see
-        :func:`jaxrl_sym.sharding.constrain_rows`); a row count they do not divide is left to
-        XLA (an uneven split is refused), as is everything without a mesh."""
+    def store_sharding(self, stores: Any) -> Any:
+        """Where stores of this row count live: rows split over the mesh's data axes, or
+        replicated when those do not divide the row count (an uneven split is refused). Always
+        one of the two, never XLA's choice: a compiled step program accepts only the shardings
+        it was compiled for, and XLA's choice differs between programs (it once split a
+        store's heads over ``model``), which made the next dispatch refuse its stores."""
         leaves = jax.tree_util.tree_leaves(stores)
-        if self.mesh is None or not leaves or leaves[0].shape[0] % data_size(self.mesh):
-            return stores
-        return constrain_rows(stores, self.mesh)
+        if self.mesh is None or not leaves:
+            return None
+        if leaves[0].shape[0] % data_size(self.mesh):
+            return replicated(self.mesh)
+        return rows_sharding(self.mesh)
+
+    def rows(self, stores: Any) -> Any:
+        """Inside a program: pin the stores to :meth:`store_sharding` (no-op without a mesh)."""
+        sh = self.store_sharding(stores)
+        return stores if sh is None else jax.lax.with_sharding_constraint(stores, sh)
+
+    def place_stores(self, stores: Any) -> Any:
+        """Outside a program: move stores made elsewhere (a grow, a prefill path that does not
+        pin them) to :meth:`store_sharding`; arrays already there are not copied."""
+        sh = self.store_sharding(stores)
+        return stores if sh is None else jax.device_put(stores, sh)
 
     @property
     def boundary(self) -> tuple[int, ...]:
