@@ -78,6 +78,7 @@ def test_weight_round_trip_is_exact(model):
 
 
 @needs_tunix
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Tunix's own, called directly here
 def test_tunix_qwen2_computes_our_function(model):
     """Full forward (no cache) on a ragged, left-padded batch: same logits at every real slot."""
     tm = to_tunix(model)

@@ -82,7 +82,7 @@ class Tunix:
 
 def tunix_available() -> bool:
     """Whether the ``tunix`` package can be found (without importing it)."""
-    return "tunix" in sys.modules or importlib.util.find_spec("tunix") is not None
+    return sys.modules.get("tunix") is not None or importlib.util.find_spec("tunix") is not None
 
 
 def load_tunix() -> Tunix:
