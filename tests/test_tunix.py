@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -192,3 +193,36 @@ def test_cli_refuses_tunix_on_window_attention(capsys):
     assert cli_main(["decode", "--systems", "sym,tunix", "--attention", "window"]) == 2
     assert "use --attention full (got window)" in capsys.readouterr().err
 
+
+
+# --------------------------------------------------------------------------- benchmark suite
+
+
+def _bench():
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import suite
+    import suite_padding
+
+    return suite, suite_padding
+
+
+def test_suite_runs_tunix_on_full_attention_only():
+    suite, _ = _bench()
+    jobs = suite.plan(suite.QUICK, systems=("padded", "tunix"), scenarios=("decode", "realistic"))
+    peers = [j for j in jobs if j.system == "tunix"]
+    assert peers and all(j.config["attention"] == "full" for j in peers)
+    assert {j.config["scenario"] for j in peers} == {"decode", "realistic"}
+
+
+def test_suite_counts_tunix_geometry():
+    """Prompts padded to the next power of two, every row for N = max(limits) steps, each over
+    all cache slots: P + N, or 1,024 at the rollout defaults."""
+    _, sp = _bench()
+    full = [sp.Layer("full")] * 2
+    w = sp.tunix_work([5, 17], [10, 4], full)
+    assert (w.tokens_needed, w.tokens_computed) == (5 + 9 + 17 + 3, 2 * 32 + 2 * 10)
+    assert w.keys_computed == 2 * 10 * (32 + 10) * 2
+    d = sp.work_for("tunix-defaults", [5, 17], [10, 4], full)
+    assert (d.tokens_computed, d.keys_computed) == (2 * 64 + 2 * 10, 2 * 10 * 1024 * 2)
