@@ -165,6 +165,63 @@ def test_geometry():
     assert geometry([100], 8, defaults=True).prompt_len == 128  # Tunix's own rule past 64
 
 
+# --------------------------------------------------------------------------- Qwen2 checkpoints
+
+HF = Path(__file__).resolve().parent / "fixtures" / "hf"
+
+
+@needs_tunix
+def test_qwen2_checkpoint_greedy_equals_transformers():
+    """A transformers-saved Qwen2 (q/k/v biases, tied head) in Tunix's Qwen2: round trip exact,
+    greedy tokens equal transformers' ``generate(do_sample=False)``."""
+    from jaxrl_sym.models.hf import load_pretrained
+
+    model, _, _ = load_pretrained(HF / "qwen2_tied")
+    back = from_tunix(to_tunix(model), model)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model, nnx.Param)),
+                                 nnx.to_flat_state(nnx.state(back, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()),
+                                      err_msg=str(path))
+    with np.load(HF / "qwen2_tied" / "expected.npz") as z:
+        prompts, want = [z["prompt0"], z["prompt1"]], [z["greedy0"], z["greedy1"]]
+    out = TunixSystem(model)([p.astype(np.int32) for p in prompts],
+                             GenerationConfig(max_new_tokens=int(want[0].size)))
+    for got, exp in zip(out.tokens, want, strict=True):
+        np.testing.assert_array_equal(got, exp)
+
+
+@needs_tunix
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Tunix's own, called directly here
+def test_untied_qwen2_with_biases_computes_our_function():
+    from dataclasses import replace
+
+    from jaxrl_sym.models.hf import load_pretrained
+    from jaxrl_sym.models.hf.modeling import build_model
+
+    cfg = replace(load_pretrained(HF / "qwen2_tied")[0].cfg, tie_word_embeddings=False)
+    model = build_model(cfg)
+    rng = np.random.default_rng(0)
+    for layer in model.model.layers:  # biases a checkpoint would carry, not zeros
+        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            lin.bias.set_value(jnp.asarray(rng.normal(size=lin.bias.shape), jnp.float32))
+    tm = to_tunix(model)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 9)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(9, dtype=jnp.int32), (2, 9))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((9, 9), bool)), (2, 9, 9))
+    theirs, _ = tm(tokens, positions, None, mask)
+    np.testing.assert_allclose(np.asarray(theirs), np.asarray(model(tokens, positions)),
+                               atol=2e-5)
+
+
+@needs_tunix
+def test_sliding_window_checkpoint_refused():
+    from jaxrl_sym.models.hf import load_pretrained
+
+    model, _, _ = load_pretrained(HF / "qwen2_sliding_sharded")
+    with pytest.raises(InputError, match="full causal attention only"):
+        TunixSystem(model)
+
+
 # --------------------------------------------------------------------------- missing package
 
 

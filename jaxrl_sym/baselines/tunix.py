@@ -4,8 +4,9 @@ as a peer generation system on the same weights.
 Why a peer and not another baseline written by us: the padded baseline is our reading of how JAX
 RL stacks generate; Tunix *is* one. Our :class:`~jaxrl_sym.models.lm.DecoderLM`'s weights are
 copied into Tunix's own Qwen2 (``tunix.models.qwen2.model.Qwen2``: RMSNorm, RoPE, GQA, SwiGLU,
-tied head — the same function; its q/k/v biases are set to zero because ours has none) and Tunix's
-own ``Sampler`` generates, called through its public ``__call__`` as a user would:
+tied head — the same function; its q/k/v biases are set to zero because ours has none), or a
+Qwen2 checkpoint loaded by :func:`jaxrl_sym.models.hf.load_pretrained` with its biases and head,
+and Tunix's own ``Sampler`` generates, called through its public ``__call__`` as a user would:
 
 * ``tunix``: the smallest KV cache it accepts for the request — prompts left-padded by Tunix to
   the next power of two of the longest (its default ``max_prompt_length``), ``cache_size`` = that
@@ -126,78 +127,157 @@ class _Quiet(warnings.catch_warnings):
 # --------------------------------------------------------------------------- weights
 
 
-def _lm_config(model: Any) -> Any:
-    """Our model's LMConfig, after checking Tunix's Qwen2 can compute the same function."""
+@dataclass(frozen=True)
+class Arch:
+    """What Tunix's Qwen2 needs to know of one of our models (``DecoderLM`` or a Hugging Face
+    Qwen2 ``CausalLM``), read once and checked: the function must be the one Tunix computes."""
+
+    n_layers: int
+    vocab: int
+    d: int
+    ffn: int
+    heads: int
+    kv: int
+    hd: int
+    theta: float
+    eps: float
+    tied: bool
+    bias: bool  # q/k/v biases (Qwen2 checkpoints); DecoderLM has none: Tunix's are set to zero
+    dtype: Any
+
+
+def arch(model: Any) -> Arch:
+    """Our model's shape for Tunix, or :class:`InputError` saying why Tunix's Qwen2 cannot
+    compute the same function (another attention pattern, family or RoPE)."""
+    from jaxrl_sym.models.hf.modeling import CausalLM
     from jaxrl_sym.models.lm import DecoderLM
+
+    if isinstance(model, DecoderLM):
+        c = model.cfg
+        _full_only(c.layer_patterns())
+        return Arch(c.n_layers, c.vocab_size, c.d_model, c.ffn_dim, c.n_heads, c.n_kv_heads,
+                    c.head_dim, float(c.rope_theta), float(c.norm_eps), True, False, c.dtype)
+    if isinstance(model, CausalLM):
+        c = model.cfg
+        odd = [name for name, on in (
+            (f"model_type {c.model_type}", c.model_type != "qwen2"), ("qk_norm", c.qk_norm),
+            ("o_bias", c.o_bias), ("mlp_bias", c.mlp_bias), ("gemma_norm", c.gemma_norm),
+            (f"hidden_act {c.hidden_act}", c.hidden_act != "silu"),
+            ("embed_scale", c.embed_scale is not None), ("softcaps", c.attn_softcap is not None
+                                                         or c.final_softcap is not None),
+            ("attn_scale", c.attn_scale not in (None, c.head_dim ** -0.5))) if on]
+        if odd:
+            raise InputError(f"system 'tunix' runs Qwen2 checkpoints in Tunix's Qwen2; this model "
+                             f"has {', '.join(odd)}")
+        _full_only(c.patterns)
+        return Arch(c.num_layers, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_heads,
+                    c.num_kv_heads, c.head_dim, _theta(c.inv_freq, c.head_dim),
+                    float(c.rms_norm_eps), bool(c.tie_word_embeddings), bool(c.qkv_bias), c.dtype)
+    raise InputError(f"system 'tunix' runs a jaxrl_sym DecoderLM (--preset) or a Qwen2 "
+                     f"checkpoint in Tunix's Qwen2; got {type(model).__name__}")
+
+
+def _full_only(patterns: Sequence[Any]) -> None:
     from jaxrl_sym.ops.attention import Causal
 
-    if not isinstance(model, DecoderLM):
-        raise InputError(f"system 'tunix' runs jaxrl_sym.models.lm.DecoderLM weights in Tunix's "
-                         f"Qwen2; got {type(model).__name__} (use --preset, not --model)")
-    bad = sorted({type(p).__name__ for p in model.cfg.layer_patterns() if p != Causal()})
+    bad = sorted({type(p).__name__ for p in patterns if p != Causal()})
     if bad:
         raise InputError(f"system 'tunix': Tunix's Qwen2 has full causal attention only, the model "
                          f"has {', '.join(bad)} layers; use --attention full")
-    return model.cfg
+
+
+def _theta(inv_freq: Sequence[float], hd: int) -> float:
+    """RoPE base from a checkpoint's inverse frequencies; refused unless Tunix's plain
+    ``theta ** (-2i / hd)`` reproduces them (rope scaling is not in Tunix's Qwen2)."""
+    theta = float(inv_freq[1]) ** (-hd / 2)
+    plain = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+    if not np.allclose(plain, np.asarray(inv_freq, np.float64), rtol=1e-5):
+        raise InputError("system 'tunix': the checkpoint's RoPE frequencies are scaled; Tunix's "
+                         "Qwen2 has plain RoPE only")
+    return theta
 
 
 def tunix_config(model: Any, tx: Tunix) -> Any:
-    """Tunix's ``qwen2.ModelConfig`` for our DecoderLM (tied head, our dtype)."""
-    c = _lm_config(model)
+    """Tunix's ``qwen2.ModelConfig`` for our model (its head tying and dtype)."""
+    a = arch(model)
     return tx.qwen2.ModelConfig(
-        num_layers=c.n_layers, vocab_size=c.vocab_size, embed_dim=c.d_model,
-        hidden_dim=c.ffn_dim, num_heads=c.n_heads, head_dim=c.head_dim,
-        num_kv_heads=c.n_kv_heads, rope_theta=c.rope_theta, norm_eps=c.norm_eps,
-        use_tied_embedding=True, dtype=c.dtype, param_dtype=c.dtype)
+        num_layers=a.n_layers, vocab_size=a.vocab, embed_dim=a.d, hidden_dim=a.ffn,
+        num_heads=a.heads, head_dim=a.hd, num_kv_heads=a.kv, rope_theta=a.theta,
+        norm_eps=a.eps, use_tied_embedding=a.tied, dtype=a.dtype, param_dtype=a.dtype)
 
 
-def _pairs(model: Any, tm: Any) -> list[tuple[nnx.Variable, nnx.Variable, tuple[int, ...]]]:
+Pair = tuple[nnx.Variable, nnx.Variable, tuple[int, ...]]
+
+
+def _pairs(model: Any, tm: Any) -> list[Pair]:
     """(our variable, Tunix's variable, Tunix's shape) for every weight: the one mapping both
     directions of the conversion use."""
-    c = model.cfg
-    d, h, kv, hd = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
-    out = [(model.embed.embedding, tm.embedder.input_embedding, (c.vocab_size, d)),
-           (model.final_norm.scale, tm.final_norm.w, (d,))]
-    for ours, theirs in zip(model.layers, tm.layers, strict=True):
-        a, ta = ours.attn, theirs.attn
-        out += [(ours.attn_norm.scale, theirs.input_layernorm.w, (d,)),
-                (a.q_proj.kernel, ta.q_proj.w, (d, h, hd)),
-                (a.k_proj.kernel, ta.k_proj.w, (d, kv, hd)),
-                (a.v_proj.kernel, ta.v_proj.w, (d, kv, hd)),
-                (a.o_proj.kernel, ta.o_proj.w, (h, hd, d)),
-                (ours.mlp_norm.scale, theirs.post_attention_layernorm.w, (d,)),
-                (ours.mlp.gate.kernel, theirs.mlp.gate_proj.kernel, (d, c.ffn_dim)),
-                (ours.mlp.up.kernel, theirs.mlp.up_proj.kernel, (d, c.ffn_dim)),
-                (ours.mlp.down.kernel, theirs.mlp.down_proj.kernel, (c.ffn_dim, d))]
+    a = arch(model)
+    d, h, kv, hd, f = a.d, a.heads, a.kv, a.hd, a.ffn
+    if hasattr(model, "embed"):  # DecoderLM
+        ours = [(b.attn_norm, b.attn, b.mlp_norm, b.mlp.gate, b.mlp.up, b.mlp.down)
+                for b in model.layers]
+        emb, final, head = model.embed.embedding, model.final_norm.scale, None
+        scale = lambda n: n.scale
+    else:  # Hugging Face CausalLM (Qwen2)
+        ours = [(b.input_layernorm, b.self_attn, b.post_attention_layernorm, b.mlp.gate_proj,
+                 b.mlp.up_proj, b.mlp.down_proj) for b in model.model.layers]
+        emb, final = model.model.embed_tokens.embedding, model.model.norm.weight
+        head = None if a.tied else model.lm_head.kernel
+        scale = lambda n: n.weight
+    out: list[Pair] = [(emb, tm.embedder.input_embedding, (a.vocab, d)),
+                       (final, tm.final_norm.w, (d,))]
+    if head is not None:
+        out.append((head, tm.lm_head.w, (d, a.vocab)))
+    for (n1, at, n2, gate, up, down), t in zip(ours, tm.layers, strict=True):
+        out += [(scale(n1), t.input_layernorm.w, (d,)),
+                (at.q_proj.kernel, t.attn.q_proj.w, (d, h, hd)),
+                (at.k_proj.kernel, t.attn.k_proj.w, (d, kv, hd)),
+                (at.v_proj.kernel, t.attn.v_proj.w, (d, kv, hd)),
+                (at.o_proj.kernel, t.attn.o_proj.w, (h, hd, d)),
+                (scale(n2), t.post_attention_layernorm.w, (d,)),
+                (gate.kernel, t.mlp.gate_proj.kernel, (d, f)),
+                (up.kernel, t.mlp.up_proj.kernel, (d, f)),
+                (down.kernel, t.mlp.down_proj.kernel, (f, d))]
+        if a.bias:
+            out += [(at.q_proj.bias, t.attn.q_bias, (h * hd,)),
+                    (at.k_proj.bias, t.attn.k_bias, (kv * hd,)),
+                    (at.v_proj.bias, t.attn.v_bias, (kv * hd,))]
     return out
 
 
 def to_tunix(model: Any, tx: Tunix | None = None) -> Any:
     """Tunix's Qwen2 holding ``model``'s weights (reshaped to its einsum layouts; q/k/v biases
-    zero). Built under ``nnx.eval_shape``, so Tunix's random initialisation never runs."""
+    zero where ours has none). Built under ``nnx.eval_shape``, so Tunix's random initialisation
+    never runs."""
     tx = tx or load_tunix()
     cfg = tunix_config(model, tx)
     with _Quiet():
         tm = nnx.eval_shape(lambda: tx.qwen2.Qwen2(cfg, rngs=nnx.Rngs(0)))
     for ours, theirs, shape in _pairs(model, tm):
         theirs.set_value(jnp.asarray(ours.get_value()).reshape(shape))
-    for layer in tm.layers:
-        for bias in (layer.attn.q_bias, layer.attn.k_bias, layer.attn.v_bias):
-            bias.set_value(jnp.zeros(bias.shape, cfg.param_dtype))
+    if not arch(model).bias:
+        for layer in tm.layers:
+            for bias in (layer.attn.q_bias, layer.attn.k_bias, layer.attn.v_bias):
+                bias.set_value(jnp.zeros(bias.shape, cfg.param_dtype))
     return tm
 
 
 def from_tunix(tm: Any, like: Any) -> Any:
-    """Our DecoderLM (configured as ``like``) holding Tunix Qwen2 ``tm``'s weights; refuses
-    non-zero q/k/v biases (our model has none). The inverse of :func:`to_tunix`."""
+    """A model configured as ``like`` (DecoderLM or Qwen2 CausalLM) holding Tunix Qwen2 ``tm``'s
+    weights; refuses non-zero q/k/v biases where ``like`` has none. The inverse of
+    :func:`to_tunix`."""
+    from jaxrl_sym.models.hf.modeling import abstract_model
     from jaxrl_sym.models.lm import DecoderLM
 
-    cfg = _lm_config(like)
-    model = nnx.eval_shape(lambda: DecoderLM(cfg, rngs=nnx.Rngs(0)))
+    a = arch(like)
+    model = (nnx.eval_shape(lambda: DecoderLM(like.cfg, rngs=nnx.Rngs(0)))
+             if isinstance(like, DecoderLM) else abstract_model(like.cfg))
     for i, layer in enumerate(tm.layers):
         for name in ("q_bias", "k_bias", "v_bias"):
-            if np.any(np.asarray(getattr(layer.attn, name).get_value())):
-                raise InputError(f"Tunix layer {i} has a non-zero {name}; DecoderLM has no bias")
+            if not a.bias and np.any(np.asarray(getattr(layer.attn, name).get_value())):
+                raise InputError(f"Tunix layer {i} has a non-zero {name}; "
+                                 f"{type(like).__name__} has no bias")
     for ours, theirs, _ in _pairs(model, tm):
         ours.set_value(jnp.asarray(theirs.get_value()).reshape(ours.shape))
     return model
@@ -259,16 +339,17 @@ class TunixSystem:
         self.tx = load_tunix()
         self.model = model
         self.defaults = defaults
-        self.vocab = int(_lm_config(model).vocab_size)
+        self.arch = arch(model)
+        self.vocab = self.arch.vocab
         self.tmodel = to_tunix(model, self.tx)
         self._samplers: dict[tuple[int, int], Any] = {}
 
     def _sampler(self, cache_size: int, eos: int) -> Any:
         key = (cache_size, eos)
         if key not in self._samplers:
-            c = self.model.cfg
-            cache = self.tx.sampler.CacheConfig(cache_size=cache_size, num_layers=c.n_layers,
-                                                num_kv_heads=c.n_kv_heads, head_dim=c.head_dim)
+            a = self.arch
+            cache = self.tx.sampler.CacheConfig(cache_size=cache_size, num_layers=a.n_layers,
+                                                num_kv_heads=a.kv, head_dim=a.hd)
             self._samplers[key] = self.tx.sampler.Sampler(
                 self.tmodel, _IdTokenizer(eos, self.vocab), cache)
         return self._samplers[key]
