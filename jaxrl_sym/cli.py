@@ -456,7 +456,10 @@ def memory_check(args: argparse.Namespace, systems: list[str]) -> dict[str, Any]
     :func:`jaxrl_sym.runtime.estimate.check_request`'s result, or None (with a warning on
     stderr) when the estimate itself failed — the systems then run and report their own errors.
     """
-    spec = {**_spec(args, "-"), "systems": [s for s in systems if s not in PEERS],
+    ours = [s for s in systems if s not in PEERS]  # peers have no shape estimate
+    if not ours:
+        return None
+    spec = {**_spec(args, "-"), "systems": ours,
             "memory_limit": parse_bytes(args.memory_limit) if args.memory_limit else None}
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "estimate.json")

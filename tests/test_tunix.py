@@ -10,6 +10,7 @@ missing-package errors are tested everywhere by hiding the package.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -283,3 +284,14 @@ def test_suite_counts_tunix_geometry():
     assert w.keys_computed == 2 * 10 * (32 + 10) * 2
     d = sp.work_for("tunix-defaults", [5, 17], [10, 4], full)
     assert (d.tokens_computed, d.keys_computed) == (2 * 64 + 2 * 10, 2 * 10 * 1024 * 2)
+
+
+@needs_tunix
+def test_cli_with_only_a_peer_runs_it(capsys):
+    """Only peers (no shape estimate) must still run; Tunix's own refusal of a request past its
+    1,024-slot rollout cache is that system's error row, exit code 1."""
+    assert cli_main(["decode", "--systems", "tunix-defaults", "--tokens", "1000", "--batch", "1",
+                     "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    error = report["systems"]["tunix-defaults"]["error"][0]
+    assert "must be less than the cache size 1024" in error
