@@ -1,0 +1,141 @@
+"""Tunix's GRPO learner (``google-tunix`` 0.1.7) on ``bench/rlft_step.py``'s workload: a peer row
+for the RL step.
+
+Same policy shape and weights (rlft_step's shrunk Qwen2.5, copied into Tunix's Qwen2 by
+:mod:`jaxrl_sym.baselines.tunix`; the reference is a second copy), same prompts, group size G, β,
+clip ε 0.2, Adam at 1e-4, one iteration per batch, temperature 1.0. What differs by Tunix's design:
+it has one response length per batch (its sampler stops a row only at EOS, and a random policy
+never samples one), so every response has ``max(limits)`` tokens — run ``rlft_step.py --sigma 0``
+for the comparable row of our systems (all responses at the median). Step time: the wall time
+between consecutive reward calls (one per step: rollout, reference, reward, update in between);
+the first two intervals (the rollout's and the update's compiles) are reported apart.
+
+The GRPO learner imports Tunix's trainer stack, which the light install leaves out; without
+touching the project's venv, put those packages in a directory of their own::
+
+    pip install --no-deps --target /tmp/tunix_rl_deps google-metrax grain qwix omegaconf \
+        array_record cloudpickle clu ml_collections portpicker tensorboardX wrapt
+    PYTHONPATH=/tmp/tunix_rl_deps .venv/bin/python bench/tunix_grpo.py --sigma 0 --steps 3 \
+        --json bench/results/cpu/tunix_grpo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def _ids(text: str) -> np.ndarray:
+    return np.array([int(t) for t in text.split()], np.int64)
+
+
+def build(args: argparse.Namespace, prompts: list[np.ndarray], n: int, stamps: list[float]
+          ) -> Any:
+    """Tunix's RLCluster + GRPOLearner for the workload; ``stamps`` gets a time per reward call."""
+    import importlib
+
+    import jax
+    import optax
+    from rlft_step import model_config, reward_fn
+
+    from jaxrl_sym.baselines.tunix import _IdTokenizer, load_tunix, to_tunix
+    from jaxrl_sym.models.lm import init_model, preset
+
+    tx = load_tunix()
+    rl_cluster = importlib.import_module("tunix.rl.rl_cluster")
+    grpo = importlib.import_module("tunix.rl.grpo.grpo_learner")
+    base_rollout = importlib.import_module("tunix.rl.rollout.base_rollout")
+    model = init_model(preset("small", **model_config(args)), args.seed)
+    vocab = model.cfg.vocab_size
+    prompt_len = 1 << (max(p.size for p in prompts) - 1).bit_length()
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
+    roles = rl_cluster.Role
+    cluster_cfg = rl_cluster.ClusterConfig(
+        role_to_mesh={roles.ACTOR: mesh, roles.REFERENCE: mesh, roles.ROLLOUT: mesh},
+        rollout_engine="vanilla", offload_to_cpu=False,
+        training_config=rl_cluster.RLTrainingConfig(
+            actor_optimizer=optax.adam(1e-4), eval_every_n_steps=10**9,
+            max_steps=1 + args.steps, checkpoint_root_directory=None,
+            metrics_logging_options=None, pbar_description=None),
+        rollout_config=base_rollout.RolloutConfig(
+            max_tokens_to_generate=n, max_prompt_length=prompt_len,
+            kv_cache_size=prompt_len + n, temperature=1.0, top_p=1.0, eos_tokens=[vocab]))
+    cluster = rl_cluster.RLCluster(actor=to_tunix(model, tx), reference=to_tunix(model, tx),
+                                   tokenizer=_IdTokenizer(vocab, vocab), cluster_config=cluster_cfg)
+
+    def reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        stamps.append(time.perf_counter())
+        return [reward_fn(_ids(p), _ids(c)) for p, c in zip(prompts, completions, strict=True)]
+
+    algo = grpo.GRPOConfig(num_generations=args.group, num_iterations=1, beta=args.beta,
+                           epsilon=0.2)
+    return grpo.GRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=[reward])
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from rlft_step import workload
+
+    prompts, limits = workload(args)
+    n = max(limits)
+    stamps: list[float] = []
+    learner = build(args, prompts, n, stamps)
+    # One array leaf: Tunix tree-maps over a batch (a list would make each string a leaf).
+    batch = {"prompts": np.array([" ".join(map(str, p.tolist())) for p in prompts])}
+    t0 = time.perf_counter()
+    learner.train([batch] * (1 + args.steps))
+    total = time.perf_counter() - t0
+    steps = np.diff(stamps).tolist()
+    responses = args.prompts * args.group * n
+    # steps[0] holds the first update, which compiles the training programs: not steady state.
+    steady = steps[1:]
+    step = statistics.median(steady) if steady else float("nan")
+    return {"system": "tunix", "response_tokens_per_row": n, "response_tokens": responses,
+            "prompt_tokens": int(sum(p.size for p in prompts)) * args.group,
+            "first_step_seconds": stamps[0] - t0 if stamps else None,
+            "step_seconds": steps, "median_step_seconds": step, "train_seconds": total,
+            "response_tokens_per_s": responses / step if steady else None,
+            "reward_calls": len(stamps)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--scale", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--sigma", type=float, default=0.0, help="log-normal sigma of lengths")
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--steps", type=int, default=4,
+                   help="steps after the first; the median skips the first of them too (it "
+                        "holds the update's compile)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from jaxrl_sym.report import run_metadata
+
+    with tempfile.TemporaryDirectory():
+        report = {"config": vars(args), **run(args)}
+    report.update(run_metadata("python bench/tunix_grpo.py " + " ".join(sys.argv[1:])))
+    import importlib.metadata as md
+
+    report["versions"]["google-tunix"] = md.version("google-tunix")
+    text = json.dumps(report, indent=1)
+    if args.json:
+        Path(args.json).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
