@@ -3,8 +3,8 @@
 Why from the request and not measured: the work each system launches is a deterministic function
 of the prompt lengths, the per-row limits and its own buffer policy, so counting it on the host is
 exact and costs nothing. For the symbolic runtime the count calls the host loop's own policy
-(:mod:`jaxrl_sym.runtime.policy`: aligned microbatches, power-of-two row buckets, decode tiles,
-compaction when at most half the bucket is live, geometric growth of growing stores) — the same
+(:mod:`jaxrl_sym.runtime.policy`: aligned microbatches, row buckets, decode tiles, compaction,
+geometric growth of growing stores; :mod:`jaxrl_sym.runtime.prefill`: packing) — the same
 functions the engine executes, not a copy of them.
 
 Two fractions, both "computed but not needed / computed":
@@ -13,8 +13,9 @@ Two fractions, both "computed but not needed / computed":
   the model (prefill or a decode step). Needed: each row's prompt plus every generated token fed
   back, ``sum_i p_i + L_i - 1``. Computed: padded = ``B * P`` (left-padded prompt block) plus
   ``B`` per decode step for all ``N - 1`` steps (finished rows keep decoding); per-shape = the
-  same block plus ``B`` per step until every row is done; sym = per microbatch its bucket of
-  rows × its bucketed prompt block, plus the live-row bucket per decode step (after compaction).
+  same block plus ``B`` per step until every row is done; sym = per microbatch its packed
+  prefill rows (the prompts bin-packed), plus the live-row bucket per decode step (after
+  compaction). The engine also logs this itself while it runs (``waste_by_cause``).
 
 ``key_padding_fraction`` (attention key slots, decode steps only): per layer, row and decode
   step, the key slots attention runs over. Needed: the pattern's minimal footprint S(q) for the
@@ -30,7 +31,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jaxrl_sym.runtime.policy import replay
+import numpy as np
+
+from jaxrl_sym.runtime.policy import DEFAULT_MAX_PAD_FRACTION, microbatches, replay
+from jaxrl_sym.runtime.prefill import PackedPrompts
 
 
 @dataclass(frozen=True)
@@ -135,10 +139,15 @@ def tunix_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[L
 
 def sym_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer]) -> Work:
     """The symbolic runtime at its defaults: the dispatches its own policy
-    (:func:`jaxrl_sym.runtime.policy.replay`) decides for this request, counted."""
+    (:func:`jaxrl_sym.runtime.policy.replay`) decides for this request, counted; the prefill is
+    the runtime's own packing of each group's prompts (:class:`PackedPrompts`)."""
     w = _needed(prompts, limits, layers)
-    for shape, dispatches in replay(prompts, limits):
-        w.tokens_computed += shape.rows * shape.prompt_slots
+    groups = microbatches(prompts, limits, max_rows=None,
+                          max_pad_fraction=DEFAULT_MAX_PAD_FRACTION)
+    for group, (shape, dispatches) in zip(groups, replay(prompts, limits), strict=True):
+        packed = PackedPrompts.build([np.zeros(prompts[i], np.int32) for i in group],
+                                     shape.prompt_slots, vocab=1, logits_bytes=1 << 62)
+        w.tokens_computed += packed.positions_computed
         for d in dispatches:
             w.tokens_computed += d.tile * d.rows
             w.keys_computed += d.tile * d.rows * sum(layer.sym_slots(d.capacity)

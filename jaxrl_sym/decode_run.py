@@ -119,6 +119,9 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
         "generated_tokens": int(sum(len(t) for t in cold.tokens)),
         "dispatches": int(cold.stats.get("dispatches", -1)),
     }
+    # sym: the engine's own log of the token positions it computed, by cause of waste
+    metrics.update({k: cold.stats[k] for k in ("waste_fraction", "waste_by_cause", "groups")
+                    if k in cold.stats})
     # A peer's version and cache geometry (Tunix: jaxrl_sym.baselines.tunix), kept with its row.
     metrics.update({k: cold.stats[k] for k in ("tunix_version", "cache_size", "prompt_len")
                     if k in cold.stats and system.startswith("tunix")})

@@ -16,6 +16,7 @@ from zoo import zoo
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.policy import GroupShape, microbatches, next_dispatch, replay
+from jaxrl_sym.runtime.prefill import PackedPrompts
 
 requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=12)
 
@@ -43,14 +44,22 @@ def test_replay_covers_every_token_and_never_overflows(req, tile, min_cap) -> No
 
 def test_next_dispatch_compacts_and_grows() -> None:
     shape = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4)
-    assert (shape.rows, shape.prompt_slots) == (4, 10)  # 9 bucketed (4 per octave)
-    d = next_dispatch(shape, steps_done=0, rows=4, capacity=shape.capacity, live=2,
+    assert (shape.rows, shape.prompt_slots) == (3, 10)  # rows exact up to 8; 9 bucketed
+    d = next_dispatch(shape, steps_done=0, rows=3, capacity=shape.capacity, live=2,
                       remaining=20, tile=8, need=lambda t: t + 1)
     assert d.rows == 2 and d.tile == 8 and d.write == 10
     assert d.capacity >= d.write + 8  # the whole tile's writes fit
-    d = next_dispatch(shape, steps_done=0, rows=4, capacity=64, live=3, remaining=3, tile=8,
+    d = next_dispatch(shape, steps_done=0, rows=3, capacity=64, live=3, remaining=3, tile=8,
                       need=None)
-    assert (d.rows, d.tile, d.capacity) == (4, 1, 64)  # short tail: single steps, nothing grows
+    assert (d.rows, d.tile, d.capacity) == (3, 1, 64)  # short tail: single steps, nothing grows
+    # compaction only where the smaller bucket saves at least a quarter of the rows
+    big = GroupShape.plan([4] * 16, [9] * 16, min_capacity=4)
+    assert big.rows == 16
+    keep = next_dispatch(big, steps_done=0, rows=16, capacity=64, live=13, remaining=9, tile=8,
+                         need=None)
+    assert keep.rows == 16  # 13 live rows bucket to 14: not worth a compaction
+    assert next_dispatch(big, steps_done=0, rows=16, capacity=64, live=12, remaining=9, tile=8,
+                         need=None).rows == 12
 
 
 def test_engine_dispatches_what_the_policy_replays() -> None:
@@ -79,18 +88,18 @@ def test_engine_dispatches_what_the_policy_replays() -> None:
     # The engine's own log of work: every position it computed is needed or has one cause.
     st = res.stats
     assert st["needed_positions"] == sum(p + n - 1 for p, n in zip(lens, limits, strict=True))
-    computed = sum(shape.rows * shape.prompt_slots + sum(d.rows * d.tile for d in ds)
-                   for shape, ds in replay(lens, limits, min_capacity=8, tile=4))
+    groups = microbatches(lens, limits, max_rows=None, max_pad_fraction=lm.max_pad_fraction)
+    packed = [PackedPrompts.build([prompts[i] for i in g], 0, vocab=1, logits_bytes=1 << 40)
+              for g in groups]
+    computed = sum(p.positions_computed for p in packed) + sum(
+        d.rows * d.tile for _, ds in replay(lens, limits, min_capacity=8, tile=4) for d in ds)
     assert st["token_positions"] == computed
     by_cause = st["waste_by_cause"]
     assert abs(sum(by_cause.values()) - st["waste_fraction"]) < 1e-12
-    align = 0
-    for g in microbatches(lens, limits, max_rows=None, max_pad_fraction=lm.max_pad_fraction):
-        pcap = GroupShape.plan([lens[i] for i in g], [limits[i] for i in g],
-                               min_capacity=8).prompt_slots
-        align += sum(pcap - lens[i] for i in g)
-    assert round(by_cause["prompt_alignment"] * computed) == align > 0
-    assert by_cause["tile_overrun"] > 0 and by_cause["row_bucket"] > 0
+    assert by_cause["prompt_alignment"] == 0  # packed prefill: no prompt padding computed
+    assert round(by_cause["packing"] * computed) == sum(p.positions_computed for p in packed) \
+        - sum(lens)
+    assert by_cause["tile_overrun"] > 0
 
 
 def test_work_log_counts_rows_that_end_at_eos_inside_a_tile() -> None:

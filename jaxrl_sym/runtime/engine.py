@@ -80,6 +80,9 @@ class SymbolicLM:
         ``auto``.
       decode_tile: decode steps per dispatch (one device→host sync per tile; rows that end
         inside a tile waste at most ``decode_tile - 1`` steps). 1: a dispatch per token.
+      prefill: ``packed`` (default: prompts bin-packed into rows, so neither prompt padding nor
+        filler rows are computed; :mod:`jaxrl_sym.runtime.prefill`) or ``block`` (the
+        right-aligned ``[rows, prompt block]`` rectangle, in chunks).
       mesh: a ``jax.sharding.Mesh`` (or ``"data=4"`` / a :class:`~jaxrl_sym.sharding.MeshConfig`):
         weights are placed by :mod:`jaxrl_sym.sharding`'s rule and every program keeps its
         stores' rows split over the data axes, so XLA partitions each step; the host loop is
@@ -99,10 +102,15 @@ class SymbolicLM:
         backend: str = "xla",
         decode_tile: int = DEFAULT_DECODE_TILE,
         mesh: Any = None,
+        prefill: str = "packed",
     ) -> None:
         if decode_tile < 1:
             raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
         self.decode_tile = int(decode_tile)
+        if prefill not in ("packed", "block"):
+            raise InputError(f"prefill={prefill!r}: choose 'packed' (prompts bin-packed into "
+                             "rows) or 'block' (the right-aligned prompt rectangle)")
+        self.prefill = prefill
         self.backend = resolve_backend(backend)
         check_model(model)  # the contract, stated, before any symbolic-shape tracing
         self.program, self.graphdef, state = trace_model(model)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -19,6 +20,7 @@ import numpy as np
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
 from jaxrl_sym.runtime.policy import Dispatch, GroupShape, next_dispatch
+from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
 from jaxrl_sym.runtime.programs import DEAD_POSITION
 
 if TYPE_CHECKING:
@@ -85,6 +87,39 @@ class DecodeGroup:
             last = self.decode(hoisted, d)
 
     def prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+        """Fill the stores from the prompts (packed, or as the right-aligned block)."""
+        if self.lm.prefill == "packed":
+            return self.packed_prefill(hoisted)
+        return self.block_prefill(hoisted)
+
+    def packed_prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+        """The prompts bin-packed into rows (:mod:`jaxrl_sym.runtime.prefill`): no prompt
+        padding and no filler row is computed, only the packing's tail."""
+        b, pcap = self.shape.rows, self.shape.prompt_slots
+        prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
+        pk = PackedPrompts.build(prompts, pcap, vocab=self.lm.vocab_size,
+                                 logits_bytes=self.cfg.prefill_logits_bytes)
+        lens = [len(p) for p in prompts if p is not None]
+        self.work.computed += pk.positions_computed
+        self.work.needed += sum(lens)
+        self.work.add("packing", pk.positions_computed - sum(lens))
+        self._tile = 0
+        chunk_rows = pk.chunk_rows
+        args = (hoisted, self.stores, *(jax.device_put(x) for x in (
+            pk.tokens, pk.positions, pk.rows, pk.slots, pk.last)), self.row_ids, self.seed)
+        key = ("packed_prefill", pk.tokens.shape, b, chunk_rows, self.cfg.temperature,
+               self.cfg.return_logits,
+               tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items()
+                            if "pos" in s)))
+        fn = partial(packed_prefill, self.lm.builder, temperature=self.cfg.temperature,
+                     want_logits=self.cfg.return_logits, chunk_rows=chunk_rows)
+        self.stores, tok, lp, lg = self.lm.cache.run(
+            key, lambda a=args: jax.jit(fn, donate_argnums=(1,)).lower(*a).compile(), *args)
+        del args  # holds the empty stores, donated
+        self._observe(key, step=0)
+        return tok, lp, lg if self.cfg.return_logits else None, False
+
+    def block_prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
         """The right-aligned prompt block, in chunks whose logits fit the config's budget."""
         b, pcap = self.shape.rows, self.shape.prompt_slots
         tok_in = np.zeros((b, pcap), np.int32)

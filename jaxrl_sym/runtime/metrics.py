@@ -107,7 +107,7 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-WASTE_CAUSES = ("prompt_alignment", "row_bucket", "finished_rows", "tile_overrun")
+WASTE_CAUSES = ("prompt_alignment", "packing", "row_bucket", "finished_rows", "tile_overrun")
 
 
 @dataclass
@@ -120,6 +120,7 @@ class WorkLog:
     it emitted after the first (each was fed back once). Every other position is wasted, by cause:
 
     - ``prompt_alignment``: left padding of a real row in the right-aligned prompt block;
+    - ``packing``: the packed prefill's unused tail of its packed rows;
     - ``row_bucket``: filler slots of the row bucket (no request row), prefill and decode;
     - ``finished_rows``: rows that ended but still sit in the bucket until compaction;
     - ``tile_overrun``: steps a row computed inside a decode tile after it ended.

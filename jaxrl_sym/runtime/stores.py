@@ -108,6 +108,16 @@ def _write(store: Store, k: jax.Array, v: jax.Array, pos: jax.Array, slot: jax.A
     }
 
 
+def _scatter(store: Store, k: jax.Array, v: jax.Array, pos: jax.Array, rows: jax.Array,
+             slots: jax.Array) -> Store:
+    """Token i to ``[rows[i], slots[i]]``; rows out of range (packing tail) are dropped."""
+    rows = jnp.where((rows >= 0) & (slots >= 0), rows, store["pos"].shape[0])
+    at = (rows, jnp.maximum(slots, 0))
+    return {"k": store["k"].at[at].set(k.astype(store["k"].dtype), mode="drop"),
+            "v": store["v"].at[at].set(v.astype(store["v"].dtype), mode="drop"),
+            "pos": store["pos"].at[at].set(pos, mode="drop")}
+
+
 def _kv_arrays(spec: StoreSpec, batch: int, capacity: int) -> Store:
     return {
         "k": jnp.zeros((batch, capacity, spec.hkv, spec.d), spec.dtype),
@@ -157,6 +167,14 @@ class StoreKind:
         program serves every step); ``fresh`` (static): the store is empty (first prompt chunk).
         """
         raise NotImplementedError
+
+    def fill(self, spec: StoreSpec, store: Store, k: jax.Array, v: jax.Array, pos: jax.Array,
+             rows: jax.Array, slots: jax.Array) -> Store:
+        """Write packed prompt tokens (``k, v [N, Hkv, D]``, ``pos [N]``) into an empty store:
+        token i goes to row ``rows[i]`` (out of range: dropped) at absolute slot ``slots[i]``
+        (the right-aligned prompt block's). Used by the packed prefill
+        (:mod:`jaxrl_sym.runtime.prefill`); every (row, slot) is written at most once."""
+        return _scatter(store, k, v, pos, rows, slots)
 
     def capacity(self, spec: StoreSpec, group_capacity: int) -> int:
         """Slots to allocate for a group whose growing capacity is ``group_capacity``: the
@@ -243,6 +261,17 @@ class RingStore(StoreKind):
         return out, new
 
 
+    def fill(self, spec, store, k, v, pos, rows, slots):
+        """Only each row's last C prompt tokens, at ``slot mod C`` (as decode writes them); the
+        block's right-aligned slots end at ``pcap - 1`` for every row, so "last C" is
+        ``slot >= max slot - C + 1`` with no per-row bookkeeping."""
+        cap = store["pos"].shape[1]
+        top = jnp.max(slots)
+        keep = slots > top - cap
+        return _scatter(store, k, v, pos, jnp.where(keep, rows, store["pos"].shape[0]),
+                        slots % cap)
+
+
 class BlockStore(RingStore):
     """Block attention: a ring of b slots; the pattern's mask drops the previous block's keys."""
 
@@ -268,6 +297,17 @@ class StateStore(StoreKind):
                                                          store["z"])
             return out[:, None], {"S": s_new, "z": z_new}
         return _linear_chunk(spec, store, q, k, v, q_pos, k_pos)
+
+    def fill(self, spec, store, k, v, pos, rows, slots):
+        """The recurrence over each row's prompt at once: per-row sums of phi(k) v^T, phi(k)."""
+        b = store["S"].shape[0]
+        valid = (pos >= 0) & (rows >= 0) & (rows < b)
+        pk = jnp.where(valid[:, None, None], phi(k.astype(jnp.float32)), 0.0)
+        vf = jnp.where(valid[:, None, None], v.astype(jnp.float32), 0.0)
+        seg = jnp.where(valid, rows, b)
+        sums = jax.ops.segment_sum(jnp.einsum("nhd,nhe->nhde", pk, vf), seg, num_segments=b + 1)
+        zs = jax.ops.segment_sum(pk, seg, num_segments=b + 1)
+        return {"S": store["S"] + sums[:b], "z": store["z"] + zs[:b]}
 
     def slots(self, spec, capacity):
         return 1

@@ -1,0 +1,89 @@
+"""Where the symbolic runtime's token positions go on realistic RL lengths, from its own log.
+
+Runs the suite's realistic request (its ``quick`` preset on CPU: 16 prompts of 16–128 tokens,
+responses log-normal with median 69 capped at 256; ``--full``: 64 prompts of 64–512, median 275
+capped at 1024) through ``SymbolicLM`` with each prefill layout and grouping, and reports what
+the engine booked per cause (``stats["waste_by_cause"]``, written by the decode groups while
+they run — not a replay), with compiles, dispatches and seconds, cold and warm.
+
+    python bench/waste.py            # CPU, quick preset
+    python bench/waste.py --full     # GPU-sized request
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import FULL, QUICK, _prompts, lognormal_limits
+
+from jaxrl_sym.decode_run import build_model
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.metrics import WASTE_CAUSES
+
+CONFIGS = (("block", 0.1), ("packed", 0.1), ("packed", 1.0))
+
+
+def run(preset: dict, prefill: str, max_pad_fraction: float, seed: int = 0) -> dict:
+    r = preset["realistic"]
+    rng = np.random.default_rng(seed)
+    lens = _prompts(rng, r["batch"], *r["prompt"])
+    limits = lognormal_limits(rng, r["batch"], r["median"], r["sigma"], r["cap"])
+    spec = {"preset": preset["preset"], "attention": "full", "window": preset["window"],
+            "block": preset["block"], "seed": seed, "batch": 1, "prompt_len": [1, 1]}
+    model, _ = build_model(spec)
+    prompts = [rng.integers(1, 100, n).astype(np.int32) for n in lens]
+    lm = SymbolicLM(model, prefill=prefill, max_pad_fraction=max_pad_fraction)
+    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
+    t0 = time.perf_counter()
+    cold = lm.generate(prompts, cfg)
+    first = time.perf_counter() - t0
+    warm = lm.generate(prompts, cfg)
+    s = cold.stats
+    return {"prefill": prefill, "max_pad_fraction": max_pad_fraction, "groups": s["groups"],
+            "waste_fraction": s["waste_fraction"], **s["waste_by_cause"],
+            "xla_compiles": s["xla_compiles"], "dispatches": s["dispatches"],
+            "first_call_s": first, "warm_s": warm.stats["run_seconds"],
+            "tokens_sha": hash(tuple(t.tobytes() for t in cold.tokens)) & 0xFFFFFFFF,
+            "batch": r["batch"], "median": r["median"], "cap": r["cap"]}
+
+
+def table(rows: list[dict]) -> str:
+    head = ["prefill", "grouping", "groups", "waste", *WASTE_CAUSES, "compiles", "dispatches",
+            "first call s", "warm s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["prefill"], f"pad ≤ {r['max_pad_fraction']:g}", str(r["groups"]),
+                 f"{100 * r['waste_fraction']:.1f}%",
+                 *(f"{100 * r[c]:.1f}%" for c in WASTE_CAUSES), str(r["xla_compiles"]),
+                 str(r["dispatches"]), f"{r['first_call_s']:.1f}", f"{r['warm_s']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="the GPU-sized realistic request")
+    ap.add_argument("--out", default=None, help="directory for waste_realistic.{jsonl,md}")
+    args = ap.parse_args()
+    preset = FULL if args.full else QUICK
+    rows = [run(preset, p, f) for p, f in CONFIGS]
+    assert len({r["tokens_sha"] for r in rows}) == 1, "layouts generated different tokens"
+    md = table(rows)
+    print(md)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "waste_realistic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out / "waste_realistic.md").write_text(md + "\n")
+
+
+if __name__ == "__main__":
+    main()
