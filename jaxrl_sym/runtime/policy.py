@@ -37,12 +37,17 @@ def length_bucket(n: int, *, per_octave: int = 4, minimum: int = 8) -> int:
     return -(-n // step) * step
 
 
-def row_bucket(n: int) -> int:
+def row_bucket(n: int, multiple: int = 1) -> int:
     """Rows a group's programs run at for ``n`` rows: exact up to 8, then a geometric grid with
     four steps per octave (9-16 by 2, 17-32 by 4, …, 65-128 by 16), so filler rows stay under
     1/8 of a bucket. Powers of two left up to half the bucket as filler: on the suite's
-    realistic lengths, 15% of the runtime's token positions (the engine's own log)."""
-    return length_bucket(n, per_octave=4, minimum=1)
+    realistic lengths, 15% of the runtime's token positions (the engine's own log).
+
+    ``multiple``: on a device mesh, the devices the data axes split rows over — the bucket is
+    rounded up to a multiple of them (the extra rows are fillers, as for any bucket), so a
+    group's stores split evenly instead of running replicated."""
+    b = length_bucket(n, per_octave=4, minimum=1)
+    return -(-b // multiple) * multiple
 
 
 COMPACT_AT = 0.75
@@ -93,7 +98,7 @@ class GroupShape:
 
     @staticmethod
     def plan(prompt_lens: Sequence[int], limits: Sequence[int], *, min_capacity: int,
-             max_len: int | None = None) -> GroupShape:
+             max_len: int | None = None, row_multiple: int = 1) -> GroupShape:
         """Geometry of a group with these prompt lengths and response limits.
 
         The growing stores start at the smallest power of two above the prompt block (at least
@@ -106,7 +111,7 @@ class GroupShape:
         cap = min(max(min_capacity, next_pow2(pcap + 1)), total)
         if max_len is not None:
             cap = max_len + (pcap - plen)
-        return GroupShape(row_bucket(len(prompt_lens)), pcap, total, cap)
+        return GroupShape(row_bucket(len(prompt_lens), row_multiple), pcap, total, cap)
 
 
 @dataclass(frozen=True)
@@ -128,13 +133,15 @@ class Dispatch:
 
 
 def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: int, live: int,
-                  remaining: int, tile: int, need: Callable[[int], int] | None) -> Dispatch:
+                  remaining: int, tile: int, need: Callable[[int], int] | None,
+                  row_multiple: int = 1) -> Dispatch:
     """Decide the next decode dispatch of a group.
 
     steps_done: decode steps dispatched so far; rows / capacity: the current row bucket and
     growing capacity; live: rows not finished; remaining: the most tokens any live row may still
     emit; tile: the engine's decode tile; need(t): live slots of the growing stores after writing
-    slot t (None when the model has no growing store).
+    slot t (None when the model has no growing store); row_multiple: row buckets are multiples
+    of this (see :func:`row_bucket`).
 
     Tiles only while every step of the tile is within some live row's limit, so no write lands
     past the slots the group can ever need. Finished rows are dropped once the live rows fit a
@@ -145,8 +152,8 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     k = tile if remaining >= tile > 1 else 1
     step = steps_done + 1
     write = shape.prompt_slots + step - 1
-    if rows > 1 and row_bucket(live) <= COMPACT_AT * rows:
-        rows = row_bucket(live)
+    if rows > 1 and row_bucket(live, row_multiple) <= COMPACT_AT * rows:
+        rows = row_bucket(live, row_multiple)
     if need is not None:
         n = need(write + k - 1)
         if n > capacity:
