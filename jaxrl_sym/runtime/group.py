@@ -47,7 +47,8 @@ class DecodeGroup:
                  weights_bytes: int) -> None:
         self.lm, self.cfg, self.meter, self.weights_bytes = lm, cfg, meter, weights_bytes
         self.shape = GroupShape.plan([len(prompts[i]) for i in group], [limits[i] for i in group],
-                                     min_capacity=lm.min_capacity, max_len=lm.max_len)
+                                     min_capacity=lm.min_capacity, max_len=lm.max_len,
+                                     row_multiple=lm.row_multiple)
         self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
         b = self.shape.rows
         self.ids = np.full((b,), -1, np.int64)
@@ -79,7 +80,8 @@ class DecodeGroup:
             remaining = max(int(self.limits[s]) - len(out.toks[int(self.ids[s])]) for s in live)
             d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
                               capacity=self.capacity, live=len(live), remaining=remaining,
-                              tile=self.lm.decode_tile, need=self.lm.growing_need)
+                              tile=self.lm.decode_tile, need=self.lm.growing_need,
+                              row_multiple=self.lm.row_multiple)
             if d.rows < self.rows:
                 self.compact(live, d.rows)
             if d.capacity > self.capacity:
@@ -105,6 +107,8 @@ class DecodeGroup:
         self.work.add("packing", pk.positions_computed - sum(lens))
         self._tile = 0
         chunk_rows = pk.chunk_rows
+        if self.lm.mesh is not None:  # as SymbolicLM.run_program: stores in their shardings
+            self.stores = self.lm.builder.place_stores(self.stores)
         args = (hoisted, self.stores, *(jax.device_put(x) for x in (
             pk.tokens, pk.positions, pk.rows, pk.slots, pk.last)), self.row_ids, self.seed)
         key = ("packed_prefill", pk.tokens.shape, b, chunk_rows, self.cfg.temperature,

@@ -133,7 +133,8 @@ def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[st
     zero = jnp.zeros((), jnp.int32)
     for nid, sp in builder.slots.items():
         stores = {**stores, str(nid): sp.kind.write(sp, stores[str(nid)], tok, zero)}
-    return stores, tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
+    # with a mesh: the stores leave split over its data axes, as every step program takes them
+    return builder.rows(stores), tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
 
 
 def _evaluate_chunk(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
