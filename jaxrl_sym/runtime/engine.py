@@ -86,9 +86,8 @@ class SymbolicLM:
       mesh: a ``jax.sharding.Mesh`` (or ``"data=4"`` / a :class:`~jaxrl_sym.sharding.MeshConfig`):
         weights are placed by :mod:`jaxrl_sym.sharding`'s rule and every program keeps its
         stores' rows split over the data axes, so XLA partitions each step; the host loop is
-        unchanged (it reads lengths and tokens back as before). A row bucket the data axes do
-        not divide runs with its stores unsplit (the policy's buckets are powers of two, so
-        that is only a group smaller than the data axes).
+        unchanged (it reads lengths and tokens back as before). Row buckets are rounded up to a
+        multiple of the data axes (:attr:`row_multiple`, filler rows), so stores split evenly.
     """
 
     def __init__(
