@@ -69,6 +69,9 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
                         "(generation_config.json, config.json, tokenizer_config.json)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="run every row to --max-new-tokens")
+    g.add_argument("--mesh", default=None, metavar="AXES",
+                   help="with --system sym: generate on a device mesh, e.g. data=8 (weights "
+                        "sharded, rows split over data; see README 'Multi-device')")
     g.add_argument("--json", action="store_true", help="print one JSON object last")
     e = sub.add_parser("export", help="write a Hugging Face checkpoint directory",
                        description="Write a checkpoint directory transformers loads, from a "
@@ -125,6 +128,16 @@ def check_generate(args: argparse.Namespace) -> list[str]:
         errors.append("--ignore-eos and --eos-id contradict each other; give one")
     if any(i < 0 for i in args.eos_id or []):
         errors.append(f"--eos-id must be >= 0, got {args.eos_id}")
+    if args.mesh is not None:
+        from jaxrl_sym.errors import SymError
+        from jaxrl_sym.sharding import MeshConfig  # JAX-free
+
+        try:
+            MeshConfig.parse(args.mesh)
+        except SymError as err:
+            errors.append(str(err))
+        if args.system != "sym":
+            errors.append(f"--mesh applies to --system sym (got --system {args.system})")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         return errors
     vocab = _vocab_size(args.model)
@@ -245,7 +258,14 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
     # row's end (and is a no-op on their output).
     gcfg = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_id=eos or None,
                             temperature=args.temperature, seed=args.seed)
-    res = generator(args.system, model)([_np_ids(p) for p in prompts], gcfg)
+    if args.mesh is not None:  # check_generate allowed it only with sym
+        from jaxrl_sym.runtime.engine import SymbolicLM
+        from jaxrl_sym.sharding import MeshConfig
+
+        lm = SymbolicLM(model, mesh=MeshConfig.parse(args.mesh))
+        res = lm.generate([_np_ids(p) for p in prompts], gcfg)
+    else:
+        res = generator(args.system, model)([_np_ids(p) for p in prompts], gcfg)
     rows = []
     for p, toks, lps in zip(prompts, res.tokens, res.logprobs, strict=True):
         n = cut_at_eos([int(t) for t in toks], eos)
@@ -255,6 +275,7 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
                      "text": text.decode(kept) if text else None,
                      "stop": "eos" if kept and kept[-1] in eos else "length"})
     return {"rows": rows, "model": os.path.abspath(args.model), "system": args.system,
+            "mesh": args.mesh,
             "max_new_tokens": args.max_new_tokens, "temperature": gcfg.temperature,
             "seed": gcfg.seed, "eos_ids": list(eos), "seconds": time.perf_counter() - t0}
 

@@ -137,3 +137,26 @@ def test_cli_trains_on_a_mesh_and_resumes_on_another(tmp_path: Path) -> None:
     second = json.loads(proc.stdout.strip().splitlines()[-1])
     assert second["resumed_from"] == 2 and second["mesh"] == "data=2"
     assert second["changed_on_resume"] == []  # the mesh is not part of the run's identity
+
+
+GEN = ["generate", "--model", str(ROOT / "tests" / "fixtures" / "hf" / "qwen2_sliding_sharded"),
+       "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--prompt-ids", "7", "--max-new-tokens",
+       "6", "--ignore-eos", "--temperature", "1.0", "--seed", "3", "--json"]
+
+
+def test_generate_mesh_flag_is_checked_before_jax() -> None:
+    proc = _cli([*GEN, "--mesh", "data=2", "--system", "padded"], devices=1)
+    assert proc.returncode == 2 and "--mesh applies to --system sym" in proc.stderr
+    proc = _cli([*GEN, "--mesh", "data"], devices=1)
+    assert proc.returncode == 2 and "--mesh 'data': each entry is NAME=SIZE" in proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_on_a_mesh_gives_the_single_device_tokens() -> None:
+    rows = []
+    for extra in ([], ["--mesh", "data=4,model=2"]):
+        proc = _cli([*GEN, *extra], devices=8)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append([r["tokens"] for r in out["rows"]])
+    assert rows[0] == rows[1] and len({t for r in rows[0] for t in r}) > 3  # sampled, varied
