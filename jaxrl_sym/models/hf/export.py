@@ -36,8 +36,9 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import parse_config
-from jaxrl_sym.models.hf.loader import INDEX_FILE, SINGLE_FILE, parameter_targets, read_json
+from jaxrl_sym.models.hf.loader import INDEX_FILE, SINGLE_FILE, parameter_targets
 from jaxrl_sym.models.hf.modeling import CausalLM
+from jaxrl_sym.models.hf.text import read_json
 
 # Files copied verbatim from the source directory when present (tokenizer and generation
 # settings: nothing in them depends on the weights).

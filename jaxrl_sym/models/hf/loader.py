@@ -35,6 +35,7 @@ from flax import nnx
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import HFConfig, parse_config
 from jaxrl_sym.models.hf.modeling import CausalLM, abstract_model
+from jaxrl_sym.models.hf.text import read_json
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -61,17 +62,6 @@ class Target:
     path: tuple[Any, ...]
     hf_shape: tuple[int, ...]
     transpose: bool
-
-
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """A JSON object from ``path``; an unreadable or non-object file is an error naming it."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"cannot read {what} {path}: {err}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{what} {path} does not hold a JSON object")
-    return data
 
 
 def checkpoint_tensors(root: Path) -> dict[str, TensorInfo]:

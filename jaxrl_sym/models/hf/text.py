@@ -33,17 +33,22 @@ SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                 "mask_token")
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, None when the file does not exist."""
-    if not path.is_file():
-        return None
+def read_json(path: Path, what: str = "") -> dict[str, Any]:
+    """A JSON object from ``path``; an unreadable or non-object file is an error naming it (and
+    ``what`` it is). Here, JAX-free, so the CLI's flag checks and the loader share it."""
+    name = f"{what} {path}" if what else str(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"cannot read {path}: {err}") from None
+        raise InputError(f"cannot read {name}: {err}") from None
     if not isinstance(data, dict):
-        raise InputError(f"{path} does not hold a JSON object")
+        raise InputError(f"{name} does not hold a JSON object")
     return data
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, None when the file does not exist."""
+    return read_json(path) if path.is_file() else None
 
 
 def _token_text(value: Any) -> str | None:
