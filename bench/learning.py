@@ -176,6 +176,7 @@ def summarise(rows: list[dict[str, Any]], pass_level: float) -> list[dict[str, A
             groups.setdefault((r["algo"], r["task"], r["steps"]), []).append(r)
     out = []
     for (algo, task, steps), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
         fin = [r["final_exact_match"] for r in rs]
         out.append(dict(
             algo=algo, task=task, steps=steps, seeds=[r["seed"] for r in rs],
