@@ -1,10 +1,11 @@
 """The learning benchmark at CI size: GRPO with the library's training recipe must learn digit
-reversal on the seeds that stalled before issue 12 (``bench/learning.py --quick``).
+reversal on seed 11, the seed that stalled before issue 12 (``bench/learning.py --quick``).
 
 This is the test that fails when a change breaks learning: the old recipe (group-std advantages,
-full partial credit) ends seed 11 at greedy exact match ~0.05 with entropy collapsed, far below
-the bar below. Runs are seeded and greedy evaluation depends on the parameters only, so on one
-machine the outcome is deterministic, not a coin flip.
+full partial credit) ends this run (100 steps) at greedy exact match 0.047 with the entropy
+collapsed, far below the bar below (seed 1: 0.133). Runs are seeded and greedy evaluation depends
+on the parameters only, so on one machine the outcome is deterministic, not a coin flip. One seed
+keeps it near a minute and a half on 2 cores; bench/learning.py runs five.
 """
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ import learning  # noqa: E402
 LEVEL = 0.2
 
 
-def test_grpo_learns_reverse_on_the_seeds_that_stalled(tmp_path: Path) -> None:
+def test_grpo_learns_reverse_on_the_seed_that_stalled() -> None:
     args = learning.parse_args(["--quick"])
     specs = learning.specs(args)
-    assert [(s["algo"], s["task"], s["seed"]) for s in specs] == [("grpo", "reverse", 11),
-                                                                   ("grpo", "reverse", 1)]
-    cache = str(tmp_path / "xla")  # the second run loads the first one's programs
-    rows = [learning.run_child(s, cache) for s in specs]
+    assert [(s["algo"], s["task"], s["seed"]) for s in specs] == [("grpo", "reverse", 11)]
+    rows = [learning.run_child(s) for s in specs]
     for r in rows:
         curve = r["curves"]["exact_match"]
         # learned beyond where it started, on the held-out greedy metric and while sampling
@@ -37,5 +36,5 @@ def test_grpo_learns_reverse_on_the_seeds_that_stalled(tmp_path: Path) -> None:
         assert r["last20_entropy"] > 0.05, r  # not the collapsed policy of the old recipe
     summary = learning.summarise([{**r, "process_seconds": r["wall_seconds"]} for r in rows],
                                  LEVEL)
-    assert summary[0]["passed"] == 2
-    assert "| grpo | reverse | 100 | 2 |" in learning.table(summary, LEVEL)
+    assert summary[0]["passed"] == 1
+    assert "| grpo | reverse | 100 | 1 |" in learning.table(summary, LEVEL)
