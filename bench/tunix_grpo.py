@@ -22,7 +22,6 @@ touching the project's venv, put those packages in a directory of their own::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -122,18 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    from jaxrl_sym.report import run_metadata
+    from jaxrl_sym.report import write_peer_report
 
     with tempfile.TemporaryDirectory():
         report = {"config": vars(args), **run(args)}
-    report.update(run_metadata("python bench/tunix_grpo.py " + " ".join(sys.argv[1:])))
-    import importlib.metadata as md
-
-    report["versions"]["google-tunix"] = md.version("google-tunix")
-    text = json.dumps(report, indent=1)
-    if args.json:
-        Path(args.json).write_text(text)
-    print(text)
+    write_peer_report(report, "bench/tunix_grpo.py", args.json)
     return 0
 
 

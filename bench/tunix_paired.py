@@ -14,7 +14,6 @@ ratios and a token check against padded.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -82,17 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    from jaxrl_sym.report import run_metadata
+    from jaxrl_sym.report import write_peer_report
 
     report = run(args.reps, tuple(s.strip() for s in args.systems.split(",") if s.strip()))
-    report.update(run_metadata("python bench/tunix_paired.py " + " ".join(sys.argv[1:])))
-    import importlib.metadata as md
-
-    report["versions"]["google-tunix"] = md.version("google-tunix")
-    text = json.dumps(report, indent=1)
-    if args.out:
-        Path(args.out).write_text(text)
-    print(text)
+    write_peer_report(report, "bench/tunix_paired.py", args.out)
     return 0
 
 

@@ -44,6 +44,20 @@ MEMORY_LEGEND = (
 )
 
 
+def write_peer_report(report: dict[str, Any], script: str, out: str | None) -> None:
+    """Finish a peer benchmark's report: run metadata with google-tunix's version, written to
+    ``out`` (if given) and printed."""
+    import json
+    from pathlib import Path
+
+    report.update(run_metadata(f"python {script} " + " ".join(sys.argv[1:])))
+    report["versions"]["google-tunix"] = md.version("google-tunix")
+    text = json.dumps(report, indent=1)
+    if out:
+        Path(out).write_text(text)
+    print(text)
+
+
 def _times(ratio: float, verb: str, better: str, worse: str, missing: str) -> str:
     """``is 3.3× faster`` / ``is 1.5× slower`` from a ratio baseline/sym (> 1: sym is better)."""
     if not math.isfinite(ratio) or ratio <= 0:
