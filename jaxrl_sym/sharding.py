@@ -196,6 +196,83 @@ def per_device_bytes(tree: Any) -> dict[Any, int]:
     return out
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | int, *, flag: str = "--device-memory") -> int:
+    """``"12GB"``, ``"512MiB"``, ``"3e9"`` or an int → bytes (> 0); else an InputError
+    naming ``flag``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        n = text
+    else:
+        raw = str(text).strip().lower().replace(" ", "")
+        num = raw.rstrip("bikmgt")
+        unit = raw[len(num):]
+        try:
+            n = int(float(num) * _UNITS[unit])
+        except (ValueError, KeyError):
+            n = 0
+    if n <= 0:
+        raise InputError(f"{flag} {text!r}: want a positive size such as 12GB, 512MiB or "
+                         "3000000000 (bytes)")
+    return n
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """Bytes one device may hold, checked before work runs rather than discovered as an
+    out-of-memory error half-way through a step.
+
+    Why the library checks: a GPU allocator fails at run time with a message about one buffer,
+    after minutes of compiling and generating; XLA's CPU client has no per-device limit at all,
+    so on virtual devices nothing would ever fail. The budget is checked twice, against XLA's
+    own numbers: the resident state's shards per device (:func:`per_device_bytes`), and every
+    compiled program's per-device footprint (``memory_analysis()`` of the SPMD-partitioned
+    executable: arguments + outputs − aliased + temporaries).
+    """
+
+    limit: int
+    flag: str = "device_memory"
+
+    def _fail(self, what: str, need: int, hint: str) -> None:
+        raise InputError(f"{what} needs {_human(need)} on one device, over the {self.flag} "
+                         f"budget of {_human(self.limit)}; {hint}")
+
+    def check_tree(self, tree: Any, what: str) -> int:
+        """Largest per-device share of ``tree``; an InputError naming ``what`` over the limit."""
+        per = per_device_bytes(tree)
+        need = max(per.values(), default=0)
+        if need > self.limit:
+            total = sum(per.values()) if len(per) > 1 else need
+            devices = -(-total // self.limit)
+            self._fail(what, need, f"shard it over a mesh of at least {devices} devices "
+                       f"(--mesh fsdp={devices} or data={devices}) or raise the budget")
+        return need
+
+    def check_program(self, compiled: Any, name: str) -> int:
+        """Per-device bytes a compiled program holds while it runs (0 if XLA does not say)."""
+        try:
+            ma = compiled.memory_analysis()
+        except Exception:  # pragma: no cover - backends without memory analysis
+            return 0
+        if ma is None:  # pragma: no cover
+            return 0
+        need = int(ma.argument_size_in_bytes + ma.output_size_in_bytes
+                   - ma.alias_size_in_bytes + ma.temp_size_in_bytes)
+        if need > self.limit:
+            self._fail(f"program {name!r}", need, "use more devices on the data/fsdp axes, "
+                       "fewer tokens per micro-batch, or a larger budget")
+        return need
+
+
 def describe(mesh: Mesh | None) -> str:
     """``data=4,model=2`` (or ``single device``), for logs and summaries."""
     if mesh is None:
@@ -203,6 +280,6 @@ def describe(mesh: Mesh | None) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.shape.items())
 
 
-__all__ = ["MeshConfig", "batch_axes", "data_size", "describe", "make_mesh",
-           "param_spec", "per_device_bytes", "place", "replicated", "round_up", "rows_sharding",
-           "tree_shardings"]
+__all__ = ["MemoryBudget", "MeshConfig", "batch_axes", "data_size", "describe", "make_mesh",
+           "param_spec", "parse_bytes", "per_device_bytes", "place", "replicated", "round_up",
+           "rows_sharding", "tree_shardings"]

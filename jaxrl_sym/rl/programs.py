@@ -32,8 +32,8 @@ class Programs:
     ``memory_analysis()``; the cache key mirrors jit's own (pytree structure + shapes/dtypes).
     """
 
-    def __init__(self) -> None:
-        self.cache = ProgramCache()
+    def __init__(self, budget: Any = None) -> None:
+        self.cache = ProgramCache(budget=budget)  # budget: a sharding.MemoryBudget or None
         self.peak = 0
 
     @property

@@ -60,7 +60,7 @@ from jaxrl_sym.rl.state import (
 from jaxrl_sym.rl.systems import System, get_system
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.metrics import CompileCounter
-from jaxrl_sym.sharding import data_size, make_mesh
+from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh, parse_bytes
 
 __all__ = ["RLTrainer", "RewardFn", "Rollout", "TrainState", "compute_rewards", "params_sha256"]
 
@@ -83,6 +83,10 @@ class RLTrainer:
         are split over the data axes (padded with empty, zero-weight rows to a multiple of
         them), and each program is jitted with explicit in/out shardings; generation runs on a
         sharded :class:`SymbolicLM`.
+      device_memory: bytes one device may hold (``"12GB"``, ``"512MiB"`` or an int; None: no
+        check). The sharded state and every compiled program's per-device footprint are checked
+        against it before they run (:class:`~jaxrl_sym.sharding.MemoryBudget`), so a model that
+        does not fit fails at construction with the mesh it needs, not mid-step.
 
     ``state`` is the whole evolving state; ``params``, ``opt_state``, ``ref_leaves`` and
     ``steps_done`` read and replace its fields (checkpoint restore assigns them).
@@ -98,6 +102,7 @@ class RLTrainer:
         metric_fn: RewardFn | None = None,
         min_capacity: int = 16,
         mesh: Any = None,
+        device_memory: int | str | None = None,
     ) -> None:
         self.system_impl: System = get_system(system)
         if not callable(reward_fn):
@@ -122,7 +127,13 @@ class RLTrainer:
         if self.mesh is not None:
             self.shardings = state_shardings(self.state, self.mesh)
             self.state = place_state(self.state, self.shardings)
-        self.programs = Programs()
+        self.budget = None if device_memory is None else MemoryBudget(
+            parse_bytes(device_memory, flag="device_memory"))
+        if self.budget is not None:  # before any program compiles: fail in seconds, not minutes
+            st = self.state
+            self.budget.check_tree((st.params, st.opt_state, st.ref),
+                                   f"{info.name}'s parameters + optimiser state + reference")
+        self.programs = Programs(self.budget)
         self._fns: dict[str, dict[str, Any]] = {}
         self.system_impl.attach(self)
 
@@ -167,6 +178,7 @@ class RLTrainer:
             self._engine = SymbolicLM(self._model_ref, min_capacity=self._min_capacity,
                                       max_pad_fraction=self.cfg.gen_max_pad_fraction,
                                       mesh=self.mesh)
+            self._engine.cache.budget = self.budget  # generation programs are checked too
             self._engine.set_params(self.params["lm"])
         return self._engine
 

@@ -40,11 +40,15 @@ class ProgramCache:
     temp_bytes: dict[tuple, int] = field(default_factory=dict)
     compiles: int = 0
     dispatches: int = 0
+    budget: Any = None  # a jaxrl_sym.sharding.MemoryBudget: every new program is checked
+    device_bytes: dict[tuple, int] = field(default_factory=dict)  # per-device, when checked
 
     def get(self, key: tuple, build: Callable[[], Any]) -> Any:
         exe = self.compiled.get(key)
         if exe is None:
             exe = build()
+            if self.budget is not None:
+                self.device_bytes[key] = self.budget.check_program(exe, str(key[0]))
             self.compiled[key] = exe
             self.temp_bytes[key] = executable_temp_bytes(exe)
             self.compiles += 1
