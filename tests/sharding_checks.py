@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
@@ -120,14 +120,23 @@ def rl_step() -> dict[str, Any]:
 
 
 def memory() -> dict[str, Any]:
-    """Per-device bytes of a sharded trainer's parameters + optimiser state: at most 1/8 of the
-    total plus the replicated small leaves (XLA's CPU client has no per-device memory limit to
-    exceed, so the bound is shown by the shards' sizes)."""
+    """A model whose parameters + optimiser state + reference exceed one device's budget trains on
+    8 devices under that budget. XLA's CPU client has no per-device limit, so the limit is the
+    trainer's own :class:`MemoryBudget`, checked against the shards actually placed and every
+    compiled program's per-device ``memory_analysis`` (the SPMD-partitioned executable)."""
     cfg = preset("small", vocab_size=VOCAB_SIZE, d_model=256, ffn_dim=1024)
-    tr = RLTrainer(init_model(cfg, 0), TASK.reward, replace(CFG, beta=0.0),
-                   mesh=mesh_of("data=8"))
-    tree = {"params": tr.params, "opt": tr.opt_state}
-    total = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree))
+    model = init_model(cfg, 0)
+    probe = RLTrainer(model, TASK.reward, CFG)  # one device, no budget: the state's size
+    total = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(
+        (probe.params, probe.opt_state, probe.state.ref)))
+    limit = total // 2
+    try:
+        RLTrainer(model, TASK.reward, CFG, device_memory=limit)
+        raise AssertionError("one device accepted a state over its budget")
+    except InputError as err:
+        refused = str(err)
+    tr = RLTrainer(model, TASK.reward, CFG, mesh=mesh_of("data=8"), device_memory=limit)
+    tree = (tr.params, tr.opt_state, tr.state.ref)
     small = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree)
                 if all(a is None for a in x.sharding.spec))
     per = per_device_bytes(tree)
@@ -136,8 +145,12 @@ def memory() -> dict[str, Any]:
     assert max(per.values()) <= total / 8 * 1.05
     metrics = tr.step(TASK.sample(np.random.default_rng(1), 2), seed=4)
     assert np.isfinite(metrics["loss"])
+    programs = {**tr.programs.cache.device_bytes, **tr.engine.cache.device_bytes}
+    assert any(k[0].startswith("update") for k in programs)  # every program was checked
+    assert 0 < max(programs.values()) <= limit
     return {"total_bytes": total, "replicated_bytes": small, "max_per_device": max(per.values()),
-            "fraction": max(per.values()) / total}
+            "fraction": max(per.values()) / total, "limit": limit, "refused": refused,
+            "largest_program": max(programs.values())}
 
 
 def checkpoint() -> dict[str, Any]:

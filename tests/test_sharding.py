@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.sharding import MeshConfig, param_spec, round_up
+from jaxrl_sym.sharding import MeshConfig, param_spec, parse_bytes, round_up
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,6 +71,39 @@ def test_param_rule_shards_the_largest_divisible_axis_and_replicates_small_ones(
     assert round_up(7, 8) == 8 and round_up(16, 8) == 16 and round_up(3, 1) == 3
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 10**6), st.sampled_from([("B", 1), ("KB", 10**3), ("MiB", 2**20),
+                                               ("gb", 10**9), ("GiB", 2**30), ("", 1)]))
+def test_budget_sizes_parse_with_units_and_refuse_nonsense(n: int, unit: tuple[str, int]) -> None:
+    assert parse_bytes(f"{n}{unit[0]}") == n * unit[1]
+    assert parse_bytes(f"{n} {unit[0]}") == n * unit[1]
+    for bad in ("0GB", "-3MB", "12 parsecs", "", "GB"):
+        with pytest.raises(InputError, match="--device-memory"):
+            parse_bytes(bad)
+
+
+def test_budget_refuses_a_program_over_it_naming_the_program() -> None:
+    """One device, a budget the state fits but the update program does not: the step fails
+    when that program compiles, before it runs, naming it; generation's programs were checked
+    and admitted first."""
+    import numpy as np
+
+    from jaxrl_sym.models.lm import init_model, preset
+    from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
+    from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+
+    task = get_task("reverse", max_digits=3)
+    cfg = RLConfig(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
+                   max_new_tokens=task.max_new_tokens)
+    model = init_model(preset("tiny", vocab_size=VOCAB_SIZE), 0)
+    with pytest.raises(InputError, match=r"on one device, over the device_memory budget.*fsdp="):
+        RLTrainer(model, task.reward, cfg, device_memory="10KB")
+    tr = RLTrainer(model, task.reward, cfg, device_memory="1MiB")  # state ~0.3 MiB fits
+    with pytest.raises(InputError, match=r"program '(update|ref)-sym' needs .* MiB"):
+        tr.step(task.sample(np.random.default_rng(1), 2), seed=4)
+    assert tr.engine.cache.device_bytes and max(tr.engine.cache.device_bytes.values()) < 2**20
+
+
 # ---------------------------------------------------------------------- 8 virtual devices
 @pytest.mark.slow
 def test_sharded_generation_tokens_equal_single_device() -> None:
@@ -97,10 +132,13 @@ def test_checkpoint_saved_on_8_devices_restores_on_2_and_on_1() -> None:
 
 
 @pytest.mark.slow
-def test_sharded_state_takes_an_eighth_of_the_memory_per_device() -> None:
+def test_a_state_over_one_devices_budget_trains_on_8_devices() -> None:
     out = run_checks("memory")["memory"]
+    assert out["total_bytes"] > out["limit"]  # does not fit one device ...
+    assert "device_memory budget" in out["refused"] and "fsdp=" in out["refused"]
     assert out["max_per_device"] <= out["total_bytes"] / 8 + out["replicated_bytes"]
-    assert out["fraction"] <= 0.13
+    assert out["fraction"] <= 0.13  # ... and an eighth of it fits each of 8
+    assert out["largest_program"] <= out["limit"]
 
 
 def _cli(args: list[str], devices: int, **extra: str) -> subprocess.CompletedProcess[str]:
