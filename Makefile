@@ -8,9 +8,13 @@ setup:
 demo: setup
 	.venv/bin/jaxrl-sym decode --attention window --window 32 --tokens 256 --batch 4 --systems sym,padded
 
+# Two pytest workers (CI has 2 cores; most tests are compile-bound, one core each); whole files
+# go to one worker so module fixtures are built once. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest -q -p no:cacheprovider tests
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		--durations=20 tests
 
 lint: setup
 	.venv/bin/ruff check .
