@@ -158,6 +158,10 @@ def test_cli_refuses_a_bad_mesh_before_importing_jax(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("error: --mesh 'data=2,rows=4': unknown axis 'rows'; axes are "
                                    "data, fsdp, model")
+    proc = _cli(["train", "--device-memory", "12 parsecs", "--steps", "1"], devices=1,
+                PYTHONPATH=path)
+    assert "jax imported" not in proc.stderr and proc.returncode == 2
+    assert proc.stderr.startswith("error: --device-memory '12 parsecs': want a positive size")
 
 
 @pytest.mark.slow

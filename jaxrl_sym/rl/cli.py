@@ -85,6 +85,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "the sizes must multiply to the device count): parameters and optimiser "
                         "state sharded FSDP-style, batch rows split over data. See README "
                         "'Multi-device and multi-host'")
+    t.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="bytes one device may hold, e.g. 16GB or 512MiB: the sharded state and "
+                        "every compiled program are checked against it before they run, so a "
+                        "model that does not fit fails at once naming the mesh it needs")
     t.add_argument("--no-progress", action="store_true")
     return t
 
@@ -96,14 +100,16 @@ def run_train(args: argparse.Namespace) -> int:
     ``error:`` line on stderr with exit code 2, not a traceback.
     """
     from jaxrl_sym.errors import SymError
-    from jaxrl_sym.sharding import MeshConfig  # JAX-free: the flag is checked before JAX starts
+    from jaxrl_sym.sharding import MeshConfig, parse_bytes  # JAX-free: checked before JAX starts
 
-    if args.mesh is not None:
-        try:
+    try:
+        if args.mesh is not None:
             MeshConfig.parse(args.mesh)
-        except SymError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        if args.device_memory is not None:
+            parse_bytes(args.device_memory, flag="--device-memory")
+    except SymError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from jaxrl_sym.rl.plot import plot_run, read_metrics
     from jaxrl_sym.rl.train import check_output_file, train
 
@@ -127,7 +133,8 @@ def run_train(args: argparse.Namespace) -> int:
                 partial_weight=args.partial_weight,
                 progress=not args.no_progress, resume=args.resume,
                 resume_or_start=args.resume_or_start, resume_anyway=args.resume_anyway,
-                keep=args.keep, eval_prompts=args.eval_prompts, mesh=args.mesh)
+                keep=args.keep, eval_prompts=args.eval_prompts, mesh=args.mesh,
+                device_memory=args.device_memory)
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

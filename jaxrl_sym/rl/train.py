@@ -267,6 +267,7 @@ def train(
     keep: int = DEFAULT_KEEP,
     eval_prompts: int = 256,
     mesh: str | None = None,
+    device_memory: str | int | None = None,
 ) -> dict[str, Any]:
     """Train a fresh model (seeded) on an offline task, or resume one from ``checkpoint_dir``.
 
@@ -296,6 +297,7 @@ def train(
       eval_prompts: held-out prompts for the final greedy evaluation (0: skip).
       mesh: ``"data=4,model=2"``: train on a device mesh (:mod:`jaxrl_sym.sharding`); not part
         of the checkpoint's identity, so a run may resume on another mesh.
+      device_memory: bytes one device may hold (``"16GB"``): see :class:`RLTrainer`.
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` (greedy decoding of the final policy on
     ``eval_prompts`` held-out prompts; a function of the parameters alone, so an interrupted and
@@ -326,7 +328,8 @@ def train(
     policy = hf.load_model() if hf else init_model(lm_cfg, seed)
     trainer = RLTrainer(policy, task_obj.reward, rl_cfg, system=system,
                         metric_fn=task_obj.exact_match,
-                        mesh=None if mesh is None else MeshConfig.parse(mesh, flag="--mesh"))
+                        mesh=None if mesh is None else MeshConfig.parse(mesh, flag="--mesh"),
+                        device_memory=device_memory)
     hparams = run_hparams(rl_cfg, task=task, max_digits=max_digits, seed=seed, system=system,
                           prompts_per_step=prompts_per_step, partial_weight=partial_weight)
     if hf is not None:  # the source model: a resume compares it, export reads it
