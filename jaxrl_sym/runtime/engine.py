@@ -90,6 +90,8 @@ class SymbolicLM:
         multiple of the data axes (:attr:`row_multiple`, filler rows), so stores split evenly.
     """
 
+    group_class: type[DecodeGroup] = DecodeGroup  # a subclass runs groups its own way (speculative)
+
     def __init__(
         self,
         model: nnx.Module,
@@ -199,7 +201,7 @@ class SymbolicLM:
             groups = microbatches(lengths, limits, max_rows=self.microbatch_rows,
                                   max_pad_fraction=self.max_pad_fraction)
             for group in groups:
-                dg = DecodeGroup(self, group, prompts, limits, cfg, meter, weights_bytes)
+                dg = self.group_class(self, group, prompts, limits, cfg, meter, weights_bytes)
                 dg.run(hoisted, out, on_finished)
                 work.merge(dg.work)
         elapsed = time.perf_counter() - t0

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrl_sym.errors import InputError
 from jaxrl_sym.ops.attention import Pattern, phi, reference_attention
 
 Store = dict[str, jax.Array]
@@ -188,6 +189,33 @@ class StoreKind:
         """Key slots one decode step reads for one row (the cost a benchmark counts)."""
         return capacity
 
+    def speculative_capacity(self, spec: StoreSpec, k: int) -> int | None:
+        """The planned size when verify steps write ``k + 1`` entries per row (speculative
+        decoding, :mod:`jaxrl_sym.runtime.speculative`): unchanged for stores that keep every
+        key; a kind that evicts or folds keys says what it needs, or refuses."""
+        return spec.capacity
+
+    def verify(self, spec: StoreSpec, store: Store, args: list[jax.Array], slots: jax.Array
+               ) -> tuple[jax.Array, Store]:
+        """A speculative verify chunk: row b's ``c`` entries go to its own ``slots[b]`` (``-1``
+        or past the end: dropped), then every query attends over the store.
+
+        Why no roll-back: a row's slot is its position plus a per-row constant, so entries of
+        rejected drafts sit exactly where the row's next verify writes (it starts at the first
+        rejected position and covers at least as many), and they are overwritten before that
+        verify attends. Writing first keeps one masked pass per chunk.
+        """
+        q, k, v, q_pos, k_pos = args[:5]
+        b, c = k_pos.shape
+        flat = lambda x: x.reshape(b * c, *x.shape[2:])
+        rows = jnp.repeat(jnp.arange(b, dtype=jnp.int32), c)
+        new = _scatter(store, flat(k), flat(v), flat(k_pos), rows, self._slot(store, slots).ravel())
+        return _masked(spec, q, q_pos, new), new
+
+    def _slot(self, store: Store, slots: jax.Array) -> jax.Array:
+        """Where logical slot ``slots`` lives in this store (identity; a ring wraps)."""
+        return slots
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -271,6 +299,14 @@ class RingStore(StoreKind):
         return _scatter(store, k, v, pos, jnp.where(keep, rows, store["pos"].shape[0]),
                         slots % cap)
 
+    def speculative_capacity(self, spec, k):
+        """``size + k``: a verify chunk writes ``k + 1`` entries before attending, so its first
+        query (position P) still finds keys back to ``P - size + 1`` after the wrap."""
+        return spec.capacity + k
+
+    def _slot(self, store, slots):
+        return jnp.where(slots >= 0, slots % store["pos"].shape[1], -1)
+
 
 class BlockStore(RingStore):
     """Block attention: a ring of b slots; the pattern's mask drops the previous block's keys."""
@@ -311,6 +347,14 @@ class StateStore(StoreKind):
 
     def slots(self, spec, capacity):
         return 1
+
+    def speculative_capacity(self, spec, k):
+        """Refused: the state folds every key in, so a rejected draft cannot be taken out (a
+        roll-back would need a copy of S, z per draft position)."""
+        raise InputError(
+            f"speculate={k}: attention node %{spec.node} uses the {spec.pattern.name!r} pattern, "
+            "whose recurrent state cannot roll back rejected draft tokens; use speculate=0 "
+            "(plain decoding) for this model")
 
 
 @dataclass(frozen=True)
