@@ -19,7 +19,6 @@ import importlib.machinery
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from jaxrl_sym.generation import seed32
 from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
+from jaxrl_sym.sizes import parse_bytes
 from jaxrl_sym.systems import PEERS, SYSTEMS, peer_errors
 
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
@@ -50,8 +50,6 @@ ATTENTIONS = ("full", "window", "block", "linear", "mixed")
 BACKENDS = ("xla", "triton", "auto")
 INTERNAL = "_system"  # the child-process sub-command; not part of the user-facing parser
 ESTIMATE = "_estimate"  # the child that estimates memory per system before any system runs
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20,
-          "gi": 2**30, "ti": 2**40}
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -109,19 +107,6 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--no-memory-check", action="store_true",
                    help="run every system even when its memory estimate exceeds the limit")
     return d
-
-
-def parse_bytes(text: str) -> int:
-    """``40e9``, ``16G``/``16GB`` (10**9), ``8GiB`` (2**30), ``123`` → bytes (>= 1), else
-    ValueError naming ``--memory-limit``."""
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([kmgt]i?)?b?\s*", text.lower())
-    num = m.group(1) if m else "nan"
-    value = (int(num) if num.isdigit() else float(num)) * _UNITS[m.group(2) or ""] if m \
-        else math.nan  # integers stay exact: 4611686019G is not rounded through a float
-    if not math.isfinite(value) or value < 1:
-        raise ValueError(f"--memory-limit must be a byte count >= 1 like 40e9, 16G or 8GiB, got "
-                         f"{text!r}")
-    return int(value)
 
 
 def _parser(with_train: bool = True) -> _Parser:

@@ -174,15 +174,11 @@ def _has_chat_template(path: str) -> bool:
 
 
 def parse_size(text: str) -> int:
-    """``5GB``/``5G`` (10**9), ``500MiB`` (2**20), ``123`` → bytes, else ValueError naming
+    """``5GB``/``5G`` (10**9), ``500MiB`` (2**20), ``123`` → bytes, else an InputError naming
     ``--max-shard-size``."""
-    from jaxrl_sym.cli import parse_bytes  # loaded already: this module is imported by it
+    from jaxrl_sym.sizes import parse_bytes
 
-    try:
-        return parse_bytes(text)
-    except ValueError:
-        raise ValueError(f"--max-shard-size must be a byte count >= 1 like 5GB, 500MiB or "
-                         f"1000000, got {text!r}") from None
+    return parse_bytes(text, flag="--max-shard-size")
 
 
 def check_export(args: argparse.Namespace) -> list[str]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.sizes import human_bytes
 
 if TYPE_CHECKING:
     from jax.sharding import Mesh, NamedSharding
@@ -196,36 +197,6 @@ def per_device_bytes(tree: Any) -> dict[Any, int]:
     return out
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str | int, *, flag: str = "--device-memory") -> int:
-    """``"12GB"``, ``"512MiB"``, ``"3e9"`` or an int → bytes (> 0); else an InputError
-    naming ``flag``."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        n = text
-    else:
-        raw = str(text).strip().lower().replace(" ", "")
-        num = raw.rstrip("bikmgt")
-        unit = raw[len(num):]
-        try:
-            n = int(float(num) * _UNITS[unit])
-        except (ValueError, KeyError):
-            n = 0
-    if n <= 0:
-        raise InputError(f"{flag} {text!r}: want a positive size such as 12GB, 512MiB or "
-                         "3000000000 (bytes)")
-    return n
-
-
-def _human(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n} B"
-
-
 @dataclass(frozen=True)
 class MemoryBudget:
     """Bytes one device may hold, checked before work runs rather than discovered as an
@@ -243,8 +214,8 @@ class MemoryBudget:
     flag: str = "device_memory"
 
     def _fail(self, what: str, need: int, hint: str) -> None:
-        raise InputError(f"{what} needs {_human(need)} on one device, over the {self.flag} "
-                         f"budget of {_human(self.limit)}; {hint}")
+        raise InputError(f"{what} needs {human_bytes(need)} on one device, over the "
+                         f"{self.flag} budget of {human_bytes(self.limit)}; {hint}")
 
     def check_tree(self, tree: Any, what: str) -> int:
         """Largest per-device share of ``tree``; an InputError naming ``what`` over the limit."""
@@ -281,5 +252,5 @@ def describe(mesh: Mesh | None) -> str:
 
 
 __all__ = ["MemoryBudget", "MeshConfig", "batch_axes", "data_size", "describe", "make_mesh",
-           "param_spec", "parse_bytes", "per_device_bytes", "place", "replicated", "round_up",
+           "param_spec", "per_device_bytes", "place", "replicated", "round_up",
            "rows_sharding", "tree_shardings"]

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.sharding import MeshConfig, param_spec, parse_bytes, round_up
+from jaxrl_sym.sharding import MeshConfig, param_spec, round_up
+from jaxrl_sym.sizes import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,11 +76,11 @@ def test_param_rule_shards_the_largest_divisible_axis_and_replicates_small_ones(
 @given(st.integers(1, 10**6), st.sampled_from([("B", 1), ("KB", 10**3), ("MiB", 2**20),
                                                ("gb", 10**9), ("GiB", 2**30), ("", 1)]))
 def test_budget_sizes_parse_with_units_and_refuse_nonsense(n: int, unit: tuple[str, int]) -> None:
-    assert parse_bytes(f"{n}{unit[0]}") == n * unit[1]
+    assert parse_bytes(f"{n}{unit[0]}", "--device-memory") == n * unit[1]
     assert parse_bytes(f"{n} {unit[0]}") == n * unit[1]
-    for bad in ("0GB", "-3MB", "12 parsecs", "", "GB"):
-        with pytest.raises(InputError, match="--device-memory"):
-            parse_bytes(bad)
+    for bad in ("0GB", "-3MB", "12 parsecs", "", "GB", "1.2.3G"):
+        with pytest.raises(InputError, match=r"^--device-memory must be a byte count >= 1"):
+            parse_bytes(bad, "--device-memory")
 
 
 def test_budget_refuses_a_program_over_it_naming_the_program() -> None:
@@ -161,7 +162,8 @@ def test_cli_refuses_a_bad_mesh_before_importing_jax(tmp_path: Path) -> None:
     proc = _cli(["train", "--device-memory", "12 parsecs", "--steps", "1"], devices=1,
                 PYTHONPATH=path)
     assert "jax imported" not in proc.stderr and proc.returncode == 2
-    assert proc.stderr.startswith("error: --device-memory '12 parsecs': want a positive size")
+    assert proc.stderr.strip() == ("error: --device-memory must be a byte count >= 1 like 40e9, "
+                                   "16G or 8GiB, got '12 parsecs'")
 
 
 @pytest.mark.slow

@@ -100,7 +100,8 @@ def run_train(args: argparse.Namespace) -> int:
     ``error:`` line on stderr with exit code 2, not a traceback.
     """
     from jaxrl_sym.errors import SymError
-    from jaxrl_sym.sharding import MeshConfig, parse_bytes  # JAX-free: checked before JAX starts
+    from jaxrl_sym.sharding import MeshConfig  # JAX-free: checked before JAX starts
+    from jaxrl_sym.sizes import parse_bytes
 
     try:
         if args.mesh is not None:

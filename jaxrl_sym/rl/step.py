@@ -60,7 +60,8 @@ from jaxrl_sym.rl.state import (
 from jaxrl_sym.rl.systems import System, get_system
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.metrics import CompileCounter
-from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh, parse_bytes
+from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
+from jaxrl_sym.sizes import parse_bytes
 
 __all__ = ["RLTrainer", "RewardFn", "Rollout", "TrainState", "compute_rewards", "params_sha256"]
 
