@@ -1,0 +1,355 @@
+"""Speculative decoding on the symbolic runtime: a draft proposes k tokens per row, the target
+verifies them in one forward over k+1 positions, and each row keeps its own number of them.
+
+Pieces, each usable alone:
+
+- :func:`ngram_draft`: prompt-lookup drafting (no model): the tokens that followed the latest
+  earlier occurrence of the row's last n-gram. Host numpy; its time is counted in the stats.
+- :func:`accept`: the acceptance rule on device. Greedy: drafts are kept while they equal the
+  target's argmax, then the target's own token — so the output is plain greedy decoding's, token
+  for token. Temperature > 0: rejection sampling for a deterministic draft (draft x accepted with
+  probability p(x), else a token from p with x removed, renormalised), which leaves every emitted
+  token distributed as the target's p given its prefix. Log-probs are always the target's.
+- :func:`verify_program`: the PDG evaluated over ``[rows, k+1]`` tokens at per-row positions;
+  every attention store writes its entries at per-row slots (:meth:`StoreKind.verify`) — the
+  stores own the "advance by the accepted count" behaviour: a row's next verify starts at its
+  first rejected slot and overwrites the rejected entries.
+- :class:`SpeculativeGroup`: the host loop of one aligned microbatch (prefill, compaction and
+  growth are :class:`DecodeGroup`'s); :class:`SpeculativeLM`: a :class:`SymbolicLM` whose
+  generate runs it, with ring/block stores planned ``k`` slots larger.
+
+Compiles: one verify program per (row bucket, store capacity, k); k comes from a small fixed set
+(powers of two up to ``speculate``) when adaptive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import GenerationConfig, GenerationResult
+from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.evaluate import evaluate
+from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
+from jaxrl_sym.runtime.policy import COMPACT_AT, row_bucket
+from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
+
+DRAFTS = ("ngram",)
+NGRAM_MAX = 3  # longest suffix the prompt-lookup draft matches
+
+
+# --------------------------------------------------------------------------- the draft
+def ngram_draft(context: np.ndarray, k: int, max_n: int = NGRAM_MAX) -> np.ndarray:
+    """k tokens proposed for the continuation of ``context`` (1-D ints), no model.
+
+    Prompt lookup: for n = max_n .. 1, find the latest earlier occurrence of the context's last
+    n tokens and propose what followed it; the first n that matches wins. Short or missing
+    continuations are filled by repeating the last proposed (or the last context) token — any
+    draft is correct (verification decides), a bad one only lowers the acceptance rate.
+    """
+    ctx = np.asarray(context)
+    out: list[int] = []
+    for n in range(min(max_n, len(ctx) - 1), 0, -1):
+        tail = ctx[-n:]
+        # windows of n tokens ending before the last token; latest match first
+        wins = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
+        hits = np.nonzero((wins == tail).all(axis=1))[0]
+        if hits.size:
+            start = int(hits[-1]) + n
+            out = ctx[start:start + k].tolist()
+            break
+    fill = out[-1] if out else int(ctx[-1])
+    return np.asarray(out + [fill] * (k - len(out)), np.int32)
+
+
+# --------------------------------------------------------------------------- acceptance
+def accept(logits: jax.Array, drafts: jax.Array, *, seed: jax.Array, row_ids: jax.Array,
+           index: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The verify step's decision for every row.
+
+    logits ``[B, k+1, V]``: the target's at the last emitted token and at each draft token;
+    drafts ``[B, k]``; index ``[B]``: the response index of the token position 0 decides (the
+    sampling key, with seed and row id). Returns (tokens ``[B, k+1]``, the target's log-probs of
+    them, accepted ``[B]``): a row emits ``tokens[:accepted + 1]`` — its accepted drafts, then
+    one token of the target's (the correction at the first rejection, or a bonus token).
+    """
+    x = logits.astype(jnp.float32)
+    k = drafts.shape[1]
+    if temperature == 0.0:
+        lp = jax.nn.log_softmax(x, axis=-1)
+        tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
+        ok = drafts == tok[:, :k]
+    else:
+        lp = jax.nn.log_softmax(x / temperature, axis=-1)
+        keys = _keys(seed, row_ids, index, k + 1)  # [B, k+1]
+        u = jax.vmap(jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, 0))))(keys)
+        p_draft = jnp.exp(jnp.take_along_axis(lp[:, :k], drafts[..., None], axis=-1)[..., 0])
+        ok = u[:, :k] < p_draft
+        # residual at position i < k: p with draft i removed (renormalised by categorical);
+        # at position k (every draft accepted): p itself
+        hit = jax.nn.one_hot(drafts, x.shape[-1], dtype=bool)
+        hit = jnp.concatenate([hit, jnp.zeros_like(hit[:, :1])], axis=1)
+        resid = jnp.where(hit, -jnp.inf, lp)
+        draw = lambda kk, row: jax.random.categorical(jax.random.fold_in(kk, 1), row)
+        tok = jax.vmap(jax.vmap(draw))(keys, resid).astype(jnp.int32)
+    accepted = jnp.cumprod(ok.astype(jnp.int32), axis=1).sum(axis=1)
+    i = jnp.arange(k + 1)[None]
+    padded = jnp.concatenate([drafts, drafts[:, -1:]], axis=1)
+    tok = jnp.where(i < accepted[:, None], padded, tok)
+    return tok, jnp.take_along_axis(lp, tok[..., None], axis=-1)[..., 0], accepted
+
+
+def _keys(seed: jax.Array, row_ids: jax.Array, index: jax.Array, c: int) -> jax.Array:
+    """One key per (row, response index): fold_in(fold_in(key(seed), row), index + i)."""
+    base = jax.random.key(seed)
+
+    def row_keys(row, start):
+        rk = jax.random.fold_in(base, row)
+        return jax.vmap(lambda j: jax.random.fold_in(rk, start + j))(jnp.arange(c))
+
+    return jax.vmap(row_keys)(row_ids, index)
+
+
+# --------------------------------------------------------------------------- the program
+def verify_program(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
+                   tokens: jax.Array, positions: jax.Array, slots: jax.Array,
+                   row_ids: jax.Array, seed: jax.Array, index: jax.Array, *,
+                   temperature: float, want_logits: bool) -> tuple[Any, ...]:
+    """Evaluate the PDG on ``tokens [B, k+1]`` (the last emitted token, then k drafts) at
+    ``positions``; store entries go to ``slots`` (per row, -1: none). The slot store (feedback
+    edge) is not read: the host supplies the tokens, as it built the drafts from them.
+    Returns (stores, tokens, log-probs, accepted, logits ``[B, k+1, V]`` or an empty array)."""
+    pdg = builder.pdg
+    vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
+                                         zip(builder.boundary, hoisted, strict=True)}
+    for nid in builder.slots:
+        vals[nid] = (tokens,)
+    vals[pdg.input_id("positions")] = (positions,)
+    vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions),)
+    new_stores = dict(stores)
+
+    def attn(node: Any, args: list[jax.Array]) -> jax.Array:
+        spec = builder.specs[node.id]
+        out, new_stores[str(node.id)] = spec.kind.verify(spec, stores[str(node.id)], args, slots)
+        return out
+
+    def sample(node: Any, args: list[jax.Array]) -> tuple[jax.Array, ...]:
+        lg = args[0].astype(jnp.float32)  # every position: the acceptance rule reads them all
+        return lg, lg, lg
+
+    out = evaluate(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]},
+                   {"sym_attention": attn, "sample": sample}, only=_dynamic(pdg))
+    logits = out[pdg.outputs[1]][2]
+    tok, lp, acc = accept(logits, tokens[:, 1:], seed=seed, row_ids=row_ids, index=index,
+                          temperature=temperature)
+    kept = logits if want_logits else jnp.zeros((0,), jnp.float32)
+    return builder.rows(new_stores), tok, lp, acc, kept
+
+
+# --------------------------------------------------------------------------- adaptive k
+@dataclasses.dataclass
+class SpecLog:
+    """What speculation did in one generate call: per request row, drafts proposed/accepted;
+    verify dispatches and seconds per k (the adaptive choice reads them); draft seconds."""
+
+    proposed: dict[int, int] = dataclasses.field(default_factory=dict)
+    accepted: dict[int, int] = dataclasses.field(default_factory=dict)
+    verify_seconds: dict[int, float] = dataclasses.field(default_factory=dict)
+    verifies: dict[int, int] = dataclasses.field(default_factory=dict)
+    draft_seconds: float = 0.0
+
+    def rate(self) -> float | None:
+        total = sum(self.proposed.values())
+        return sum(self.accepted.values()) / total if total else None
+
+    def report(self, n_rows: int) -> dict[str, Any]:
+        per_row = [self.accepted.get(i, 0) / self.proposed[i] if self.proposed.get(i) else None
+                   for i in range(n_rows)]
+        return {"acceptance_rate": self.rate(), "acceptance_per_row": per_row,
+                "drafted_tokens": sum(self.proposed.values()),
+                "accepted_tokens": sum(self.accepted.values()),
+                "verify_steps": dict(sorted(self.verifies.items())),
+                "draft_seconds": self.draft_seconds}
+
+
+def choose_k(log: SpecLog, ks: tuple[int, ...], rows: int) -> int:
+    """The k of ``ks`` with the most expected tokens per second.
+
+    A verify of k drafts emits ``(1 - a^(k+1)) / (1 - a)`` tokens per row in expectation when
+    each draft is accepted with probability a (the measured rate, independent drafts assumed);
+    its cost is the measured seconds per verify at that k (unmeasured k: the largest measured
+    cost scaled by positions, an optimistic guess that gets each k tried). Before any
+    measurement, the largest k.
+    """
+    a = log.rate()
+    if a is None or len(ks) == 1:
+        return ks[-1]
+    measured = {k: log.verify_seconds[k] / log.verifies[k] for k in ks if log.verifies.get(k)}
+    ref_k = max(measured)
+
+    def cost(k: int) -> float:
+        return measured.get(k, measured[ref_k] * (k + 1) / (ref_k + 1))
+
+    def gain(k: int) -> float:
+        return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+    return max(ks, key=lambda k: gain(k) / cost(k))
+
+
+# --------------------------------------------------------------------------- the host loop
+class SpeculativeGroup(DecodeGroup):
+    """A :class:`DecodeGroup` that decodes by draft + verify instead of single steps.
+
+    Row s's token j (response index) is fed at position ``len(prompt) + j`` and written at slot
+    ``prompt_slots + j`` — the plain decode layout — so prefill, compaction and growth are
+    inherited unchanged; only the write offsets now differ per row.
+    """
+
+    lm: SpeculativeLM
+
+    def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
+            on_finished: OnFinished | None) -> None:
+        self.collect(self.prefill(hoisted), out, on_finished)
+        log = self.lm.spec_log
+        while not self.done.all():
+            live = np.nonzero(~self.done)[0]
+            if self.rows > 1 and row_bucket(len(live), self.lm.row_multiple) <= COMPACT_AT * \
+                    self.rows:
+                self.compact(live, row_bucket(len(live), self.lm.row_multiple))
+                live = np.nonzero(~self.done)[0]
+            k = choose_k(log, self.lm.ks, self.rows)
+            emitted = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
+            self._grow_for(max(emitted.values()) - 1 + k)
+            t0 = time.perf_counter()
+            tokens, positions, slots, index = self._inputs(out, emitted, k)
+            log.draft_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            res = self._verify(hoisted, tokens, positions, slots, index, k)
+            self._collect_verified(res, out, on_finished, emitted, k)
+            log.verify_seconds[k] = log.verify_seconds.get(k, 0.0) + time.perf_counter() - t0
+            log.verifies[k] = log.verifies.get(k, 0) + 1
+
+    def _grow_for(self, last: int) -> None:
+        """Grow the growing stores so response index ``last`` (slot prompt_slots + last) fits,
+        capped at the slots the group can ever need (later writes are dropped: past a limit)."""
+        need = self.lm.growing_need
+        if need is None:
+            return
+        n = need(self.shape.prompt_slots + last)
+        if n > self.capacity and self.capacity < self.shape.total:
+            self.grow(min(max(2 * self.capacity, n), self.shape.total))
+
+    def _inputs(self, out: Outputs, emitted: dict[int, int], k: int
+                ) -> tuple[np.ndarray, ...]:
+        """Host arrays for one verify: tokens (last emitted + k drafts), positions, slots and
+        response index per row; rows that are done get position and slot -1 (nothing written)."""
+        b, pcap = self.rows, self.shape.prompt_slots
+        tokens = np.zeros((b, k + 1), np.int32)
+        positions = np.full((b, k + 1), -1, np.int32)
+        slots = np.full((b, k + 1), -1, np.int32)
+        index = np.zeros((b,), np.int32)
+        ar = np.arange(k + 1, dtype=np.int32)
+        for s, n in emitted.items():
+            i = int(self.ids[s])
+            ctx = np.concatenate([self.prompts[i], np.asarray(out.toks[i], np.int32)])
+            tokens[s, 0] = ctx[-1]
+            tokens[s, 1:] = self.lm.draft(ctx, k)
+            positions[s] = len(self.prompts[i]) + n - 1 + ar
+            slots[s] = pcap + n - 1 + ar
+            index[s] = n
+        return tokens, positions, slots, index
+
+    def _verify(self, hoisted: tuple[jax.Array, ...], tokens: np.ndarray, positions: np.ndarray,
+                slots: np.ndarray, index: np.ndarray, k: int) -> tuple[Any, ...]:
+        lm, cfg = self.lm, self.cfg
+        if lm.mesh is not None:
+            self.stores = lm.builder.place_stores(self.stores)
+        args = (hoisted, self.stores, *(jax.device_put(x) for x in (tokens, positions, slots)),
+                self.row_ids, self.seed, jax.device_put(index))
+        caps = tuple(sorted((n, s["pos"].shape[1]) for n, s in self.stores.items() if "pos" in s))
+        key = ("verify", self.rows, k, caps, cfg.temperature, cfg.return_logits)
+        fn = partial(verify_program, lm.builder, temperature=cfg.temperature,
+                     want_logits=cfg.return_logits)
+        self.stores, *res = lm.cache.run(
+            key, lambda a=args: jax.jit(fn, donate_argnums=(1,)).lower(*a).compile(), *args)
+        del args
+        self.work.computed += self.rows * (k + 1)
+        self._observe(key, step=self.steps_done)
+        return tuple(res)
+
+    def _collect_verified(self, res: tuple[Any, ...], out: Outputs, on_finished: OnFinished | None,
+                          emitted: dict[int, int], k: int) -> None:
+        """Append each row's accepted drafts and the target's token, stopping at EOS/limit."""
+        tok, lp, acc, lg = (np.asarray(x) for x in res)
+        log, finished = self.lm.spec_log, []
+        for s in emitted:
+            i, a = int(self.ids[s]), int(acc[s])
+            log.proposed[i] = log.proposed.get(i, 0) + k
+            log.accepted[i] = log.accepted.get(i, 0) + a
+            for j in range(a + 1):
+                out.toks[i].append(int(tok[s, j]))
+                out.lps[i].append(float(lp[s, j]))
+                if out.logits is not None:
+                    out.logits[i].append(lg[s, j])
+                if int(tok[s, j]) in self.cfg.eos_ids or len(out.toks[i]) >= self.limits[s]:
+                    self.done[s] = True
+                    finished.append(i)
+                    break
+        used = sum(len(out.toks[int(self.ids[s])]) - n for s, n in emitted.items())
+        self.work.needed += used
+        self.steps_done += 1
+        if out.progress is not None:
+            out.progress(sum(len(t) for t in out.toks))
+        if finished and on_finished is not None:
+            on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
+
+
+class SpeculativeLM(SymbolicLM):
+    """A :class:`SymbolicLM` that generates by speculative decoding.
+
+    Args (beyond :class:`SymbolicLM`'s):
+      speculate: K, the most draft tokens per verify (>= 1).
+      draft: ``"ngram"`` (prompt lookup, no model).
+      adaptive: pick k per verify from {1, 2, 4, …, K} by measured acceptance and verify cost
+        (:func:`choose_k`); False: always K (one verify program per shape).
+
+    Ring and block stores are planned ``K`` slots larger (:meth:`StoreKind.speculative_capacity`);
+    a model with a recurrent-state (linear attention) store is refused.
+    """
+
+    group_class = SpeculativeGroup
+
+    def __init__(self, model: nnx.Module, *, speculate: int, draft: str = "ngram",
+                 adaptive: bool = False, **kwargs: Any) -> None:
+        if isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 1:
+            raise InputError(f"speculate={speculate!r}: give the most draft tokens per verify "
+                             "step, an int >= 1 (0/None: use SymbolicLM, plain decoding)")
+        if draft not in DRAFTS:
+            raise InputError(f"draft={draft!r}: choose one of {DRAFTS} (prompt lookup)")
+        super().__init__(model, **kwargs)
+        self.speculate, self.draft_name = speculate, draft
+        self.specs = {n: dataclasses.replace(s, capacity=s.kind.speculative_capacity(s, speculate))
+                      for n, s in self.specs.items()}
+        self.builder = dataclasses.replace(self.builder, specs=self.specs)
+        smaller = [k for k in (1, 2, 4, 8, 16, 32) if k < speculate] if adaptive else []
+        self.ks = (*smaller, speculate)
+        self.spec_log = SpecLog()
+
+    def draft(self, context: np.ndarray, k: int) -> np.ndarray:
+        return ngram_draft(context, k)
+
+    def generate(self, prompts: Any, cfg: GenerationConfig, **kwargs: Any) -> GenerationResult:
+        """As :meth:`SymbolicLM.generate`; stats add the speculation report (acceptance rate
+        overall and per row, drafted/accepted tokens, verify steps per k, draft seconds)."""
+        self.spec_log = SpecLog()
+        res = super().generate(prompts, cfg, **kwargs)
+        res.stats.update(self.spec_log.report(len(res.tokens)))
+        return res
