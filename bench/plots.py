@@ -227,7 +227,44 @@ def plot_lengths(rows: Sequence[Row], out_dir: Path) -> list[Path]:
     return [path]
 
 
+def plot_trace(rows: Sequence[Row], out_dir: Path) -> list[Path]:
+    """``trace_idle.png``: idle fraction (left) and useful tokens/s (right) per profile, one bar
+    per system; a failed replay is a red ✕ at the bottom of its slot."""
+    rows = [r for r in rows if r.get("scenario") == "trace"]
+    if not rows:
+        return []
+    profiles = sorted({r["profile"] for r in rows})
+    systems = _systems(rows)
+    by = {(r["profile"], r["system"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(5 + 1.4 * len(profiles), 4.2))
+    width = 0.8 / max(1, len(systems))
+    for ax, (key, label, scale) in zip(axes, (("idle_fraction", "idle token positions (%)", 100),
+                                             ("useful_tokens_per_s", "useful tokens/s", 1)),
+                                       strict=True):
+        for j, system in enumerate(systems):
+            color, _, name = _style(system)
+            for i, prof in enumerate(profiles):
+                r = by.get((prof, system))
+                x = i + (j - (len(systems) - 1) / 2) * width
+                if r is None:
+                    continue
+                if r["status"] != "ok":
+                    ax.plot([x], [0], "x", color="red", markersize=9)
+                    continue
+                ax.bar(x, r[key] * scale, width, color=color, label=name if i == 0 else None)
+        ax.set_xticks(range(len(profiles)), profiles, rotation=20)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylim(0, 100)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(_title(rows, "Trace-driven profiles: idle fraction per system"), fontsize=9)
+    path = out_dir / "trace_idle.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return [path]
+
+
 def plot_all(rows: Sequence[Row], out_dir: Path) -> list[Path]:
     """Every figure the rows allow; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return plot_decode(rows, out_dir) + plot_lengths(rows, out_dir)
+    return plot_decode(rows, out_dir) + plot_lengths(rows, out_dir) + plot_trace(rows, out_dir)

@@ -16,6 +16,11 @@ Scenarios (each configuration × system is one child process, see ``suite_child.
 * ``growing`` — the same, with the median response length rising 10× over a sequence of runs
   (DeepSeek-R1 reports mean response length rising ~10× over RL training).
 * ``rlft`` — one GRPO step, sym vs padded: ``bench/rlft_step.py`` run as a subprocess.
+* ``trace`` — length profiles as data (:mod:`jaxrl_sym.workloads`): skewed per task (math, code,
+  chat), growing (median 10× over the steps) and, with ``--trace FILE.jsonl``, a user trace of
+  prompt/response lengths; each profile is replayed step after step by every system in one
+  process, which reports its idle fraction (token positions computed on padding or on rows
+  already finished / computed) and useful tokens/s; plotted in ``trace_idle.png``.
 
 Results go to ``bench/results/<device>/suite/`` (``results.jsonl``, ``results.md``, ``*.png``) and
 ``bench/results/<device>/SUITE.md``. A configuration already in the JSONL with status ``ok`` or
@@ -74,6 +79,8 @@ QUICK: dict[str, Any] = {
     "growing": {"batch": 16, "prompt": (16, 128), "medians": (16, 160), "runs": 3, "cap": 512,
                 "sigma": 0.6},
     "rlft": {"scale": 8, "prompts": 8, "group": 4, "steps": 1},
+    # lengths / 16: math median 75 (cap 512), code 50, chat 12.5, growing 6.25 -> 62.5
+    "trace": {"batch": 16, "steps": 2, "growing_steps": 3, "scale": 16},
     "timeout": 900,
 }
 
@@ -90,6 +97,7 @@ FULL: dict[str, Any] = {
                 "sigma": 0.6},
     # Qwen2.5-0.5B's shape at the paper's lengths (bench/rlft_step.py --preset gpu)
     "rlft": {"preset": "gpu", "scale": 1, "prompts": 16, "group": 8, "steps": 2},
+    "trace": {"batch": 64, "steps": 4, "growing_steps": 6, "scale": 1},
     "timeout": 3600,
 }
 
@@ -104,6 +112,7 @@ class Job:
     system: str
     prompt_lens: list[int] = field(default_factory=list)
     limits: list[int] = field(default_factory=list)
+    steps: list[tuple[list[int], list[int]]] = field(default_factory=list)  # trace replays
 
     @property
     def key(self) -> str:
@@ -114,7 +123,8 @@ class Job:
         what = {"decode": lambda: f"{c['attention']} N={c['tokens']}",
                 "realistic": lambda: f"median {c['median']}",
                 "growing": lambda: f"run {c['run']} median {c['median']}",
-                "rlft": lambda: f"{c['prompts']}x{c['group']}"}[c["scenario"]]()
+                "rlft": lambda: f"{c['prompts']}x{c['group']}",
+                "trace": lambda: f"{c['profile']} ({c['steps']} steps)"}[c["scenario"]]()
         return f"{c['scenario']} {what} {self.system}"
 
 
@@ -135,7 +145,7 @@ def _prompts(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[int]:
 
 
 def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
-         seed: int = 0) -> list[Job]:
+         seed: int = 0, trace: str | None = None) -> list[Job]:
     """Every job of preset ``p`` (deterministic: prompts and limits come from ``seed``)."""
     jobs: list[Job] = []
     base = {"preset": p["preset"], "seed": seed}
@@ -178,6 +188,11 @@ def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
     if "rlft" in scenarios:
         cfg = {"scenario": "rlft", "seed": seed, **p["rlft"]}
         jobs.append(Job(cfg, "rlft"))
+    if "trace" in scenarios:
+        from suite_trace import trace_configs
+
+        jobs += [Job(cfg, s, steps=steps)
+                 for cfg, steps in trace_configs(p, seed=seed, trace=trace) for s in others]
     # Keep the configurations in plan order; within one, padded first (sym is checked against it).
     order = {s: i for i, s in enumerate(SYSTEM_ORDER)}
     first: dict[str, int] = {}
@@ -283,6 +298,13 @@ def run_job(job: Job, tmp: Path, timeout: float, arrays: dict[str, dict[str, np.
     system it compares."""
     if job.system == "rlft":
         return _run_rlft(job, tmp, timeout)
+    if job.config["scenario"] == "trace":
+        from suite_trace import run_trace_job
+
+        spec = {**job.config, "system": job.system, "steps": job.steps}
+        row = {**job.config, "system": job.system, "key": job.key}
+        return [run_trace_job(spec, row, tmp, lambda s, o: run_process(
+            child_command(s, o), timeout))]
     from suite_padding import layers_for, work_for
 
     spec = {**job.config, "system": job.system, "prompt_lens": job.prompt_lens,
@@ -350,7 +372,8 @@ def estimate_jobs(jobs: Sequence[Job], limit: int | None) -> dict[str, dict[str,
     prompt is taken at the job's longest prompt (the worst case). RL-step jobs are not
     estimated. Empty, with a warning, when the estimate itself fails: the jobs then run.
     """
-    todo = [j for j in jobs if j.system != "rlft" and j.system not in PEERS]  # no estimate
+    todo = [j for j in jobs if j.system != "rlft" and j.system not in PEERS  # no estimate
+            and j.config["scenario"] != "trace"]
     specs = [{**j.config, "model": None, "systems": [j.system], "memory_limit": limit,
               "batch": len(j.prompt_lens), "prompt_len": [max(j.prompt_lens)] * 2,
               "tokens": max(j.limits), "return_logits": False} for j in todo]
@@ -464,6 +487,9 @@ def _summary(row: dict[str, Any]) -> str:
            f"{row.get('tokens', row.get('median', '')):>6} {row['system']:<10} {row['status']}"
     if row["status"] != "ok" or row["scenario"] == "rlft":
         return head
+    if row["scenario"] == "trace":
+        return (f"trace {row['profile']:<14} {row['system']:<10} ok  idle "
+                f"{100 * row['idle_fraction']:.1f}%  {row['useful_tokens_per_s']:.3g} tokens/s")
     return (f"{head}  {row['s_per_token'] * 1e3:.3g} ms/token  "
             f"{row['peak_bytes'] / 2**20:.3g} MB  {row['xla_compiles']} compiles")
 
@@ -534,8 +560,12 @@ def narrow(preset: dict[str, Any], kinds: str | None, tokens: str | None) -> dic
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="CPU preset (about 10 min on 2 cores)")
-    p.add_argument("--only", default="decode,realistic,growing,rlft",
-                   help="comma-separated scenarios: decode, realistic, growing, rlft")
+    p.add_argument("--only", default="decode,realistic,growing,rlft,trace",
+                   help="comma-separated scenarios: decode, realistic, growing, rlft, trace")
+    p.add_argument("--trace", default=None, metavar="FILE.jsonl",
+                   help='trace scenario: also replay this JSONL of {"prompt_len": P, '
+                        '"response_len": R} rows (optional "step": k), lengths divided by the '
+                        "preset's scale")
     p.add_argument("--systems", default=None,
                    help="comma-separated: sym-xla, sym-triton, padded, pershape, tunix, "
                         "tunix-defaults (default: the preset's, sym-triton only where compiled "
@@ -556,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="skip configurations estimated above BYTES (default: the device's "
                         "limit, else host memory)")
     args = p.parse_args(argv)
+    from jaxrl_sym.errors import InputError
+
     preset = narrow(QUICK if args.quick else FULL, args.kinds, args.tokens)
     command = "python bench/suite.py " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = device_meta(command)
@@ -570,7 +602,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out) if args.out else ROOT / "bench" / "results" / device_dir(
         meta["device"])
     out_dir = out_dir / "suite"
-    jobs = plan(preset, systems=systems, scenarios=scenarios)
+    try:
+        jobs = plan(preset, systems=systems, scenarios=scenarios, trace=args.trace)
+    except InputError as e:
+        raise SystemExit(f"error: {e}") from None
     if args.dry_run:
         for j in jobs:
             print(j.label())

@@ -112,6 +112,56 @@ def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return metrics, arrays
 
 
+def run_trace(spec: dict[str, Any]) -> dict[str, Any]:
+    """Replay a length profile (``spec["steps"]``: one request per step, in order) with one
+    system in this one process, as an RL run would generate step after step.
+
+    Timing follows :func:`run` per step (sym/Tunix: a second call on the same request; padded,
+    per-shape: their own execution timer). Idle positions: sym's engine books every position it
+    computes (``needed_positions``/``token_positions``, summed over steps); the parent computes
+    a fixed-shape system's from its shapes."""
+    from jaxrl_sym.cli import build_model
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.contract import check_model
+    from jaxrl_sym.runtime.metrics import peak_rss_bytes
+    from jaxrl_sym.systems import generator
+
+    model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
+    vocab = check_model(model).vocab_size
+    system = spec["system"]
+    gen = generator(system, model)
+    timed_again = system.startswith(("sym", "tunix")) and spec.get("warm", True)
+    m: dict[str, Any] = {"seconds": 0.0, "seconds_with_compile": 0.0, "xla_compiles": 0,
+                         "generated_tokens": 0, "peak_bytes": 0, "step_seconds": []}
+    if system.startswith("sym"):
+        m.update(needed_positions=0, token_positions=0)
+    for k, (prompt_lens, limits) in enumerate(spec["steps"]):
+        rng = np.random.default_rng([spec["seed"], k])
+        prompts = [rng.integers(0, vocab, size=int(p), dtype=np.int32) for p in prompt_lens]
+        gcfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
+        t0 = time.perf_counter()
+        out = gen(prompts, gcfg)
+        cold = time.perf_counter() - t0
+        seconds = float(out.stats["run_seconds"]) if not timed_again else 0.0
+        if timed_again:
+            t0 = time.perf_counter()
+            gen(prompts, gcfg)
+            seconds = time.perf_counter() - t0
+        if [len(t) for t in out.tokens] != [int(x) for x in limits]:
+            raise RuntimeError(f"step {k}: rows did not end at their limits")
+        m["seconds"] += seconds
+        m["step_seconds"].append(seconds)
+        m["seconds_with_compile"] += cold
+        m["xla_compiles"] += int(out.stats["xla_compiles"])
+        m["generated_tokens"] += int(sum(len(t) for t in out.tokens))
+        m["peak_bytes"] = max(m["peak_bytes"], int(out.stats["peak_bytes"]))
+        if "token_positions" in m:
+            m["needed_positions"] += int(out.stats["needed_positions"])
+            m["token_positions"] += int(out.stats["token_positions"])
+    m["peak_rss_bytes"] = peak_rss_bytes()
+    return m
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--probe"]:
         with open(argv[1], "w") as f:
@@ -120,6 +170,10 @@ def main(argv: list[str]) -> int:
     spec_path, out = argv
     with open(spec_path) as f:
         spec = json.load(f)
+    if spec.get("scenario") == "trace":
+        with open(out, "w") as f:
+            json.dump(run_trace(spec), f)
+        return 0
     metrics, arrays = run(spec)
     np.savez(out + ".npz", **arrays)
     with open(out, "w") as f:

@@ -168,6 +168,33 @@ def rlft_table(rows: Sequence[Row]) -> str:
     return text
 
 
+def trace_table(rows: Sequence[Row]) -> str:
+    """Per profile and system: idle fraction and useful tokens/s over the whole replay."""
+    rs = _sort(_by(rows, "trace"), lambda r: r["profile"])
+    head = ("profile", "steps", "useful tokens", "max response", "system", "idle %",
+            "useful tokens/s", "s (steady)", "s incl. compile", "compiles", "peak MB")
+    body = []
+    for r in rs:
+        lead = [r["profile"], _f(r["steps"]), _f(r.get("useful_tokens")),
+                _f(r.get("max_limit")), r["system"]]
+        if r["status"] != "ok":
+            body.append([*lead, *_status_cells(r, len(head) - len(lead))])
+            continue
+        body.append([*lead, _f(r["idle_fraction"], 100), _f(r["useful_tokens_per_s"]),
+                     _f(r["seconds"]), _f(r["seconds_with_compile"]), _f(r["xla_compiles"]),
+                     _f(r["peak_bytes"], 2**-20)])
+    profiles = sorted({(r["profile"], r.get("description", "")) for r in rs})
+    notes = "\n".join(f"- `{name}`: {desc}" for name, desc in profiles)
+    return _table(head, body) + "\n\n" + notes + "\n\n" + TRACE_NOTE
+
+
+TRACE_NOTE = """\
+*idle %*: token positions computed on padding or on rows that had already finished / all
+positions computed, over every step of the profile (sym: the engine's own log; padded: its fixed
+shapes, B × max prompt + B × (max response − 1) per step). *useful tokens/s*: response tokens of
+the profile / steady-state seconds (sym: each step's second call; padded: its execution timer)."""
+
+
 def provenance(rows: Sequence[Row]) -> str:
     """Device, versions, commits, dates and commands that produced these rows."""
     if not rows:
@@ -198,6 +225,8 @@ def render_markdown(rows: Sequence[Row]) -> str:
             parts += [f"## {title}", "", lengths_table(rows, sc), ""]
     if _by(rows, "rlft"):
         parts += ["## RL fine-tuning step (GRPO, `bench/rlft_step.py`)", "", rlft_table(rows), ""]
+    if _by(rows, "trace"):
+        parts += ["## Trace-driven length profiles (`--only trace`)", "", trace_table(rows), ""]
     parts += [FOOTNOTE, ""]
     return "\n".join(parts)
 
@@ -220,5 +249,8 @@ def render_summary(rows: Sequence[Row], suite_dir: str = "suite") -> str:
         parts += [f"![lengths]({suite_dir}/lengths.png)", ""]
     if _by(rows, "rlft"):
         parts += ["## RL step", "", rlft_table(rows), ""]
+    if _by(rows, "trace"):
+        parts += ["## Trace-driven length profiles", "", trace_table(rows), "",
+                  f"![idle fraction]({suite_dir}/trace_idle.png)", ""]
     parts += [FOOTNOTE, ""]
     return "\n".join(parts)
