@@ -185,18 +185,24 @@ def choose_k(log: SpecLog, ks: tuple[int, ...], rows: int) -> int:
 
     A verify of k drafts emits ``(1 - a^(k+1)) / (1 - a)`` tokens per row in expectation when
     each draft is accepted with probability a (the measured rate, independent drafts assumed);
-    its cost is the measured seconds per verify at that k (unmeasured k: the largest measured
-    cost scaled by positions, an optimistic guess that gets each k tried). Before any
-    measurement, the largest k.
+    its cost is the measured seconds per verify at that k (unmeasured k: a line through the
+    measured costs, or with one measurement that cost scaled by positions — optimistic for
+    smaller k, so each gets tried). Before any measurement, the largest k.
     """
     a = log.rate()
     if a is None or len(ks) == 1:
         return ks[-1]
     measured = {k: log.verify_seconds[k] / log.verifies[k] for k in ks if log.verifies.get(k)}
-    ref_k = max(measured)
+    if len(measured) >= 2:  # a line through the measured costs (c0 + c1 (k+1)), floored
+        xs = np.asarray([k + 1 for k in measured], float)
+        c1, c0 = np.polyfit(xs, np.asarray(list(measured.values())), 1)
+        guess = lambda k: max(c0 + c1 * (k + 1), min(measured.values()))
+    else:
+        ((ref, c),) = measured.items()
+        guess = lambda k: c * (k + 1) / (ref + 1)
 
     def cost(k: int) -> float:
-        return measured.get(k, measured[ref_k] * (k + 1) / (ref_k + 1))
+        return measured.get(k) or guess(k)
 
     def gain(k: int) -> float:
         return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
