@@ -46,6 +46,7 @@ from jaxrl_sym.models.contract import check_model, model_fingerprint
 from jaxrl_sym.rl import stages
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.layout import Layout
+from jaxrl_sym.rl.partial import PartialBuffer, PartialConfig, partial_step
 from jaxrl_sym.rl.programs import Programs
 from jaxrl_sym.rl.programs import build_fns as _build_fns
 from jaxrl_sym.rl.rollout import RewardFn, Rollout, compute_rewards
@@ -88,6 +89,9 @@ class RLTrainer:
         check). The sharded state and every compiled program's per-device footprint are checked
         against it before they run (:class:`~jaxrl_sym.sharding.MemoryBudget`), so a model that
         does not fit fails at construction with the mesh it needs, not mid-step.
+      partial: partial rollouts (:mod:`jaxrl_sym.rl.partial`): a step stops generating when
+        ``partial.fraction`` of its rows finished, trains the complete groups and carries the
+        unfinished rows into the next step (None, the default: every step generates to the end).
 
     ``state`` is the whole evolving state; ``params``, ``opt_state``, ``ref_leaves`` and
     ``steps_done`` read and replace its fields (checkpoint restore assigns them).
@@ -104,6 +108,7 @@ class RLTrainer:
         min_capacity: int = 16,
         mesh: Any = None,
         device_memory: int | str | None = None,
+        partial: PartialConfig | None = None,
     ) -> None:
         self.system_impl: System = get_system(system)
         if not callable(reward_fn):
@@ -136,6 +141,8 @@ class RLTrainer:
                                    f"{info.name}'s parameters + optimiser state + reference")
         self.programs = Programs(self.budget)
         self._fns: dict[str, dict[str, Any]] = {}
+        self.partial = partial
+        self.rollouts = PartialBuffer(partial) if partial is not None else None
         self.system_impl.attach(self)
 
     # ------------------------------------------------------------------ state fields
@@ -276,7 +283,11 @@ class RLTrainer:
 
         Stages are timed separately (``seconds``); compile time lands in whichever stage first
         needed a program of that shape (``compiles`` counts XLA compiles in the step).
+        With partial rollouts (``partial``) the step runs :func:`~jaxrl_sym.rl.partial.
+        partial_step` instead: ``prompts`` may then be empty to finish the carried rows.
         """
+        if self.rollouts is not None:
+            return partial_step(self, prompts, seed, limits)
         self.programs.peak = 0
         state, clock = self.state, stages.Stopwatch()
         with CompileCounter() as cc:

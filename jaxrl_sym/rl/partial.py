@@ -1,0 +1,226 @@
+"""Partial rollouts: a step stops generating once a target fraction of its rows finished, trains on
+the groups that are complete, and carries the unfinished rows into the next step.
+
+Why: with skewed response lengths a few long rows hold the whole step's generation while the
+device idles on the rest (the RLVR workload study, ``bench/suite.py --only trace``). Stopping
+early and finishing the long rows next step — while the next step's new rows already generate
+beside them — trades a little off-policy-ness for less waiting. Off by default
+(``RLTrainer(partial=None)``): the plain step is then exactly the step without this module.
+
+Decisions, and why:
+
+* **Carried rows are re-prefilled, not their stores kept.** An unfinished row resumes next step as
+  a prompt ``original prompt + tokens so far``, prefilled under the *new* parameters by the
+  runtime's packed prefill (cheap: one forward over the prefix). Keeping its KV stores would
+  continue generation from keys/values computed by the old parameters — a state that no policy
+  ever had — and would need the runtime to hold stores across steps and updates. Re-prefilling
+  costs one prefix forward per carried row and keeps the engine untouched.
+* **Carried tokens keep their generation-time log-probs.** The tokens a row emitted in an earlier
+  step were sampled by that step's policy; their log-probs (``Rollout.old_logprobs``) stay the
+  behaviour policy's, so the loss's importance ratio ``pi_current / pi_behaviour`` (clipped, see
+  :func:`jaxrl_sym.rl.algorithms.rl_loss`) corrects exactly the off-policy part. Nothing is
+  recomputed.
+* **A group is trained when all its G rows finished.** Group-relative advantages (GRPO, RLOO)
+  compare the G responses of one prompt; training a partial group would bias its baseline. Rows
+  that finished wait in the buffer for their group-mates (counted as ``waiting_rows``).
+* **Staleness is capped.** A row carried ``max_carry`` times must finish in the next step (the
+  step keeps generating until it has), so no trained token is more than ``max_carry`` updates
+  old; the step reports carried rows and staleness (``metrics["partial"]``).
+* **Stopping is at segment granularity**, by the step's own logic: generation runs in segments of
+  ``segment`` tokens per row (each a normal generation call on the still-unfinished rows); after
+  each, the step stops when the target fraction of its rows has finished, every row at the carry
+  cap has finished, and at least one group is complete. The engine needs no early-stop hook.
+* **Not in checkpoints**: the carried rows live in the trainer's host memory; a run resumed from a
+  checkpoint starts with an empty buffer (its trajectory then differs from an uninterrupted one).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.rl import stages
+from jaxrl_sym.rl.rollout import Rollout, sampling_batch
+from jaxrl_sym.runtime.metrics import CompileCounter
+
+if TYPE_CHECKING:
+    from jaxrl_sym.rl.step import RLTrainer
+
+
+@dataclass(frozen=True)
+class PartialConfig:
+    """fraction: share of the step's generating rows that must finish before it stops (in
+    (0, 1]; 1 stops only when all have). segment: tokens per row per generation call (the stopping
+    granularity). max_carry: steps a row may be carried (>= 1)."""
+
+    fraction: float
+    segment: int = 4
+    max_carry: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 < float(self.fraction) <= 1.0:
+            raise InputError(f"partial rollout fraction={self.fraction} (--partial-rollout) must "
+                             "be in (0, 1]: the share of rows that must finish before a step "
+                             "stops generating")
+        for name, flag in (("segment", "--partial-segment"), ("max_carry", "--partial-max-carry")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InputError(f"partial rollout {name}={v!r} ({flag}) must be an integer >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fraction": float(self.fraction), "segment": self.segment,
+                "max_carry": self.max_carry}
+
+
+@dataclass
+class Row:
+    """One sample in flight: its prompt, what it generated so far and with which log-probs."""
+
+    uid: int
+    group: int
+    prompt: np.ndarray
+    limit: int
+    born: int  # the step (1-based) that started generating it
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    carried: int = 0  # steps it was carried into (unfinished at the end of a step)
+    done: bool = False
+
+
+def _seg_seed(seed: int, seg: int) -> int:
+    """Segment 0 samples with the step's seed (so fraction 1 with one segment is the plain
+    step); later segments with distinct seeds derived from it."""
+    return seed if seg == 0 else (int(seed) * 1_000_003 + seg * 104_729) & 0x7FFFFFFF
+
+
+class PartialBuffer:
+    """The rows in flight between steps (unfinished, or finished and waiting for their group)."""
+
+    def __init__(self, cfg: PartialConfig) -> None:
+        self.cfg = cfg
+        self.rows: list[Row] = []
+        self.next_uid = 0
+        self.next_group = 0
+        self.last_trained: list[Row] = []  # the rows the last step trained (tests, debugging)
+
+    def add(self, expanded: list[np.ndarray], limits: Sequence[int], group_size: int,
+            step: int) -> None:
+        """New samples, G consecutive per prompt (``sampling_batch``'s order)."""
+        for i, (p, lim) in enumerate(zip(expanded, limits, strict=True)):
+            if i % group_size == 0:
+                self.next_group += 1
+            self.rows.append(Row(self.next_uid, self.next_group, p, int(lim), step))
+            self.next_uid += 1
+
+    def complete_groups(self) -> list[int]:
+        by: dict[int, bool] = {}
+        for r in self.rows:
+            by[r.group] = by.get(r.group, True) and r.done
+        return sorted(g for g, ok in by.items() if ok)
+
+    def _should_stop(self, started: int, must: list[Row]) -> bool:
+        unfinished = sum(not r.done for r in self.rows)
+        frac = 1.0 - unfinished / started if started else 1.0
+        return (frac >= self.cfg.fraction and all(r.done for r in must)
+                and bool(self.complete_groups()))
+
+    def generate(self, tr: RLTrainer, rl_eos: Any, temperature: float,
+                 seed: int) -> dict[str, Any]:
+        """Segments until the stop rule holds; returns generation stats."""
+        todo = [r for r in self.rows if not r.done]
+        started, must = len(todo), [r for r in todo if r.carried >= self.cfg.max_carry]
+        resumed = sum(r.carried > 0 for r in todo)
+        seg, run_s, compile_s = 0, 0.0, 0.0
+        while todo and (seg == 0 or not self._should_stop(started, must)):
+            prompts = [np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]) for r in todo]
+            limits = tuple(min(self.cfg.segment, r.limit - len(r.tokens)) for r in todo)
+            gcfg = GenerationConfig(max_new_tokens=limits, eos_id=rl_eos,
+                                    temperature=temperature, seed=_seg_seed(seed, seg))
+            res = tr.system_impl.generate(tr, prompts, gcfg)
+            run_s += float(res.stats.get("run_seconds", 0.0))
+            compile_s += float(res.stats.get("compile_seconds", 0.0))
+            eos = set(gcfg.eos_ids)
+            for r, t, lp in zip(todo, res.tokens, res.logprobs, strict=True):
+                r.tokens += [int(x) for x in t]
+                r.logprobs += [float(x) for x in lp]
+                r.done = len(r.tokens) >= r.limit or (bool(r.tokens) and r.tokens[-1] in eos)
+            todo = [r for r in todo if not r.done]
+            seg += 1
+        return {"segments": seg, "generating_rows": started, "resumed_rows": resumed,
+                "run_seconds": run_s, "compile_seconds": compile_s}
+
+    def take(self, step: int) -> tuple[list[Row], dict[str, Any]]:
+        """Remove and return the complete groups' rows (group order, G consecutive); the rows
+        left unfinished are counted as carried once more."""
+        ready = set(self.complete_groups())
+        out = sorted((r for r in self.rows if r.group in ready), key=lambda r: (r.group, r.uid))
+        self.rows = [r for r in self.rows if r.group not in ready]
+        for r in self.rows:
+            if not r.done:
+                r.carried += 1
+        stale = [step - r.born for r in out]
+        self.last_trained = out
+        return out, {"trained_groups": len(ready), "trained_rows": len(out),
+                     "trained_carried_rows": sum(r.carried > 0 for r in out),
+                     "carried_rows": sum(not r.done for r in self.rows),
+                     "waiting_rows": sum(r.done for r in self.rows),
+                     "max_staleness": max(stale, default=0),
+                     "mean_staleness": float(np.mean(stale)) if stale else 0.0}
+
+
+def partial_generate(tr: RLTrainer, buf: PartialBuffer, prompts: Sequence[Any], seed: int,
+                     limits: Sequence[int] | None) -> tuple[Rollout, dict[str, Any]]:
+    """Add the step's new prompts, generate until the stop rule, and return the complete groups
+    as a rollout (carried tokens with their behaviour log-probs) plus the step's partial stats."""
+    cfg, step = tr.cfg, tr.steps_done + 1
+    if len(prompts):
+        expanded, gcfg = sampling_batch(cfg, prompts, seed, limits, tr.vocab_size)
+        lim = (gcfg.max_new_tokens if isinstance(gcfg.max_new_tokens, tuple)
+               else (gcfg.max_new_tokens,) * len(expanded))
+        buf.add(expanded, lim, cfg.group_size, step)
+    if not buf.rows:
+        raise InputError("no prompts given and no carried rows left: pass prompts")
+    gen = buf.generate(tr, cfg.eos_id, cfg.temperature, seed)
+    rows, taken = buf.take(step)
+    rollout = Rollout([r.prompt for r in rows], [np.asarray(r.tokens, np.int32) for r in rows],
+                      [np.asarray(r.logprobs, np.float32) for r in rows], cfg.group_size,
+                      {"run_seconds": gen["run_seconds"],
+                       "compile_seconds": gen["compile_seconds"]})
+    return rollout, {**gen, **taken}
+
+
+def partial_step(tr: RLTrainer, prompts: Sequence[Any], seed: int,
+                 limits: Sequence[int] | None) -> dict[str, Any]:
+    """:meth:`RLTrainer.step` with partial rollouts: the same stages on the complete groups.
+    The buffer is changed only when the step commits (a failing reward function or a diverged
+    update leaves parameters *and* carried rows as they were)."""
+    assert tr.rollouts is not None
+    tr.programs.peak = 0
+    state, clock = tr.state, stages.Stopwatch()
+    buf = copy.deepcopy(tr.rollouts)
+    with CompileCounter() as cc:
+        with clock("generation"):
+            rollout, pstats = partial_generate(tr, buf, prompts, seed, limits)
+        with clock("pack"):
+            layout = tr.layout(rollout)
+        with clock("reference"):
+            ref = stages.reference_slots(tr, state, layout, rollout)
+        with clock("reward"):
+            rewards, metric = stages.rewards(tr, rollout)
+        with clock("advantage"):
+            arrays, per_sample = stages.advantages(tr, state, layout, rollout, rewards, ref)
+        with clock("update"):
+            new_state, auxes = stages.update(tr, state, layout, arrays)
+    stages.commit(tr, new_state)
+    tr.rollouts = buf
+    sec = clock.sec
+    sec["total"] = sum(sec.values())
+    out = stages.metrics(tr, rollout, layout, rewards, metric, per_sample, auxes, sec, cc)
+    out["partial"] = pstats
+    return out
