@@ -186,7 +186,8 @@ def _table(report: dict[str, Any]) -> str:
     return cap.get()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line, defaults filled in (other benchmarks reuse the workload)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--systems", default="sym,padded")
     p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu",
@@ -215,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         args.scale = 8 if args.preset == "cpu" else 1
     if args.update_tokens is None and args.preset == "gpu":
         args.update_tokens = 4096
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = main_args(argv)
     if args.system:  # child process: one system
         res = run_system(args)
         with open(args.out, "w") as f:

@@ -45,10 +45,31 @@ def request(scenario: str = "realistic") -> tuple[Any, list[np.ndarray], Any, di
     return model, prompts, cfg, job.config
 
 
-def run(reps: int, systems: tuple[str, ...]) -> dict[str, Any]:
+def rlft_request(preset: str = "cpu") -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
+    """``bench/rlft_step.py``'s generation request: its policy, each prompt repeated G times,
+    each sample's sampled length as its limit. Greedy, so every system's tokens can be checked
+    against padded's (Tunix samples with its own RNG); the step samples at temperature 1, which
+    costs the same work per token."""
+    from rlft_step import main_args, model_config, workload
+
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.lm import init_model
+    from jaxrl_sym.models.lm import preset as lm_preset
+
+    args = main_args(["--preset", preset])
+    prompts, limits = workload(args)
+    model = init_model(lm_preset("small", **model_config(args)), args.seed)
+    rows = [p for p in prompts for _ in range(args.group)]
+    cfg = GenerationConfig(max_new_tokens=tuple(limits), temperature=0.0, eos_id=None)
+    config = {"workload": "rlft", "preset": preset, "prompts": args.prompts,
+              "group": args.group, "sigma": args.sigma, "scale": args.scale}
+    return model, rows, cfg, config
+
+
+def run(reps: int, systems: tuple[str, ...], workload: str = "suite") -> dict[str, Any]:
     from jaxrl_sym.systems import generator
 
-    model, prompts, cfg, config = request()
+    model, prompts, cfg, config = request() if workload == "suite" else rlft_request()
     gens = {s: generator(s, model) for s in systems}
     first: dict[str, Any] = {}
     tokens: dict[str, list[np.ndarray]] = {}
@@ -80,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--out", default=None)
+    p.add_argument("--workload", choices=("suite", "rlft"), default="suite",
+                   help="suite: the suite's realistic request; rlft: bench/rlft_step.py's "
+                        "GRPO rollout (16 prompts x 8, greedy)")
     args = p.parse_args(argv)
     from jaxrl_sym.report import write_peer_report
 
-    report = run(args.reps, tuple(s.strip() for s in args.systems.split(",") if s.strip()))
+    report = run(args.reps, tuple(s.strip() for s in args.systems.split(",") if s.strip()),
+                 args.workload)
     write_peer_report(report, "bench/tunix_paired.py", args.out)
     return 0
 

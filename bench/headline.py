@@ -1,0 +1,189 @@
+"""The headline: sym vs Tunix vs padded on the realistic GRPO workload, generation alone and the
+whole step, in one run.
+
+Workload (``bench/rlft_step.py``'s): 16 prompts × G = 8, prompts uniform in [64, 512], responses
+log-normal (median 275, σ 0.6) capped at 1024, every length divided by 8 on the CPU preset, on
+the shrunk Qwen2.5 policy. Each row ends at its sampled length (random weights never sample EOS;
+the length is the row's limit, as if EOS were sampled there).
+
+Three measurements, each in its own process so memory and compiles are its own:
+
+1. generation alone — ``bench/tunix_paired.py --workload rlft``: sym, padded and Tunix's
+   ``Sampler`` warmed up, then called in rotating order; median of ``--reps``; tokens checked
+   against padded (Tunix decodes every row to the longest row's length, then trims).
+2. the whole GRPO step, sym and padded — ``bench/rlft_step.py`` (generation, packing, reference,
+   reward, advantage, update; median of the measured steps after a warm-up step).
+3. the whole GRPO step, Tunix's own ``GRPOLearner`` — ``bench/tunix_grpo.py`` at the same σ: it
+   has one generation length per batch (its sampler stops a row only at EOS), so each row
+   decodes to the longest sampled length, which is what Tunix computes when rows end at EOS at
+   those lengths (its ``while_loop`` runs until the last row ends; its loss runs over the padded
+   batch). Useful tokens are the same prompt + sampled-length tokens for every system.
+
+Tunix's trainer stack is not in the light install; put it beside the venv (see
+``bench/tunix_grpo.py``) and pass ``--tunix-path``. Without it the Tunix step row says why.
+
+    .venv/bin/python bench/headline.py --tunix-path /tmp/tunix_rl_deps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _run(script: str, args: list[str], out: Path, timeout: float, env: dict[str, str] | None = None
+         ) -> dict[str, Any]:
+    """Run one benchmark script in its own process; its JSON report, or why there is none."""
+    cmd = [sys.executable, str(HERE / script), *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        return {"error": f"{script}: over {timeout:.0f} s"}
+    if proc.returncode != 0 or not out.exists():
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
+        return {"error": f"{script} exited {proc.returncode}: {tail}"}
+    return json.loads(out.read_text())
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    gen_out, step_out, tunix_out = tmp / "gen.json", tmp / "step.json", tmp / "tunix.json"
+    gen = _run("tunix_paired.py", ["--workload", "rlft", "--systems", "sym-xla,padded,tunix",
+                                   "--reps", str(args.reps), "--out", str(gen_out)],
+               gen_out, args.timeout)
+    step = _run("rlft_step.py", ["--systems", "sym,padded", "--steps", str(args.steps),
+                                 "--json", str(step_out)], step_out, args.timeout)
+    if args.tunix_path and Path(args.tunix_path).is_dir():
+        path = os.pathsep.join([args.tunix_path, os.environ.get("PYTHONPATH", "")])
+        tunix = _run("tunix_grpo.py", ["--sigma", "0.6", "--steps", str(args.steps + 1),
+                                       "--json", str(tunix_out)], tunix_out, args.timeout,
+                     env={"PYTHONPATH": path})
+    else:
+        tunix = {"error": "Tunix's trainer stack not given (--tunix-path DIR; see "
+                          "bench/tunix_grpo.py for the pip command)"}
+    return {"generation": gen, "step": step, "tunix_step": tunix}
+
+
+def _row(name: str, seconds: float | None, useful: int | None, first: float | None,
+         compiles: Any = None) -> dict[str, Any]:
+    tps = useful / seconds if seconds and useful else None
+    return {"system": name, "seconds": seconds, "useful_tokens_per_s": tps,
+            "first_call_seconds": first, "compiles": compiles}
+
+
+def generation_rows(gen: dict[str, Any]) -> list[dict[str, Any]]:
+    if "error" in gen:
+        return []
+    useful = gen["useful_tokens"]
+    # prompts count as useful in the step's figure; here only generated tokens do
+    return [_row(s.replace("-xla", ""), gen["median_seconds"][s], useful,
+                 gen["first_call"][s]["seconds"], gen["first_call"][s]["xla_compiles"])
+            for s in gen["median_seconds"]]
+
+
+def step_rows(step: dict[str, Any], tunix: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for s, r in step.get("systems", {}).items():
+        if "error" not in r:
+            rows.append(_row(s, r["seconds"]["total"], r["useful_tokens"], r["warmup_seconds"],
+                             r["warmup_compiles"]))
+            useful = r["useful_tokens"]
+    if "error" not in tunix and rows:
+        lengths = step["response_lengths"]
+        rows.append(_row("tunix", tunix["median_step_seconds"], useful,
+                         tunix["first_step_seconds"]))
+        rows[-1]["decoded_tokens_per_row"] = tunix["response_tokens_per_row"]
+        rows[-1]["sampled_max"] = lengths["max"]
+    return rows
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    by = {r["system"]: r for r in rows}
+    out: dict[str, float] = {}
+    for other in ("tunix", "padded"):
+        if "sym" in by and other in by and by[other]["seconds"] and by["sym"]["seconds"]:
+            out[f"sym_vs_{other}"] = by[other]["seconds"] / by["sym"]["seconds"]
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = ["| stage | system | s | useful tokens/s | first call s | compiles |",
+             "|---|---|---|---|---|---|"]
+    fmt = lambda v, f: "–" if v is None else format(v, f)
+    for stage in ("generation", "step"):
+        for r in report[f"{stage}_rows"]:
+            lines.append(f"| {stage} | {r['system']} | {fmt(r['seconds'], '.3g')} | "
+                         f"{fmt(r['useful_tokens_per_s'], ',.0f')} | "
+                         f"{fmt(r['first_call_seconds'], '.1f')} | {fmt(r['compiles'], 'd')} |")
+    for stage in ("generation", "step"):
+        rs = report[f"{stage}_ratios"]
+        lines.append("")
+        lines.append(f"{stage}: " + (", ".join(f"{k.replace('_', ' ')} {v:.2f}×"
+                                              for k, v in rs.items()) or "no ratio"))
+    lines.append("\nFirst call: generation — the first call of each system (compiles included, "
+                 "persistent cache as configured); step — the warm-up step; for Tunix the time "
+                 "to its first reward call (its first rollout).")
+    for k in ("generation", "step", "tunix_step"):
+        if "error" in report["raw"][k]:
+            lines.append(f"\n{k} not measured: {report['raw'][k]['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for ax, stage in zip(axes, ("generation", "step"), strict=True):
+        rows = [r for r in report[f"{stage}_rows"] if r["useful_tokens_per_s"]]
+        ax.bar([r["system"] for r in rows], [r["useful_tokens_per_s"] for r in rows],
+               color=["tab:green" if r["system"] == "sym" else "tab:gray" for r in rows])
+        ax.set_title(f"{'generation alone' if stage == 'generation' else 'whole GRPO step'}")
+        ax.set_ylabel("useful tokens / s")
+    fig.suptitle("Realistic GRPO workload (16×8, lengths log-normal, CPU preset)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=5, help="generation calls per system (median)")
+    p.add_argument("--steps", type=int, default=2, help="measured GRPO steps after warm-up")
+    p.add_argument("--tunix-path", default=None, metavar="DIR",
+                   help="directory holding Tunix's trainer-stack packages (PYTHONPATH)")
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--out", default="bench/results/cpu", help="directory for headline.*")
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from jaxrl_sym.report import run_metadata
+
+    with tempfile.TemporaryDirectory() as d:
+        raw = measure(args, Path(d))
+    report: dict[str, Any] = {"raw": raw, "generation_rows": generation_rows(raw["generation"]),
+                              "step_rows": step_rows(raw["step"], raw["tunix_step"])}
+    report["generation_ratios"] = ratios(report["generation_rows"])
+    report["step_ratios"] = ratios(report["step_rows"])
+    report.update(run_metadata("python bench/headline.py " + " ".join(sys.argv[1:])))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "headline.json").write_text(json.dumps(report, indent=1))
+    text = markdown(report)
+    (out / "headline.md").write_text(text)
+    plot(report, out / "headline.png")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
