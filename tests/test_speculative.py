@@ -94,12 +94,13 @@ def test_padded_speculative_equals_plain_padded() -> None:
     model = DecoderLM(replace(preset("tiny"), patterns=(Window(3), Linear())), rngs=nnx.Rngs(1))
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, 50, n) for n in (3, 9, 5)]
-    cfg = GenerationConfig(max_new_tokens=(14, 6, 11), eos_id=7)
+    cfg = GenerationConfig(max_new_tokens=(14, 6, 11), eos_id=7, return_logits=True)
     ref = padded_generate(model, prompts, cfg)
     out = padded_speculative_generate(model, prompts, cfg, speculate=3)
     for i, (a, b) in enumerate(zip(ref.tokens, out.tokens, strict=True)):
         assert np.array_equal(a, b), f"row {i}: padded {a} vs padded speculative {b}"
         np.testing.assert_allclose(out.logprobs[i], ref.logprobs[i], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(out.logits[i], ref.logits[i], atol=1e-4, rtol=0)
     assert out.stats["drafted_tokens"] > 0
 
 

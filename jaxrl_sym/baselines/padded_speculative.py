@@ -77,8 +77,6 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
     """
     if isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 1:
         raise InputError(f"speculate={speculate!r}: an int >= 1 (the draft tokens per verify)")
-    if cfg.return_logits:
-        raise InputError("return_logits=True is not supported by the padded speculative baseline")
     k = speculate
     log = SpecLog()
     with CompileCounter() as counter:
@@ -98,7 +96,8 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
                                         new_cache=new_cache, cache_index=0)
             tok, lp = select_tokens(logits[:, -1], seed=seed, steps=jnp.zeros((b,), jnp.int32),
                                     row_ids=row_ids, temperature=cfg.temperature)
-            return caches, tok, lp
+            kept = logits[:, -1].astype(jnp.float32) if cfg.return_logits else jnp.zeros((0,))
+            return caches, tok, lp, kept
 
         @jax.jit
         def verify(state, caches, tokens, positions, starts, index):
@@ -106,7 +105,8 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
                                        new_cache=new_cache, cache_index=starts)
             tok, lp, acc = accept(logits, tokens[:, 1:], seed=seed, row_ids=row_ids, index=index,
                                   temperature=cfg.temperature)
-            return caches, tok, lp, acc
+            kept = logits.astype(jnp.float32) if cfg.return_logits else jnp.zeros((0,))
+            return caches, tok, lp, acc, kept
 
         # ahead of time, as padded_generate: run_seconds then counts the run alone
         cache_shapes = jax.eval_shape(prefill, state, batch.tokens, batch.positions)[0]
@@ -116,9 +116,10 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
         verify = verify.lower(state, cache_shapes, rows_k, rows_k, rows_1, rows_1).compile()
         compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        caches, tok0, lp0 = prefill(state, batch.tokens, batch.positions)
+        caches, tok0, lp0, lg0 = prefill(state, batch.tokens, batch.positions)
         toks = [[int(t)] for t in np.asarray(tok0)]
         lps = [[float(x)] for x in np.asarray(lp0)]
+        lgs = [[x] for x in np.asarray(lg0)] if cfg.return_logits else None
         done = np.array([_ended(toks[i], batch.limits[i], cfg) for i in range(b)])
         verifies = 0
         while not done.all():
@@ -130,11 +131,11 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
             log.draft_seconds += time.perf_counter() - t1
             emitted = np.asarray([len(t) for t in toks], np.int32)
             positions = (batch.prompt_lens + emitted - 1)[:, None] + np.arange(k + 1)
-            caches, tok, lp, acc = verify(state, caches, tokens, positions.astype(np.int32),
-                                          (p + emitted - 1).astype(np.int32), emitted)
+            caches, *res = verify(state, caches, tokens, positions.astype(np.int32),
+                                  (p + emitted - 1).astype(np.int32), emitted)
             verifies += 1
-            _collect(np.asarray(tok), np.asarray(lp), np.asarray(acc), toks, lps, done, log,
-                     batch.limits, cfg, k)
+            _collect([np.asarray(x) for x in res], toks, lps, lgs, done, log, batch.limits, cfg,
+                     k)
         run_seconds = time.perf_counter() - t0
     log.verifies[k] = verifies
     stats = {"xla_compiles": counter.count, "compile_seconds": compile_seconds,
@@ -142,23 +143,27 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
              "max_len": max_len, "generated_tokens": int(sum(len(t) for t in toks)),
              **log.report(b)}
     return GenerationResult([np.asarray(t, np.int32) for t in toks],
-                            [np.asarray(x, np.float32) for x in lps], None, stats)
+                            [np.asarray(x, np.float32) for x in lps],
+                            None if lgs is None else [np.stack(x) for x in lgs], stats)
 
 
 def _ended(row: list[int], limit: int, cfg: GenerationConfig) -> bool:
     return row[-1] in cfg.eos_ids or len(row) >= limit
 
 
-def _collect(tok: np.ndarray, lp: np.ndarray, acc: np.ndarray, toks: list[list[int]],
-             lps: list[list[float]], done: np.ndarray, log: SpecLog, limits: np.ndarray,
-             cfg: GenerationConfig, k: int) -> None:
+def _collect(res: list[np.ndarray], toks: list[list[int]], lps: list[list[float]],
+             lgs: list[list[np.ndarray]] | None, done: np.ndarray, log: SpecLog,
+             limits: np.ndarray, cfg: GenerationConfig, k: int) -> None:
     """Each live row keeps its accepted drafts and the target's token, up to EOS/limit."""
+    tok, lp, acc, lg = res
     for i in np.nonzero(~done)[0]:
         log.proposed[i] = log.proposed.get(i, 0) + k
         log.accepted[i] = log.accepted.get(i, 0) + int(acc[i])
         for j in range(int(acc[i]) + 1):
             toks[i].append(int(tok[i, j]))
             lps[i].append(float(lp[i, j]))
+            if lgs is not None:
+                lgs[i].append(lg[i, j])
             if _ended(toks[i], int(limits[i]), cfg):
                 done[i] = True
                 break

@@ -359,3 +359,22 @@ class SpeculativeLM(SymbolicLM):
         res = super().generate(prompts, cfg, **kwargs)
         res.stats.update(self.spec_log.report(len(res.tokens)))
         return res
+
+
+def speculative_generator(system: str, model: nnx.Module, speculate: int, *,
+                          draft: str = "ngram", backend: str = "xla",
+                          progress: Any = None) -> Any:
+    """``generate(prompts, cfg)`` of ``system`` speculating ``speculate`` tokens per verify:
+    ``sym`` (or ``sym-<backend>``) → :class:`SpeculativeLM`, ``padded`` → the padded baseline
+    with the same draft and acceptance (:mod:`jaxrl_sym.baselines.padded_speculative`)."""
+    name, _, sub = system.partition("-")
+    if draft not in DRAFTS:
+        raise InputError(f"--draft {draft}: choose one of {', '.join(DRAFTS)}")
+    if name == "sym":
+        lm = SpeculativeLM(model, speculate=speculate, draft=draft, backend=sub or backend)
+        return lambda p, c: lm.generate(p, c, on_progress=progress)
+    if system == "padded":
+        from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
+
+        return lambda p, c: padded_speculative_generate(model, p, c, speculate=speculate)
+    raise InputError(f"--speculate applies to the sym and padded systems, not {system!r}")
