@@ -66,11 +66,11 @@ def rlft_request(preset: str = "cpu") -> tuple[Any, list[np.ndarray], Any, dict[
     return model, rows, cfg, config
 
 
-def run(reps: int, systems: tuple[str, ...], workload: str = "suite") -> dict[str, Any]:
-    from jaxrl_sym.systems import generator
-
-    model, prompts, cfg, config = request() if workload == "suite" else rlft_request()
-    gens = {s: generator(s, model) for s in systems}
+def interleaved(gens: dict[str, Any], prompts: list[np.ndarray], cfg: Any, reps: int
+                ) -> tuple[dict[str, Any], dict[str, list[np.ndarray]], dict[str, list[float]]]:
+    """Each system's first call (seconds, compiles), its tokens, and ``reps`` steady-state
+    ``run_seconds`` taken in rotating order (so load drifts hit every system alike)."""
+    systems = tuple(gens)
     first: dict[str, Any] = {}
     tokens: dict[str, list[np.ndarray]] = {}
     for s, gen in gens.items():
@@ -83,6 +83,15 @@ def run(reps: int, systems: tuple[str, ...], workload: str = "suite") -> dict[st
         order = systems[r % len(systems):] + systems[:r % len(systems)]
         for s in order:
             times[s].append(float(gens[s](prompts, cfg).stats["run_seconds"]))
+    return first, tokens, times
+
+
+def run(reps: int, systems: tuple[str, ...], workload: str = "suite") -> dict[str, Any]:
+    from jaxrl_sym.systems import generator
+
+    model, prompts, cfg, config = request() if workload == "suite" else rlft_request()
+    gens = {s: generator(s, model) for s in systems}
+    first, tokens, times = interleaved(gens, prompts, cfg, reps)
     med = {s: statistics.median(v) for s, v in times.items()}
     useful = int(sum(len(t) for t in tokens["padded"])) if "padded" in tokens else None
     return {
