@@ -49,7 +49,16 @@ def test_next_dispatch_compacts_and_grows() -> None:
                       remaining=20, tile=8, need=lambda t: t + 1)
     assert d.rows == 2 and d.tile == 8 and d.write == 10
     assert d.capacity >= d.write + 8  # the whole tile's writes fit
-    d = next_dispatch(shape, steps_done=0, rows=3, capacity=64, live=3, remaining=3, tile=8,
+    # a shape planned for the tile covers whole tiles: the short tail runs one more full tile
+    # (no second decode program for single steps) ...
+    tiled = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4, tile=8)
+    assert tiled.total == 10 + 24  # 19 decode steps, rounded up to 3 tiles
+    d = next_dispatch(tiled, steps_done=16, rows=3, capacity=64, live=3, remaining=3, tile=8,
+                      need=None)
+    assert (d.rows, d.tile, d.capacity) == (3, 8, 64)
+    # ... while fixed max_len stores, which hold no spare slots, take single steps
+    fixed = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4, tile=8, max_len=40)
+    d = next_dispatch(fixed, steps_done=16, rows=3, capacity=64, live=3, remaining=3, tile=8,
                       need=None)
     assert (d.rows, d.tile, d.capacity) == (3, 1, 64)  # short tail: single steps, nothing grows
     # compaction only where the smaller bucket saves at least a quarter of the rows
@@ -156,3 +165,33 @@ def test_generate_reports_progress_after_every_read_back(capsys) -> None:
     report = _progress_printer("sym", 16, every=0.0)
     report(8)
     assert f"{PROGRESS_PREFIX}sym: 8/16 tokens (50%)" in capsys.readouterr().err
+
+
+def test_rl_steps_with_drifting_prompt_lengths_compile_nothing_after_the_first() -> None:
+    """RL steady state: every step generates for the same number of prompts with the same
+    response limit, but draws new prompt lengths (here at most 8 tokens, one prompt at the cap,
+    as in a batch filtered to a maximum prompt length). After the first step compiles its
+    programs, steps with other lengths compile none, XLA's eager ops included: the packed
+    prefill's row length has a 32-token floor (above it, a 16-per-octave grid: a bounded set)
+    and decode programs are keyed by rows and capacity, never by exact lengths. The first
+    step's tokens are checked against a fresh engine decoding one step per dispatch (no tiles,
+    so no full-tile tail)."""
+    m = zoo()["gpt2"]
+    lm = SymbolicLM(m, min_capacity=8, decode_tile=4)
+    cfg = GenerationConfig(max_new_tokens=6)
+    rng = np.random.default_rng(1)
+    totals = set()
+    for step in range(4):
+        lens = rng.integers(3, 9, 4)
+        lens[0] = 8
+        totals.add(int(lens.sum()))
+        prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
+        res = lm.generate(prompts, cfg)
+        if step == 0:
+            assert res.stats["program_compiles"] > 0
+            fresh = SymbolicLM(m, min_capacity=8, decode_tile=1).generate(prompts, cfg)
+            for a, b in zip(res.tokens, fresh.tokens, strict=True):
+                np.testing.assert_array_equal(a, b)
+        else:
+            assert res.stats["program_compiles"] == 0 and res.stats["xla_compiles"] == 0
+    assert len(totals) > 1  # the prompt totals did drift

@@ -37,6 +37,7 @@ from jaxrl_sym.runtime.metrics import (
     tree_bytes,
 )
 from jaxrl_sym.runtime.policy import (
+    COMPACT_AT,
     DEFAULT_DECODE_TILE,
     DEFAULT_MAX_PAD_FRACTION,
     DEFAULT_MIN_CAPACITY,
@@ -88,6 +89,8 @@ class SymbolicLM:
         stores' rows split over the data axes, so XLA partitions each step; the host loop is
         unchanged (it reads lengths and tokens back as before). Row buckets are rounded up to a
         multiple of the data axes (:attr:`row_multiple`, filler rows), so stores split evenly.
+      compact_at: compact finished rows away once the live rows fit this share of the row
+        bucket (:data:`~jaxrl_sym.runtime.policy.COMPACT_AT`); lower compiles fewer programs.
     """
 
     group_class: type[DecodeGroup] = DecodeGroup  # a subclass runs groups its own way (speculative)
@@ -104,10 +107,15 @@ class SymbolicLM:
         decode_tile: int = DEFAULT_DECODE_TILE,
         mesh: Any = None,
         prefill: str = "packed",
+        compact_at: float = COMPACT_AT,
     ) -> None:
         if decode_tile < 1:
             raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
         self.decode_tile = int(decode_tile)
+        if not 0 < compact_at <= 1:
+            raise InputError(f"compact_at={compact_at} must be in (0, 1]: the share of its row "
+                             "bucket a group's live rows must fit before it is compacted")
+        self.compact_at = float(compact_at)
         if prefill not in ("packed", "block"):
             raise InputError(f"prefill={prefill!r}: choose 'packed' (prompts bin-packed into "
                              "rows) or 'block' (the right-aligned prompt rectangle)")

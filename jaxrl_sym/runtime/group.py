@@ -48,7 +48,7 @@ class DecodeGroup:
         self.lm, self.cfg, self.meter, self.weights_bytes = lm, cfg, meter, weights_bytes
         self.shape = GroupShape.plan([len(prompts[i]) for i in group], [limits[i] for i in group],
                                      min_capacity=lm.min_capacity, max_len=lm.max_len,
-                                     row_multiple=lm.row_multiple)
+                                     row_multiple=lm.row_multiple, tile=lm.decode_tile)
         self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
         b = self.shape.rows
         self.ids = np.full((b,), -1, np.int64)
@@ -81,7 +81,8 @@ class DecodeGroup:
             d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
                               capacity=self.capacity, live=len(live), remaining=remaining,
                               tile=self.lm.decode_tile, need=self.lm.growing_need,
-                              row_multiple=self.lm.row_multiple)
+                              row_multiple=self.lm.row_multiple,
+                              compact_at=self.lm.compact_at)
             if d.rows < self.rows:
                 self.compact(live, d.rows)
             if d.capacity > self.capacity:

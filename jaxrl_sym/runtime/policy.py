@@ -21,7 +21,14 @@ from dataclasses import dataclass
 # The engine's defaults, read by ``SymbolicLM``'s signature and by :func:`replay` alike.
 DEFAULT_DECODE_TILE = 8  # decode steps per dispatch
 DEFAULT_MIN_CAPACITY = 128  # initial slots of a growing store
-DEFAULT_MAX_PAD_FRACTION = 0.1  # prompt padding a microbatch may add, as a share of its work
+DEFAULT_MAX_PAD_FRACTION = 1.0
+"""Prompt padding a microbatch may add, as a share of its work; 1.0: one group (up to
+``microbatch_rows``). Why one group: the packed prefill computes no prompt padding, so padding
+costs only decode key slots, while every extra group costs its own set of compiled programs and
+decodes after the previous one at a smaller batch. Measured (``bench/waste.py``, CPU): 4 groups
+at 0.1 compiled 36 programs on the suite's realistic request, one group 16; an equal-length GRPO
+step generated in 4.78 s split in groups at 0.1 and 3.34 s as one group (README). The block
+prefill computes the padding: pass 0.1 with ``prefill='block'``."""
 
 
 def next_pow2(n: int) -> int:
@@ -52,7 +59,10 @@ def row_bucket(n: int, multiple: int = 1) -> int:
 
 COMPACT_AT = 0.75
 """Compact finished rows away once the live rows fit a bucket at most this share of the current
-one: each compaction costs a program (and a new decode program per bucket), so it must pay."""
+one: each compaction costs a program (and a new decode program per bucket), so it must pay.
+Lower (``SymbolicLM(compact_at=0.5)``, ``0.25``) compiles fewer programs and computes more
+finished rows: on the suite's realistic request, 0.75 / 0.5 / 0.25 trade compiles against
+waste (table in the README, ``bench/waste.py``)."""
 
 
 def microbatches(
@@ -98,16 +108,23 @@ class GroupShape:
 
     @staticmethod
     def plan(prompt_lens: Sequence[int], limits: Sequence[int], *, min_capacity: int,
-             max_len: int | None = None, row_multiple: int = 1) -> GroupShape:
+             max_len: int | None = None, row_multiple: int = 1, tile: int = 1) -> GroupShape:
         """Geometry of a group with these prompt lengths and response limits.
 
         The growing stores start at the smallest power of two above the prompt block (at least
         ``min_capacity``, at most ``total``). With a user ``max_len``, stores are fixed at
         ``max_len`` plus the block's left padding, so no row's slots run past the store.
+
+        ``tile``: the decode tile. Without ``max_len``, ``total`` covers whole tiles of decode
+        steps, so the last dispatch runs a full tile (its extra steps are tile overrun) instead
+        of single steps — a second decode program, compiled for the last few tokens only.
         """
         plen = max(prompt_lens)
         pcap = length_bucket(plen)
-        total = pcap + int(max(limits))
+        steps = int(max(limits))
+        if max_len is None and tile > 1:
+            steps = max(steps, -(-(steps - 1) // tile) * tile)
+        total = pcap + steps
         cap = min(max(min_capacity, next_pow2(pcap + 1)), total)
         if max_len is not None:
             cap = max_len + (pcap - plen)
@@ -134,7 +151,7 @@ class Dispatch:
 
 def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: int, live: int,
                   remaining: int, tile: int, need: Callable[[int], int] | None,
-                  row_multiple: int = 1) -> Dispatch:
+                  row_multiple: int = 1, compact_at: float = COMPACT_AT) -> Dispatch:
     """Decide the next decode dispatch of a group.
 
     steps_done: decode steps dispatched so far; rows / capacity: the current row bucket and
@@ -143,17 +160,26 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     slot t (None when the model has no growing store); row_multiple: row buckets are multiples
     of this (see :func:`row_bucket`).
 
-    Tiles only while every step of the tile is within some live row's limit, so no write lands
-    past the slots the group can ever need. Finished rows are dropped once the live rows fit a
-    bucket of at most ``COMPACT_AT`` of the current one (the bucket shrinks to it). Growing
+    A full tile runs whenever its writes fit ``total`` (a shape planned with the same tile always
+    fits them); otherwise (fixed ``max_len`` stores) only while every step of the tile is within
+    some live row's limit, then single steps. Finished rows are dropped once the live rows fit a
+    bucket of at most ``compact_at`` of the current one (the bucket shrinks to it). Growing
     stores double — or jump to what the tile's last write needs — when that write would not
     fit, capped at ``total``.
+
+    A compaction compiles a decode program for the new bucket anyway, so the growing stores
+    grow to ``total`` with it when that holds no more slots than the stores did before it:
+    a later growth would compile one more decode program, for the same rows.
     """
-    k = tile if remaining >= tile > 1 else 1
     step = steps_done + 1
     write = shape.prompt_slots + step - 1
-    if rows > 1 and row_bucket(live, row_multiple) <= COMPACT_AT * rows:
-        rows = row_bucket(live, row_multiple)
+    full = tile > 1 and write + tile <= shape.total
+    k = tile if full or remaining >= tile > 1 else 1
+    if rows > 1 and row_bucket(live, row_multiple) <= compact_at * rows:
+        new = row_bucket(live, row_multiple)
+        if need is not None and capacity < shape.total and new * shape.total <= rows * capacity:
+            capacity = shape.total
+        rows = new
     if need is not None:
         n = need(write + k - 1)
         if n > capacity:
@@ -165,7 +191,7 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
            min_capacity: int = DEFAULT_MIN_CAPACITY,
            max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION, tile: int = DEFAULT_DECODE_TILE,
            need: Callable[[int], int] | None = lambda t: t + 1,
-           microbatch_rows: int | None = None,
+           microbatch_rows: int | None = None, compact_at: float = COMPACT_AT,
            ) -> list[tuple[GroupShape, list[Dispatch]]]:
     """The dispatches a request costs when every row runs to its limit (no EOS), per group.
 
@@ -177,13 +203,14 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
     for group in microbatches(prompt_lens, limits, max_rows=microbatch_rows,
                               max_pad_fraction=max_pad_fraction):
         shape = GroupShape.plan([prompt_lens[i] for i in group], [limits[i] for i in group],
-                                min_capacity=min_capacity)
+                                min_capacity=min_capacity, tile=tile)
         left = [int(limits[i]) - 1 for i in group]  # tokens still to emit after the prefill's
         rows, cap, done, ds = shape.rows, shape.capacity, 0, []
         while any(x > 0 for x in left):
             live = [x for x in left if x > 0]
             d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
-                              remaining=max(live), tile=tile, need=need)
+                              remaining=max(live), tile=tile, need=need,
+                              compact_at=compact_at)
             ds.append(d)
             rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
             left = [max(0, x - d.tile) for x in left]
