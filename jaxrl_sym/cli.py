@@ -101,6 +101,11 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--out", default=None, metavar="FILE.json",
                    help="also write the report as JSON to this file")
     d.add_argument("--no-warm", action="store_true", help="skip the warm (timing) run")
+    d.add_argument("--speculate", type=int, default=0, metavar="K",
+                   help="speculative decoding: a draft proposes K tokens per row, the model "
+                        "verifies them in one forward (sym and padded; 0: off)")
+    d.add_argument("--draft", default="ngram", choices=("ngram",),
+                   help="the draft for --speculate: ngram (prompt lookup, no model)")
     d.add_argument("--memory-limit", default=None, metavar="BYTES",
                    help="refuse a system whose estimated memory exceeds BYTES (e.g. 40e9, 16G, "
                         "8GiB); default: the device's limit (GPU) or the host's memory (CPU)")
@@ -253,6 +258,15 @@ def check_train(args: argparse.Namespace) -> list[str]:
     for dest, positive in (("lr", True), ("beta", False), ("entropy_coef", False)):
         value = getattr(args, dest, None)
         if value is not None and (not math.isfinite(value) or value < 0
+    if args.speculate < 0:
+        errors.append(f"--speculate must be >= 0 (0: off), got {args.speculate}")
+    elif args.speculate:
+        other = [s for s in systems if s.partition("-")[0] != "sym" and s != "padded"]
+        if other:
+            errors.append(f"--speculate applies to sym and padded; --systems names {other}")
+        if args.attention == "linear" and not args.model:
+            errors.append(f"--speculate with --attention {args.attention}: linear attention's "
+                          "recurrent state cannot roll back rejected drafts; use --speculate 0")
                                   or (positive and value == 0)):
             errors.append(f"--{dest.replace('_', '-')} must be finite and "
                           f"{'> 0' if positive else '>= 0'}, got {value}")
@@ -281,6 +295,7 @@ def _run_child(spec: dict[str, Any], tmp: str) -> tuple[dict[str, Any], dict[str
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     # The child's output is streamed: its progress lines (see _progress_printer) reach the user
     # while it runs; the rest is kept for the error message.
+            "speculate": args.speculate, "draft": args.draft,
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env) as proc:
@@ -398,6 +413,10 @@ def _child(argv: list[str]) -> int:
         json.dump(metrics, f)
     return 0
 
+        for name, m in report["systems"].items():  # --speculate: drafts the model kept
+            if m.get("acceptance_rate") is not None:
+                console.print(f"{name}: acceptance rate {m['acceptance_rate']:.3f}",
+                              highlight=False)
 
 def _estimate_child(argv: list[str]) -> int:
     """``_estimate SPEC OUT``: every system's memory estimate for the decode request (see

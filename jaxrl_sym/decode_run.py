@@ -109,6 +109,13 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
     gen = generator(system, model, backend=spec["backend"],
                     progress=_progress_printer(system, spec["batch"] * spec["tokens"]))
     t0 = time.perf_counter()
+    if spec.get("speculate"):  # sym and padded with the same draft and acceptance rule
+        from jaxrl_sym.runtime.speculative import speculative_generator
+
+        gen = speculative_generator(system, model, spec["speculate"], draft=spec["draft"],
+                                    backend=spec["backend"],
+                                    progress=_progress_printer(system, spec["batch"] *
+                                                               spec["tokens"]))
     cold = gen(prompts, gcfg)
     cold_wall = time.perf_counter() - t0  # the whole call: every system's compiles included
     steps = max(len(t) for t in cold.tokens)
@@ -120,7 +127,9 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
         "dispatches": int(cold.stats.get("dispatches", -1)),
     }
     # sym: the engine's own log of the token positions it computed, by cause of waste
-    metrics.update({k: cold.stats[k] for k in ("waste_fraction", "waste_by_cause", "groups")
+    metrics.update({k: cold.stats[k] for k in ("waste_fraction", "waste_by_cause", "groups",
+                                               "acceptance_rate", "acceptance_per_row",
+                                               "draft_seconds", "verify_steps")
                     if k in cold.stats})
     # A peer's version and cache geometry (Tunix: jaxrl_sym.baselines.tunix), kept with its row.
     metrics.update({k: cold.stats[k] for k in ("tunix_version", "cache_size", "prompt_len")
