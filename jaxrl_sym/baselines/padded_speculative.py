@@ -30,7 +30,12 @@ from jaxrl_sym.baselines.interpret import trace_forward
 from jaxrl_sym.baselines.padded import left_pad_prompts
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, select_tokens
-from jaxrl_sym.runtime.metrics import CompileCounter
+from jaxrl_sym.runtime.metrics import (
+    CompileCounter,
+    device_peak_bytes,
+    executable_temp_bytes,
+    tree_bytes,
+)
 from jaxrl_sym.runtime.speculative import SpecLog, accept, ngram_draft
 
 
@@ -137,9 +142,12 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
             _collect([np.asarray(x) for x in res], toks, lps, lgs, done, log, batch.limits, cfg,
                      k)
         run_seconds = time.perf_counter() - t0
+        # held: weights and the MAX_LEN caches (allocated once), plus the verify's temporaries
+        held = tree_bytes(state) + tree_bytes(caches) + executable_temp_bytes(verify)
     log.verifies[k] = verifies
     stats = {"xla_compiles": counter.count, "compile_seconds": compile_seconds,
              "run_seconds": run_seconds, "dispatches": 1 + verifies, "prompt_len": p,
+             "peak_bytes": device_peak_bytes() or held, "accounted_bytes": held,
              "max_len": max_len, "generated_tokens": int(sum(len(t) for t in toks)),
              **log.report(b)}
     return GenerationResult([np.asarray(t, np.int32) for t in toks],
