@@ -97,15 +97,19 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
                         "defines its attention)")
     d.add_argument("--backend", default="xla", choices=BACKENDS,
                    help="sym's kernels: xla, triton (interpreted on CPU), auto")
-    d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.add_argument("--out", default=None, metavar="FILE.json",
-                   help="also write the report as JSON to this file")
-    d.add_argument("--no-warm", action="store_true", help="skip the warm (timing) run")
+    d.add_argument("--mesh", default=None, metavar="AXES",
+                   help="run the sym systems on a device mesh, e.g. data=8 (axes data/fsdp/"
+                        "model; sizes multiply to the device count); padded, pershape and Tunix "
+                        "run on one device as the reference the tokens are checked against")
     d.add_argument("--speculate", type=int, default=0, metavar="K",
                    help="speculative decoding: a draft proposes K tokens per row, the model "
                         "verifies them in one forward (sym and padded; 0: off)")
     d.add_argument("--draft", default="ngram", choices=("ngram",),
                    help="the draft for --speculate: ngram (prompt lookup, no model)")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.add_argument("--out", default=None, metavar="FILE.json",
+                   help="also write the report as JSON to this file")
+    d.add_argument("--no-warm", action="store_true", help="skip the warm (timing) run")
     d.add_argument("--memory-limit", default=None, metavar="BYTES",
                    help="refuse a system whose estimated memory exceeds BYTES (e.g. 40e9, 16G, "
                         "8GiB); default: the device's limit (GPU) or the host's memory (CPU)")
@@ -245,6 +249,24 @@ def check_decode(args: argparse.Namespace) -> list[str]:
             parse_bytes(args.memory_limit)
         except ValueError as err:
             errors.append(str(err))
+    if args.mesh is not None:
+        from jaxrl_sym.sharding import MeshConfig  # JAX-free
+
+        try:
+            MeshConfig.parse(args.mesh)
+        except ValueError as err:
+            errors.append(str(err))
+        if not any(s.startswith("sym") for s in systems):
+            errors.append(f"--mesh shards the sym systems; --systems {args.systems!r} has none")
+    if args.speculate < 0:
+        errors.append(f"--speculate must be >= 0 (0: off), got {args.speculate}")
+    elif args.speculate:
+        other = [s for s in systems if s.partition("-")[0] != "sym" and s != "padded"]
+        if other:
+            errors.append(f"--speculate applies to sym and padded; --systems names {other}")
+        if args.attention == "linear" and not args.model:
+            errors.append(f"--speculate with --attention {args.attention}: linear attention's "
+                          "recurrent state cannot roll back rejected drafts; use --speculate 0")
     errors += check_output_file("--out", args.out)
     return errors
 
@@ -258,15 +280,6 @@ def check_train(args: argparse.Namespace) -> list[str]:
     for dest, positive in (("lr", True), ("beta", False), ("entropy_coef", False)):
         value = getattr(args, dest, None)
         if value is not None and (not math.isfinite(value) or value < 0
-    if args.speculate < 0:
-        errors.append(f"--speculate must be >= 0 (0: off), got {args.speculate}")
-    elif args.speculate:
-        other = [s for s in systems if s.partition("-")[0] != "sym" and s != "padded"]
-        if other:
-            errors.append(f"--speculate applies to sym and padded; --systems names {other}")
-        if args.attention == "linear" and not args.model:
-            errors.append(f"--speculate with --attention {args.attention}: linear attention's "
-                          "recurrent state cannot roll back rejected drafts; use --speculate 0")
                                   or (positive and value == 0)):
             errors.append(f"--{dest.replace('_', '-')} must be finite and "
                           f"{'> 0' if positive else '>= 0'}, got {value}")
@@ -281,7 +294,9 @@ def _spec(args: argparse.Namespace, system: str) -> dict[str, Any]:
     return {"system": system, "attention": args.attention, "tokens": args.tokens,
             "batch": args.batch, "prompt_len": [lo, hi], "window": args.window,
             "block": args.block, "seed": seed32(args.seed), "preset": args.preset,
-            "model": args.model, "backend": args.backend, "warm": not args.no_warm}
+            "model": args.model, "backend": args.backend, "warm": not args.no_warm,
+            "speculate": args.speculate, "draft": args.draft,
+            "mesh": args.mesh if system.startswith("sym") else None}
 
 
 def _run_child(spec: dict[str, Any], tmp: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -295,7 +310,6 @@ def _run_child(spec: dict[str, Any], tmp: str) -> tuple[dict[str, Any], dict[str
     env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     # The child's output is streamed: its progress lines (see _progress_printer) reach the user
     # while it runs; the rest is kept for the error message.
-            "speculate": args.speculate, "draft": args.draft,
     lines: list[str] = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           env=env) as proc:
@@ -399,6 +413,10 @@ def _table(report: dict[str, Any]) -> str:
                 console.print(f"[red]{name} failed:[/red] {m['error']}")
         for line in report.get("verdict", []):
             console.print(f"[bold]{line}[/bold]", highlight=False)
+        for name, m in report["systems"].items():  # --speculate: drafts the model kept
+            if m.get("acceptance_rate") is not None:
+                console.print(f"{name}: acceptance rate {m['acceptance_rate']:.3f}",
+                              highlight=False)
     return cap.get()
 
 
@@ -413,10 +431,6 @@ def _child(argv: list[str]) -> int:
         json.dump(metrics, f)
     return 0
 
-        for name, m in report["systems"].items():  # --speculate: drafts the model kept
-            if m.get("acceptance_rate") is not None:
-                console.print(f"{name}: acceptance rate {m['acceptance_rate']:.3f}",
-                              highlight=False)
 
 def _estimate_child(argv: list[str]) -> int:
     """``_estimate SPEC OUT``: every system's memory estimate for the decode request (see

@@ -107,8 +107,8 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
     gcfg = GenerationConfig(max_new_tokens=spec["tokens"], return_logits=True)
     system = spec["system"]
     gen = generator(system, model, backend=spec["backend"],
-                    progress=_progress_printer(system, spec["batch"] * spec["tokens"]))
-    t0 = time.perf_counter()
+                    progress=_progress_printer(system, spec["batch"] * spec["tokens"]),
+                    mesh=spec.get("mesh"))
     if spec.get("speculate"):  # sym and padded with the same draft and acceptance rule
         from jaxrl_sym.runtime.speculative import speculative_generator
 
@@ -116,6 +116,7 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
                                     backend=spec["backend"],
                                     progress=_progress_printer(system, spec["batch"] *
                                                                spec["tokens"]))
+    t0 = time.perf_counter()
     cold = gen(prompts, gcfg)
     cold_wall = time.perf_counter() - t0  # the whole call: every system's compiles included
     steps = max(len(t) for t in cold.tokens)
@@ -126,6 +127,8 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
         "generated_tokens": int(sum(len(t) for t in cold.tokens)),
         "dispatches": int(cold.stats.get("dispatches", -1)),
     }
+    if spec.get("mesh"):
+        metrics["mesh"] = spec["mesh"]
     # sym: the engine's own log of the token positions it computed, by cause of waste
     metrics.update({k: cold.stats[k] for k in ("waste_fraction", "waste_by_cause", "groups",
                                                "acceptance_rate", "acceptance_per_row",

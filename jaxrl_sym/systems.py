@@ -49,15 +49,19 @@ Generate = Callable[[Sequence[Any], GenerationConfig], GenerationResult]
 
 
 def generator(system: str, model: Any, *, backend: str = "xla",
-              progress: Callable[[int], None] | None = None) -> Generate:
+              progress: Callable[[int], None] | None = None, mesh: Any = None) -> Generate:
     """The generate function of ``system`` on ``model`` (``sym-<backend>`` overrides
     ``backend``). ``progress(tokens_so_far)`` is called as the symbolic runtime reads tokens
-    back; the padded and per-shape baselines run one program per call and cannot report."""
+    back; the padded and per-shape baselines run one program per call and cannot report.
+    ``mesh`` (a ``"data=8"`` string, config or mesh) shards sym; the other systems are the
+    single-device reference and refuse it."""
     name, _, sub = system.partition("-")
+    if mesh is not None and name != "sym":
+        raise InputError(f"mesh={mesh!r} applies to sym systems only, not {system!r}")
     if name == "sym":
         from jaxrl_sym.runtime.engine import SymbolicLM
 
-        lm = SymbolicLM(model, backend=sub or backend)
+        lm = SymbolicLM(model, backend=sub or backend, mesh=mesh)
         return lambda p, c: lm.generate(p, c, on_progress=progress)
     if name == "padded" and not sub:
         from jaxrl_sym.baselines.padded import padded_generate

@@ -204,3 +204,22 @@ def test_generate_on_a_mesh_gives_the_single_device_tokens() -> None:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append([r["tokens"] for r in out["rows"]])
     assert rows[0] == rows[1] and len({t for r in rows[0] for t in r}) > 3  # sampled, varied
+
+
+def test_decode_mesh_flag_is_checked_before_jax() -> None:
+    proc = _cli(["decode", "--mesh", "data=2", "--systems", "padded"], devices=1)
+    assert proc.returncode == 2
+    assert "--mesh shards the sym systems; --systems 'padded' has none" in proc.stderr
+    proc = _cli(["decode", "--mesh", "rows=2"], devices=1)
+    assert proc.returncode == 2 and "unknown axis 'rows'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_decode_on_a_mesh_checks_sym_against_single_device_padded() -> None:
+    proc = _cli(["decode", "--mesh", "data=2", "--tokens", "12", "--batch", "3", "--json",
+                 "--no-warm"], devices=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["systems"]["sym"]["mesh"] == "data=2" and "mesh" not in out["systems"]["padded"]
+    assert out["check"]["tokens_equal"] and out["check"]["rows"] == 3
+    assert out["check"]["max_abs_logit_diff"] < 1e-4
