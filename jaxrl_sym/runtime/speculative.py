@@ -39,7 +39,7 @@ from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.evaluate import evaluate
 from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
-from jaxrl_sym.runtime.policy import COMPACT_AT, row_bucket
+from jaxrl_sym.runtime.policy import row_bucket
 from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
 
 DRAFTS = ("ngram",)
@@ -158,11 +158,14 @@ def verify_program(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores:
 @dataclasses.dataclass
 class SpecLog:
     """What speculation did in one generate call: per request row, drafts proposed/accepted;
-    verify dispatches and seconds per k (the adaptive choice reads them); draft seconds."""
+    verify dispatches per k; draft seconds. ``verify_seconds`` / ``timed``: seconds and count of
+    verifies per k that compiled nothing — the adaptive choice's cost table, carried from call to
+    call by :class:`SpeculativeLM` (a compile would make a k look too dear to try again)."""
 
     proposed: dict[int, int] = dataclasses.field(default_factory=dict)
     accepted: dict[int, int] = dataclasses.field(default_factory=dict)
     verify_seconds: dict[int, float] = dataclasses.field(default_factory=dict)
+    timed: dict[int, int] = dataclasses.field(default_factory=dict)
     verifies: dict[int, int] = dataclasses.field(default_factory=dict)
     draft_seconds: float = 0.0
 
@@ -192,7 +195,9 @@ def choose_k(log: SpecLog, ks: tuple[int, ...], rows: int) -> int:
     a = log.rate()
     if a is None or len(ks) == 1:
         return ks[-1]
-    measured = {k: log.verify_seconds[k] / log.verifies[k] for k in ks if log.verifies.get(k)}
+    measured = {k: log.verify_seconds[k] / log.timed[k] for k in ks if log.timed.get(k)}
+    if not measured:
+        return ks[-1]
     if len(measured) >= 2:  # a line through the measured costs (c0 + c1 (k+1)), floored
         xs = np.asarray([k + 1 for k in measured], float)
         c1, c0 = np.polyfit(xs, np.asarray(list(measured.values())), 1)
@@ -226,22 +231,28 @@ class SpeculativeGroup(DecodeGroup):
         self.collect(self.prefill(hoisted), out, on_finished)
         log = self.lm.spec_log
         while not self.done.all():
-            live = np.nonzero(~self.done)[0]
-            if self.rows > 1 and row_bucket(len(live), self.lm.row_multiple) <= COMPACT_AT * \
-                    self.rows:
-                self.compact(live, row_bucket(len(live), self.lm.row_multiple))
-                live = np.nonzero(~self.done)[0]
+            live = self._maybe_compact(np.nonzero(~self.done)[0])
             k = choose_k(log, self.lm.ks, self.rows)
             emitted = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
             self._grow_for(max(emitted.values()) - 1 + k)
             t0 = time.perf_counter()
             tokens, positions, slots, index = self._inputs(out, emitted, k)
             log.draft_seconds += time.perf_counter() - t0
-            t0 = time.perf_counter()
+            t0, compiles = time.perf_counter(), self.lm.cache.compiles
             res = self._verify(hoisted, tokens, positions, slots, index, k)
             self._collect_verified(res, out, on_finished, emitted, k)
-            log.verify_seconds[k] = log.verify_seconds.get(k, 0.0) + time.perf_counter() - t0
             log.verifies[k] = log.verifies.get(k, 0) + 1
+            if self.lm.cache.compiles == compiles:
+                log.verify_seconds[k] = log.verify_seconds.get(k, 0.0) + time.perf_counter() - t0
+                log.timed[k] = log.timed.get(k, 0) + 1
+
+    def _maybe_compact(self, live: np.ndarray) -> np.ndarray:
+        """Drop finished rows by the engine's rule (``compact_at``); the live slots after."""
+        rows = row_bucket(len(live), self.lm.row_multiple)
+        if self.rows > 1 and rows <= self.lm.compact_at * self.rows:
+            self.compact(live, rows)
+            return np.nonzero(~self.done)[0]
+        return live
 
     def _grow_for(self, last: int) -> None:
         """Grow the growing stores so response index ``last`` (slot prompt_slots + last) fits,
@@ -355,7 +366,8 @@ class SpeculativeLM(SymbolicLM):
     def generate(self, prompts: Any, cfg: GenerationConfig, **kwargs: Any) -> GenerationResult:
         """As :meth:`SymbolicLM.generate`; stats add the speculation report (acceptance rate
         overall and per row, drafted/accepted tokens, verify steps per k, draft seconds)."""
-        self.spec_log = SpecLog()
+        old = self.spec_log
+        self.spec_log = SpecLog(verify_seconds=old.verify_seconds, timed=old.timed)
         res = super().generate(prompts, cfg, **kwargs)
         res.stats.update(self.spec_log.report(len(res.tokens)))
         return res
