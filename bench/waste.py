@@ -4,7 +4,11 @@ Runs the suite's realistic request (its ``quick`` preset on CPU: 16 prompts of 1
 responses log-normal with median 69 capped at 256; ``--full``: 64 prompts of 64–512, median 275
 capped at 1024) through ``SymbolicLM`` with each prefill layout and grouping, and reports what
 the engine booked per cause (``stats["waste_by_cause"]``, written by the decode groups while
-they run — not a replay), with compiles, dispatches and seconds, cold and warm.
+they run — not a replay), with compiles, dispatches and seconds, cold and warm. Rows differ in
+grouping (``max_pad_fraction``) and compaction threshold (``compact_at``); the last column is
+the padded baseline's first call on the same request and weights, run once in this process
+first. The script never enables JAX's persistent compilation cache, so every first call
+compiles everything (cold); every row's tokens must equal padded's.
 
     python bench/waste.py            # CPU, quick preset
     python bench/waste.py --full     # GPU-sized request
@@ -23,15 +27,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import FULL, QUICK, _prompts, lognormal_limits
 
+from jaxrl_sym.baselines.padded import padded_generate
 from jaxrl_sym.decode_run import build_model
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.metrics import WASTE_CAUSES
 
-CONFIGS = (("block", 0.1), ("packed", 0.1), ("packed", 1.0))
+# (prefill, max_pad_fraction, compact_at); the default is ("packed", 1.0, 0.75)
+CONFIGS = (("block", 0.1, 0.75), ("packed", 0.1, 0.75), ("packed", 1.0, 0.75),
+           ("packed", 1.0, 0.5), ("packed", 1.0, 0.25))
 
 
-def run(preset: dict, prefill: str, max_pad_fraction: float, seed: int = 0) -> dict:
+def request(preset: dict, seed: int = 0) -> tuple[object, list[np.ndarray], GenerationConfig]:
+    """The suite's realistic request: model, prompts and per-row limits (same seed, same all)."""
     r = preset["realistic"]
     rng = np.random.default_rng(seed)
     lens = _prompts(rng, r["batch"], *r["prompt"])
@@ -40,30 +48,51 @@ def run(preset: dict, prefill: str, max_pad_fraction: float, seed: int = 0) -> d
             "block": preset["block"], "seed": seed, "batch": 1, "prompt_len": [1, 1]}
     model, _ = build_model(spec)
     prompts = [rng.integers(1, 100, n).astype(np.int32) for n in lens]
-    lm = SymbolicLM(model, prefill=prefill, max_pad_fraction=max_pad_fraction)
-    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
+    return model, prompts, GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
+
+
+def tokens_sha(tokens: list[np.ndarray]) -> int:
+    return hash(tuple(np.asarray(t, np.int32).tobytes() for t in tokens)) & 0xFFFFFFFF
+
+
+def padded_first_call(preset: dict) -> tuple[float, int, int]:
+    """Seconds, XLA compiles and tokens of the padded baseline's first call on the request."""
+    model, prompts, cfg = request(preset)
+    t0 = time.perf_counter()
+    res = padded_generate(model, prompts, cfg)
+    return time.perf_counter() - t0, res.stats["xla_compiles"], tokens_sha(res.tokens)
+
+
+def run(preset: dict, prefill: str, max_pad_fraction: float, compact_at: float) -> dict:
+    r = preset["realistic"]
+    model, prompts, cfg = request(preset)
+    lm = SymbolicLM(model, prefill=prefill, max_pad_fraction=max_pad_fraction,
+                    compact_at=compact_at)
     t0 = time.perf_counter()
     cold = lm.generate(prompts, cfg)
     first = time.perf_counter() - t0
     warm = lm.generate(prompts, cfg)
     s = cold.stats
-    return {"prefill": prefill, "max_pad_fraction": max_pad_fraction, "groups": s["groups"],
+    return {"prefill": prefill, "max_pad_fraction": max_pad_fraction, "compact_at": compact_at,
+            "groups": s["groups"],
             "waste_fraction": s["waste_fraction"], **s["waste_by_cause"],
             "xla_compiles": s["xla_compiles"], "dispatches": s["dispatches"],
             "first_call_s": first, "warm_s": warm.stats["run_seconds"],
-            "tokens_sha": hash(tuple(t.tobytes() for t in cold.tokens)) & 0xFFFFFFFF,
+            "tokens_sha": tokens_sha(cold.tokens),
             "batch": r["batch"], "median": r["median"], "cap": r["cap"]}
 
 
 def table(rows: list[dict]) -> str:
-    head = ["prefill", "grouping", "groups", "waste", *WASTE_CAUSES, "compiles", "dispatches",
-            "first call s", "warm s"]
+    head = ["prefill", "grouping", "compact at", "groups", "waste", *WASTE_CAUSES, "compiles",
+            "dispatches", "first call s", "warm s", "padded first call s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["prefill"], f"pad ≤ {r['max_pad_fraction']:g}", str(r["groups"]),
+        cells = [r["prefill"], f"pad ≤ {r['max_pad_fraction']:g}", f"{r['compact_at']:g}",
+                 str(r["groups"]),
                  f"{100 * r['waste_fraction']:.1f}%",
                  *(f"{100 * r[c]:.1f}%" for c in WASTE_CAUSES), str(r["xla_compiles"]),
-                 str(r["dispatches"]), f"{r['first_call_s']:.1f}", f"{r['warm_s']:.2f}"]
+                 str(r["dispatches"]), f"{r['first_call_s']:.1f}", f"{r['warm_s']:.2f}",
+                 f"{r['padded_first_call_s']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -74,8 +103,10 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="directory for waste_realistic.{jsonl,md}")
     args = ap.parse_args()
     preset = FULL if args.full else QUICK
-    rows = [run(preset, p, f) for p, f in CONFIGS]
-    assert len({r["tokens_sha"] for r in rows}) == 1, "layouts generated different tokens"
+    padded_s, padded_compiles, padded_sha = padded_first_call(preset)
+    rows = [{**run(preset, *c), "padded_first_call_s": padded_s,
+             "padded_compiles": padded_compiles} for c in CONFIGS]
+    assert {r["tokens_sha"] for r in rows} == {padded_sha}, "a row's tokens differ from padded's"
     md = table(rows)
     print(md)
     if args.out:
