@@ -195,3 +195,27 @@ def test_rl_steps_with_drifting_prompt_lengths_compile_nothing_after_the_first()
         else:
             assert res.stats["program_compiles"] == 0 and res.stats["xla_compiles"] == 0
     assert len(totals) > 1  # the prompt totals did drift
+
+
+def test_compact_at_trades_row_buckets_for_finished_rows() -> None:
+    """A lower ``compact_at`` visits fewer row buckets (each one a decode program) and computes
+    more finished rows; every setting still covers each row's tokens. Out-of-range values are
+    refused by name before any tracing."""
+    import pytest
+
+    from jaxrl_sym.errors import InputError
+
+    rng = np.random.default_rng(0)
+    lens = [int(x) for x in rng.integers(4, 40, 16)]
+    limits = [int(x) for x in rng.integers(2, 90, 16)]
+    seen = {}
+    for share in (0.75, 0.5, 0.25):
+        (_, ds), = replay(lens, limits, tile=8, compact_at=share)
+        buckets = {d.rows for d in ds}
+        computed = sum(d.rows * d.tile for d in ds)
+        assert sum(d.tile for d in ds) >= max(limits) - 1
+        seen[share] = (len(buckets), computed)
+    assert seen[0.75][0] > seen[0.5][0] > seen[0.25][0]
+    assert seen[0.75][1] < seen[0.5][1] < seen[0.25][1]
+    with pytest.raises(InputError, match="compact_at=0"):
+        SymbolicLM(zoo()["gpt2"], compact_at=0)
