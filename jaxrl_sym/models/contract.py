@@ -59,6 +59,42 @@ def check_model(model: Any) -> ModelInfo:
     return ModelInfo(int(out.shape[-1]), str(out.dtype), name)
 
 
+SPLIT = ("model.features(tokens, positions, segment_ids) -> [B, T, D] final hidden states and "
+         "model.head(features) -> logits, with model(...) == model.head(model.features(...))")
+
+
+def check_features(model: Any) -> str | None:
+    """The optional ``features``/``head`` split of the contract: None when ``model`` has it,
+    else why not (a sentence for the step's stats).
+
+    Why optional: a model is only required to produce logits, but at a 150k vocabulary the
+    ``[tokens x vocab]`` logits dominate an RL update's memory; a model that also exposes its
+    final hidden states and its (position-wise) head lets the step apply the head to a chunk of
+    tokens at a time (:mod:`jaxrl_sym.rl.logprobs`). A model without the split still trains,
+    unchunked. One that has both methods but whose composition disagrees with ``__call__`` on
+    an abstract ``[1, 2]`` batch (shape or dtype) is a broken model: :class:`InputError`.
+    """
+    name = type(model).__qualname__
+    if not (callable(getattr(model, "features", None)) and callable(getattr(model, "head", None))):
+        return f"{name} has no features/head"
+    spec = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+    try:
+        feats = jax.eval_shape(lambda t, p, s: model.features(t, p, s), spec, spec, spec)
+        split = jax.eval_shape(model.head, feats)
+    except TypeError as err:
+        raise InputError(f"{name}.features/head cannot be called as {SPLIT}: {err}") from err
+    whole = jax.eval_shape(lambda t, p, s: model(t, p, s), spec, spec, spec)
+    if not hasattr(feats, "shape") or len(feats.shape) != 3 or tuple(feats.shape[:2]) != (1, 2):
+        raise InputError(f"{name}.features returned {getattr(feats, 'shape', type(feats))} for "
+                         f"[1, 2] tokens; want [1, 2, D]: {SPLIT}")
+    if (getattr(split, "shape", None), getattr(split, "dtype", None)) != (whole.shape,
+                                                                          whole.dtype):
+        raise InputError(f"{name}.head(features) gives {getattr(split, 'shape', split)} "
+                         f"{getattr(split, 'dtype', '')} but {name}(...) gives {whole.shape} "
+                         f"{whole.dtype}: {SPLIT}")
+    return None
+
+
 def model_fingerprint(model: nnx.Module) -> dict[str, Any]:
     """What identifies a model's architecture for checkpoints: its class, its config if it
     keeps a dataclass one (any attribute name), and every parameter's path, shape and dtype."""

@@ -223,13 +223,26 @@ class DecoderLM(nnx.Module):
         may be left out for a batch of one sequence per row (all zeros), a convenience for
         direct calls; the library always passes all three, as the contract says.
         """
+        return self.head(self.features(tokens, positions, segment_ids))
+
+    def features(self, tokens: jax.Array, positions: jax.Array,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
+        """Final hidden states [B, T, d_model] (after the final norm, in the model dtype).
+
+        The optional ``features``/``head`` split of the contract
+        (:func:`jaxrl_sym.models.contract.check_features`): the RL step applies :meth:`head` to
+        a chunk of tokens at a time, so no ``[tokens x vocab]`` array exists at once.
+        """
         if segment_ids is None:
             segment_ids = jnp.zeros_like(positions)
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, positions, segment_ids)
-        h = self.final_norm(x).astype(jnp.float32)
-        return h @ self.embed.embedding[...].astype(jnp.float32).T
+        return self.final_norm(x)
+
+    def head(self, features: jax.Array) -> jax.Array:
+        """Tied fp32 head: ``features [..., d_model] -> logits [..., V]``; position-wise."""
+        return features.astype(jnp.float32) @ self.embed.embedding[...].astype(jnp.float32).T
 
 
 def init_model(cfg: LMConfig, seed: int = 0) -> DecoderLM:

@@ -72,6 +72,12 @@ class RLConfig:
       update per epoch from the summed gradients, the same update as the whole batch at once up
       to float rounding). Bounds the update's peak memory — at Qwen2.5's 151,936-word vocabulary
       the logits alone take 0.6 MB per token in fp32. None: the whole batch in one program.
+    logprob_chunk: token slots whose logits exist at once in the reference, value and loss
+      programs (and the loss's backward, which recomputes each chunk's logits): the model's
+      head is applied to the final hidden states one chunk at a time
+      (:mod:`jaxrl_sym.rl.logprobs`), so the update's peak no longer grows with tokens x vocab.
+      Needs a model with the contract's optional ``features``/``head`` split; without it the
+      step runs unchunked and its ``logprob_chunking`` stat says why. None: off (unchunked).
     """
 
     algo: str = "grpo"
@@ -102,6 +108,7 @@ class RLConfig:
     overlap_reference: bool = True
     gen_max_pad_fraction: float = 0.3
     update_tokens: int | None = None
+    logprob_chunk: int | None = 1024
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -118,8 +125,10 @@ class RLConfig:
         if self.temperature <= 0:
             raise InputError(f"RLConfig.temperature={self.temperature}: RL samples, so it must be "
                              "> 0 (greedy decoding has no log-probs to take a ratio of)")
-        if self.update_tokens is not None and self.update_tokens < 1:
-            raise InputError(f"RLConfig.update_tokens={self.update_tokens} must be >= 1 or None")
+        for name in ("update_tokens", "logprob_chunk"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise InputError(f"RLConfig.{name}={v!r} must be an integer >= 1 or None")
         for name in ("max_new_tokens", "epochs"):
             if getattr(self, name) < 1:
                 raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 1")
@@ -284,13 +293,41 @@ def value_predictions(logits: jax.Array, head: dict[str, jax.Array]) -> jax.Arra
     return logits.astype(jnp.float32) @ head["w"] + head["b"]
 
 
+def slot_terms(logits: jax.Array, targets: jax.Array, temperature: float,
+               value_head: dict[str, jax.Array] | None = None, *, entropy: bool = True
+               ) -> dict[str, jax.Array]:
+    """What the loss needs from each slot's logits: ``lp`` (log-prob of the target), ``ent``
+    (entropy of softmax(logits / temperature)) and, with a value head, ``v``.
+
+    Everything the loss reads from the logits passes through here, per slot: that is what lets
+    :mod:`jaxrl_sym.rl.logprobs` compute these terms a chunk of slots at a time (the logits of
+    one chunk at once) and hand :func:`loss_from_terms` the same arrays the unchunked loss sees.
+    """
+    # the same computation as the reference's log-probs, so identical weights give d = 0 exactly
+    out = {"lp": token_logprobs(logits, targets, temperature)}
+    if entropy:
+        full = _log_softmax(logits, temperature)
+        out["ent"] = -jnp.sum(jnp.exp(full) * full, axis=-1)
+    if value_head is not None:
+        out["v"] = value_predictions(logits, value_head)
+    return out
+
+
 def rl_loss(
     logits: jax.Array,
     arrays: dict[str, jax.Array],
     value_head: dict[str, jax.Array] | None,
     cfg: RLConfig,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Clipped policy loss + beta·KL (+ vf_coef·value loss) as a weighted sum over slots.
+    """Clipped policy loss + beta·KL (+ vf_coef·value loss) as a weighted sum over slots, from
+    the whole batch's logits (see :func:`loss_from_terms` for the loss itself)."""
+    terms = slot_terms(logits, arrays["targets"], cfg.temperature, value_head)
+    return loss_from_terms(terms, arrays, cfg)
+
+
+def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], cfg: RLConfig
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The loss from the per-slot :func:`slot_terms` (``v`` present: PPO's value loss too).
 
     ``arrays`` (all the layout's shape, aligned with the *predicting* slot of each response
     token): ``targets`` (the sampled token), ``mask`` (slot predicts a response token),
@@ -302,9 +339,7 @@ def rl_loss(
     """
     mask = arrays["mask"]
     w = arrays["weight"]
-    full = _log_softmax(logits, cfg.temperature)  # for the entropy
-    # the same computation as the reference's log-probs, so identical weights give d = 0 exactly
-    lp = token_logprobs(logits, arrays["targets"], cfg.temperature)
+    lp, ent = terms["lp"], terms["ent"]
     log_ratio = jnp.where(mask, lp - arrays["old_lp"], 0.0)
     ratio = jnp.exp(log_ratio)
     adv = arrays["adv"]
@@ -318,7 +353,6 @@ def rl_loss(
     if cfg.beta > 0:
         per_tok = per_tok + cfg.beta * kl
     n_tok = jnp.maximum(jnp.sum(mask), 1)
-    ent = -jnp.sum(jnp.exp(full) * full, axis=-1)
     if cfg.entropy_coef > 0:
         per_tok = per_tok - cfg.entropy_coef * ent
     loss = jnp.sum(jnp.where(mask, w * per_tok, 0.0))
@@ -345,18 +379,22 @@ def rl_loss(
         "ratio_max": jnp.max(jnp.where(mask, ratio, 1.0)),
         "entropy": tok_mean(ent),
     }
-    if value_head is not None:
-        v = value_predictions(logits, value_head)
-        old_v = arrays["old_values"]
-        v_clip = old_v + jnp.clip(v - old_v, -cfg.vf_clip, cfg.vf_clip)
-        ret = arrays["returns"]
-        vl = 0.5 * jnp.maximum((v - ret) ** 2, (v_clip - ret) ** 2)
-        v_loss = jnp.sum(jnp.where(mask, w * vl, 0.0))
-        loss = loss + cfg.vf_coef * v_loss
-        aux["v_loss"] = v_loss
+    if "v" in terms:
+        loss, aux["v_loss"] = _add_value_loss(loss, terms["v"], arrays, cfg)
     aux["loss"] = loss
     aux["n_tok"] = n_tok.astype(jnp.float32)
     return loss, aux
+
+
+def _add_value_loss(loss: jax.Array, v: jax.Array, arrays: dict[str, jax.Array],
+                    cfg: RLConfig) -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped value loss added to ``loss``; returns (new loss, value loss)."""
+    old_v = arrays["old_values"]
+    v_clip = old_v + jnp.clip(v - old_v, -cfg.vf_clip, cfg.vf_clip)
+    ret = arrays["returns"]
+    vl = 0.5 * jnp.maximum((v - ret) ** 2, (v_clip - ret) ** 2)
+    v_loss = jnp.sum(jnp.where(arrays["mask"], arrays["weight"] * vl, 0.0))
+    return loss + cfg.vf_coef * v_loss, v_loss
 
 
 SUMMED_AUX = ("loss", "pg_loss", "v_loss", "n_tok")

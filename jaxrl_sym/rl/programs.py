@@ -8,7 +8,6 @@ only the forward differs, and that is what a :class:`~jaxrl_sym.rl.systems.Syste
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -16,12 +15,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_sym.rl.algorithms import RLConfig, rl_loss, token_logprobs, value_predictions
+from jaxrl_sym.rl.algorithms import (
+    RLConfig,
+    loss_from_terms,
+    rl_loss,
+    token_logprobs,
+    value_predictions,
+)
+from jaxrl_sym.rl.logprobs import LogitsFn, SplitForward, chunked_terms, chunking_status
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.programs import ProgramCache
 
-LogitsFn = Callable[[list[jax.Array], tuple[jax.Array, ...]], jax.Array]
-"""``logits_fn(lm_leaves, layout_inputs) -> [rows, L, vocab]`` logits: one system's forward."""
+__all__ = ["LogitsFn", "Programs", "build_fns"]
 
 
 class Programs:
@@ -55,7 +60,12 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
 
     ``ref`` (reference log-probs), ``values`` (PPO value estimates), ``grad`` (loss and its
     gradient), ``update`` (fused loss-grad-optimiser step for a batch in one micro-batch),
-    ``apply`` (optimiser step from accumulated gradients) and ``add`` (gradient accumulation).
+    ``apply`` (optimiser step from accumulated gradients) and ``add`` (gradient accumulation);
+    plus ``logprob_chunking``, a sentence for the step's stats (on, or off and why).
+
+    logits_fn: the system's forward; a :class:`~jaxrl_sym.rl.logprobs.SplitForward` with
+    ``cfg.logprob_chunk`` set makes ``ref``/``values``/``grad``/``update`` apply the head a chunk
+    of token slots at a time (:mod:`jaxrl_sym.rl.logprobs`), anything else runs unchunked.
 
     shardings (on a device mesh): ``{"params", "opt", "rows", "repl"}`` — trees of
     ``NamedSharding`` for the parameters and optimiser state, the batch rows' sharding and the
@@ -63,20 +73,8 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     and optimiser state come back where they went in (nothing drifts to one device) and the
     batch's rows are split over the data axes; the loss is the same sum, partitioned by XLA.
     """
-
-    def ref_lp(leaves, inputs, targets):
-        return token_logprobs(logits_fn(leaves, inputs), targets, cfg.temperature)
-
-    def values(params, inputs):
-        return value_predictions(logits_fn(params["lm"], inputs), params["value"])
-
-    # Rematerialise the loss head: only the logits are kept for the backward pass, not the
-    # log-softmax, softmax and entropy terms — each another [slots × vocab] fp32 buffer.
-    head = jax.checkpoint(lambda logits, arrays, value: rl_loss(logits, arrays, value, cfg))
-
-    def loss(params, inputs, arrays):
-        return head(logits_fn(params["lm"], inputs), arrays, params.get("value"))
-
+    split = logits_fn if isinstance(logits_fn, SplitForward) and cfg.logprob_chunk else None
+    ref_lp, values, loss = _heads(cfg, logits_fn, split)
     grad_fn = jax.value_and_grad(loss, has_aux=True)
 
     def update(params, opt_state, inputs, arrays):
@@ -92,8 +90,10 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     def add(a, b):
         return jax.tree_util.tree_map(jnp.add, a, b)
 
+    status = {"logprob_chunking": chunking_status(logits_fn, cfg.logprob_chunk)}
     if shardings is None:
         return {
+            **status,
             "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
             "update": jax.jit(update), "apply": jax.jit(apply, donate_argnums=(2,)),
             "add": jax.jit(add, donate_argnums=(0,)),
@@ -101,6 +101,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     p, o, rows, rep = (shardings[k] for k in ("params", "opt", "rows", "repl"))
     jit = lambda f, i, out, **kw: jax.jit(f, in_shardings=i, out_shardings=out, **kw)
     return {
+        **status,
         "ref": jit(ref_lp, (p["lm"], rows, rows), rows),
         "values": jit(values, (p, rows), rows),
         "grad": jit(grad_fn, (p, rows, rows), ((rep, rep), p)),
@@ -108,3 +109,38 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
         "apply": jit(apply, (p, o, p), (p, o, rep), donate_argnums=(2,)),
         "add": jit(add, (p, p), p, donate_argnums=(0,)),
     }
+
+
+def _heads(cfg: RLConfig, logits_fn: LogitsFn, split: SplitForward | None) -> tuple[Any, ...]:
+    """(reference log-probs, value estimates, loss) over the forward: chunked through the
+    features/head split when ``split`` is given, else from the whole logits."""
+    chunk, temp = cfg.logprob_chunk or 0, cfg.temperature
+    if split is not None:
+        def ref_lp(leaves, inputs, targets):
+            return chunked_terms(split, leaves, inputs, targets, temp, chunk, entropy=False)["lp"]
+
+        def values(params, inputs):
+            return chunked_terms(split, params["lm"], inputs, None, temp, chunk,
+                                 value_head=params["value"], logprobs=False)["v"]
+
+        def loss(params, inputs, arrays):
+            terms = chunked_terms(split, params["lm"], inputs, arrays["targets"], temp, chunk,
+                                  value_head=params.get("value"))
+            return loss_from_terms(terms, arrays, cfg)
+
+        return ref_lp, values, loss
+
+    def ref_lp(leaves, inputs, targets):
+        return token_logprobs(logits_fn(leaves, inputs), targets, temp)
+
+    def values(params, inputs):
+        return value_predictions(logits_fn(params["lm"], inputs), params["value"])
+
+    # Rematerialise the loss head: only the logits are kept for the backward pass, not the
+    # log-softmax, softmax and entropy terms — each another [slots × vocab] fp32 buffer.
+    head = jax.checkpoint(lambda logits, arrays, value: rl_loss(logits, arrays, value, cfg))
+
+    def loss(params, inputs, arrays):
+        return head(logits_fn(params["lm"], inputs), arrays, params.get("value"))
+
+    return ref_lp, values, loss

@@ -319,6 +319,8 @@ def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray
         "padding_fraction": layout.padding_fraction,
         "layout_shape": list(layout.shape),
         "peak_bytes": peak_bytes(tr, rollout),
+        # "on: N token slots per chunk", or "off: <why>" (RLConfig.logprob_chunk, the model)
+        "logprob_chunking": tr.fns(layout.system)["logprob_chunking"],
         "compiles": cc.count,
         "compile_seconds": cc.seconds,
         # generation's own split (the padded baseline compiles its program on every call)

@@ -32,11 +32,20 @@ from flax import nnx
 from jaxrl_sym.baselines.padded import padded_forward, padded_generate
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
+from jaxrl_sym.models.contract import check_features
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.layout import Layout, packed_layout, padded_layout
+from jaxrl_sym.rl.logprobs import (
+    FeaturesFn,
+    LogitsFn,
+    LogitsOnly,
+    SplitForward,
+    head_leaf_indices,
+)
 from jaxrl_sym.rl.overlap import ReferenceOverlap
-from jaxrl_sym.rl.programs import LogitsFn
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
+from jaxrl_sym.runtime.evaluate import constant_values, evaluate
+from jaxrl_sym.tracer.trace import SeqInput, trace_function
 
 ScoreFn = Callable[[Layout], Any]
 """``score(packed_layout) -> device array [rows, L]`` of reference log-probs, dispatched without
@@ -119,8 +128,38 @@ class System:
                        targets=pad(layout.targets, 0))
 
     def logits_fn(self, host: Host) -> LogitsFn:
-        """``(lm_leaves, layout.inputs) -> logits``: traceable, differentiable in the leaves."""
+        """``(lm_leaves, layout.inputs) -> logits``: traceable, differentiable in the leaves.
+
+        The built-in systems return a :class:`~jaxrl_sym.rl.logprobs.SplitForward` (see
+        :meth:`split_forward`) when the model has the contract's ``features``/``head`` split, so
+        the step can apply the head a chunk of tokens at a time; a plain function runs unchunked.
+        """
         raise NotImplementedError
+
+    @staticmethod
+    def split_forward(host: Host, logits: LogitsFn,
+                      features: Callable[[], FeaturesFn]) -> SplitForward | LogitsOnly:
+        """``logits`` with, where the model allows it and ``cfg.logprob_chunk`` asks for it,
+        the system's ``features()`` forward and the model's head beside it.
+
+        ``features`` is a thunk: it is built (the sym system traces it) only when used.
+        """
+        if host.cfg.logprob_chunk is None:
+            return LogitsOnly(logits, "RLConfig.logprob_chunk=None")
+        model = host.model()
+        reason = check_features(model)
+        if reason is not None:
+            return LogitsOnly(logits, reason)
+        graphdef, treedef = host.graphdef, host.treedef
+
+        def head(leaves: list[jax.Array], feats: jax.Array) -> jax.Array:
+            return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves)).head(feats)
+
+        spec = jax.ShapeDtypeStruct((1, 2), np.int32)
+        feat = jax.eval_shape(lambda t: model.features(t, t, t), spec)
+        leaves = jax.tree_util.tree_leaves(nnx.state(model))
+        used = head_leaf_indices(head, leaves, int(feat.shape[-1]), feat.dtype)
+        return SplitForward(logits, features(), head, used)
 
 
 class SymSystem(System):
@@ -164,7 +203,8 @@ class SymSystem(System):
 
     def logits_fn(self, host: Host) -> LogitsFn:
         fwd = host.engine.forward_fn()
-        return lambda leaves, inputs: fwd(leaves, *inputs)
+        return self.split_forward(host, lambda leaves, inputs: fwd(leaves, *inputs),
+                                  lambda: traced_features(host))
 
 
 class PaddedSystem(System):
@@ -189,7 +229,41 @@ class PaddedSystem(System):
             model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
             return padded_forward(model, inputs[0], inputs[1])
 
-        return padded_logits
+        def padded_features(leaves: list[jax.Array], inputs: tuple[jax.Array, ...]
+                            ) -> jax.Array:
+            model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+            # padded_forward calls its model with (tokens, positions, segment ids) only
+            return padded_forward(model.features, inputs[0], inputs[1])
+
+        return self.split_forward(host, padded_logits, lambda: padded_features)
+
+
+def traced_features(host: Host) -> FeaturesFn:
+    """The sym system's ``features`` forward: ``model.features`` traced into its own PDG (as
+    the runtime traces ``model``) and evaluated on packed rows like
+    ``StepBuilder.forward`` — the masked attention primitive, differentiable in the leaves.
+
+    Traced once per trainer (when its programs are built); the weights are the same leaves, in
+    the same order, as the whole-logits program's.
+    """
+    graphdef, state = nnx.split(host.model())
+    role = ("tokens", "positions", "segment_ids")
+    prog = trace_function(
+        lambda st, t, p, s: nnx.merge(graphdef, st).features(t, p, s), state,
+        [SeqInput(r, "B, T") for r in role])
+    pdg, consts = prog.pdg, constant_values(prog.consts)
+    weight_ids = [nid for r, nid in pdg.inputs if r.startswith("weight:")]
+    bind = lambda node, args: node.prim.bind(*args, **node.params)
+
+    def features(leaves: list[jax.Array], inputs: tuple[jax.Array, ...]) -> jax.Array:
+        vals = {nid: (x,) for nid, x in zip(weight_ids, leaves, strict=True)}
+        vals.update(consts)
+        vals.update({pdg.input_id(r): (x,) for r, x in zip(role, inputs, strict=True)})
+        rows, length = inputs[0].shape
+        out = evaluate(pdg, vals, {"B": rows, "T": length}, {"sym_attention": bind})
+        return out[pdg.outputs[0]][0]
+
+    return features
 
 
 REGISTRY: dict[str, System] = {}

@@ -249,15 +249,26 @@ class CausalLM(nnx.Module):
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """Logits ``[B, T, vocab]`` (float32) for int32 ``[B, T]`` tokens/positions/segments."""
+        return self.head(self.features(tokens, positions, segment_ids))
+
+    def features(self, tokens: jax.Array, positions: jax.Array,
+                 segment_ids: jax.Array | None = None) -> jax.Array:
+        """Final hidden states ``[B, T, hidden]`` (after the final norm, in the model dtype):
+        the optional ``features``/``head`` split of the contract, which lets the RL step apply
+        the head to a chunk of tokens at a time (:mod:`jaxrl_sym.rl.logprobs`)."""
         if segment_ids is None:
             segment_ids = jnp.zeros_like(positions)
-        h = self.model(tokens, positions, segment_ids)
+        return self.model(tokens, positions, segment_ids)
+
+    def head(self, features: jax.Array) -> jax.Array:
+        """``features [..., hidden] -> float32 logits [..., vocab]``, soft-capped for Gemma;
+        position-wise, so applying it chunk by chunk gives the same logits."""
         if self.cfg.tie_word_embeddings:
             w = self.model.embed_tokens.embedding[...]
-            logits = jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
+            logits = jnp.einsum("...d,vd->...v", features, w, preferred_element_type=jnp.float32)
         else:
             w = self.lm_head.kernel[...]
-            logits = jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
+            logits = jnp.einsum("...d,dv->...v", features, w, preferred_element_type=jnp.float32)
         cap = self.cfg.final_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
