@@ -28,6 +28,7 @@ from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.speculative import SpecLog, SpeculativeLM, accept, choose_k, ngram_draft
+from jaxrl_sym.runtime.speculative_tile import device_ngram_draft
 
 sys.path.insert(0, str(Path(__file__).parent))
 from zoo import GemmaishConfig, GemmaishLM
@@ -78,6 +79,22 @@ def test_greedy_speculative_equals_plain_greedy(kind: str) -> None:
     (window and full GQA layers: growing stores); ragged prompts and limits, an EOS that ends
     rows apart."""
     _check_greedy(kind, [3, 11, 1], 10, eos=True, seed=0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rows=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1,
+                     max_size=4), k=st.sampled_from([1, 3]))
+def test_device_draft_equals_host_draft(rows, k) -> None:
+    """The verify tile's on-device prompt lookup proposes what the host one does (small
+    alphabet: many repeated n-grams, ties, no-match rows, continuations cut by the end)."""
+    rows = rows + [[0]] * (4 - len(rows))  # one shape per k: one compile
+    hist = np.zeros((4, 16), np.int32)
+    for i, r in enumerate(rows):
+        hist[i, :len(r)] = r
+    draft = jax.jit(device_ngram_draft, static_argnums=2)
+    got = draft(jnp.asarray(hist), jnp.asarray([len(r) for r in rows]), k)
+    want = np.stack([ngram_draft(np.asarray(r), k) for r in rows])
+    assert np.array_equal(np.asarray(got), want)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))

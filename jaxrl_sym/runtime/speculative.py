@@ -4,7 +4,8 @@ verifies them in one forward over k+1 positions, and each row keeps its own numb
 Pieces, each usable alone:
 
 - :func:`ngram_draft`: prompt-lookup drafting (no model): the tokens that followed the latest
-  earlier occurrence of the row's last n-gram. Host numpy; its time is counted in the stats.
+  earlier occurrence of the row's last n-gram (host numpy, used by the padded baseline; the
+  runtime runs its device twin inside the verify tile, so its cost is in the run time).
 - :func:`accept`: the acceptance rule on device. Greedy: drafts are kept while they equal the
   target's argmax, then the target's own token — so the output is plain greedy decoding's, token
   for token. Temperature > 0: rejection sampling for a deterministic draft (draft x accepted with
@@ -15,8 +16,9 @@ Pieces, each usable alone:
   stores own the "advance by the accepted count" behaviour: a row's next verify starts at its
   first rejected slot and overwrites the rejected entries.
 - :class:`SpeculativeGroup`: the host loop of one aligned microbatch (prefill, compaction and
-  growth are :class:`DecodeGroup`'s); :class:`SpeculativeLM`: a :class:`SymbolicLM` whose
-  generate runs it, with ring/block stores planned ``k`` slots larger.
+  growth are :class:`DecodeGroup`'s), dispatching tiles of ``verify_tile`` draft + verify steps
+  (:mod:`jaxrl_sym.runtime.speculative_tile`); :class:`SpeculativeLM`: a :class:`SymbolicLM`
+  whose generate runs it, with ring/block stores planned ``k`` slots larger.
 
 Compiles: one verify program per (row bucket, store capacity, k); k comes from a small fixed set
 (powers of two up to ``speculate``) when adaptive.
@@ -39,8 +41,9 @@ from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.evaluate import evaluate
 from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
-from jaxrl_sym.runtime.policy import row_bucket
+from jaxrl_sym.runtime.policy import next_pow2, row_bucket
 from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
+from jaxrl_sym.runtime.speculative_tile import verify_tile
 
 DRAFTS = ("ngram",)
 NGRAM_MAX = 3  # longest suffix the prompt-lookup draft matches
@@ -229,22 +232,19 @@ class SpeculativeGroup(DecodeGroup):
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
             on_finished: OnFinished | None) -> None:
         self.collect(self.prefill(hoisted), out, on_finished)
-        log = self.lm.spec_log
+        log, m = self.lm.spec_log, self.lm.verify_tile
         while not self.done.all():
             live = self._maybe_compact(np.nonzero(~self.done)[0])
             k = choose_k(log, self.lm.ks, self.rows)
             emitted = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
-            self._grow_for(max(emitted.values()) - 1 + k)
-            t0 = time.perf_counter()
-            tokens, positions, slots, index = self._inputs(out, emitted, k)
-            log.draft_seconds += time.perf_counter() - t0
+            self._grow_for(max(emitted.values()) - 1 + m * (k + 1))
             t0, compiles = time.perf_counter(), self.lm.cache.compiles
-            res = self._verify(hoisted, tokens, positions, slots, index, k)
+            res = self._verify(hoisted, self._inputs(out, emitted, k), k, m)
             self._collect_verified(res, out, on_finished, emitted, k)
-            log.verifies[k] = log.verifies.get(k, 0) + 1
+            log.verifies[k] = log.verifies.get(k, 0) + m
             if self.lm.cache.compiles == compiles:
                 log.verify_seconds[k] = log.verify_seconds.get(k, 0.0) + time.perf_counter() - t0
-                log.timed[k] = log.timed.get(k, 0) + 1
+                log.timed[k] = log.timed.get(k, 0) + m
 
     def _maybe_compact(self, live: np.ndarray) -> np.ndarray:
         """Drop finished rows by the engine's rule (``compact_at``); the live slots after."""
@@ -264,64 +264,63 @@ class SpeculativeGroup(DecodeGroup):
         if n > self.capacity and self.capacity < self.shape.total:
             self.grow(min(max(2 * self.capacity, n), self.shape.total))
 
-    def _inputs(self, out: Outputs, emitted: dict[int, int], k: int
-                ) -> tuple[np.ndarray, ...]:
-        """Host arrays for one verify: tokens (last emitted + k drafts), positions, slots and
-        response index per row; rows that are done get position and slot -1 (nothing written)."""
+    def _inputs(self, out: Outputs, emitted: dict[int, int], k: int) -> tuple[np.ndarray, ...]:
+        """Host arrays for one verify tile, per row: token history (prompt + response, the
+        device draft reads it), its length, tokens emitted, limit, slot offset, done."""
         b, pcap = self.rows, self.shape.prompt_slots
-        tokens = np.zeros((b, k + 1), np.int32)
-        positions = np.full((b, k + 1), -1, np.int32)
-        slots = np.full((b, k + 1), -1, np.int32)
-        index = np.zeros((b,), np.int32)
-        ar = np.arange(k + 1, dtype=np.int32)
+        # any row's prompt + response + a step's overhang; a power of two: fewer programs
+        size = next_pow2(self.shape.total + k + 1)
+        hist = np.zeros((b, size), np.int32)
+        length, done = np.ones((b,), np.int32), np.ones((b,), bool)
+        n_out, offset = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
         for s, n in emitted.items():
             i = int(self.ids[s])
-            ctx = np.concatenate([self.prompts[i], np.asarray(out.toks[i], np.int32)])
-            tokens[s, 0] = ctx[-1]
-            tokens[s, 1:] = self.lm.draft(ctx, k)
-            positions[s] = len(self.prompts[i]) + n - 1 + ar
-            slots[s] = pcap + n - 1 + ar
-            index[s] = n
-        return tokens, positions, slots, index
+            p = self.prompts[i]
+            hist[s, :len(p)], hist[s, len(p):len(p) + n] = p, out.toks[i]
+            length[s], n_out[s], offset[s], done[s] = len(p) + n, n, pcap - len(p), False
+        return hist, length, n_out, self.limits.astype(np.int32), offset, done
 
-    def _verify(self, hoisted: tuple[jax.Array, ...], tokens: np.ndarray, positions: np.ndarray,
-                slots: np.ndarray, index: np.ndarray, k: int) -> tuple[Any, ...]:
+    def _verify(self, hoisted: tuple[jax.Array, ...], inputs: tuple[np.ndarray, ...], k: int,
+                m: int) -> tuple[Any, ...]:
         lm, cfg = self.lm, self.cfg
         if lm.mesh is not None:
             self.stores = lm.builder.place_stores(self.stores)
-        args = (hoisted, self.stores, *(jax.device_put(x) for x in (tokens, positions, slots)),
-                self.row_ids, self.seed, jax.device_put(index))
+        args = (hoisted, self.stores, *(jax.device_put(x) for x in inputs), self.row_ids,
+                self.seed)
         caps = tuple(sorted((n, s["pos"].shape[1]) for n, s in self.stores.items() if "pos" in s))
-        key = ("verify", self.rows, k, caps, cfg.temperature, cfg.return_logits)
-        fn = partial(verify_program, lm.builder, temperature=cfg.temperature,
-                     want_logits=cfg.return_logits)
+        key = ("verify_tile", self.rows, k, m, inputs[0].shape[1], caps, cfg.temperature,
+               cfg.return_logits, cfg.eos_ids)
+        fn = partial(verify_tile, lm.builder, temperature=cfg.temperature,
+                     want_logits=cfg.return_logits, k=k, m=m, eos=cfg.eos_ids)
         self.stores, *res = lm.cache.run(
             key, lambda a=args: jax.jit(fn, donate_argnums=(1,)).lower(*a).compile(), *args)
         del args
-        self.work.computed += self.rows * (k + 1)
+        self.work.computed += self.rows * (k + 1) * m
         self._observe(key, step=self.steps_done)
         return tuple(res)
 
     def _collect_verified(self, res: tuple[Any, ...], out: Outputs, on_finished: OnFinished | None,
                           emitted: dict[int, int], k: int) -> None:
-        """Append each row's accepted drafts and the target's token, stopping at EOS/limit."""
-        tok, lp, acc, lg = (np.asarray(x) for x in res)
+        """Append each step's kept tokens per row (the device already cut at EOS/limit)."""
+        tok, lp, keep, acc, lg = (np.asarray(x) for x in res)
         log, finished = self.lm.spec_log, []
-        for s in emitted:
-            i, a = int(self.ids[s]), int(acc[s])
-            log.proposed[i] = log.proposed.get(i, 0) + k
-            log.accepted[i] = log.accepted.get(i, 0) + a
-            for j in range(a + 1):
-                out.toks[i].append(int(tok[s, j]))
-                out.lps[i].append(float(lp[s, j]))
+        for j in range(tok.shape[0]):
+            for s in emitted:
+                n = int(keep[j, s])
+                if not n:
+                    continue
+                i = int(self.ids[s])
+                log.proposed[i] = log.proposed.get(i, 0) + k
+                log.accepted[i] = log.accepted.get(i, 0) + int(acc[j, s])
+                out.toks[i].extend(int(t) for t in tok[j, s, :n])
+                out.lps[i].extend(float(x) for x in lp[j, s, :n])
                 if out.logits is not None:
-                    out.logits[i].append(lg[s, j])
-                if int(tok[s, j]) in self.cfg.eos_ids or len(out.toks[i]) >= self.limits[s]:
+                    out.logits[i].extend(lg[j, s, :n])
+                if int(tok[j, s, n - 1]) in self.cfg.eos_ids or \
+                        len(out.toks[i]) >= self.limits[s]:
                     self.done[s] = True
                     finished.append(i)
-                    break
-        used = sum(len(out.toks[int(self.ids[s])]) - n for s, n in emitted.items())
-        self.work.needed += used
+        self.work.needed += sum(len(out.toks[int(self.ids[s])]) - n for s, n in emitted.items())
         self.steps_done += 1
         if out.progress is not None:
             out.progress(sum(len(t) for t in out.toks))
@@ -335,8 +334,10 @@ class SpeculativeLM(SymbolicLM):
     Args (beyond :class:`SymbolicLM`'s):
       speculate: K, the most draft tokens per verify (>= 1).
       draft: ``"ngram"`` (prompt lookup, no model).
-      adaptive: pick k per verify from {1, 2, 4, …, K} by measured acceptance and verify cost
-        (:func:`choose_k`); False: always K (one verify program per shape).
+      adaptive: pick k per verify tile from {1, 2, 4, …, K} by measured acceptance and verify
+        cost (:func:`choose_k`); False: always K (one verify program per shape).
+      verify_tile: draft + verify steps per dispatch (:mod:`jaxrl_sym.runtime.speculative_tile`:
+        the draft runs on device, so m verifies cost one device→host sync).
 
     Ring and block stores are planned ``K`` slots larger (:meth:`StoreKind.speculative_capacity`);
     a model with a recurrent-state (linear attention) store is refused.
@@ -345,12 +346,16 @@ class SpeculativeLM(SymbolicLM):
     group_class = SpeculativeGroup
 
     def __init__(self, model: nnx.Module, *, speculate: int, draft: str = "ngram",
-                 adaptive: bool = False, **kwargs: Any) -> None:
+                 adaptive: bool = False, verify_tile: int = 4, **kwargs: Any) -> None:
         if isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 1:
             raise InputError(f"speculate={speculate!r}: give the most draft tokens per verify "
                              "step, an int >= 1 (0/None: use SymbolicLM, plain decoding)")
         if draft not in DRAFTS:
             raise InputError(f"draft={draft!r}: choose one of {DRAFTS} (prompt lookup)")
+        if isinstance(verify_tile, bool) or not isinstance(verify_tile, int) or verify_tile < 1:
+            raise InputError(f"verify_tile={verify_tile!r}: verify steps per dispatch, an int "
+                             ">= 1")
+        self.verify_tile = verify_tile
         super().__init__(model, **kwargs)
         self.speculate, self.draft_name = speculate, draft
         self.specs = {n: dataclasses.replace(s, capacity=s.kind.speculative_capacity(s, speculate))
@@ -359,9 +364,6 @@ class SpeculativeLM(SymbolicLM):
         smaller = [k for k in (1, 2, 4, 8, 16, 32) if k < speculate] if adaptive else []
         self.ks = (*smaller, speculate)
         self.spec_log = SpecLog()
-
-    def draft(self, context: np.ndarray, k: int) -> np.ndarray:
-        return ngram_draft(context, k)
 
     def generate(self, prompts: Any, cfg: GenerationConfig, **kwargs: Any) -> GenerationResult:
         """As :meth:`SymbolicLM.generate`; stats add the speculation report (acceptance rate
