@@ -219,3 +219,31 @@ def test_compact_at_trades_row_buckets_for_finished_rows() -> None:
     assert seen[0.75][1] < seen[0.5][1] < seen[0.25][1]
     with pytest.raises(InputError, match="compact_at=0"):
         SymbolicLM(zoo()["gpt2"], compact_at=0)
+
+
+def test_work_log_books_decode_key_slots_by_cause() -> None:
+    """Key slots, counted by hand from the policy's replay (one step per dispatch, so no tile
+    overrun): every decode step reads each store's capacity for every row in the bucket; a live
+    row needs its prompt plus the steps so far, the block's left padding is prompt alignment,
+    the rest of its row is capacity headroom, and a finished row still in the bucket is all
+    waste. Full attention (zoo GPT-2): every store grows."""
+    m = zoo()["gpt2"]
+    lens, limits = [3, 7, 5], [4, 9, 8]
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
+    lm = SymbolicLM(m, min_capacity=8, decode_tile=1, compact_at=0.5)
+    st = lm.generate(prompts, GenerationConfig(max_new_tokens=tuple(limits))).stats
+    (shape, ds), = replay(lens, limits, min_capacity=8, tile=1, compact_at=0.5)
+    n = len(lm.specs)
+    computed = needed = align = finished = 0
+    for d in ds:
+        live = [i for i in range(3) if d.step <= limits[i] - 1]
+        computed += d.rows * n * d.capacity
+        needed += sum(n * (lens[i] + d.step) for i in live)
+        align += sum(n * (shape.prompt_slots - lens[i]) for i in live)
+        finished += (d.rows - len(live)) * n * d.capacity
+    assert (st["key_slots"], st["needed_key_slots"]) == (computed, needed)
+    by = {k: round(v * computed) for k, v in st["key_waste_by_cause"].items()}
+    assert by == {"prompt_alignment": align, "finished_rows": finished, "row_bucket": 0,
+                  "tile_overrun": 0, "capacity": computed - needed - align - finished}
+    assert finished > 0 and align > 0

@@ -9,6 +9,7 @@ the store capacity, then carries them out — compaction, growth, one decode pro
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +23,7 @@ from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
 from jaxrl_sym.runtime.policy import Dispatch, GroupShape, next_dispatch
 from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
 from jaxrl_sym.runtime.programs import DEAD_POSITION
+from jaxrl_sym.runtime.stores import GrowingStore
 
 if TYPE_CHECKING:
     from jaxrl_sym.runtime.engine import SymbolicLM
@@ -153,7 +155,7 @@ class DecodeGroup:
         self.work.computed += d.rows * d.tile
         self.work.add("row_bucket", filler * d.tile)
         self.work.add("finished_rows", (int(self.done.sum()) - filler) * d.tile)
-        self._tile = d.tile
+        self._tile, self._dispatch = d.tile, d
         args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
                 self.row_ids, self.seed)
         if d.tile == 1:
@@ -192,10 +194,34 @@ class DecodeGroup:
             used = sum(len(out.toks[int(self.ids[s])]) - n for s, n in before.items())
             self.work.needed += used
             self.work.add("tile_overrun", len(before) * self._tile - used)
+            self._book_keys(self._dispatch, {s: len(out.toks[int(self.ids[s])]) - n
+                                             for s, n in before.items()})
         if out.progress is not None:
             out.progress(sum(len(t) for t in out.toks))
         if finished and on_finished is not None:
             on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
+
+    def _book_keys(self, d: Dispatch, emitted: dict[int, int]) -> None:
+        """Book a decode dispatch's key slots by cause (:class:`WorkLog`); ``emitted``: tokens
+        each row live before it emitted in it. Stores of one kind and size count together."""
+        sizes = Counter((isinstance(sp.kind, GrowingStore),
+                         sp.kind.slots(sp, sp.kind.capacity(sp, d.capacity)))
+                        for sp in self.lm.specs.values())
+        per_step = sum(n * size for (_, size), n in sizes.items())
+        filler = int((self.ids < 0).sum())
+        self.work.add_keys("row_bucket", filler * d.tile * per_step)
+        self.work.add_keys("finished_rows", (d.rows - filler - len(emitted)) * d.tile * per_step)
+        pcap = self.shape.prompt_slots
+        for slot, u in emitted.items():
+            plen = len(self.prompts[int(self.ids[slot])])
+            self.work.add_keys("tile_overrun", (d.tile - u) * per_step)
+            for (aligned, size), n in sizes.items():
+                pad = pcap - plen if aligned else 0
+                need = sum(min(size, plen + s) for s in range(d.step, d.step + u))
+                self.work.key_needed += n * need
+                self.work.key_computed += n * need
+                self.work.add_keys("prompt_alignment", n * pad * u)
+                self.work.add_keys("capacity", n * (size * u - need - pad * u))
 
     def compact(self, live: np.ndarray, rows: int) -> None:
         """Keep the live rows in a bucket of ``rows`` (fillers repeat a live row, masked)."""

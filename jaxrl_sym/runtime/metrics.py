@@ -108,11 +108,17 @@ def peak_rss_bytes() -> int:
 
 
 WASTE_CAUSES = ("prompt_alignment", "packing", "row_bucket", "finished_rows", "tile_overrun")
+KEY_CAUSES = ("prompt_alignment", "capacity", "row_bucket", "finished_rows", "tile_overrun")
+
+
+def _zeros(causes: tuple[str, ...]) -> dict[str, int]:
+    return dict.fromkeys(causes, 0)
 
 
 @dataclass
 class WorkLog:
-    """Token positions the decode groups pushed through the model, and why each wasted one was.
+    """Token positions and decode key slots the decode groups pushed through the model, and why
+    each wasted one was.
 
     Written by the engine while it runs (:class:`jaxrl_sym.runtime.group.DecodeGroup`), not
     replayed: one entry per prefill and per decode dispatch. A token position is one
@@ -124,24 +130,48 @@ class WorkLog:
     - ``row_bucket``: filler slots of the row bucket (no request row), prefill and decode;
     - ``finished_rows``: rows that ended but still sit in the bucket until compaction;
     - ``tile_overrun``: steps a row computed inside a decode tile after it ended.
+
+    Key slots: per decode step, row and store, the slots attention runs over
+    (``StoreKind.slots``); needed are the keys the row has there (``min(slots, prompt + step)``:
+    exact for growing and ring stores, an upper bound inside a block store). Wasted by the same
+    causes, with ``prompt_alignment`` the block's left padding a growing store keeps for a
+    shorter prompt and ``capacity`` the slots past the last write (a store's headroom, or a
+    ring not yet full). Why both: a token position costs a row's whole MLP, a key slot one
+    attention read — prompt padding costs the packed prefill nothing but every decode step
+    reads it.
     """
 
     needed: int = 0
     computed: int = 0
-    wasted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WASTE_CAUSES, 0))
+    wasted: dict[str, int] = field(default_factory=lambda: _zeros(WASTE_CAUSES))
+    key_needed: int = 0
+    key_computed: int = 0
+    key_wasted: dict[str, int] = field(default_factory=lambda: _zeros(KEY_CAUSES))
 
     def add(self, cause: str, n: int) -> None:
         self.wasted[cause] += int(n)
 
+    def add_keys(self, cause: str, n: int) -> None:
+        self.key_computed += int(n)
+        self.key_wasted[cause] += int(n)
+
     def merge(self, other: WorkLog) -> None:
         self.needed += other.needed
         self.computed += other.computed
+        self.key_needed += other.key_needed
+        self.key_computed += other.key_computed
         for k, v in other.wasted.items():
             self.wasted[k] += v
+        for k, v in other.key_wasted.items():
+            self.key_wasted[k] += v
 
     def report(self) -> dict[str, object]:
-        """Fractions of computed positions: total waste and per cause (they sum to the total)."""
-        c = max(1, self.computed)
+        """Fractions of computed positions (and key slots): total waste and per cause (they
+        sum to the total)."""
+        c, kc = max(1, self.computed), max(1, self.key_computed)
         return {"token_positions": self.computed, "needed_positions": self.needed,
                 "waste_fraction": 1.0 - self.needed / c if self.computed else 0.0,
-                "waste_by_cause": {k: v / c for k, v in self.wasted.items()}}
+                "waste_by_cause": {k: v / c for k, v in self.wasted.items()},
+                "key_slots": self.key_computed, "needed_key_slots": self.key_needed,
+                "key_waste_fraction": 1.0 - self.key_needed / kc if self.key_computed else 0.0,
+                "key_waste_by_cause": {k: v / kc for k, v in self.key_wasted.items()}}
