@@ -31,7 +31,7 @@ from jaxrl_sym.baselines.padded import padded_generate
 from jaxrl_sym.decode_run import build_model
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.metrics import WASTE_CAUSES
+from jaxrl_sym.runtime.metrics import KEY_CAUSES, WASTE_CAUSES
 
 # (prefill, max_pad_fraction, compact_at); the default is ("packed", 1.0, 0.75)
 CONFIGS = (("block", 0.1, 0.75), ("packed", 0.1, 0.75), ("packed", 1.0, 0.75),
@@ -76,6 +76,8 @@ def run(preset: dict, prefill: str, max_pad_fraction: float, compact_at: float) 
     return {"prefill": prefill, "max_pad_fraction": max_pad_fraction, "compact_at": compact_at,
             "groups": s["groups"],
             "waste_fraction": s["waste_fraction"], **s["waste_by_cause"],
+            "key_waste_fraction": s["key_waste_fraction"],
+            **{f"key_{k}": v for k, v in s["key_waste_by_cause"].items()},
             "xla_compiles": s["xla_compiles"], "dispatches": s["dispatches"],
             "first_call_s": first, "warm_s": warm.stats["run_seconds"],
             "tokens_sha": tokens_sha(cold.tokens),
@@ -97,6 +99,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def key_table(rows: list[dict]) -> str:
+    """Decode key slots by cause (share of the key slots each row's decode read)."""
+    head = ["prefill", "grouping", "compact at", "key-slot waste", *KEY_CAUSES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["prefill"], f"pad ≤ {r['max_pad_fraction']:g}", f"{r['compact_at']:g}",
+                 f"{100 * r['key_waste_fraction']:.1f}%",
+                 *(f"{100 * r['key_' + c]:.1f}%" for c in KEY_CAUSES)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="the GPU-sized realistic request")
@@ -107,7 +121,8 @@ def main() -> None:
     rows = [{**run(preset, *c), "padded_first_call_s": padded_s,
              "padded_compiles": padded_compiles} for c in CONFIGS]
     assert {r["tokens_sha"] for r in rows} == {padded_sha}, "a row's tokens differ from padded's"
-    md = table(rows)
+    md = (f"`python {' '.join(sys.argv)}`\n\nToken positions:\n\n{table(rows)}\n\n"
+          f"Decode key slots:\n\n{key_table(rows)}")
     print(md)
     if args.out:
         out = Path(args.out)
