@@ -8,6 +8,11 @@ learning curves (sampled exact match and policy entropy per step, mean of 10) ar
 
     .venv/bin/python bench/learning.py                    # 3 algos x {reverse, copy} x 5 seeds
     .venv/bin/python bench/learning.py --quick            # the CI-sized version (see tests)
+    # with vs without partial rollouts, same seeds, both in one invocation (--jobs 2: side by
+    # side, so both runs see the same machine load)
+    .venv/bin/python bench/learning.py --algos grpo --tasks reverse --seeds 0 \
+        --partial off --partial '{"fraction": 0.75, "segment": 4, "max_carry": 1}' \
+        --config '{"max_new_tokens": 16}' --out bench/results/cpu/partial_rollouts
 
 Writes ``<out>.jsonl`` (one line per run: the summary plus its per-step curves, downsampled),
 ``<out>.md`` (the table) and ``<out>.png`` (the curves). Finished runs already in ``<out>.jsonl``
@@ -58,6 +63,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-cache", default=os.path.join(os.path.expanduser("~"), ".cache",
                                                            "jaxrl_sym_learning_xla"),
                    help="JAX persistent compilation cache shared by the runs ('' : off)")
+    p.add_argument("--partial", action="append", default=None, metavar="off|JSON",
+                   help="partial rollouts per run: 'off' or PartialConfig fields as JSON; "
+                        "repeat to compare (default: off)")
+    p.add_argument("--config", default="", help="JSON of RLConfig overrides for every run")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -82,16 +91,19 @@ def specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     has whole (algorithm, task) rows)."""
     per_task = task_steps(args)
     model = json.loads(args.model) if args.model else None
+    config = json.loads(args.config) if args.config else None
+    partials = [None if v == "off" else json.loads(v) for v in (args.partial or ["off"])]
     return [dict(algo=a, task=t, seed=int(s), steps=per_task.get(t, args.steps),
                  prompts=args.prompts, max_digits=args.max_digits,
-                 eval_prompts=args.eval_prompts, model=model)
+                 eval_prompts=args.eval_prompts, model=model, config=config, partial=pr)
             for t in args.tasks.split(",") for a in args.algos.split(",")
-            for s in args.seeds.split(",")]
+            for pr in partials for s in args.seeds.split(",")]
 
 
 def key(spec: dict[str, Any]) -> tuple:
     return (spec["algo"], spec["task"], spec["seed"], spec["steps"], spec["prompts"],
-            spec["max_digits"])
+            spec["max_digits"], json.dumps(spec.get("config"), sort_keys=True),
+            json.dumps(spec.get("partial"), sort_keys=True))
 
 
 def enable_compile_cache(directory: str) -> None:
@@ -116,7 +128,8 @@ def run_child(spec: dict[str, Any], cache_dir: str | None = None) -> dict[str, A
     t0 = time.perf_counter()
     out = train(spec["algo"], spec["task"], steps=spec["steps"], seed=spec["seed"],
                 prompts_per_step=spec["prompts"], max_digits=spec["max_digits"],
-                eval_prompts=spec["eval_prompts"], model=spec["model"], progress=False)
+                eval_prompts=spec["eval_prompts"], model=spec["model"], progress=False,
+                config=spec.get("config"), partial=spec.get("partial"))
     hist = out.pop("history")
     curves = {k: [round(float(np.mean([m[k] for m in hist[i:i + CURVE_EVERY]])), 4)
                   for i in range(0, len(hist), CURVE_EVERY)] for k in CURVE_KEYS}
@@ -129,8 +142,22 @@ def run_child(spec: dict[str, Any], cache_dir: str | None = None) -> dict[str, A
             "first_health_flag": flagged[0] if flagged else None,
             "compile_seconds": float(sum(m["compile_seconds"] for m in hist)),
             "train_seconds": out["seconds"], "wall_seconds": time.perf_counter() - t0,
+            "generation_seconds": float(sum(m["seconds"]["generation"] for m in hist)),
+            "partial_stats": _partial_stats(hist, out.get("partial_left_rows", 0)),
             "params_sha256": out["params_sha256"], "recipe": {**TASK_RECIPE, **TASK_REWARD},
             "git": _git_head(), "curve_every": CURVE_EVERY, "curves": curves}
+
+
+def _partial_stats(hist: list[dict[str, Any]], left: int) -> dict[str, Any] | None:
+    """Totals of the steps' partial-rollout stats (None when the run had them off)."""
+    parts = [m["partial"] for m in hist if "partial" in m]
+    if not parts:
+        return None
+    return {"trained_rows": sum(p["trained_rows"] for p in parts),
+            "trained_carried_rows": sum(p["trained_carried_rows"] for p in parts),
+            "mean_carried_rows": float(np.mean([p["carried_rows"] for p in parts])),
+            "mean_segments": float(np.mean([p["segments"] for p in parts])),
+            "max_staleness": max(p["max_staleness"] for p in parts), "left_untrained": left}
 
 
 def _git_head() -> str | None:
@@ -173,13 +200,16 @@ def summarise(rows: list[dict[str, Any]], pass_level: float) -> list[dict[str, A
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         if "error" not in r:
-            groups.setdefault((r["algo"], r["task"], r["steps"]), []).append(r)
+            pk = json.dumps(r.get("partial"), sort_keys=True)
+            groups.setdefault((r["algo"], r["task"], r["steps"], pk), []).append(r)
     out = []
-    for (algo, task, steps), rs in groups.items():
+    for (algo, task, steps, pk), rs in groups.items():
         rs = sorted(rs, key=lambda r: r["seed"])
         fin = [r["final_exact_match"] for r in rs]
         out.append(dict(
             algo=algo, task=task, steps=steps, seeds=[r["seed"] for r in rs],
+            partial=json.loads(pk),
+            generation_mean=float(np.mean([r.get("generation_seconds", np.nan) for r in rs])),
             finals=fin, mean=float(np.mean(fin)), min=float(np.min(fin)),
             max=float(np.max(fin)), passed=sum(f >= pass_level for f in fin),
             initial=float(np.mean([r["first20_exact_match"] for r in rs])),
@@ -191,15 +221,16 @@ def summarise(rows: list[dict[str, Any]], pass_level: float) -> list[dict[str, A
 def table(summary: list[dict[str, Any]], pass_level: float) -> str:
     lines = ["| algo | task | steps | seeds | final greedy exact match: mean | min | max | "
              f"seeds >= {pass_level} | per seed | sampled exact match, first 20 steps | "
-             "wall s per run (mean) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "wall s per run (mean) | generation s (mean) | partial rollouts |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         per = ", ".join(f"{seed}: {f:.3f}" for seed, f in zip(s["seeds"], s["finals"],
                                                               strict=True))
+        part = "off" if s["partial"] is None else json.dumps(s["partial"]).replace("|", "/")
         lines.append(f"| {s['algo']} | {s['task']} | {s['steps']} | {len(s['seeds'])} | "
                      f"{s['mean']:.3f} | {s['min']:.3f} | {s['max']:.3f} | "
                      f"{s['passed']}/{len(s['seeds'])} | {per} | {s['initial']:.3f} | "
-                     f"{s['wall_mean']:.0f} |")
+                     f"{s['wall_mean']:.0f} | {s['generation_mean']:.0f} | {part} |")
     return "\n".join(lines)
 
 

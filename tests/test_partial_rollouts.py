@@ -97,3 +97,10 @@ def test_carried_rows_finish_once_with_behaviour_logprobs() -> None:
     assert not snapshots and len(trained) == added
     with pytest.raises(InputError, match="no carried rows"):
         tr.step([], seed=1)
+
+
+def test_train_refuses_a_bad_partial_config_before_any_work() -> None:
+    from jaxrl_sym.rl.train import train
+
+    with pytest.raises(InputError, match="--partial-rollout"):
+        train("grpo", "reverse", steps=1, partial={"fraction": 1.5}, progress=False)

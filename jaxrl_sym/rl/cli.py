@@ -89,6 +89,14 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="bytes one device may hold, e.g. 16GB or 512MiB: the sharded state and "
                         "every compiled program are checked against it before they run, so a "
                         "model that does not fit fails at once naming the mesh it needs")
+    t.add_argument("--partial-rollout", type=float, default=None, metavar="FRACTION",
+                   help="partial rollouts: a step stops generating once this share of its rows "
+                        "finished, trains the complete groups and carries the rest into the "
+                        "next step (default: off)")
+    t.add_argument("--partial-segment", type=int, default=4, metavar="N",
+                   help="with --partial-rollout: tokens per row per generation call")
+    t.add_argument("--partial-max-carry", type=int, default=1, metavar="K",
+                   help="with --partial-rollout: steps a row may be carried")
     t.add_argument("--no-progress", action="store_true")
     return t
 
@@ -135,7 +143,10 @@ def run_train(args: argparse.Namespace) -> int:
                 progress=not args.no_progress, resume=args.resume,
                 resume_or_start=args.resume_or_start, resume_anyway=args.resume_anyway,
                 keep=args.keep, eval_prompts=args.eval_prompts, mesh=args.mesh,
-                device_memory=args.device_memory)
+                device_memory=args.device_memory,
+                partial=None if args.partial_rollout is None else {
+                    "fraction": args.partial_rollout, "segment": args.partial_segment,
+                    "max_carry": args.partial_max_carry})
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

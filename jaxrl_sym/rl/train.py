@@ -23,6 +23,7 @@ from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.errors import CheckpointError
+from jaxrl_sym.rl.partial import PartialConfig
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
@@ -73,7 +74,7 @@ FLAGS: dict[str, str] = {
     "entropy_coef": "--entropy-coef", "partial_weight": "--partial-weight",
     "clip_eps": "--clip-low", "clip_eps_high": "--clip-high", "adv_norm": "--adv-norm",
     "drop_zero_var": "--drop-zero-var", "warmup_steps": "--warmup-steps",
-    "lr_schedule": "--lr-schedule",
+    "lr_schedule": "--lr-schedule", "partial": "--partial-rollout",
 }
 
 
@@ -268,6 +269,7 @@ def train(
     eval_prompts: int = 256,
     mesh: str | None = None,
     device_memory: str | int | None = None,
+    partial: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train a fresh model (seeded) on an offline task, or resume one from ``checkpoint_dir``.
 
@@ -298,6 +300,10 @@ def train(
       mesh: ``"data=4,model=2"``: train on a device mesh (:mod:`jaxrl_sym.sharding`); not part
         of the checkpoint's identity, so a run may resume on another mesh.
       device_memory: bytes one device may hold (``"16GB"``): see :class:`RLTrainer`.
+      partial: partial rollouts, :class:`~jaxrl_sym.rl.partial.PartialConfig` fields
+        (``{"fraction": 0.75, "segment": 4, "max_carry": 1}``; None: off). Rows still carried
+        when the run ends are not trained (``partial_left_rows`` counts them); the buffer is not
+        checkpointed, so a resumed run starts without carried rows.
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` (greedy decoding of the final policy on
     ``eval_prompts`` held-out prompts; a function of the parameters alone, so an interrupted and
@@ -324,14 +330,16 @@ def train(
     if fields.get("lr_schedule", "constant") != "constant" and fields.get("total_steps") is None:
         fields["total_steps"] = steps  # a decaying schedule ends with the run
     rl_cfg = RLConfig(**fields)
+    partial_cfg = None if partial is None else PartialConfig(**partial)
     lm_cfg = preset("tiny", **{**TASK_MODEL, **(model or {})})
     policy = hf.load_model() if hf else init_model(lm_cfg, seed)
     trainer = RLTrainer(policy, task_obj.reward, rl_cfg, system=system,
                         metric_fn=task_obj.exact_match,
                         mesh=None if mesh is None else MeshConfig.parse(mesh, flag="--mesh"),
-                        device_memory=device_memory)
+                        device_memory=device_memory, partial=partial_cfg)
     hparams = run_hparams(rl_cfg, task=task, max_digits=max_digits, seed=seed, system=system,
-                          prompts_per_step=prompts_per_step, partial_weight=partial_weight)
+                          prompts_per_step=prompts_per_step, partial_weight=partial_weight,
+                          partial=None if partial_cfg is None else partial_cfg.to_dict())
     if hf is not None:  # the source model: a resume compares it, export reads it
         hparams.update(hf.hparams)
     meta = {"fingerprint": fingerprint(trainer), "hparams": hparams, "lineage": []}
@@ -360,6 +368,7 @@ def train(
                         if m.get("health")), None),
         "seconds": time.perf_counter() - t_run,
         "mesh": describe(trainer.mesh),
+        "partial_left_rows": len(trainer.rollouts.rows) if trainer.rollouts is not None else 0,
     }
 
 
