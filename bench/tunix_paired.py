@@ -76,7 +76,9 @@ def interleaved(gens: dict[str, Any], prompts: list[np.ndarray], cfg: Any, reps:
     for s, gen in gens.items():
         t0 = time.perf_counter()
         out = gen(prompts, cfg)
-        first[s] = {"seconds": time.perf_counter() - t0, "xla_compiles": out.stats["xla_compiles"]}
+        first[s] = {"seconds": time.perf_counter() - t0, "xla_compiles": out.stats["xla_compiles"],
+                    "peak_bytes": out.stats.get("peak_bytes"),
+                    "stats": {k: v for k, v in out.stats.items() if isinstance(v, int | float)}}
         tokens[s] = out.tokens
     times: dict[str, list[float]] = {s: [] for s in systems}
     for r in range(reps):

@@ -74,9 +74,10 @@ def layer_kinds(model: Any) -> tuple[tuple[bool, ...], int | None]:
     return tuple(isinstance(p, Window) for p in pats), sizes.pop()
 
 
-def gemma4_config(model: Any, g4: Any) -> Any:
-    """Tunix's Gemma 4 ``ModelConfig`` at our model's shape, ring cache on, extras off (see the
-    module docstring)."""
+def gemma4_config(model: Any, g4: Any, *, ring: bool = True) -> Any:
+    """Tunix's Gemma 4 ``ModelConfig`` at our model's shape, extras off (see the module
+    docstring). ``ring=False``: Tunix's full-size cache with the window masked instead (the same
+    function; the ring's oracle in the tests)."""
     local, window = layer_kinds(model)
     c = model.cfg
     kind = g4.AttentionType
@@ -89,13 +90,14 @@ def gemma4_config(model: Any, g4: Any) -> Any:
         num_global_kv_heads=None, global_key_size=c.head_dim, attention_pattern=pattern,
         frac_shared_layers=0.0, global_rope_proportion=1.0, local_rope_proportion=1.0,
         local_base_frequency=theta, global_base_frequency=theta,
-        use_sliding_window_kv_cache=True, dtype=c.dtype, param_dtype=c.dtype)
+        use_sliding_window_kv_cache=ring, dtype=c.dtype, param_dtype=c.dtype)
 
 
-def build_gemma4(model: Any, seed: int = 0) -> Any:
-    """Tunix's Gemma 4 at ``model``'s shape with Tunix's own random initialisation."""
+def build_gemma4(model: Any, seed: int = 0, *, ring: bool = True) -> Any:
+    """Tunix's Gemma 4 at ``model``'s shape with Tunix's own random initialisation (the same
+    weights for the same seed, ring or not)."""
     g4 = load_gemma4()
-    cfg = gemma4_config(model, g4)
+    cfg = gemma4_config(model, g4, ring=ring)
     with _Quiet():
         return g4.Gemma4(cfg, rngs=nnx.Rngs(seed))
 
@@ -105,13 +107,13 @@ class TunixGemma4System(TunixSystem):
     ``tunix-gemma4`` system. Request handling, trimming and accounting are the Qwen2 peer's;
     only the model differs, and no logits or token check against ours make sense."""
 
-    def __init__(self, model: Any, *, seed: int = 0) -> None:
+    def __init__(self, model: Any, *, seed: int = 0, ring: bool = True) -> None:
         # Not TunixSystem.__init__: that one copies our weights into Qwen2 (full attention only).
         self.tx = load_tunix()
         self.model = model
         self.defaults = False
         self.vocab = model.cfg.vocab_size
-        self.tmodel = build_gemma4(model, seed)
+        self.tmodel = build_gemma4(model, seed, ring=ring)
         self._samplers: dict[tuple[int, int], Any] = {}
 
     def _sampler(self, cache_size: int, eos: int) -> Any:
