@@ -89,36 +89,8 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
         b, p, n = batch.batch, batch.prompt_len, batch.steps
         max_len = p + n + k
         _, state = nnx.split(model)
-        new_cache = lambda kk, vv: RowKVCache.like(kk, vv, max_len)
         t0 = time.perf_counter()
-        prefill_fn, verify_fn = trace_forward(model, b, p), trace_forward(model, b, k + 1)
-        row_ids = jnp.arange(b, dtype=jnp.int32)
-        seed = jnp.uint32(cfg.seed)
-
-        @jax.jit
-        def prefill(state, tokens, positions):
-            logits, caches = prefill_fn(state, tokens, positions, jnp.zeros_like(positions), None,
-                                        new_cache=new_cache, cache_index=0)
-            tok, lp = select_tokens(logits[:, -1], seed=seed, steps=jnp.zeros((b,), jnp.int32),
-                                    row_ids=row_ids, temperature=cfg.temperature)
-            kept = logits[:, -1].astype(jnp.float32) if cfg.return_logits else jnp.zeros((0,))
-            return caches, tok, lp, kept
-
-        @jax.jit
-        def verify(state, caches, tokens, positions, starts, index):
-            logits, caches = verify_fn(state, tokens, positions, jnp.zeros_like(positions), caches,
-                                       new_cache=new_cache, cache_index=starts)
-            tok, lp, acc = accept(logits, tokens[:, 1:], seed=seed, row_ids=row_ids, index=index,
-                                  temperature=cfg.temperature)
-            kept = logits.astype(jnp.float32) if cfg.return_logits else jnp.zeros((0,))
-            return caches, tok, lp, acc, kept
-
-        # ahead of time, as padded_generate: run_seconds then counts the run alone
-        cache_shapes = jax.eval_shape(prefill, state, batch.tokens, batch.positions)[0]
-        prefill = prefill.lower(state, batch.tokens, batch.positions).compile()
-        rows_k = jax.ShapeDtypeStruct((b, k + 1), jnp.int32)
-        rows_1 = jax.ShapeDtypeStruct((b,), jnp.int32)
-        verify = verify.lower(state, cache_shapes, rows_k, rows_k, rows_1, rows_1).compile()
+        prefill, verify = _programs(model, state, batch, cfg, k, max_len)
         compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         caches, tok0, lp0, lg0 = prefill(state, batch.tokens, batch.positions)
@@ -129,10 +101,7 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
         verifies = 0
         while not done.all():
             t1 = time.perf_counter()
-            tokens = np.zeros((b, k + 1), np.int32)
-            for i in range(b):
-                ctx = np.concatenate([batch.tokens[i, p - batch.prompt_lens[i]:], toks[i]])
-                tokens[i] = [ctx[-1], *ngram_draft(ctx, k)]
+            tokens = np.stack([_draft(batch, i, toks[i], k) for i in range(b)])
             log.draft_seconds += time.perf_counter() - t1
             emitted = np.asarray([len(t) for t in toks], np.int32)
             positions = (batch.prompt_lens + emitted - 1)[:, None] + np.arange(k + 1)
@@ -153,6 +122,47 @@ def padded_speculative_generate(model: nnx.Module, prompts: Sequence[np.ndarray]
     return GenerationResult([np.asarray(t, np.int32) for t in toks],
                             [np.asarray(x, np.float32) for x in lps],
                             None if lgs is None else [np.stack(x) for x in lgs], stats)
+
+
+def _programs(model: nnx.Module, state: Any, batch: Any, cfg: GenerationConfig, k: int,
+              max_len: int) -> tuple[Any, Any]:
+    """The prefill and ``[B, K+1]`` verify programs, compiled ahead of time (as
+    ``padded_generate``'s: ``run_seconds`` then counts the run alone)."""
+    b, p = batch.batch, batch.prompt_len
+    new_cache = lambda kk, vv: RowKVCache.like(kk, vv, max_len)
+    prefill_fn, verify_fn = trace_forward(model, b, p), trace_forward(model, b, k + 1)
+    row_ids = jnp.arange(b, dtype=jnp.int32)
+    seed = jnp.uint32(cfg.seed)
+
+    @jax.jit
+    def prefill(state, tokens, positions):
+        logits, caches = prefill_fn(state, tokens, positions, jnp.zeros_like(positions), None,
+                                    new_cache=new_cache, cache_index=0)
+        tok, lp = select_tokens(logits[:, -1], seed=seed, steps=jnp.zeros((b,), jnp.int32),
+                                row_ids=row_ids, temperature=cfg.temperature)
+        kept = logits[:, -1].astype(jnp.float32) if cfg.return_logits else jnp.zeros((0,))
+        return caches, tok, lp, kept
+
+    @jax.jit
+    def verify(state, caches, tokens, positions, starts, index):
+        logits, caches = verify_fn(state, tokens, positions, jnp.zeros_like(positions), caches,
+                                   new_cache=new_cache, cache_index=starts)
+        tok, lp, acc = accept(logits, tokens[:, 1:], seed=seed, row_ids=row_ids, index=index,
+                              temperature=cfg.temperature)
+        kept = logits.astype(jnp.float32) if cfg.return_logits else jnp.zeros((0,))
+        return caches, tok, lp, acc, kept
+
+    cache_shapes = jax.eval_shape(prefill, state, batch.tokens, batch.positions)[0]
+    rows_k = jax.ShapeDtypeStruct((b, k + 1), jnp.int32)
+    rows_1 = jax.ShapeDtypeStruct((b,), jnp.int32)
+    return (prefill.lower(state, batch.tokens, batch.positions).compile(),
+            verify.lower(state, cache_shapes, rows_k, rows_k, rows_1, rows_1).compile())
+
+
+def _draft(batch: Any, i: int, row: list[int], k: int) -> np.ndarray:
+    """Row i's verify input: its last token, then k drafts from its prompt + response."""
+    ctx = np.concatenate([batch.tokens[i, batch.prompt_len - batch.prompt_lens[i]:], row])
+    return np.asarray([ctx[-1], *ngram_draft(ctx, k)], np.int32)
 
 
 def _ended(row: list[int], limit: int, cfg: GenerationConfig) -> bool:
