@@ -6,8 +6,8 @@ every filler row of its bucket. On the suite's realistic lengths that was 24% of
 positions the runtime computed (the engine's own log, ``waste_by_cause``: prompt alignment 9%,
 row-bucket filler 15%). Packed, the prefill computes the prompts' tokens and the packing's tail.
 
-How: prompts are packed first-fit-decreasing into about ``total / PACK_ROW`` rows of equal
-bucketed length (never shorter than the longest prompt), as the training forward packs sequences;
+How: prompts are packed first-fit-decreasing into rows of the longest prompt's bucketed length
+(:data:`PACK_ROW`), about ``total / longest`` of them, as the training forward packs sequences;
 the model runs on those rows with segment ids, so the attention primitive masks across prompts;
 each attention node's keys and values are then scattered into its store by the store's own
 :meth:`StoreKind.fill` at each token's right-aligned slot (the decode steps that follow are
@@ -35,10 +35,13 @@ from jaxrl_sym.generation import select_tokens
 from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
 from jaxrl_sym.runtime.policy import length_bucket
 
-PACK_ROW = 1024
-"""Prompts fill ``ceil(total / PACK_ROW)`` packed rows as evenly as the length grid allows (a row
-is never shorter than the longest prompt): short prompts share rows and the tail stays small.
-Longer rows cost L^2 attention scores each."""
+PACK_ROW: int | None = None
+"""Target packed row length; None: the longest prompt's (on the length grid). Why that short:
+attention inside the prefill is the masked primitive over each packed row, ``L^2`` scores per
+row, so a request's attention work is about ``total * L`` — rows of 1,024 made the prefill of
+``bench/rlft_step.py``'s rollout (128 prompts of 8–64 tokens, CPU preset) 4–5× slower than the
+whole padded generation; rows of the longest prompt cut that request's generation from 12–14 s
+to 2–3 s (same machine, same run). Short prompts still share rows (first-fit-decreasing)."""
 
 PACK_PER_OCTAVE = 16
 """Packed row lengths lie on a geometric grid of 16 steps per octave (tail ≤ 1/16 of a row).
@@ -53,7 +56,7 @@ the total on the 16-per-octave grid: an RL run whose prompt totals drift meets a
 prefill programs, about 16 per doubling of the total, each compiled once."""
 
 PACK_TRIES = 4
-"""Grid steps a row may lengthen so the prompts fit ``ceil(total / PACK_ROW)`` rows before
+"""Grid steps a row may lengthen so the prompts fit ``ceil(total / row)`` rows before
 one more row is taken: first-fit-decreasing needs some slack, and an extra row left most of a
 row empty (the old packing wasted up to 54% of a prefill that way)."""
 
@@ -113,16 +116,19 @@ class PackedPrompts:
 
     @staticmethod
     def build(prompts: Sequence[np.ndarray | None], pcap: int, *, vocab: int,
-              logits_bytes: int, pack_row: int = PACK_ROW) -> PackedPrompts:
+              logits_bytes: int, pack_row: int | None = PACK_ROW) -> PackedPrompts:
         """Pack the prompts of batch slots ``0..R-1`` (None: a filler slot); chunks of packed
-        rows keep their fp32 logits under ``logits_bytes``."""
+        rows keep their fp32 logits under ``logits_bytes``. The row count is rounded up on the
+        16-per-octave grid (empty rows are packing tail), so requests whose prompt totals drift
+        share prefill programs."""
         lens = [len(p) for p in prompts if p is not None]
         order = sorted((i for i, p in enumerate(prompts) if p is not None),
                        key=lambda i: -len(prompts[i]))
         length, place, fill = _pack(order, [len(p) if p is not None else 0 for p in prompts],
-                                    lens, pack_row)
-        g = max(1, min(logits_bytes // (4 * length * vocab), len(fill)))
-        n_rows = -(-len(fill) // g) * g
+                                    lens, pack_row or max(lens))
+        used = length_bucket(len(fill), per_octave=PACK_PER_OCTAVE, minimum=1)
+        g = max(1, min(logits_bytes // (4 * length * vocab), used))
+        n_rows = -(-used // g) * g
         tokens = np.zeros((n_rows, length), np.int32)
         positions = np.full((n_rows, length), -1, np.int32)
         rows = np.full((n_rows, length), -1, np.int32)
