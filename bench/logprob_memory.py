@@ -1,0 +1,133 @@
+"""RL update peak bytes at Qwen's 151,936-token vocabulary, unchunked vs chunked log-probs.
+
+One process, one small DecoderLM (width 128, 2 layers: the vocabulary dominates), the sym
+system's packed layout of ``N`` token slots (sequences of 256 tokens, rows of 1024), and for
+each token count and ``RLConfig.logprob_chunk`` (``0`` = off) the step's own fused update
+program (``stages.update_once``: loss, gradient and Adam in one program, as a one-micro-batch
+step runs it). The peak is what the step reports, :class:`~jaxrl_sym.rl.programs.Programs`'
+``peak``: inputs + resident state + XLA's temporaries (``memory_analysis``) + outputs.
+
+Configurations whose compiled peak exceeds ``--run-limit-gb``, or with more than
+``--run-max-tokens`` slots, are compiled but not run (the shared CPU box has no room or time for
+them); their peak is the same sum read from the compiled executable (where both exist they agree
+to a few hundred bytes), and the table marks them ``compiled only``. The run time is one warm
+call.
+
+    python bench/logprob_memory.py                     # 1k, 4k, 16k slots; off, 256, 1024, 4096
+    python bench/logprob_memory.py --tokens 1024 --chunks 0 1024
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_sym.models.lm import init_model, preset
+from jaxrl_sym.rl import RLConfig, RLTrainer
+from jaxrl_sym.rl.stages import micro_batches, update_once
+from jaxrl_sym.rl.systems import get_system
+from jaxrl_sym.runtime.metrics import tree_bytes
+
+VOCAB = 151_936
+SEQ, PROMPT, ROW = 256, 64, 1024
+OUT = Path(__file__).resolve().parent / "results" / "cpu"
+
+
+def batch(tr: RLTrainer, tokens: int, seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
+    """A packed layout of ``tokens`` slots and loss arrays (random advantages, log-probs)."""
+    rng = np.random.default_rng(seed)
+    n = tokens // SEQ
+    prompts = [rng.integers(1, VOCAB, PROMPT).astype(np.int32) for _ in range(n)]
+    responses = [rng.integers(1, VOCAB, SEQ - PROMPT).astype(np.int32) for _ in range(n)]
+    lay = get_system("sym").layout(prompts, responses, row_len=ROW)
+    mask = lay.mask()
+    arrays = {"targets": lay.targets, "mask": mask,
+              "weight": (mask / mask.sum()).astype(np.float32),
+              "old_lp": np.full(lay.shape, -11.0, np.float32),
+              "ref_lp": np.full(lay.shape, -11.0, np.float32),
+              "adv": rng.normal(size=lay.shape).astype(np.float32)}
+    return lay, arrays
+
+
+def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int:
+    """What ``Programs.run`` would record for the update, from the compiled executable alone."""
+    (inputs, arr), = micro_batches(tr.cfg, lay, arrays)
+    args = (tr.params, tr.opt_state, inputs, arr)
+    exe = tr.fns("sym")["update"].lower(*args).compile()
+    ma = exe.memory_analysis()
+    held = sum(int(np.asarray(x).nbytes) for x in jax.tree_util.tree_leaves(args))
+    return held + int(ma.temp_size_in_bytes) + int(ma.output_size_in_bytes)
+
+
+def measure(tokens: int, chunk: int, run_limit: float, run_max_tokens: int) -> dict[str, Any]:
+    model = init_model(preset("small", vocab_size=VOCAB, d_model=128, n_layers=2), 0)
+    cfg = RLConfig(group_size=2, logprob_chunk=chunk or None, pack_row_len=ROW)
+    tr = RLTrainer(model, lambda p, r: 0.0, cfg, system="sym")
+    lay, arrays = batch(tr, tokens)
+    t = time.perf_counter()
+    peak = compiled_peak(tr, lay, arrays)
+    row: dict[str, Any] = {"tokens": tokens, "slots": int(np.prod(lay.shape)),
+                           "logprob_chunk": chunk or None, "compile_s": time.perf_counter() - t,
+                           "compiled_peak_bytes": peak,
+                           "logits_bytes_fp32": int(np.prod(lay.shape)) * VOCAB * 4,
+                           "state_bytes": tree_bytes(tr.state.params)
+                           + tree_bytes(tr.state.opt_state),
+                           "chunking": tr.fns("sym")["logprob_chunking"]}
+    if peak > run_limit or tokens > run_max_tokens:
+        return {**row, "ran": False}
+    params, opt = tr.params, tr.opt_state
+    update_once(tr, params, opt, None, lay, arrays)  # compile (cached) + first run
+    tr.programs.peak = 0
+    t = time.perf_counter()
+    _, _, aux = update_once(tr, params, opt, None, lay, arrays)
+    return {**row, "ran": True, "run_s": time.perf_counter() - t,
+            "programs_peak_bytes": tr.programs.peak, "loss": aux["loss"]}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    gb = lambda b: f"{b / 1e9:.2f}"
+    lines = ["| slots | logprob_chunk | update peak (GB) | fp32 logits alone (GB) | "
+             "run (s) | how |", "|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        peak = r.get("programs_peak_bytes", r["compiled_peak_bytes"])
+        how = "ran: Programs.peak" if r["ran"] else "compiled only: memory_analysis"
+        run = f"{r['run_s']:.1f}" if r["ran"] else "-"
+        lines.append(f"| {r['slots']} | {r['logprob_chunk'] or 'off'} | {gb(peak)} | "
+                     f"{gb(r['logits_bytes_fp32'])} | {run} | {how} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[0, 256, 1024, 4096])
+    ap.add_argument("--run-limit-gb", type=float, default=5.0)
+    ap.add_argument("--run-max-tokens", type=int, default=4096)
+    ap.add_argument("--out", type=Path, default=OUT / "logprob_memory")
+    args = ap.parse_args()
+    rows = []
+    for tokens in args.tokens:
+        for chunk in args.chunks:
+            rows.append(measure(tokens, chunk, args.run_limit_gb * 1e9, args.run_max_tokens))
+            print(json.dumps(rows[-1]), flush=True)
+    cmd = "python bench/logprob_memory.py " + " ".join(
+        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in vars(args).items() if k != "out")
+    meta = {"command": cmd, "vocab": VOCAB, "model": "DecoderLM d_model=128, 2 layers",
+            "device": str(jax.devices()[0]), "jax": jax.__version__}
+    args.out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    args.out.with_suffix(".md").write_text(
+        f"# RL update peak bytes, vocabulary {VOCAB}\n\n`{cmd}`\n\n{meta['model']}, sym packed "
+        f"layout (sequences of {SEQ}, rows of {ROW}), fused loss + gradient + Adam update, "
+        f"{meta['device']}, jax {meta['jax']}.\n\n{table(rows)}\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
