@@ -97,7 +97,7 @@ def test_device_draft_equals_host_draft(rows, k) -> None:
     assert np.array_equal(np.asarray(got), want)
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
 @given(lens=st.lists(st.integers(1, 12), min_size=1, max_size=4), limit=st.integers(1, 24),
        eos=st.booleans(), seed=st.integers(0, 99))
 def test_property_greedy_speculative_equals_plain(lens, limit, eos, seed) -> None:
