@@ -142,7 +142,8 @@ class System:
         """``logits`` with, where the model allows it and ``cfg.logprob_chunk`` asks for it,
         the system's ``features()`` forward and the model's head beside it.
 
-        ``features`` is a thunk: it is built (the sym system traces it) only when used.
+        ``features`` is a thunk, built (the sym system traces it) on the first call, so a
+        trainer whose batches all fit in one chunk (run unchunked) never traces it.
         """
         if host.cfg.logprob_chunk is None:
             return LogitsOnly(logits, "RLConfig.logprob_chunk=None")
@@ -159,7 +160,14 @@ class System:
         feat = jax.eval_shape(lambda t: model.features(t, t, t), spec)
         leaves = jax.tree_util.tree_leaves(nnx.state(model))
         used = head_leaf_indices(head, leaves, int(feat.shape[-1]), feat.dtype)
-        return SplitForward(logits, features(), head, used)
+        built: list[FeaturesFn] = []
+
+        def lazy_features(leaves: list[jax.Array], inputs: tuple[jax.Array, ...]) -> jax.Array:
+            if not built:
+                built.append(features())
+            return built[0](leaves, inputs)
+
+        return SplitForward(logits, lazy_features, head, used)
 
 
 class SymSystem(System):
