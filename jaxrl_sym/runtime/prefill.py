@@ -50,8 +50,10 @@ programs an RL run meets as prompt totals drift (about 16 per doubling of the to
 per octave left 5.1% of the suite's realistic request's positions as packing tail."""
 
 PACK_MIN = 32
-"""Shortest packed row: requests whose prompts total fewer tokens share one program instead of
-compiling one per total (the grid is 1 token apart there). Above it, the row length follows
+"""Shortest packed row; with the default rows, a request whose prompts total at most this many
+tokens packs into one row of it, so such requests share one program instead of compiling one
+per total or per row count (both grids are 1 apart there; ``tests/test_policy.py``'s RL steps
+with drifting lengths). Above it, the row length follows
 the total on the 16-per-octave grid: an RL run whose prompt totals drift meets a bounded set of
 prefill programs, about 16 per doubling of the total, each compiled once."""
 
@@ -124,8 +126,10 @@ class PackedPrompts:
         lens = [len(p) for p in prompts if p is not None]
         order = sorted((i for i, p in enumerate(prompts) if p is not None),
                        key=lambda i: -len(prompts[i]))
+        # default rows: the longest prompt's; a request of at most PACK_MIN tokens: one row
+        row = pack_row or (PACK_MIN if sum(lens) <= PACK_MIN else max(lens))
         length, place, fill = _pack(order, [len(p) if p is not None else 0 for p in prompts],
-                                    lens, pack_row or max(lens))
+                                    lens, row)
         used = length_bucket(len(fill), per_octave=PACK_PER_OCTAVE, minimum=1)
         g = max(1, min(logits_bytes // (4 * length * vocab), used))
         n_rows = -(-used // g) * g
