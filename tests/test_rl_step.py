@@ -52,9 +52,11 @@ def test_rollout_shape_and_old_logprobs_are_the_policy_logprobs() -> None:
 
 def test_reference_scored_during_generation_equals_a_separate_pass() -> None:
     trainer, _, rollout, _ = setup()
-    # beta > 0 on sym: finished rows were scored in chunks while the others still decoded
+    # beta > 0 on sym: finished rows were scored as they finished (chunks dispatched from the
+    # engine's on_finished hook). This task's responses (<= 5 tokens) all end inside the first
+    # full 8-step decode tile, so one chunk may hold them all.
     assert rollout.ref_logprobs is not None
-    assert rollout.stats["ref_chunks"] >= 2 and rollout.stats["ref_overlapped_samples"] > 0
+    assert rollout.stats["ref_chunks"] >= 1 and rollout.stats["ref_overlapped_samples"] > 0
     lay = trainer.layout(rollout, "sym")
     after = lay.gather(trainer.reference_logprobs(lay))
     for a, b, r in zip(rollout.ref_logprobs, after, rollout.responses, strict=True):

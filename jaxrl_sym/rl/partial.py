@@ -47,7 +47,6 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.rl import stages
 from jaxrl_sym.rl.rollout import Rollout, sampling_batch
-from jaxrl_sym.runtime.metrics import CompileCounter
 
 if TYPE_CHECKING:
     from jaxrl_sym.rl.step import RLTrainer
@@ -201,26 +200,15 @@ def partial_step(tr: RLTrainer, prompts: Sequence[Any], seed: int,
     The buffer is changed only when the step commits (a failing reward function or a diverged
     update leaves parameters *and* carried rows as they were)."""
     assert tr.rollouts is not None
-    tr.programs.peak = 0
-    state, clock = tr.state, stages.Stopwatch()
     buf = copy.deepcopy(tr.rollouts)
-    with CompileCounter() as cc:
-        with clock("generation"):
-            rollout, pstats = partial_generate(tr, buf, prompts, seed, limits)
-        with clock("pack"):
-            layout = tr.layout(rollout)
-        with clock("reference"):
-            ref = stages.reference_slots(tr, state, layout, rollout)
-        with clock("reward"):
-            rewards, metric = stages.rewards(tr, rollout)
-        with clock("advantage"):
-            arrays, per_sample = stages.advantages(tr, state, layout, rollout, rewards, ref)
-        with clock("update"):
-            new_state, auxes = stages.update(tr, state, layout, arrays)
-    stages.commit(tr, new_state)
+    pstats: dict[str, Any] = {}
+
+    def generate(state: Any) -> Rollout:
+        rollout, st = partial_generate(tr, buf, prompts, seed, limits)
+        pstats.update(st)
+        return rollout
+
+    out = stages.run_step(tr, generate)  # commits the state; the buffer follows it
     tr.rollouts = buf
-    sec = clock.sec
-    sec["total"] = sum(sec.values())
-    out = stages.metrics(tr, rollout, layout, rewards, metric, per_sample, auxes, sec, cc)
     out["partial"] = pstats
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -335,3 +335,34 @@ def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray
     if "v_loss" in aux_h:
         out["v_loss"] = aux_h["v_loss"]
     return out
+
+
+def run_step(tr: RLTrainer, generate: Callable[[TrainState], Rollout]) -> dict[str, Any]:
+    """One RL step's stages around ``generate(state) -> Rollout``, each timed; commits the new
+    state and returns the step's metrics. One pipeline for the plain step and the partial one
+    (:mod:`jaxrl_sym.rl.partial`), which differ only in how the rollout is produced.
+
+    Stages are timed separately (``seconds``); compile time lands in whichever stage first
+    needed a program of that shape (``compiles`` counts XLA compiles in the step).
+    """
+    tr.programs.peak = 0
+    state, clock = tr.state, Stopwatch()
+    with CompileCounter() as cc:
+        with clock("generation"):
+            rollout = generate(state)
+        with clock("pack"):
+            layout = tr.layout(rollout)
+        with clock("reference"):
+            ref = reference_slots(tr, state, layout, rollout)
+        # reading back overlapped reference chunks is reference work, not generation
+        clock.move(rollout.stats.get("ref_collect_seconds", 0.0), "generation", "reference")
+        with clock("reward"):
+            rew, metric = rewards(tr, rollout)
+        with clock("advantage"):
+            arrays, per_sample = advantages(tr, state, layout, rollout, rew, ref)
+        with clock("update"):
+            new_state, auxes = update(tr, state, layout, arrays)
+    commit(tr, new_state)  # nothing above changed the trainer's state
+    sec = clock.sec
+    sec["total"] = sum(sec.values())
+    return metrics(tr, rollout, layout, rew, metric, per_sample, auxes, sec, cc)

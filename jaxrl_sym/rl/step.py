@@ -60,7 +60,6 @@ from jaxrl_sym.rl.state import (
 )
 from jaxrl_sym.rl.systems import System, get_system
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.metrics import CompileCounter
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes
 
@@ -279,36 +278,16 @@ class RLTrainer:
     # ------------------------------------------------------------------ the step
     def step(self, prompts: Sequence[np.ndarray | Sequence[int]], *, seed: int,
              limits: Sequence[int] | None = None) -> dict[str, Any]:
-        """Run one full RL step and commit it; returns the step's metrics.
+        """Run one full RL step and commit it; returns the step's metrics
+        (:func:`jaxrl_sym.rl.stages.run_step`).
 
-        Stages are timed separately (``seconds``); compile time lands in whichever stage first
-        needed a program of that shape (``compiles`` counts XLA compiles in the step).
         With partial rollouts (``partial``) the step runs :func:`~jaxrl_sym.rl.partial.
         partial_step` instead: ``prompts`` may then be empty to finish the carried rows.
         """
         if self.rollouts is not None:
             return partial_step(self, prompts, seed, limits)
-        self.programs.peak = 0
-        state, clock = self.state, stages.Stopwatch()
-        with CompileCounter() as cc:
-            with clock("generation"):
-                rollout = stages.generate(self, state, prompts, seed, limits)
-            with clock("pack"):
-                layout = self.layout(rollout)
-            with clock("reference"):
-                ref = stages.reference_slots(self, state, layout, rollout)
-            # reading back overlapped reference chunks is reference work, not generation
-            clock.move(rollout.stats.get("ref_collect_seconds", 0.0), "generation", "reference")
-            with clock("reward"):
-                rewards, metric = stages.rewards(self, rollout)
-            with clock("advantage"):
-                arrays, per_sample = stages.advantages(self, state, layout, rollout, rewards, ref)
-            with clock("update"):
-                new_state, auxes = stages.update(self, state, layout, arrays)
-        stages.commit(self, new_state)  # nothing above changed the trainer's state
-        sec = clock.sec
-        sec["total"] = sum(sec.values())
-        return stages.metrics(self, rollout, layout, rewards, metric, per_sample, auxes, sec, cc)
+        return stages.run_step(
+            self, lambda state: stages.generate(self, state, prompts, seed, limits))
 
     def params_sha256(self) -> str:
         return params_sha256(self.params)
