@@ -140,12 +140,13 @@ def tunix_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[L
 def sym_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Layer]) -> Work:
     """The symbolic runtime at its defaults: the dispatches its own policy
     (:func:`jaxrl_sym.runtime.policy.replay`) decides for this request, counted; the prefill is
-    the runtime's own packing of each group's prompts (:class:`PackedPrompts`)."""
+    the runtime's own packing of each group's prompts (:class:`PackedPrompts`), every prompt
+    distinct (a length profile has no tokens to share)."""
     w = _needed(prompts, limits, layers)
     groups = microbatches(prompts, limits, max_rows=None,
                           max_pad_fraction=DEFAULT_MAX_PAD_FRACTION)
     for group, (shape, dispatches) in zip(groups, replay(prompts, limits), strict=True):
-        packed = PackedPrompts.build([np.zeros(prompts[i], np.int32) for i in group],
+        packed = PackedPrompts.build([np.full(prompts[i], i, np.int32) for i in group],
                                      shape.prompt_slots, vocab=1, logits_bytes=1 << 62)
         w.tokens_computed += packed.positions_computed
         for d in dispatches:

@@ -19,6 +19,7 @@ from jax import lax
 from zoo import naive_generate, zoo
 
 from jaxrl_sym import Causal, attend
+from jaxrl_sym.baselines.padded import padded_generate
 from jaxrl_sym.errors import InputError, UnsupportedPrimitiveError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.contract import check_model
@@ -44,6 +45,26 @@ def test_greedy_generation_equals_rerunning_the_model(name: str) -> None:
         want, want_logits = naive_generate(model, p, n)
         np.testing.assert_array_equal(toks, want)
         np.testing.assert_allclose(np.asarray(logits), want_logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_repeated_prompts_are_computed_once_and_sampled_per_row(name: str) -> None:
+    """A GRPO batch (each prompt G times): the prefill computes each distinct prompt once and
+    copies its store rows; greedy rows equal the naive re-run, sampled rows the padded
+    baseline's (same per-row random streams), so copies of one prompt sample apart."""
+    model, eng = engine(name)
+    distinct = [np.array([3, 1, 4, 1, 5], np.int32), np.array([9, 2], np.int32)]
+    prompts = [distinct[i] for i in (0, 1, 0, 0, 1, 0)]
+    limits = (7, 9, 7, 5, 9, 8)
+    res = eng.generate(prompts, GenerationConfig(max_new_tokens=limits))
+    for p, toks, n in zip(prompts, res.tokens, limits, strict=True):
+        np.testing.assert_array_equal(toks, naive_generate(model, p, n)[0])
+    assert res.stats["needed_positions"] == 5 + 2 + sum(n - 1 for n in limits)
+    cfg = GenerationConfig(max_new_tokens=limits, temperature=1.0, seed=11)
+    sym, pad = eng.generate(prompts, cfg), padded_generate(model, prompts, cfg)
+    for a, b in zip(sym.tokens, pad.tokens, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(sym.tokens[0], sym.tokens[i]) for i in (2, 3, 5))
 
 
 def _nll(logits: jax.Array, tokens: jax.Array, valid: jax.Array) -> jax.Array:

@@ -41,12 +41,16 @@ def engine(kind: str) -> SymbolicLM:
 @given(kind=st.sampled_from(sorted(PATTERNS)),
        lens=st.lists(st.integers(1, 11), min_size=1, max_size=5),
        filler=st.integers(0, 2), pack_row=st.sampled_from([6, 12, 64]),
-       temperature=st.sampled_from([0.0, 1.0]))
+       temperature=st.sampled_from([0.0, 1.0]), copies=st.integers(1, 3))
 def test_packed_prefill_fills_the_stores_the_block_prefill_fills(kind, lens, filler, pack_row,
-                                                                 temperature) -> None:
+                                                                 temperature, copies) -> None:
+    """``copies``: each prompt appears that many times (shuffled), as a GRPO group's samples;
+    the packed prefill computes it once and copies its store rows, the block prefill every row."""
     lm = engine(kind)
     rng = np.random.default_rng(sum(lens) + filler)
-    prompts = [rng.integers(1, 60, n).astype(np.int32) for n in lens]
+    distinct = [rng.integers(1, 60, n).astype(np.int32) for n in lens]
+    prompts = [distinct[i] for i in rng.permutation(np.repeat(np.arange(len(lens)), copies))]
+    lens = [len(p) for p in prompts]
     shape = GroupShape.plan(lens, [4] * len(lens), min_capacity=4)
     rows, pcap = len(lens) + filler, shape.prompt_slots
     cap = shape.capacity
@@ -67,12 +71,16 @@ def test_packed_prefill_fills_the_stores_the_block_prefill_fills(kind, lens, fil
     pk = PackedPrompts.build(slotted, pcap, vocab=lm.vocab_size,
                              logits_bytes=4 * lm.vocab_size * 2 * 12, pack_row=pack_row)
     assert pk.tokens.shape[0] % pk.chunk_rows == 0
-    assert sorted(pk.rows[pk.rows >= 0].tolist()) == sorted(
-        i for i, n in enumerate(lens) for _ in range(n))
+    first = {p.tobytes(): i for i, p in reversed(list(enumerate(prompts)))}
+    assert pk.source[:len(prompts)].tolist() == [first[p.tobytes()] for p in prompts]
+    assert pk.shared == (copies > 1 or len(first) < len(prompts))
+    assert sorted(pk.rows[pk.rows >= 0].tolist()) == sorted(  # each distinct prompt once
+        i for i in first.values() for _ in range(lens[i]))
     got_st, got_tok, got_lp, got_lg = jax.jit(
-        lambda *a: packed_prefill(lm.builder, *a, chunk_rows=pk.chunk_rows, **kw))(
+        lambda *a: packed_prefill(lm.builder, *a, chunk_rows=pk.chunk_rows, shared=pk.shared,
+                                  **kw))(
         hoisted, lm.builder.init_stores(rows, cap), pk.tokens, pk.positions, pk.rows, pk.slots,
-        pk.last, row_ids, seed)
+        pk.last, pk.source, row_ids, seed)
 
     n = len(lens)  # filler rows' outputs are never read
     np.testing.assert_array_equal(np.asarray(got_tok)[:n], np.asarray(want_tok)[:n])

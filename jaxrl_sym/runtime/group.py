@@ -104,22 +104,23 @@ class DecodeGroup:
         prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
         pk = PackedPrompts.build(prompts, pcap, vocab=self.lm.vocab_size,
                                  logits_bytes=self.cfg.prefill_logits_bytes)
-        lens = [len(p) for p in prompts if p is not None]
-        self.work.computed += pk.positions_computed
-        self.work.needed += sum(lens)
-        self.work.add("packing", pk.positions_computed - sum(lens))
+        self.work.computed += pk.positions_computed  # a repeated prompt is needed once
+        self.work.needed += pk.prompt_tokens
+        self.work.add("packing", pk.positions_computed - pk.prompt_tokens)
         self._tile = 0
         chunk_rows = pk.chunk_rows
         if self.lm.mesh is not None:  # as SymbolicLM.run_program: stores in their shardings
             self.stores = self.lm.builder.place_stores(self.stores)
         args = (hoisted, self.stores, *(jax.device_put(x) for x in (
-            pk.tokens, pk.positions, pk.rows, pk.slots, pk.last)), self.row_ids, self.seed)
-        key = ("packed_prefill", pk.tokens.shape, b, chunk_rows, self.cfg.temperature,
+            pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.source)), self.row_ids,
+                self.seed)
+        key = ("packed_prefill", pk.tokens.shape, b, chunk_rows, pk.shared, self.cfg.temperature,
                self.cfg.return_logits,
                tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items()
                             if "pos" in s)))
         fn = partial(packed_prefill, self.lm.builder, temperature=self.cfg.temperature,
-                     want_logits=self.cfg.return_logits, chunk_rows=chunk_rows)
+                     want_logits=self.cfg.return_logits, chunk_rows=chunk_rows,
+                     shared=pk.shared)
         self.stores, tok, lp, lg = self.lm.cache.run(
             key, lambda a=args: jax.jit(fn, donate_argnums=(1,)).lower(*a).compile(), *args)
         del args  # holds the empty stores, donated

@@ -12,7 +12,9 @@ the model runs on those rows with segment ids, so the attention primitive masks 
 each attention node's keys and values are then scattered into its store by the store's own
 :meth:`StoreKind.fill` at each token's right-aligned slot (the decode steps that follow are
 unchanged: every row still writes slot ``pcap + s - 1`` at step s). Row ``r``'s first token is
-sampled from the logits at its last prompt token.
+sampled from the logits at its last prompt token. A prompt that repeats (RL samples G responses
+per prompt) is packed once and its rows copied into the repeats' store rows, so a GRPO rollout's
+prefill computes 1/G of the prompt tokens that padded and Tunix compute.
 Large vocabularies: the packed rows run in chunks whose logits fit the generation config's
 budget, scanned through the stores.
 
@@ -34,6 +36,7 @@ from jax import lax
 from jaxrl_sym.generation import select_tokens
 from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
 from jaxrl_sym.runtime.policy import length_bucket
+from jaxrl_sym.runtime.stores import take_rows
 
 PACK_ROW: int | None = None
 """Target packed row length; None: the longest prompt's (on the length grid). Why that short:
@@ -102,7 +105,8 @@ class PackedPrompts:
     tokens/positions ``[Rp, L]``; ``rows`` ``[Rp, L]``: the batch slot each token belongs to
     (-1 = packing tail); ``slots``: its right-aligned store slot ``pcap - len + j``; ``last``
     ``[R]``: flat index (into ``Rp * L``) of each batch slot's last prompt token (0 for filler
-    slots, whose sample is never read).
+    slots, whose sample is never read); ``source`` ``[R]``: the batch slot whose store row each
+    slot copies after the prefill (itself unless its prompt repeats an earlier slot's).
     """
 
     tokens: np.ndarray
@@ -110,11 +114,22 @@ class PackedPrompts:
     rows: np.ndarray
     slots: np.ndarray
     last: np.ndarray
+    source: np.ndarray
     chunk_rows: int  # packed rows per chunk (divides the row count)
 
     @property
     def positions_computed(self) -> int:
         return int(self.tokens.size)
+
+    @property
+    def shared(self) -> bool:
+        """Some slot's prompt repeats another's, so its store row is copied, not computed."""
+        return bool((self.source != np.arange(len(self.source))).any())
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens the model must compute: each distinct prompt once."""
+        return int((self.rows >= 0).sum())
 
     @staticmethod
     def build(prompts: Sequence[np.ndarray | None], pcap: int, *, vocab: int,
@@ -122,7 +137,13 @@ class PackedPrompts:
         """Pack the prompts of batch slots ``0..R-1`` (None: a filler slot); chunks of packed
         rows keep their fp32 logits under ``logits_bytes``. The row count is rounded up on the
         16-per-octave grid (empty rows are packing tail), so requests whose prompt totals drift
-        share prefill programs."""
+        share prefill programs.
+
+        Identical prompts (a GRPO group's G samples of one prompt) are packed once: the copies'
+        ``source`` names the first slot holding that prompt, their ``last`` its last token, so
+        they sample from the same logits with their own row's random stream."""
+        source = _first_copies(prompts)
+        prompts = [p if source[i] == i else None for i, p in enumerate(prompts)]
         lens = [len(p) for p in prompts if p is not None]
         order = sorted((i for i, p in enumerate(prompts) if p is not None),
                        key=lambda i: -len(prompts[i]))
@@ -146,14 +167,30 @@ class PackedPrompts:
             rows[r, s:s + n] = i
             slots[r, s:s + n] = pcap - n + np.arange(n)
             last[i] = r * length + s + n - 1
-        return PackedPrompts(tokens, positions, rows, slots, last, g)
+        last = last[source]
+        return PackedPrompts(tokens, positions, rows, slots, last, source, g)
+
+
+def _first_copies(prompts: Sequence[np.ndarray | None]) -> np.ndarray:
+    """For each slot, the first slot whose prompt has the same tokens (itself if none; filler
+    slots are their own)."""
+    first: dict[bytes, int] = {}
+    source = np.arange(len(prompts), dtype=np.int32)
+    for i, p in enumerate(prompts):
+        if p is not None:
+            source[i] = first.setdefault(np.asarray(p, np.int32).tobytes(), i)
+    return source
 
 
 def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
                    tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-                   last: jax.Array, row_ids: jax.Array, seed: jax.Array, *, temperature: float,
-                   want_logits: bool, chunk_rows: int) -> tuple[Any, ...]:
+                   last: jax.Array, source: jax.Array, row_ids: jax.Array, seed: jax.Array, *,
+                   temperature: float, want_logits: bool, chunk_rows: int, shared: bool
+                   ) -> tuple[Any, ...]:
     """Fill empty stores from packed prompts; sample every row's token 0 (a jitted program).
+
+    ``shared``: some rows repeat another row's prompt; their store rows are gathered from
+    ``source`` once the distinct prompts have run (the stores' own row gather, as compaction).
 
     Returns (stores, tokens [R], log-probs [R], last-token logits [R, V] or an empty array).
     """
@@ -177,6 +214,8 @@ def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[st
     starts = jnp.arange(n_chunks, dtype=jnp.int32) * chunk_rows
     (stores, logits), _ = lax.scan(body, init, (split(tokens), split(positions), split(rows),
                                                 split(slots), starts))
+    if shared:
+        stores = {k: take_rows(s, source) for k, s in stores.items()}
     steps = jnp.zeros((batch,), jnp.int32)
     tok, lp = select_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
                             temperature=temperature)
