@@ -83,6 +83,15 @@ class RLConfig:
       at a 151,936 vocabulary: its update ran 62 s where 256 took 100 s (4,096 slots, loaded
       2-core CPU), and its peak at 16,384 slots is 4.4 GB against 23.0 GB unchunked (256:
       3.5 GB).
+    speculate / speculate_adaptive: on the symbolic runtime, decode by speculative decoding: a
+      prompt-lookup draft proposes up to ``speculate`` tokens per row, the policy verifies them in
+      one forward and each row keeps its own number (:mod:`jaxrl_sym.runtime.speculative`).
+      Rejection sampling leaves every sampled token distributed as the policy's and the "old"
+      log-probs are the policy's own, so the step optimises the same objective; whether it is
+      faster depends on how often drafts are accepted (the step's ``acceptance_rate`` stat;
+      ``bench/speculative.py``). Adaptive: k per verify tile from {1, 2, 4, ..., speculate} by
+      measured acceptance and verify cost. 0: plain decoding. Models with a recurrent-state
+      store are refused (a rejected draft cannot be rolled back out of the state).
     """
 
     algo: str = "grpo"
@@ -114,6 +123,8 @@ class RLConfig:
     gen_max_pad_fraction: float = 0.3
     update_tokens: int | None = None
     logprob_chunk: int | None = 1024
+    speculate: int = 0
+    speculate_adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -134,6 +145,10 @@ class RLConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"RLConfig.{name}={v!r} must be an integer >= 1 or None")
+        if isinstance(self.speculate, bool) or not isinstance(self.speculate, int) \
+                or self.speculate < 0:
+            raise InputError(f"RLConfig.speculate={self.speculate!r} (--speculate): draft "
+                             "tokens per verify, an integer >= 0 (0: plain decoding)")
         for name in ("max_new_tokens", "epochs"):
             if getattr(self, name) < 1:
                 raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 1")

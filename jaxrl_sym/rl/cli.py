@@ -97,6 +97,13 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --partial-rollout: tokens per row per generation call")
     t.add_argument("--partial-max-carry", type=int, default=1, metavar="K",
                    help="with --partial-rollout: steps a row may be carried")
+    t.add_argument("--speculate", type=int, default=None, metavar="K",
+                   help="sym system: speculative decoding, a prompt-lookup draft proposes up to "
+                        "K tokens per row and the policy verifies them (same sampling "
+                        "distribution; the metrics report acceptance_rate). Default 0: off")
+    t.add_argument("--speculate-adaptive", action="store_true", default=None,
+                   help="with --speculate: k per verify from {1, 2, 4, ..., K} by measured "
+                        "acceptance and verify cost")
     t.add_argument("--no-progress", action="store_true")
     return t
 
@@ -128,7 +135,10 @@ def run_train(args: argparse.Namespace) -> int:
                                 ("clip_eps", args.clip_low), ("clip_eps_high", args.clip_high),
                                 ("adv_norm", args.adv_norm), ("drop_zero_var", args.drop_zero_var),
                                 ("warmup_steps", args.warmup_steps),
-                                ("lr_schedule", args.lr_schedule)) if v is not None}
+                                ("lr_schedule", args.lr_schedule),
+                                ("speculate", args.speculate),
+                                ("speculate_adaptive", args.speculate_adaptive))
+              if v is not None}
     try:
         with _warnings_to_stderr():
             if args.plot:

@@ -332,6 +332,9 @@ def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray
     }
     if metric is not None:
         out["exact_match"] = float(metric.mean())
+    if "acceptance_rate" in rollout.stats:  # RLConfig.speculate: drafts the policy kept
+        out.update({k: rollout.stats[k] for k in ("acceptance_rate", "drafted_tokens",
+                                                  "accepted_tokens", "verify_steps")})
     if "v_loss" in aux_h:
         out["v_loss"] = aux_h["v_loss"]
     return out

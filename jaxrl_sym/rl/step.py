@@ -60,6 +60,7 @@ from jaxrl_sym.rl.state import (
 )
 from jaxrl_sym.rl.systems import System, get_system
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.speculative import SpeculativeLM
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes
 
@@ -110,6 +111,10 @@ class RLTrainer:
         partial: PartialConfig | None = None,
     ) -> None:
         self.system_impl: System = get_system(system)
+        if cfg.speculate and not self.system_impl.speculates:
+            raise InputError(f"RLConfig.speculate={cfg.speculate} (--speculate) runs on the "
+                             f"symbolic runtime; system {system!r} decodes without it. Use "
+                             "system='sym' or speculate=0")
         if not callable(reward_fn):
             raise InputError(f"reward_fn must be callable (prompt, response) -> float, got "
                              f"{type(reward_fn).__name__}")
@@ -182,9 +187,13 @@ class RLTrainer:
     def engine(self) -> SymbolicLM:
         """The symbolic runtime (traced on first use; shares the trainer's weights)."""
         if self._engine is None:
-            self._engine = SymbolicLM(self._model_ref, min_capacity=self._min_capacity,
-                                      max_pad_fraction=self.cfg.gen_max_pad_fraction,
-                                      mesh=self.mesh)
+            kw: dict[str, Any] = dict(min_capacity=self._min_capacity, mesh=self.mesh,
+                                      max_pad_fraction=self.cfg.gen_max_pad_fraction)
+            if self.cfg.speculate:
+                self._engine = SpeculativeLM(self._model_ref, speculate=self.cfg.speculate,
+                                             adaptive=self.cfg.speculate_adaptive, **kw)
+            else:
+                self._engine = SymbolicLM(self._model_ref, **kw)
             self._engine.cache.budget = self.budget  # generation programs are checked too
             self._engine.set_params(self.params["lm"])
         return self._engine

@@ -72,6 +72,7 @@ class System:
 
     name: ClassVar[str]
     input_fill: ClassVar[tuple[int, ...]] = ()  # value of each layout input in an empty row
+    speculates: ClassVar[bool] = False  # RLConfig.speculate applies to its generation
 
     def attach(self, host: Host) -> None:
         """Called once when a trainer is created on this system: the place to fail early on a
@@ -175,6 +176,7 @@ class SymSystem(System):
     every forward (``SymbolicLM.forward_fn``)."""
 
     name: ClassVar[str] = "sym"
+    speculates: ClassVar[bool] = True  # generates through the trainer's engine
     input_fill: ClassVar[tuple[int, ...]] = (0, -1, -1)  # tokens, positions, segment ids
 
     def attach(self, host: Host) -> None:

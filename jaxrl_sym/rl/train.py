@@ -75,6 +75,7 @@ FLAGS: dict[str, str] = {
     "clip_eps": "--clip-low", "clip_eps_high": "--clip-high", "adv_norm": "--adv-norm",
     "drop_zero_var": "--drop-zero-var", "warmup_steps": "--warmup-steps",
     "lr_schedule": "--lr-schedule", "partial": "--partial-rollout",
+    "speculate": "--speculate", "speculate_adaptive": "--speculate-adaptive",
 }
 
 
