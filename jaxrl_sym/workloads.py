@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.jsonl import parse_object
 
 
 @dataclass(frozen=True)
@@ -156,12 +157,7 @@ def _read_rows(path: Path) -> list[tuple[int | None, int, int]]:
         if not line.strip():
             continue
         where = f"{path}:{i}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise InputError(f"{where}: expected an object with prompt_len and response_len")
+        row = parse_object(line, where, "an object with prompt_len and response_len")
         step = row.get("step")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)
                                  or step < 0):

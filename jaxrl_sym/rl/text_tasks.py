@@ -17,7 +17,6 @@ Pure Python (no JAX): the CLI can check a ``jsonl:`` task file before importing 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.jsonl import parse_object
 
 TEXT_TASK_NAMES = ("word-problems",)  # plus "jsonl:PATH"
 CORRECT_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
@@ -177,13 +177,7 @@ def word_problem(rng: np.random.Generator, min_steps: int = 1, max_steps: int = 
 
 def _record(path: Path, n: int, line: str) -> Problem:
     where = f"{path}:{n}"
-    try:
-        rec = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise InputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(rec, dict):
-        raise InputError(f"{where}: expected a JSON object {{\"prompt\": ..., \"answer\": ...}}, "
-                         f"got {type(rec).__name__}")
+    rec = parse_object(line, where, 'a JSON object {"prompt": ..., "answer": ...}')
     missing = [k for k in ("prompt", "answer") if k not in rec]
     if missing:
         raise InputError(f"{where}: the record has no {' and no '.join(map(repr, missing))} "
