@@ -259,10 +259,19 @@ def select_tokens(
         lp = jax.nn.log_softmax(x, axis=-1)
     else:
         lp = jax.nn.log_softmax(x / temperature, axis=-1)
+        # Inverse-CDF sampling: one uniform per row instead of categorical's V Gumbel draws.
+        # Why: drawing V random numbers per row and step made sampling at temperature 1 take a
+        # third of the CPU rollout (128 rows, V = 2,048: 0.59 s against 0.40 s greedy), and at
+        # Qwen's 151,936 words it is 19M draws per decode step of 128 rows. Exact: token i is
+        # picked iff cdf[i-1] <= u < cdf[i], probability p[i]; a zero-probability token spans an
+        # empty interval, and u is scaled by the row's total so rounding never runs off the end.
+        cdf = jnp.cumsum(jnp.exp(lp), axis=-1)
 
-        def one(row_lp, step, row):
+        def one(row_cdf, step, row):
             key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), row), step)
-            return jax.random.categorical(key, row_lp).astype(jnp.int32)
+            u = jax.random.uniform(key, (), jnp.float32) * row_cdf[-1]
+            return jnp.sum(row_cdf <= u, dtype=jnp.int32)
 
-        tok = jax.vmap(one)(lp, steps, row_ids)
+        last = lp.shape[-1] - 1 - jnp.argmax(jnp.flip(lp > -jnp.inf, axis=-1), axis=-1)
+        tok = jnp.minimum(jax.vmap(one)(cdf, steps, row_ids), last).astype(jnp.int32)
     return tok, jnp.take_along_axis(lp, tok[:, None], axis=-1)[:, 0]
