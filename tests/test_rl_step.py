@@ -185,8 +185,10 @@ def test_micro_batched_update_equals_whole_batch() -> None:
     try:
         trainer.cfg = replace(base, update_tokens=None)
         p1, _, aux1 = trainer._update(trainer.params, trainer.opt_state, layout, arrays)
-        trainer.cfg = replace(base, update_tokens=3 * width)  # 3 rows per micro-batch
-        assert len(trainer.micro_batches(layout, arrays)) == -(-rows // 3) >= 2
+        assert rows >= 2, "the rollout must pack into several rows to split them"
+        per = max(1, rows // 2)  # at least two micro-batches whatever the sampled lengths
+        trainer.cfg = replace(base, update_tokens=per * width)
+        assert len(trainer.micro_batches(layout, arrays)) == -(-rows // per) >= 2
         p2, _, aux2 = trainer._update(trainer.params, trainer.opt_state, layout, arrays)
     finally:
         trainer.cfg = base
