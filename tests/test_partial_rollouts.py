@@ -1,7 +1,8 @@
-"""Partial rollouts (``jaxrl_sym.rl.partial``) on a tiny model: the degenerate setting equals the
-plain step; with it on, every sample finishes and is trained exactly once, carried tokens are a
-prefix of the trained response and keep the behaviour policy's log-probs (checked against a plain
-forward of the parameters that sampled them)."""
+"""Partial rollouts (``jaxrl_sym.rl.partial``): the degenerate setting equals the plain step; with
+it on, every sample finishes and is trained exactly once, carried tokens are a prefix of the
+trained response and keep the behaviour policy's log-probs (checked against a plain forward of
+the parameters that sampled them) — on sym, where one generation call stops itself, with a
+Gemma-like zoo model, and on padded, which generates in segments, with a GPT-2-like one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
+from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
@@ -25,9 +28,10 @@ CFG = RLConfig(algo="grpo", group_size=2, eos_id=EOS, max_new_tokens=8, lr=1e-2,
                temperature=1.0, entropy_coef=0.01)  # the update always moves
 
 
-def _trainer(partial: PartialConfig | None) -> RLTrainer:
-    return RLTrainer(init_model(MODEL, 0), TASK.reward, CFG, metric_fn=TASK.exact_match,
-                     partial=partial)
+def _trainer(partial: PartialConfig | None, model: object = None,
+             system: str = "sym") -> RLTrainer:
+    return RLTrainer(init_model(MODEL, 0) if model is None else model, TASK.reward, CFG,
+                     metric_fn=TASK.exact_match, partial=partial, system=system)
 
 
 def test_config_is_checked() -> None:
@@ -60,14 +64,20 @@ def _logprobs(model: object, prompt: np.ndarray, tokens: list[int]) -> np.ndarra
     """Sampling log-probs of ``tokens`` after ``prompt`` by a plain forward (temperature 1)."""
     seq = np.concatenate([prompt, np.asarray(tokens, np.int32)])[None]
     pos = np.arange(seq.shape[1], dtype=np.int32)[None]
-    logits = model(jnp.asarray(seq), jnp.asarray(pos))[0] / CFG.temperature
+    logits = model(jnp.asarray(seq), jnp.asarray(pos), jnp.zeros_like(pos))[0] / CFG.temperature
     lp = jax.nn.log_softmax(logits, axis=-1)
     n = len(prompt)
     return np.asarray([lp[n - 1 + i, t] for i, t in enumerate(tokens)])
 
 
-def test_carried_rows_finish_once_with_behaviour_logprobs() -> None:
-    tr = _trainer(PartialConfig(0.5, segment=2, max_carry=1))
+@pytest.mark.parametrize("system", ["sym", "padded"])
+def test_carried_rows_finish_once_with_behaviour_logprobs(system: str) -> None:
+    if system == "sym":  # one call that stops itself: staggered limits, so rows end tiles apart
+        model = GemmaishLM(GemmaishConfig(), rngs=nnx.Rngs(3))
+        limits: list[int] | None = [3, 12, 30]
+    else:  # segments of 2 tokens: the rule holds after the third, when the 6-token rows end
+        model, limits = GPT2Like(GPTConfig(), rngs=nnx.Rngs(0)), [2, 6, 8]
+    tr = _trainer(PartialConfig(0.5, segment=2, max_carry=1), model, system)
     rng = np.random.default_rng(1)
     snapshots: dict[int, tuple[list[int], list[float]]] = {}
     trained: dict[int, np.ndarray] = {}
@@ -76,9 +86,13 @@ def test_carried_rows_finish_once_with_behaviour_logprobs() -> None:
         prompts = TASK.sample(rng, 3) if k < 2 else []
         added += len(prompts) * CFG.group_size
         behaviour = tr.model()  # the parameters that sample this step's new tokens
-        m = tr.step(prompts, seed=100 + k)
+        m = tr.step(prompts, seed=100 + k, limits=limits if prompts else None)
         k += 1
         assert m["partial"]["max_staleness"] <= 1  # max_carry 1
+        if system == "sym":
+            assert m["partial"]["segments"] == 1  # stopped inside the one call, not segmented
+        elif m["partial"]["carried_rows"]:
+            assert m["partial"]["segments"] >= 1 and not m["partial"]["stopped_early"]
         for r in tr.rollouts.last_trained:
             assert r.uid not in trained  # trained exactly once
             trained[r.uid] = np.asarray(r.tokens)

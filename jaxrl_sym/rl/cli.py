@@ -94,7 +94,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "finished, trains the complete groups and carries the rest into the "
                         "next step (default: off)")
     t.add_argument("--partial-segment", type=int, default=4, metavar="N",
-                   help="with --partial-rollout: tokens per row per generation call")
+                   help="with --partial-rollout on a system that cannot stop mid-generation "
+                        "(padded): tokens per row per generation call; sym stops its one call "
+                        "by itself, a decode tile after the rule holds")
     t.add_argument("--partial-max-carry", type=int, default=1, metavar="K",
                    help="with --partial-rollout: steps a row may be carried")
     t.add_argument("--speculate", type=int, default=None, metavar="K",

@@ -26,10 +26,15 @@ Decisions, and why:
 * **Staleness is capped.** A row carried ``max_carry`` times must finish in the next step (the
   step keeps generating until it has), so no trained token is more than ``max_carry`` updates
   old; the step reports carried rows and staleness (``metrics["partial"]``).
-* **Stopping is at segment granularity**, by the step's own logic: generation runs in segments of
-  ``segment`` tokens per row (each a normal generation call on the still-unfinished rows); after
-  each, the step stops when the target fraction of its rows has finished, every row at the carry
-  cap has finished, and at least one group is complete. The engine needs no early-stop hook.
+* **The stop rule**: the step stops when the target fraction of its rows has finished, every row
+  at the carry cap has finished, and at least one group is complete.
+* **Where it is checked**: on a system that can end generation mid-way (``System.
+  generate_until``; the sym runtime asks after every read-back, a tile of steps), one
+  generation call runs every row and ends a tile after the rule holds. A system whose generation
+  is one program to the end (padded) runs segments of ``segment`` tokens per row instead, each a
+  normal generation call on the still-unfinished rows (re-prefilled), checking the rule after
+  each. Segments were the only way at first; on sym they made generation 2.5x slower (every
+  segment re-prefills every row and pays its own dispatches), which the hook removes.
 * **Not in checkpoints**: the carried rows live in the trainer's host memory; a run resumed from a
   checkpoint starts with an empty buffer (its trajectory then differs from an uninterrupted one).
 """
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,7 +64,7 @@ class PartialConfig:
     granularity). max_carry: steps a row may be carried (>= 1)."""
 
     fraction: float
-    segment: int = 4
+    segment: int = 4  # used only by systems that cannot stop mid-generation
     max_carry: int = 1
 
     def __post_init__(self) -> None:
@@ -117,31 +122,46 @@ class PartialBuffer:
             self.rows.append(Row(self.next_uid, self.next_group, p, int(lim), step))
             self.next_uid += 1
 
-    def complete_groups(self) -> list[int]:
+    def complete_groups(self, finished: frozenset[int] = frozenset()) -> list[int]:
+        """Groups whose rows are all done (``finished``: uids also counted as done)."""
         by: dict[int, bool] = {}
         for r in self.rows:
-            by[r.group] = by.get(r.group, True) and r.done
+            by[r.group] = by.get(r.group, True) and (r.done or r.uid in finished)
         return sorted(g for g, ok in by.items() if ok)
 
-    def _should_stop(self, started: int, must: list[Row]) -> bool:
-        unfinished = sum(not r.done for r in self.rows)
+    def _should_stop(self, started: int, must: list[Row],
+                     finished: frozenset[int] = frozenset()) -> bool:
+        """The stop rule (module docstring); ``finished``: uids that ended during the
+        generation call in progress (their ``Row`` is updated when it returns)."""
+        done = lambda r: r.done or r.uid in finished
+        unfinished = sum(not done(r) for r in self.rows)
         frac = 1.0 - unfinished / started if started else 1.0
-        return (frac >= self.cfg.fraction and all(r.done for r in must)
-                and bool(self.complete_groups()))
+        return (frac >= self.cfg.fraction and all(done(r) for r in must)
+                and bool(self.complete_groups(finished)))
 
     def generate(self, tr: RLTrainer, rl_eos: Any, temperature: float,
                  seed: int) -> dict[str, Any]:
-        """Segments until the stop rule holds; returns generation stats."""
+        """Generate until the stop rule holds (one call that stops itself where the system can,
+        else segments); returns generation stats."""
         todo = [r for r in self.rows if not r.done]
         started, must = len(todo), [r for r in todo if r.carried >= self.cfg.max_carry]
         resumed = sum(r.carried > 0 for r in todo)
-        seg, run_s, compile_s = 0, 0.0, 0.0
+        seg, run_s, compile_s, early = 0, 0.0, 0.0, False
         while todo and (seg == 0 or not self._should_stop(started, must)):
             prompts = [np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]) for r in todo]
-            limits = tuple(min(self.cfg.segment, r.limit - len(r.tokens)) for r in todo)
-            gcfg = GenerationConfig(max_new_tokens=limits, eos_id=rl_eos,
+            full = tuple(r.limit - len(r.tokens) for r in todo)
+            gcfg = GenerationConfig(max_new_tokens=full, eos_id=rl_eos,
                                     temperature=temperature, seed=_seg_seed(seed, seg))
-            res = tr.system_impl.generate(tr, prompts, gcfg)
+            rows = todo
+            stop = lambda fin, rows=rows: self._should_stop(
+                started, must, frozenset(r.uid for r, f in zip(rows, fin, strict=True) if f))
+            res = tr.system_impl.generate_until(tr, prompts, gcfg, stop)
+            if res is None:  # this system runs every row to its end: a segment at a time
+                gcfg = replace(gcfg, max_new_tokens=tuple(min(self.cfg.segment, n)
+                                                          for n in full))
+                res = tr.system_impl.generate(tr, prompts, gcfg)
+            else:
+                early = early or bool(res.stats.get("stopped_early", False))
             run_s += float(res.stats.get("run_seconds", 0.0))
             compile_s += float(res.stats.get("compile_seconds", 0.0))
             eos = set(gcfg.eos_ids)
@@ -151,8 +171,8 @@ class PartialBuffer:
                 r.done = len(r.tokens) >= r.limit or (bool(r.tokens) and r.tokens[-1] in eos)
             todo = [r for r in todo if not r.done]
             seg += 1
-        return {"segments": seg, "generating_rows": started, "resumed_rows": resumed,
-                "run_seconds": run_s, "compile_seconds": compile_s}
+        return {"segments": seg, "stopped_early": early, "generating_rows": started,
+                "resumed_rows": resumed, "run_seconds": run_s, "compile_seconds": compile_s}
 
     def take(self, step: int) -> tuple[list[Row], dict[str, Any]]:
         """Remove and return the complete groups' rows (group order, G consecutive); the rows

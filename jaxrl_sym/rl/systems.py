@@ -83,6 +83,13 @@ class System:
         """Sample a response for each (already validated, G-fold expanded) prompt."""
         raise NotImplementedError
 
+    def generate_until(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                       stop_when: Callable[[np.ndarray], bool]) -> GenerationResult | None:
+        """Generate, ending early once ``stop_when(finished rows)`` says so (see
+        ``SymbolicLM.generate``); None when this system cannot stop mid-generation (one
+        program runs every row to its end) — partial rollouts then generate in segments."""
+        return None
+
     def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
                          score: ScoreFn) -> tuple[GenerationResult, ReferenceOverlap | None]:
         """Generate, and score the reference *during* generation where the system can.
@@ -185,6 +192,11 @@ class SymSystem(System):
     def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
                  ) -> GenerationResult:
         return host.engine.generate(prompts, gcfg, on_finished=None)
+
+    def generate_until(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                       stop_when: Callable[[np.ndarray], bool]) -> GenerationResult:
+        """The host loop asks ``stop_when`` after every read-back (a tile of steps)."""
+        return host.engine.generate(prompts, gcfg, stop_when=stop_when)
 
     def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
                          score: ScoreFn) -> tuple[GenerationResult, ReferenceOverlap | None]:

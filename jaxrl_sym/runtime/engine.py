@@ -181,6 +181,7 @@ class SymbolicLM:
     def generate(self, prompts: Sequence[Any], cfg: GenerationConfig, *,
                  on_finished: Callable[[list[int], list[np.ndarray]], None] | None = None,
                  on_progress: Callable[[int], None] | None = None,
+                 stop_when: Callable[[np.ndarray], bool] | None = None,
                  ) -> GenerationResult:
         """Generate for every prompt until EOS or its limit.
 
@@ -191,6 +192,13 @@ class SymbolicLM:
           running as a separate pass afterwards.
         on_progress: called after every read-back with the number of tokens emitted so far
           (all rows), so a long run can show how far it is (the CLI prints it).
+        stop_when: called after every read-back with a bool per prompt (True: that row ended at
+          EOS or its limit); once it returns True generation ends there: unfinished rows keep
+          the tokens they have (a microbatch not started yet has none), and ``stats`` says
+          ``stopped_early`` and ``unfinished_rows``. Partial rollouts stop a step this way, a
+          tile after the share of rows they wait for has finished, instead of generating in
+          short segments that each re-prefill every row. Tokens are those of a run without it,
+          cut short: sampling is keyed by (seed, step, row).
         """
         prompts = validate_prompts(prompts, self.vocab_size, cfg)
         limits = row_limits(cfg, len(prompts))
@@ -204,11 +212,13 @@ class SymbolicLM:
         with CompileCounter() as cc:
             hoisted = self._hoist()
             weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
-            out = Outputs(toks, lps, logits, on_progress)
+            out = Outputs(toks, lps, logits, on_progress, stop_when)
             work = WorkLog()
             groups = microbatches(lengths, limits, max_rows=self.microbatch_rows,
                                   max_pad_fraction=self.max_pad_fraction)
             for group in groups:
+                if out.stopped:
+                    break
                 dg = self.group_class(self, group, prompts, limits, cfg, meter, weights_bytes)
                 dg.run(hoisted, out, on_finished)
                 work.merge(dg.work)
@@ -224,6 +234,8 @@ class SymbolicLM:
             "run_seconds": elapsed,
             "generated_tokens": int(sum(len(t) for t in toks)),
             "groups": len(groups),
+            "stopped_early": out.stopped,
+            "unfinished_rows": int((~out.finished).sum()),
             **work.report(),
         }
         return GenerationResult(

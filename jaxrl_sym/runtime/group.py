@@ -39,6 +39,19 @@ class Outputs:
     lps: list[list[float]]
     logits: list[list[np.ndarray]] | None
     progress: Callable[[int], None] | None = None  # after each read-back: tokens emitted so far
+    stop_when: Callable[[np.ndarray], bool] | None = None  # see SymbolicLM.generate
+    finished: np.ndarray | None = None  # bool per request row: ended at EOS or its limit
+    stopped: bool = False  # stop_when asked to end generation; no group decodes further
+
+    def __post_init__(self) -> None:
+        if self.finished is None:
+            self.finished = np.zeros((len(self.toks),), bool)
+
+    def should_stop(self) -> bool:
+        """Ask ``stop_when`` (after a read-back); once it said yes, the answer stays yes."""
+        if not self.stopped and self.stop_when is not None:
+            self.stopped = bool(self.stop_when(self.finished.copy()))
+        return self.stopped
 
 
 class DecodeGroup:
@@ -76,7 +89,7 @@ class DecodeGroup:
         last = self.prefill(hoisted)
         while True:
             self.collect(last, out, on_finished)
-            if self.done.all():
+            if self.done.all() or out.should_stop():
                 return
             live = np.nonzero(~self.done)[0]
             remaining = max(int(self.limits[s]) - len(out.toks[int(self.ids[s])]) for s in live)
@@ -190,6 +203,7 @@ class DecodeGroup:
                 eos = int(tok_h[j, slot]) in self.cfg.eos_ids
                 if eos or len(out.toks[i]) >= self.limits[slot]:
                     self.done[slot] = True
+                    out.finished[i] = True
                     finished.append(i)
         if self._tile:  # a decode dispatch: each emitted token was one needed position
             used = sum(len(out.toks[int(self.ids[s])]) - n for s, n in before.items())

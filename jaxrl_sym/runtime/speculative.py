@@ -233,7 +233,7 @@ class SpeculativeGroup(DecodeGroup):
             on_finished: OnFinished | None) -> None:
         self.collect(self.prefill(hoisted), out, on_finished)
         log, m = self.lm.spec_log, self.lm.verify_tile
-        while not self.done.all():
+        while not self.done.all() and not out.should_stop():
             live = self._maybe_compact(np.nonzero(~self.done)[0])
             k = choose_k(log, self.lm.ks, self.rows)
             emitted = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
@@ -319,6 +319,7 @@ class SpeculativeGroup(DecodeGroup):
                 if int(tok[j, s, n - 1]) in self.cfg.eos_ids or \
                         len(out.toks[i]) >= self.limits[s]:
                     self.done[s] = True
+                    out.finished[i] = True
                     finished.append(i)
         self.work.needed += sum(len(out.toks[int(self.ids[s])]) - n for s, n in emitted.items())
         self.steps_done += 1
