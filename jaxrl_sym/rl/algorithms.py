@@ -61,7 +61,9 @@ class RLConfig:
     pack_row_len: row length of the packed training layout (None: at least 64 and the longest
       sequence, rounded to a length bucket).
     overlap_reference: on the symbolic runtime, score finished rows with the reference model
-      while the rest still generate (False: one reference pass after generation, for ablation).
+      while the rest still generate (False: one reference pass after generation). None (auto):
+      on an accelerator only — on a CPU the scoring competes with decoding for the same cores
+      (``RLTrainer.overlaps_reference``).
     gen_max_pad_fraction: the symbolic runtime's aligned-microbatch policy (``SymbolicLM``
       ``max_pad_fraction``): prompt padding a generation microbatch may carry, as a share of its
       work. Each extra microbatch is another sequential decode loop (one dispatch per token), so
@@ -119,7 +121,7 @@ class RLConfig:
     vf_coef: float = 0.5
     vf_clip: float = 0.2
     pack_row_len: int | None = None
-    overlap_reference: bool = True
+    overlap_reference: bool | None = None
     gen_max_pad_fraction: float = 0.3
     update_tokens: int | None = None
     logprob_chunk: int | None = 1024

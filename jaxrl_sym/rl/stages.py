@@ -104,7 +104,7 @@ def generate(tr: RLTrainer, state: TrainState, prompts: Sequence[np.ndarray | Se
     system that can, the reference log-probs too (scored while generation ran)."""
     cfg = tr.cfg
     expanded, gcfg = sampling_batch(cfg, prompts, seed, limits, tr.vocab_size)
-    if state.ref is not None and cfg.overlap_reference:
+    if state.ref is not None and tr.overlaps_reference:
         ref_fn = tr.fns(tr.system)["ref"]
 
         def score(lay: Layout) -> Any:

@@ -242,6 +242,18 @@ class RLTrainer:
         of devices the data axes split them over (1 without a mesh)."""
         return data_size(self.mesh)
 
+    @property
+    def overlaps_reference(self) -> bool:
+        """``cfg.overlap_reference``, or where it is None (auto) whether the device is an
+        accelerator. Why not on a CPU: there the "device" is the host's own cores, so scoring
+        chunks during generation does not fill idle device time, it competes with the decode
+        loop for the same cores; on the CPU step benchmark it cost 0.33 s of generation +
+        reference per step (1.27 s against 0.94 s) and 0.9 s of step time."""
+        if self.cfg.overlap_reference is not None:
+            return bool(self.cfg.overlap_reference)
+        devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
+        return next(iter(devices)).platform != "cpu"
+
     def rows_per_chunk(self, width: int) -> int | None:
         """Rows of ``width`` slots per forward (see :func:`jaxrl_sym.rl.stages.rows_per_chunk`)."""
         return stages.rows_per_chunk(self.cfg, width, self.row_multiple)
