@@ -70,7 +70,7 @@ def test_stop_when_ends_at_the_first_read_back_where_it_holds(name: str) -> None
     assert all(np.array_equal(a, b) for a, b in zip(never.tokens, full.tokens, strict=True))
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(need=st.integers(1, 5), limits=st.permutations(LIMITS), seed=st.integers(0, 50))
 def test_stop_when_cuts_any_run_to_a_prefix(need: int, limits: list[int], seed: int) -> None:
     """Any threshold, any assignment of limits to rows (so any microbatch split)."""
