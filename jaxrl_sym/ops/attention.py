@@ -204,6 +204,35 @@ def phi(x: jax.Array) -> jax.Array:
     return jax.nn.elu(x) + 1.0
 
 
+# --------------------------------------------------------------------------- segments
+
+SHARED_SEGMENT = 1 << 16
+"""Segment ids at or above this are *child* segments of a shared prefix (see
+:func:`child_segment`); below it a segment sees only itself."""
+
+
+def child_segment(parent: int, own: int) -> int:
+    """The segment id of a sequence that continues segment ``parent``: its queries see keys of
+    its own segment and of ``parent`` (masked by positions as always), so G responses packed
+    behind one copy of their prompt attend exactly as G separate prompt+response sequences.
+
+    Encoded in the one int32 segment id the model contract passes through to :func:`attend`
+    (``(parent + 1) * 2**16 + own``), so any contract model runs shared-prefix rows unmodified.
+    ``own`` < 2**16 and ``parent`` < 2**15 - 1 (int32).
+    """
+    if not 0 <= own < SHARED_SEGMENT or not 0 <= parent < (1 << 15) - 1:
+        raise InputError(f"child_segment(parent={parent}, own={own}): own must be in "
+                         f"[0, {SHARED_SEGMENT}) and parent in [0, {(1 << 15) - 1})")
+    return (parent + 1) * SHARED_SEGMENT + own
+
+
+def segments_visible(q_seg: jax.Array, k_seg: jax.Array) -> jax.Array:
+    """Whether a key's segment is visible from a query's (broadcasting): the same segment, or
+    the query's parent when the query's segment is a :func:`child_segment`."""
+    parent = jnp.right_shift(q_seg, 16) - 1
+    return (q_seg == k_seg) | ((q_seg >= SHARED_SEGMENT) & (k_seg == parent))
+
+
 # --------------------------------------------------------------------------- reference
 
 
@@ -217,7 +246,7 @@ def attention_mask(
     """[B, Tq, Tk] boolean: which key each query may read."""
     qp = q_pos[:, :, None]
     kp = k_pos[:, None, :]
-    same = q_seg[:, :, None] == k_seg[:, None, :]
+    same = segments_visible(q_seg[:, :, None], k_seg[:, None, :])
     valid = (qp >= 0) & (kp >= 0)
     return valid & same & pattern.allows(qp, kp)
 
@@ -365,7 +394,8 @@ def attend(
       pattern: Causal(), Window(w), Block(b) or Linear().
       q_positions / kv_positions: [B, T*] int32 token positions; < 0 marks an empty slot.
       q_segment_ids / kv_segment_ids: [B, T*] int32; queries only see keys of their segment
-        (packed sequences). Default: one segment.
+        (packed sequences), and a child segment (id >= 2**16, :func:`child_segment`) also its
+        parent's (a shared prompt). Default: one segment.
       scale: softmax scale, default 1/sqrt(D).
       logit_softcap: if given (> 0), scaled logits become ``c * tanh(s / c)`` before the
         softmax (Gemma 2); not defined for Linear().

@@ -233,7 +233,8 @@ class RLTrainer:
         """The rollout in ``system``'s training layout (default: the trainer's system); on a
         mesh its rows are padded to a multiple of the data axes with empty rows."""
         sys_ = get_system(system or self.system)
-        lay = sys_.layout(rollout.prompts, rollout.responses, row_len=self.cfg.pack_row_len)
+        lay = sys_.layout(rollout.prompts, rollout.responses, row_len=self.cfg.pack_row_len,
+                          share_prompts=self.cfg.share_prompts)
         return sys_.pad_rows(lay, self.row_multiple)
 
     @property

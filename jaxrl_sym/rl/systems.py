@@ -34,7 +34,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.models.contract import check_features
 from jaxrl_sym.rl.algorithms import RLConfig
-from jaxrl_sym.rl.layout import Layout, packed_layout, padded_layout
+from jaxrl_sym.rl.layout import Layout, packed_layout, padded_layout, shared_prefix_layout
 from jaxrl_sym.rl.logprobs import (
     FeaturesFn,
     LogitsFn,
@@ -106,15 +106,16 @@ class System:
         return list(self.generate(host, prompts, gcfg).tokens)
 
     def layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
-               row_len: int | None) -> Layout:
+               row_len: int | None, share_prompts: bool = False) -> Layout:
         """The training batch in this system's layout, tagged with this system's name so the
         trainer runs it through this system's forward (a subclass registered under a new name
-        reuses its parent's layout code but gets its own programs)."""
-        lay = self.build_layout(prompts, responses, row_len=row_len)
+        reuses its parent's layout code but gets its own programs). ``share_prompts``: the
+        config's wish to compute a group's prompt once (a system may not be able to)."""
+        lay = self.build_layout(prompts, responses, row_len=row_len, share_prompts=share_prompts)
         return lay if lay.system == self.name else replace(lay, system=self.name)
 
     def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
-                     row_len: int | None) -> Layout:
+                     row_len: int | None, share_prompts: bool = False) -> Layout:
         raise NotImplementedError
 
     def pad_rows(self, layout: Layout, multiple: int) -> Layout:
@@ -220,8 +221,11 @@ class SymSystem(System):
                                 max_rows=host.rows_per_chunk(row_len))
 
     def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
-                     row_len: int | None) -> Layout:
-        return packed_layout(prompts, responses, row_len=row_len)
+                     row_len: int | None, share_prompts: bool = False) -> Layout:
+        """Packed exact-length rows; with ``share_prompts`` a group's prompt is placed once per
+        row and its responses attend to it (the masked primitive sees parent segments)."""
+        build = shared_prefix_layout if share_prompts else packed_layout
+        return build(prompts, responses, row_len=row_len)
 
     def logits_fn(self, host: Host) -> LogitsFn:
         fwd = host.engine.forward_fn()
@@ -241,7 +245,8 @@ class PaddedSystem(System):
         return padded_generate(host.model(), prompts, gcfg)
 
     def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
-                     row_len: int | None) -> Layout:
+                     row_len: int | None, share_prompts: bool = False) -> Layout:
+        """One row per sample (a padded library repeats every prompt G times)."""
         return padded_layout(prompts, responses)
 
     def logits_fn(self, host: Host) -> LogitsFn:
