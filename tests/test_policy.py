@@ -247,3 +247,27 @@ def test_work_log_books_decode_key_slots_by_cause() -> None:
     assert by == {"prompt_alignment": align, "finished_rows": finished, "row_bucket": 0,
                   "tile_overrun": 0, "capacity": computed - needed - align - finished}
     assert finished > 0 and align > 0
+
+
+def test_deferred_compaction_compiles_in_the_background_and_keeps_the_tokens() -> None:
+    """``defer_compiles``: the first call never waits for a smaller bucket's decode program
+    (it decodes on at the prefill's bucket and requests them in the background); the next call
+    compacts to the buckets requested before it. Tokens and log-probs equal an engine that
+    compiles every bucket when first reached."""
+    m = zoo()["gpt2"]
+    rng = np.random.default_rng(0)
+    lens, limits = [3, 9, 5, 12, 4, 6, 2, 7], [2, 30, 7, 19, 11, 3, 2, 5]
+    prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
+    cfg = GenerationConfig(max_new_tokens=tuple(limits), temperature=1.0, seed=5)
+    want = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(prompts, cfg)
+    lm = SymbolicLM(m, min_capacity=8, decode_tile=4, defer_compiles=True)
+    first = lm.generate(prompts, cfg)
+    assert not any(k[0] == "compact" for k in lm.cache.compiled) and lm.cache.pending
+    second = lm.generate(prompts, cfg)
+    assert any(k[0] == "compact" for k in lm.cache.compiled)
+    assert second.stats["token_positions"] < first.stats["token_positions"]
+    for run in (first, second):
+        for a, b, la, lb in zip(run.tokens, want.tokens, run.logprobs, want.logprobs,
+                                strict=True):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(la, lb, atol=1e-5)

@@ -98,11 +98,36 @@ class DecodeGroup:
                               tile=self.lm.decode_tile, need=self.lm.growing_need,
                               row_multiple=self.lm.row_multiple,
                               compact_at=self.lm.compact_at)
+            if d.rows < self.rows and self._defer(d, hoisted):
+                d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
+                                  capacity=self.capacity, live=len(live), remaining=remaining,
+                                  tile=self.lm.decode_tile, need=self.lm.growing_need,
+                                  row_multiple=self.lm.row_multiple, compact_at=0.0)
             if d.rows < self.rows:
                 self.compact(live, d.rows)
             if d.capacity > self.capacity:
                 self.grow(d.capacity)
             last = self.decode(hoisted, d)
+
+    def _defer(self, d: Dispatch, hoisted: tuple[jax.Array, ...]) -> bool:
+        """Whether the compaction ``d`` asks for waits (``SymbolicLM(defer_compiles=...)``):
+        its decode program was not requested before this generate call, so it compiles in the
+        background (if it is not already) and this dispatch runs at the current bucket. A
+        program requested by an earlier call is waited for, so the buckets a call uses never
+        depend on how fast a compile ran. On a mesh programs are built for placed stores, so
+        nothing is deferred there."""
+        if not self.lm.defer_compiles or self.lm.mesh is not None:
+            return False
+        stores = jax.eval_shape(lambda: self.lm.builder.init_stores(d.rows, d.capacity))
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
+        args = (hoisted, stores, i32(d.rows), i32(), i32(), i32(d.rows),
+                jax.ShapeDtypeStruct((), np.uint32))
+        name, static = ("decode_tile", {"k": d.tile}) if d.tile > 1 else ("decode", {})
+        key, build = self.lm.program_for(name, self.cfg, *args, **static)
+        if key in self.lm.cache.settled:
+            return False
+        self.lm.cache.prefetch(key, build)
+        return True
 
     def prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
         """Fill the stores from the prompts (packed, or as the right-aligned block)."""

@@ -10,6 +10,7 @@ for the peak-bytes accounting.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,14 @@ from jaxrl_sym.sharding import data_size, replicated, rows_sharding
 
 @dataclass
 class ProgramCache:
-    """AOT-compiled executables keyed by (name, shape key); counts compiles and dispatches."""
+    """AOT-compiled executables keyed by (name, shape key); counts compiles and dispatches.
+
+    A program may also be compiled *ahead* (:meth:`prefetch`) on one background thread owned by
+    the cache: the runtime asks for programs it will want later — a compaction's smaller row
+    bucket — without waiting for them, and :meth:`get` waits for a pending one only when it is
+    actually run. XLA's compiler releases the GIL, so the compile overlaps the host loop and
+    the device work of the current dispatch.
+    """
 
     compiled: dict[tuple, Any] = field(default_factory=dict)
     temp_bytes: dict[tuple, int] = field(default_factory=dict)
@@ -42,17 +50,39 @@ class ProgramCache:
     dispatches: int = 0
     budget: Any = None  # a jaxrl_sym.sharding.MemoryBudget: every new program is checked
     device_bytes: dict[tuple, int] = field(default_factory=dict)  # per-device, when checked
+    pending: dict[tuple, Future] = field(default_factory=dict)  # prefetched, maybe compiling
+    settled: frozenset[tuple] = frozenset()  # requested before the current call (begin_call)
+    _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def get(self, key: tuple, build: Callable[[], Any]) -> Any:
         exe = self.compiled.get(key)
         if exe is None:
-            exe = build()
+            fut = self.pending.pop(key, None)
+            exe = build() if fut is None else fut.result()
             if self.budget is not None:
                 self.device_bytes[key] = self.budget.check_program(exe, str(key[0]))
             self.compiled[key] = exe
             self.temp_bytes[key] = executable_temp_bytes(exe)
             self.compiles += 1
         return exe
+
+    def requested(self, key: tuple) -> bool:
+        """Compiled, or being compiled ahead."""
+        return key in self.compiled or key in self.pending
+
+    def begin_call(self) -> None:
+        """Mark every program requested so far as *settled*: a caller that defers programs
+        requested during its own call may wait for these (see ``DecodeGroup._defer``), so
+        what a call runs depends on the calls before it, not on compile timing."""
+        self.settled = frozenset(self.compiled) | frozenset(self.pending)
+
+    def prefetch(self, key: tuple, build: Callable[[], Any]) -> None:
+        """Start compiling ``key`` in the background unless it was requested before."""
+        if self.requested(key):
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="jaxrl-sym-compile")
+        self.pending[key] = self._pool.submit(build)
 
     def run(self, key: tuple, build: Callable[[], Any], *args: Any) -> Any:
         exe = self.get(key, build)
