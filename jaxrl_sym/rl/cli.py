@@ -71,6 +71,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--partial-weight", type=float, default=None,
                    help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
                         "(default: 0.5)")
+    t.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=None,
+                   help="sym's training rows hold a group's prompt once, its G responses "
+                        "attending to it (default on; --no-share-prompts packs every sample "
+                        "whole)")
     t.add_argument("--system", choices=SYSTEMS, default="sym")
     t.add_argument("--max-digits", type=int, default=3)
     t.add_argument("--model", default=None, metavar="DIR",
@@ -139,7 +143,8 @@ def run_train(args: argparse.Namespace) -> int:
                                 ("warmup_steps", args.warmup_steps),
                                 ("lr_schedule", args.lr_schedule),
                                 ("speculate", args.speculate),
-                                ("speculate_adaptive", args.speculate_adaptive))
+                                ("speculate_adaptive", args.speculate_adaptive),
+                                ("share_prompts", args.share_prompts))
               if v is not None}
     try:
         with _warnings_to_stderr():
