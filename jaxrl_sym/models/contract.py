@@ -4,8 +4,9 @@ A model is any ``nnx.Module`` called as ``model(tokens, positions, segment_ids) 
 int32 ``[B, T]`` tokens and positions (position < 0 = padding), int32 ``[B, T]`` segment ids,
 float logits ``[B, T, V]``; its only sequence-mixing op is :func:`jaxrl_sym.attend`, which gets
 the segment ids unchanged (ids >= 2**16 are child segments of a shared prefix,
-:func:`jaxrl_sym.ops.attention.child_segment`). Nothing else is read from it — no config attribute, no cache arguments: vocabulary, layers, head shapes and
-attention patterns come from the traced program.
+:func:`jaxrl_sym.ops.attention.child_segment`). Nothing else is read from it — no config
+attribute, no cache arguments: vocabulary, layers, head shapes and attention patterns come from
+the traced program.
 
 :func:`check_model` evaluates the model abstractly (``jax.eval_shape``: no FLOPs, no memory) on a
 ``[1, 2]`` batch, so a model that breaks the contract fails here, before any tracing or compiling,
