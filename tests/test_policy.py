@@ -15,7 +15,13 @@ from zoo import zoo
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.policy import GroupShape, microbatches, next_dispatch, replay
+from jaxrl_sym.runtime.policy import (
+    Compaction,
+    GroupShape,
+    microbatches,
+    next_dispatch,
+    replay,
+)
 from jaxrl_sym.runtime.prefill import PackedPrompts
 
 requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=12)
@@ -45,8 +51,9 @@ def test_replay_covers_every_token_and_never_overflows(req, tile, min_cap) -> No
 def test_next_dispatch_compacts_and_grows() -> None:
     shape = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4)
     assert (shape.rows, shape.prompt_slots) == (3, 10)  # rows exact up to 8; 9 bucketed
+    every = Compaction(min_rows=1)  # the share rule alone
     d = next_dispatch(shape, steps_done=0, rows=3, capacity=shape.capacity, live=2,
-                      remaining=20, tile=8, need=lambda t: t + 1)
+                      remaining=20, tile=8, need=lambda t: t + 1, compaction=every)
     assert d.rows == 2 and d.tile == 8 and d.write == 10
     assert d.capacity >= d.write + 8  # the whole tile's writes fit
     # a shape planned for the tile covers whole tiles: the short tail runs one more full tile
@@ -65,10 +72,35 @@ def test_next_dispatch_compacts_and_grows() -> None:
     big = GroupShape.plan([4] * 16, [9] * 16, min_capacity=4)
     assert big.rows == 16
     keep = next_dispatch(big, steps_done=0, rows=16, capacity=64, live=13, remaining=9, tile=8,
-                         need=None)
+                         need=None, compaction=every)
     assert keep.rows == 16  # 13 live rows bucket to 14: not worth a compaction
     assert next_dispatch(big, steps_done=0, rows=16, capacity=64, live=12, remaining=9, tile=8,
-                         need=None).rows == 12
+                         need=None, compaction=every).rows == 12
+    # ... and by default never below COMPACT_MIN_ROWS (8): 2 live rows of 16 run at 8
+    assert next_dispatch(big, steps_done=0, rows=16, capacity=64, live=2, remaining=9, tile=8,
+                         need=None).rows == 8
+    assert next_dispatch(shape, steps_done=0, rows=3, capacity=shape.capacity, live=1,
+                         remaining=20, tile=8, need=None).rows == 3  # small groups keep theirs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 200), st.integers(0, 200), st.integers(1, 16),
+       st.sampled_from([0.25, 0.5, 0.75, 1.0]), st.sampled_from([1, 2, 8]))
+def test_compaction_target_is_a_bucket_between_the_floor_and_the_rows(rows, live, floor, share,
+                                                                     multiple) -> None:
+    """Compaction never grows a group, never drops a live row, lands on a row bucket (a
+    multiple of the mesh's data axes), never goes below the floor's bucket, and happens exactly
+    when that bucket is at most ``share`` of the current one."""
+    from jaxrl_sym.runtime.policy import row_bucket
+
+    live = min(live, rows)
+    new = Compaction(share, floor).target(rows, live, multiple)
+    smaller = max(row_bucket(live, multiple), row_bucket(floor, multiple))
+    assert live <= new <= rows
+    if new < rows:
+        assert new == smaller and new % multiple == 0 and new <= share * rows
+    else:
+        assert rows == 1 or smaller > share * rows or smaller >= rows
 
 
 def test_engine_dispatches_what_the_policy_replays() -> None:
@@ -210,7 +242,7 @@ def test_compact_at_trades_row_buckets_for_finished_rows() -> None:
     limits = [int(x) for x in rng.integers(2, 90, 16)]
     seen = {}
     for share in (0.75, 0.5, 0.25):
-        (_, ds), = replay(lens, limits, tile=8, compact_at=share)
+        (_, ds), = replay(lens, limits, tile=8, compaction=Compaction(share, min_rows=1))
         buckets = {d.rows for d in ds}
         computed = sum(d.rows * d.tile for d in ds)
         assert sum(d.tile for d in ds) >= max(limits) - 1
@@ -219,6 +251,8 @@ def test_compact_at_trades_row_buckets_for_finished_rows() -> None:
     assert seen[0.75][1] < seen[0.5][1] < seen[0.25][1]
     with pytest.raises(InputError, match="compact_at=0"):
         SymbolicLM(zoo()["gpt2"], compact_at=0)
+    with pytest.raises(InputError, match="compact_min_rows=0"):
+        SymbolicLM(zoo()["gpt2"], compact_min_rows=0)
 
 
 def test_work_log_books_decode_key_slots_by_cause() -> None:
@@ -231,9 +265,10 @@ def test_work_log_books_decode_key_slots_by_cause() -> None:
     lens, limits = [3, 7, 5], [4, 9, 8]
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
-    lm = SymbolicLM(m, min_capacity=8, decode_tile=1, compact_at=0.5)
+    lm = SymbolicLM(m, min_capacity=8, decode_tile=1, compact_at=0.5, compact_min_rows=1)
     st = lm.generate(prompts, GenerationConfig(max_new_tokens=tuple(limits))).stats
-    (shape, ds), = replay(lens, limits, min_capacity=8, tile=1, compact_at=0.5)
+    (shape, ds), = replay(lens, limits, min_capacity=8, tile=1,
+                          compaction=Compaction(0.5, min_rows=1))
     n = len(lm.specs)
     computed = needed = align = finished = 0
     for d in ds:
@@ -259,8 +294,8 @@ def test_deferred_compaction_compiles_in_the_background_and_keeps_the_tokens() -
     lens, limits = [3, 9, 5, 12, 4, 6, 2, 7], [2, 30, 7, 19, 11, 3, 2, 5]
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
     cfg = GenerationConfig(max_new_tokens=tuple(limits), temperature=1.0, seed=5)
-    want = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(prompts, cfg)
-    lm = SymbolicLM(m, min_capacity=8, decode_tile=4, defer_compiles=True)
+    want = SymbolicLM(m, min_capacity=8, decode_tile=4, compact_min_rows=1).generate(prompts, cfg)
+    lm = SymbolicLM(m, min_capacity=8, decode_tile=4, compact_min_rows=1, defer_compiles=True)
     first = lm.generate(prompts, cfg)
     assert not any(k[0] == "compact" for k in lm.cache.compiled) and lm.cache.pending
     second = lm.generate(prompts, cfg)

@@ -38,9 +38,11 @@ from jaxrl_sym.runtime.metrics import (
 )
 from jaxrl_sym.runtime.policy import (
     COMPACT_AT,
+    COMPACT_MIN_ROWS,
     DEFAULT_DECODE_TILE,
     DEFAULT_MAX_PAD_FRACTION,
     DEFAULT_MIN_CAPACITY,
+    Compaction,
     length_bucket,
     microbatches,
     next_pow2,
@@ -91,6 +93,9 @@ class SymbolicLM:
         multiple of the data axes (:attr:`row_multiple`, filler rows), so stores split evenly.
       compact_at: compact finished rows away once the live rows fit this share of the row
         bucket (:data:`~jaxrl_sym.runtime.policy.COMPACT_AT`); lower compiles fewer programs.
+      compact_min_rows: never compact below this many rows
+        (:data:`~jaxrl_sym.runtime.policy.COMPACT_MIN_ROWS`: where a decode step costs about
+        the same whatever its rows, a smaller bucket only adds a program to compile).
       defer_compiles: a compaction whose smaller bucket has no decode program yet does not
         wait for one: the program is compiled on a background thread and the group decodes on
         at its current bucket; a later compaction to that bucket (in a later call) waits for
@@ -118,6 +123,7 @@ class SymbolicLM:
         mesh: Any = None,
         prefill: str = "packed",
         compact_at: float = COMPACT_AT,
+        compact_min_rows: int = COMPACT_MIN_ROWS,
         defer_compiles: bool = False,
     ) -> None:
         if decode_tile < 1:
@@ -126,7 +132,10 @@ class SymbolicLM:
         if not 0 < compact_at <= 1:
             raise InputError(f"compact_at={compact_at} must be in (0, 1]: the share of its row "
                              "bucket a group's live rows must fit before it is compacted")
-        self.compact_at = float(compact_at)
+        if compact_min_rows < 1:
+            raise InputError(f"compact_min_rows={compact_min_rows} must be >= 1 (1: compact "
+                             "down to single rows)")
+        self.compaction = Compaction(float(compact_at), int(compact_min_rows))
         self.defer_compiles = bool(defer_compiles)
         if prefill not in ("packed", "block"):
             raise InputError(f"prefill={prefill!r}: choose 'packed' (prompts bin-packed into "

@@ -20,10 +20,12 @@ import numpy as np
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
-from jaxrl_sym.runtime.policy import Dispatch, GroupShape, next_dispatch
+from jaxrl_sym.runtime.policy import Compaction, Dispatch, GroupShape, next_dispatch
 from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
 from jaxrl_sym.runtime.programs import DEAD_POSITION
 from jaxrl_sym.runtime.stores import GrowingStore
+
+NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
 
 if TYPE_CHECKING:
     from jaxrl_sym.runtime.engine import SymbolicLM
@@ -97,12 +99,12 @@ class DecodeGroup:
                               capacity=self.capacity, live=len(live), remaining=remaining,
                               tile=self.lm.decode_tile, need=self.lm.growing_need,
                               row_multiple=self.lm.row_multiple,
-                              compact_at=self.lm.compact_at)
+                              compaction=self.lm.compaction)
             if d.rows < self.rows and self._defer(d, hoisted):
                 d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
                                   capacity=self.capacity, live=len(live), remaining=remaining,
                                   tile=self.lm.decode_tile, need=self.lm.growing_need,
-                                  row_multiple=self.lm.row_multiple, compact_at=0.0)
+                                  row_multiple=self.lm.row_multiple, compaction=NEVER)
             if d.rows < self.rows:
                 self.compact(live, d.rows)
             if d.capacity > self.capacity:

@@ -64,6 +64,33 @@ Lower (``SymbolicLM(compact_at=0.5)``, ``0.25``) compiles fewer programs and com
 finished rows: on the suite's realistic request, 0.75 / 0.5 / 0.25 trade compiles against
 waste (table in the README, ``bench/waste.py``)."""
 
+COMPACT_MIN_ROWS = 8
+"""No compaction goes below this many rows. Why: below it a decode step costs about the same
+whatever the rows, while every bucket is one more decode program to compile. Measured on the
+CPU step model (``small``, 2 cores, ms per decode step by rows): 1: 0.40, 2: 0.42, 3: 0.50,
+4: 0.67, 8: 0.90, 48: 3.7, 128: 8.6; each decode program took 1.7-2.2 s to compile, and the
+first GRPO generation visited buckets 8, 4, 3 and 1 — 6 s of compiles to save under 0.5 ms per
+step of its tail. On a GPU decode is bound by reading the weights and the flat range is wider;
+raise it there (``SymbolicLM(compact_min_rows=...)``)."""
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """When a decode group drops its finished rows (the engine's and the replay's one rule).
+
+    share: compact once the live rows fit a bucket at most this share of the current one
+      (:data:`COMPACT_AT`); min_rows: never to a bucket below this (:data:`COMPACT_MIN_ROWS`).
+    """
+
+    share: float = COMPACT_AT
+    min_rows: int = COMPACT_MIN_ROWS
+
+    def target(self, rows: int, live: int, multiple: int = 1) -> int:
+        """The row bucket a group at ``rows`` runs at next with ``live`` unfinished rows
+        (``rows`` itself when compacting does not pay)."""
+        new = max(row_bucket(live, multiple), row_bucket(self.min_rows, multiple))
+        return new if rows > 1 and new <= self.share * rows else rows
+
 
 def microbatches(
     lengths: Sequence[int], limits: Sequence[int], *, max_rows: int | None,
@@ -151,19 +178,20 @@ class Dispatch:
 
 def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: int, live: int,
                   remaining: int, tile: int, need: Callable[[int], int] | None,
-                  row_multiple: int = 1, compact_at: float = COMPACT_AT) -> Dispatch:
+                  row_multiple: int = 1, compaction: Compaction = Compaction()) -> Dispatch:
     """Decide the next decode dispatch of a group.
 
     steps_done: decode steps dispatched so far; rows / capacity: the current row bucket and
     growing capacity; live: rows not finished; remaining: the most tokens any live row may still
     emit; tile: the engine's decode tile; need(t): live slots of the growing stores after writing
     slot t (None when the model has no growing store); row_multiple: row buckets are multiples
-    of this (see :func:`row_bucket`).
+    of this (see :func:`row_bucket`); compaction: when finished rows are dropped.
 
     A full tile runs whenever its writes fit ``total`` (a shape planned with the same tile always
     fits them); otherwise (fixed ``max_len`` stores) only while every step of the tile is within
     some live row's limit, then single steps. Finished rows are dropped once the live rows fit a
-    bucket of at most ``compact_at`` of the current one (the bucket shrinks to it). Growing
+    bucket of at most ``compaction.share`` of the current one and no smaller than
+    ``compaction.min_rows`` (the bucket shrinks to it). Growing
     stores double — or jump to what the tile's last write needs — when that write would not
     fit, capped at ``total``.
 
@@ -175,8 +203,8 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     write = shape.prompt_slots + step - 1
     full = tile > 1 and write + tile <= shape.total
     k = tile if full or remaining >= tile > 1 else 1
-    if rows > 1 and row_bucket(live, row_multiple) <= compact_at * rows:
-        new = row_bucket(live, row_multiple)
+    new = compaction.target(rows, live, row_multiple)
+    if new < rows:
         if need is not None and capacity < shape.total and new * shape.total <= rows * capacity:
             capacity = shape.total
         rows = new
@@ -191,7 +219,7 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
            min_capacity: int = DEFAULT_MIN_CAPACITY,
            max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION, tile: int = DEFAULT_DECODE_TILE,
            need: Callable[[int], int] | None = lambda t: t + 1,
-           microbatch_rows: int | None = None, compact_at: float = COMPACT_AT,
+           microbatch_rows: int | None = None, compaction: Compaction = Compaction(),
            ) -> list[tuple[GroupShape, list[Dispatch]]]:
     """The dispatches a request costs when every row runs to its limit (no EOS), per group.
 
@@ -210,7 +238,7 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
             live = [x for x in left if x > 0]
             d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
                               remaining=max(live), tile=tile, need=need,
-                              compact_at=compact_at)
+                              compaction=compaction)
             ds.append(d)
             rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
             left = [max(0, x - d.tile) for x in left]

@@ -41,7 +41,7 @@ from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.evaluate import evaluate
 from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
-from jaxrl_sym.runtime.policy import next_pow2, row_bucket
+from jaxrl_sym.runtime.policy import next_pow2
 from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
 from jaxrl_sym.runtime.speculative_tile import verify_tile
 
@@ -247,9 +247,9 @@ class SpeculativeGroup(DecodeGroup):
                 log.timed[k] = log.timed.get(k, 0) + m
 
     def _maybe_compact(self, live: np.ndarray) -> np.ndarray:
-        """Drop finished rows by the engine's rule (``compact_at``); the live slots after."""
-        rows = row_bucket(len(live), self.lm.row_multiple)
-        if self.rows > 1 and rows <= self.lm.compact_at * self.rows:
+        """Drop finished rows by the engine's rule (``compaction``); the live slots after."""
+        rows = self.lm.compaction.target(self.rows, len(live), self.lm.row_multiple)
+        if rows < self.rows:
             self.compact(live, rows)
             return np.nonzero(~self.done)[0]
         return live
