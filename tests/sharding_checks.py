@@ -49,8 +49,9 @@ def generation() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for spec, temp in (("data=2", 0.0), ("data=8", 1.0), ("data=4,model=2", 0.0)):
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
-        want = SymbolicLM(model, max_pad_fraction=1.0).generate(prompts, gen)  # one group
-        lm = SymbolicLM(model, max_pad_fraction=1.0, mesh=mesh_of(spec))
+        # one group; compact_min_rows=1: compaction to small buckets is exercised on the mesh
+        want = SymbolicLM(model, max_pad_fraction=1.0, compact_min_rows=1).generate(prompts, gen)
+        lm = SymbolicLM(model, max_pad_fraction=1.0, mesh=mesh_of(spec), compact_min_rows=1)
         got = lm.generate(prompts, gen)
         assert all(np.array_equal(a, b) for a, b in zip(want.tokens, got.tokens, strict=True))
         for a, b in zip(want.logprobs, got.logprobs, strict=True):

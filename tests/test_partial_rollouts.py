@@ -6,6 +6,8 @@ Gemma-like zoo model, and on padded, which generates in segments, with a GPT-2-l
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,8 +31,8 @@ CFG = RLConfig(algo="grpo", group_size=2, eos_id=EOS, max_new_tokens=8, lr=1e-2,
 
 
 def _trainer(partial: PartialConfig | None, model: object = None,
-             system: str = "sym") -> RLTrainer:
-    return RLTrainer(init_model(MODEL, 0) if model is None else model, TASK.reward, CFG,
+             system: str = "sym", cfg: RLConfig = CFG) -> RLTrainer:
+    return RLTrainer(init_model(MODEL, 0) if model is None else model, TASK.reward, cfg,
                      metric_fn=TASK.exact_match, partial=partial, system=system)
 
 
@@ -77,7 +79,10 @@ def test_carried_rows_finish_once_with_behaviour_logprobs(system: str) -> None:
         limits: list[int] | None = [3, 12, 30]
     else:  # segments of 2 tokens: the rule holds after the third, when the 6-token rows end
         model, limits = GPT2Like(GPTConfig(), rngs=nnx.Rngs(0)), [2, 6, 8]
-    tr = _trainer(PartialConfig(0.5, segment=2, max_carry=1), model, system)
+    # a microbatch policy that splits rows by prompt length (carried rows' prompts are longer):
+    # the stopping call must still decode every row in one loop
+    cfg = replace(CFG, gen_max_pad_fraction=0.02)
+    tr = _trainer(PartialConfig(0.5, segment=2, max_carry=1), model, system, cfg)
     rng = np.random.default_rng(1)
     snapshots: dict[int, tuple[list[int], list[float]]] = {}
     trained: dict[int, np.ndarray] = {}
@@ -91,6 +96,7 @@ def test_carried_rows_finish_once_with_behaviour_logprobs(system: str) -> None:
         assert m["partial"]["max_staleness"] <= 1  # max_carry 1
         if system == "sym":
             assert m["partial"]["segments"] == 1  # stopped inside the one call, not segmented
+            assert m["partial"]["decode_loops"] == 1  # carried rows decode beside new ones
         elif m["partial"]["carried_rows"]:
             assert m["partial"]["segments"] >= 1 and not m["partial"]["stopped_early"]
         for r in tr.rollouts.last_trained:

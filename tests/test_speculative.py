@@ -44,7 +44,9 @@ def engines(kind: str, k: int = 3) -> tuple[SymbolicLM, SpeculativeLM]:
                            rngs=nnx.Rngs(3))
     else:
         model = DecoderLM(replace(preset("tiny"), patterns=PATTERNS[kind]), rngs=nnx.Rngs(0))
-    return SymbolicLM(model, min_capacity=4), SpeculativeLM(model, speculate=k, min_capacity=4)
+    # compact_min_rows=1: compaction runs at these small batches too
+    return (SymbolicLM(model, min_capacity=4, compact_min_rows=1),
+            SpeculativeLM(model, speculate=k, min_capacity=4, compact_min_rows=1))
 
 
 def test_ngram_draft_proposes_what_followed_the_latest_match() -> None:

@@ -146,7 +146,7 @@ class PartialBuffer:
         todo = [r for r in self.rows if not r.done]
         started, must = len(todo), [r for r in todo if r.carried >= self.cfg.max_carry]
         resumed = sum(r.carried > 0 for r in todo)
-        seg, run_s, compile_s, early = 0, 0.0, 0.0, False
+        seg, run_s, compile_s, early, loops = 0, 0.0, 0.0, False, 0
         while todo and (seg == 0 or not self._should_stop(started, must)):
             prompts = [np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]) for r in todo]
             full = tuple(r.limit - len(r.tokens) for r in todo)
@@ -164,6 +164,7 @@ class PartialBuffer:
                 early = early or bool(res.stats.get("stopped_early", False))
             run_s += float(res.stats.get("run_seconds", 0.0))
             compile_s += float(res.stats.get("compile_seconds", 0.0))
+            loops += int(res.stats.get("groups", 1))
             eos = set(gcfg.eos_ids)
             for r, t, lp in zip(todo, res.tokens, res.logprobs, strict=True):
                 r.tokens += [int(x) for x in t]
@@ -171,7 +172,8 @@ class PartialBuffer:
                 r.done = len(r.tokens) >= r.limit or (bool(r.tokens) and r.tokens[-1] in eos)
             todo = [r for r in todo if not r.done]
             seg += 1
-        return {"segments": seg, "stopped_early": early, "generating_rows": started,
+        return {"segments": seg, "decode_loops": loops, "stopped_early": early,
+                "generating_rows": started,
                 "resumed_rows": resumed, "run_seconds": run_s, "compile_seconds": compile_s}
 
     def take(self, step: int) -> tuple[list[Row], dict[str, Any]]:

@@ -203,6 +203,7 @@ class SymbolicLM:
                  on_finished: Callable[[list[int], list[np.ndarray]], None] | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  stop_when: Callable[[np.ndarray], bool] | None = None,
+                 max_pad_fraction: float | None = None,
                  ) -> GenerationResult:
         """Generate for every prompt until EOS or its limit.
 
@@ -220,6 +221,10 @@ class SymbolicLM:
           tile after the share of rows they wait for has finished, instead of generating in
           short segments that each re-prefill every row. Tokens are those of a run without it,
           cut short: sampling is keyed by (seed, step, row).
+        max_pad_fraction: this call's aligned-microbatch policy (None: the engine's). Partial
+          rollouts pass 1.0: one decode loop, so ``stop_when`` sees all rows at once and rows
+          carried from the last step (longer prompts, shorter limits) decode beside the new
+          rows instead of in a second loop after them.
         """
         prompts = validate_prompts(prompts, self.vocab_size, cfg)
         limits = row_limits(cfg, len(prompts))
@@ -237,7 +242,9 @@ class SymbolicLM:
             out = Outputs(toks, lps, logits, on_progress, stop_when)
             work = WorkLog()
             groups = microbatches(lengths, limits, max_rows=self.microbatch_rows,
-                                  max_pad_fraction=self.max_pad_fraction)
+                                  max_pad_fraction=(self.max_pad_fraction
+                                                    if max_pad_fraction is None
+                                                    else max_pad_fraction))
             for group in groups:
                 if out.stopped:
                     break
