@@ -173,8 +173,8 @@ class PartialBuffer:
             todo = [r for r in todo if not r.done]
             seg += 1
         return {"segments": seg, "decode_loops": loops, "stopped_early": early,
-                "generating_rows": started,
-                "resumed_rows": resumed, "run_seconds": run_s, "compile_seconds": compile_s}
+                "generating_rows": started, "resumed_rows": resumed, "run_seconds": run_s,
+                "compile_seconds": compile_s}
 
     def take(self, step: int) -> tuple[list[Row], dict[str, Any]]:
         """Remove and return the complete groups' rows (group order, G consecutive); the rows

@@ -198,7 +198,7 @@ def _sym(model: nnx.Module, system: str, b: int, p: int, n: int,
     shape = GroupShape.plan(lens, limits, min_capacity=lm.min_capacity, max_len=lm.max_len)
     (_, dispatches), = replay(lens, limits, min_capacity=lm.min_capacity, tile=lm.decode_tile,
                               need=lm.growing_need, max_pad_fraction=lm.max_pad_fraction,
-                              microbatch_rows=None)
+                              microbatch_rows=None, compaction=lm.compaction)
     caps = [shape.capacity, *(d.capacity for d in dispatches)]
     final, rows = max(caps), shape.rows
     previous = max((c for c in caps if c < final), default=0)

@@ -69,9 +69,9 @@ COMPACT_MIN_ROWS = 8
 whatever the rows, while every bucket is one more decode program to compile. Measured on the
 CPU step model (``small``, 2 cores, ms per decode step by rows): 1: 0.40, 2: 0.42, 3: 0.50,
 4: 0.67, 8: 0.90, 48: 3.7, 128: 8.6; each decode program took 1.7-2.2 s to compile, and the
-first GRPO generation visited buckets 8, 4, 3 and 1 — 6 s of compiles to save under 0.5 ms per
-step of its tail. On a GPU decode is bound by reading the weights and the flat range is wider;
-raise it there (``SymbolicLM(compact_min_rows=...)``)."""
+first GRPO generation went on from 8 to buckets 4, 3 and 1 — 6 s of compiles to save under
+0.5 ms per step of its tail. On a GPU decode is bound by reading the weights and the flat
+range is wider; raise it there (``SymbolicLM(compact_min_rows=...)``)."""
 
 
 @dataclass(frozen=True)
