@@ -33,7 +33,6 @@ from jaxrl_sym.runtime.estimate import (
     estimate_bytes,
     gb,
 )
-from jaxrl_sym.runtime.policy import DEFAULT_DECODE_TILE
 from jaxrl_sym.systems import generator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,11 +95,10 @@ def test_padded_grows_linearly_with_tokens_sym_window_does_not() -> None:
 
 def test_sym_growing_store_reaches_the_policy_capacity() -> None:
     """Full attention: the final capacity holds every slot the group writes (bucketed prompt
-    block + the N - 1 decode steps rounded up to whole decode tiles, since the engine runs full
-    tiles) and is the policy's doubling of its initial capacity, capped at that total."""
+    block + the N decode slots: the last tile is cut at the rows' limit, so none past it) and
+    is the policy's doubling of its initial capacity, capped at that total."""
     est = estimate_bytes(_model("gpt2"), "sym", 3, 20, 300)
-    total = 20 + DEFAULT_DECODE_TILE * -(-299 // DEFAULT_DECODE_TILE)  # 20 + 304 with tiles of 8
-    assert f"growing capacity {total}" in est.caches_what  # 128 → 256 → min(512, total)
+    assert "growing capacity 320" in est.caches_what  # 128 → 256 → min(512, 20 + 300)
     assert est.growth > 0  # one store at 256 slots alive while it is copied to 320
 
 

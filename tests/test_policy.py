@@ -18,6 +18,7 @@ from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.policy import (
     Compaction,
     GroupShape,
+    Tiling,
     microbatches,
     next_dispatch,
     replay,
@@ -28,24 +29,32 @@ requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=
 
 
 @settings(max_examples=150, deadline=None)
-@given(requests, st.integers(1, 9), st.sampled_from([4, 16, 128]))
-def test_replay_covers_every_token_and_never_overflows(req, tile, min_cap) -> None:
+@given(requests, st.integers(1, 9), st.sampled_from([1, 2, 64]), st.sampled_from([4, 16, 128]))
+def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap) -> None:
     prompts, limits = [p for p, _ in req], [n for _, n in req]
-    emitted = 0
-    for shape, ds in replay(prompts, limits, min_capacity=min_cap, tile=tile):
+    tiling = Tiling(tile, tile * grow)
+    for shape, ds in replay(prompts, limits, min_capacity=min_cap, tiling=tiling):
         assert shape.capacity <= shape.total
         prev = None
         for d in ds:
-            assert 1 <= d.tile <= tile and d.rows >= 1
+            assert 1 <= d.tile <= tiling.max and d.rows >= 1
             # the tile's last write fits the stores, which never exceed what the group needs
             assert d.write + d.tile <= d.capacity <= shape.total
             if prev is not None:
                 assert d.step == prev.step + prev.tile
                 assert d.rows <= prev.rows and d.capacity >= prev.capacity
             prev = d
-        emitted += sum(d.tile for d in ds)
-    # every row emits limit tokens: one from the prefill, the rest from decode dispatches
-    assert emitted >= max(limits) - 1
+        # the group's longest row emits its limit: one token from the prefill, the rest from
+        # decode steps, and no step lies past it (a tile is cut to the longest live row)
+        assert sum(d.tile for d in ds) == shape.total - shape.prompt_slots - 1
+
+
+def test_tiling_grows_while_no_row_ends_and_falls_back_when_one_does() -> None:
+    t = Tiling(4, 32)
+    assert t.first() == 4
+    assert [t.after(n, False) for n in (1, 4, 8, 16, 32)] == [4, 8, 16, 32, 32]
+    assert t.after(32, True) == t.after(3, True) == 4
+    assert Tiling(1, 1).after(1, False) == 1  # one dispatch per token stays so
 
 
 def test_next_dispatch_compacts_and_grows() -> None:
@@ -56,18 +65,14 @@ def test_next_dispatch_compacts_and_grows() -> None:
                       remaining=20, tile=8, need=lambda t: t + 1, compaction=every)
     assert d.rows == 2 and d.tile == 8 and d.write == 10
     assert d.capacity >= d.write + 8  # the whole tile's writes fit
-    # a shape planned for the tile covers whole tiles: the short tail runs one more full tile
-    # (no second decode program for single steps) ...
-    tiled = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4, tile=8)
-    assert tiled.total == 10 + 24  # 19 decode steps, rounded up to 3 tiles
-    d = next_dispatch(tiled, steps_done=16, rows=3, capacity=64, live=3, remaining=3, tile=8,
+    # the tile is cut to the most steps a live row still needs: nothing past every limit
+    d = next_dispatch(shape, steps_done=16, rows=3, capacity=64, live=3, remaining=3, tile=8,
                       need=None)
-    assert (d.rows, d.tile, d.capacity) == (3, 8, 64)
-    # ... while fixed max_len stores, which hold no spare slots, take single steps
-    fixed = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4, tile=8, max_len=40)
-    d = next_dispatch(fixed, steps_done=16, rows=3, capacity=64, live=3, remaining=3, tile=8,
+    assert (d.rows, d.tile, d.capacity) == (3, 3, 64)
+    fixed = GroupShape.plan([5, 9, 3], [20, 20, 20], min_capacity=4, max_len=40)
+    d = next_dispatch(fixed, steps_done=16, rows=3, capacity=64, live=3, remaining=3, tile=32,
                       need=None)
-    assert (d.rows, d.tile, d.capacity) == (3, 1, 64)  # short tail: single steps, nothing grows
+    assert (d.rows, d.tile, d.capacity) == (3, 3, 64)  # fixed stores: nothing grows
     # compaction only where the smaller bucket saves at least a quarter of the rows
     big = GroupShape.plan([4] * 16, [9] * 16, min_capacity=4)
     assert big.rows == 16
@@ -119,7 +124,7 @@ def test_engine_dispatches_what_the_policy_replays() -> None:
     res = lm.generate(prompts, cfg)
     assert [len(t) for t in res.tokens] == limits
     want = 0
-    for shape, ds in replay(lens, limits, min_capacity=8, tile=4):
+    for shape, ds in replay(lens, limits, min_capacity=8, tiling=lm.tiling):
         want += 2 + len(ds)  # init stores, prefill, one program per dispatch
         rows, cap = shape.rows, shape.capacity
         for d in ds:
@@ -133,7 +138,8 @@ def test_engine_dispatches_what_the_policy_replays() -> None:
     packed = [PackedPrompts.build([prompts[i] for i in g], 0, vocab=1, logits_bytes=1 << 40)
               for g in groups]
     computed = sum(p.positions_computed for p in packed) + sum(
-        d.rows * d.tile for _, ds in replay(lens, limits, min_capacity=8, tile=4) for d in ds)
+        d.rows * d.tile for _, ds in replay(lens, limits, min_capacity=8, tiling=lm.tiling)
+        for d in ds)
     assert st["token_positions"] == computed
     by_cause = st["waste_by_cause"]
     assert abs(sum(by_cause.values()) - st["waste_fraction"]) < 1e-12
@@ -192,7 +198,7 @@ def test_generate_reports_progress_after_every_read_back(capsys) -> None:
         prompts, GenerationConfig(max_new_tokens=(3, 13)), on_progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == sum(len(t) for t in res.tokens) == 16
     # one report per read-back: each group's prefill and each of its decode dispatches
-    groups = replay([3, 7], [3, 13], min_capacity=8, tile=4)
+    groups = replay([3, 7], [3, 13], min_capacity=8, tiling=Tiling(4))
     assert len(seen) == sum(1 + len(ds) for _, ds in groups)
     report = _progress_printer("sym", 16, every=0.0)
     report(8)
@@ -242,7 +248,7 @@ def test_compact_at_trades_row_buckets_for_finished_rows() -> None:
     limits = [int(x) for x in rng.integers(2, 90, 16)]
     seen = {}
     for share in (0.75, 0.5, 0.25):
-        (_, ds), = replay(lens, limits, tile=8, compaction=Compaction(share, min_rows=1))
+        (_, ds), = replay(lens, limits, compaction=Compaction(share, min_rows=1))
         buckets = {d.rows for d in ds}
         computed = sum(d.rows * d.tile for d in ds)
         assert sum(d.tile for d in ds) >= max(limits) - 1
@@ -267,7 +273,7 @@ def test_work_log_books_decode_key_slots_by_cause() -> None:
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
     lm = SymbolicLM(m, min_capacity=8, decode_tile=1, compact_at=0.5, compact_min_rows=1)
     st = lm.generate(prompts, GenerationConfig(max_new_tokens=tuple(limits))).stats
-    (shape, ds), = replay(lens, limits, min_capacity=8, tile=1,
+    (shape, ds), = replay(lens, limits, min_capacity=8, tiling=Tiling(1, 1),
                           compaction=Compaction(0.5, min_rows=1))
     n = len(lm.specs)
     computed = needed = align = finished = 0
@@ -306,3 +312,41 @@ def test_deferred_compaction_compiles_in_the_background_and_keeps_the_tokens() -
                                 strict=True):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_allclose(la, lb, atol=1e-5)
+
+
+def test_growing_tiles_keep_the_tokens_and_cut_the_syncs() -> None:
+    """``Tiling``: the tile doubles (up to ``max_decode_tile``) while no row ends, from one
+    decode program whose step count is a run-time argument, and that program stops once every
+    row ended. Oracle: the same engine decoding one step per dispatch — sampling is keyed by
+    (seed, step, row), so tokens and log-probs must not depend on the tiling. Gemma-like zoo
+    model (ring-window and growing stores, scan-free layers), ragged limits, then an EOS that
+    rows hit mid-tile."""
+    import pytest
+
+    from jaxrl_sym.errors import InputError
+
+    m = zoo()["gemmaish"]
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(1, 50, n).astype(np.int32) for n in (5, 11, 3, 8)]
+    engines = {name: SymbolicLM(m, min_capacity=8, decode_tile=tile, max_decode_tile=top)
+               for name, tile, top in (("one", 1, None), ("flat", 4, 4), ("grown", 4, 64))}
+    cfg = GenerationConfig(max_new_tokens=(40, 3, 25, 33), temperature=1.0, seed=3, eos_id=None)
+    runs = {name: lm.generate(prompts, cfg) for name, lm in engines.items()}
+    for name in ("flat", "grown"):
+        for a, b, la, lb in zip(runs[name].tokens, runs["one"].tokens, runs[name].logprobs,
+                                runs["one"].logprobs, strict=True):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_allclose(la, lb, atol=1e-5)
+    assert runs["grown"].stats["dispatches"] < runs["flat"].stats["dispatches"]
+    # an end token the rows sample mid-run: every engine stops each row at it
+    eos = int(runs["one"].tokens[0][6])
+    ecfg = GenerationConfig(max_new_tokens=(40, 3, 25, 33), temperature=1.0, seed=3, eos_id=eos)
+    ended = {name: lm.generate(prompts, ecfg) for name, lm in engines.items()}
+    for name in ("flat", "grown"):
+        for a, b in zip(ended[name].tokens, ended["one"].tokens, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert len(ended["one"].tokens[0]) == 7
+    st = ended["grown"].stats
+    assert abs(sum(st["waste_by_cause"].values()) - st["waste_fraction"]) < 1e-12
+    with pytest.raises(InputError, match="max_decode_tile=4"):
+        SymbolicLM(m, decode_tile=8, max_decode_tile=4)

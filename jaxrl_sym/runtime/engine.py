@@ -40,9 +40,11 @@ from jaxrl_sym.runtime.policy import (
     COMPACT_AT,
     COMPACT_MIN_ROWS,
     DEFAULT_DECODE_TILE,
+    DEFAULT_MAX_DECODE_TILE,
     DEFAULT_MAX_PAD_FRACTION,
     DEFAULT_MIN_CAPACITY,
     Compaction,
+    Tiling,
     length_bucket,
     microbatches,
     next_pow2,
@@ -81,8 +83,12 @@ class SymbolicLM:
       microbatch_rows / max_pad_fraction: aligned-microbatch policy (see :func:`microbatches`).
       backend: ``xla``, ``triton`` (Triton kernels for decode steps; interpreted on CPU) or
         ``auto``.
-      decode_tile: decode steps per dispatch (one device→host sync per tile; rows that end
-        inside a tile waste at most ``decode_tile - 1`` steps). 1: a dispatch per token.
+      decode_tile: decode steps per dispatch while rows are ending (one device→host sync per
+        tile; a row that ends inside a tile wastes the tile's remaining steps). 1: a dispatch
+        per token.
+      max_decode_tile: the tile doubles up to this after a dispatch in which no row ended
+        (:class:`~jaxrl_sym.runtime.policy.Tiling`; one program serves every length). Kept at
+        ``decode_tile`` when logits are returned (the program's buffers hold a tile of them).
       prefill: ``packed`` (default: prompts bin-packed into rows, so neither prompt padding nor
         filler rows are computed; :mod:`jaxrl_sym.runtime.prefill`) or ``block`` (the
         right-aligned ``[rows, prompt block]`` rectangle, in chunks).
@@ -120,6 +126,7 @@ class SymbolicLM:
         max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION,
         backend: str = "xla",
         decode_tile: int = DEFAULT_DECODE_TILE,
+        max_decode_tile: int | None = None,
         mesh: Any = None,
         prefill: str = "packed",
         compact_at: float = COMPACT_AT,
@@ -129,6 +136,12 @@ class SymbolicLM:
         if decode_tile < 1:
             raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
         self.decode_tile = int(decode_tile)
+        top = DEFAULT_MAX_DECODE_TILE if decode_tile > 1 else 1
+        top = max(top, self.decode_tile) if max_decode_tile is None else int(max_decode_tile)
+        if top < self.decode_tile:
+            raise InputError(f"max_decode_tile={max_decode_tile} must be >= decode_tile="
+                             f"{decode_tile} (the tile only grows from decode_tile)")
+        self.tiling = Tiling(self.decode_tile, top)
         if not 0 < compact_at <= 1:
             raise InputError(f"compact_at={compact_at} must be in (0, 1]: the share of its row "
                              "bucket a group's live rows must fit before it is compacted")

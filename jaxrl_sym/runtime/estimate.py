@@ -196,7 +196,7 @@ def _sym(model: nnx.Module, system: str, b: int, p: int, n: int,
     lm = SymbolicLM(model)
     lens, limits = [p] * b, [n] * b
     shape = GroupShape.plan(lens, limits, min_capacity=lm.min_capacity, max_len=lm.max_len)
-    (_, dispatches), = replay(lens, limits, min_capacity=lm.min_capacity, tile=lm.decode_tile,
+    (_, dispatches), = replay(lens, limits, min_capacity=lm.min_capacity, tiling=lm.tiling,
                               need=lm.growing_need, max_pad_fraction=lm.max_pad_fraction,
                               microbatch_rows=None, compaction=lm.compaction)
     caps = [shape.capacity, *(d.capacity for d in dispatches)]
@@ -208,7 +208,7 @@ def _sym(model: nnx.Module, system: str, b: int, p: int, n: int,
     hoisted = sum(_nbytes(_node_struct(lm.pdg.node(i))) for i in lm.builder.computed_boundary())
     vocab, pcap = lm.vocab_size, shape.prompt_slots
     chunk = cfg.prefill_chunk(rows, pcap, vocab)
-    tile = min(lm.decode_tile, max(1, n - 1))
+    tile = lm.decode_tile if cfg.return_logits else lm.tiling.max  # the tile's output buffers
     per_token = 8 + (vocab * F32 if cfg.return_logits else 0)
     temps = [(f"prefill logits {rows}×{chunk}×{vocab} fp32", rows * chunk * vocab * F32),
              (f"decode logits {rows}×{vocab} fp32", rows * vocab * F32)]

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
-from jaxrl_sym.runtime.policy import Compaction, Dispatch, GroupShape, next_dispatch
+from jaxrl_sym.runtime.policy import Compaction, Dispatch, GroupShape, Tiling, next_dispatch
 from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
 from jaxrl_sym.runtime.programs import DEAD_POSITION
 from jaxrl_sym.runtime.stores import GrowingStore
@@ -65,8 +65,13 @@ class DecodeGroup:
         self.lm, self.cfg, self.meter, self.weights_bytes = lm, cfg, meter, weights_bytes
         self.shape = GroupShape.plan([len(prompts[i]) for i in group], [limits[i] for i in group],
                                      min_capacity=lm.min_capacity, max_len=lm.max_len,
-                                     row_multiple=lm.row_multiple, tile=lm.decode_tile)
+                                     row_multiple=lm.row_multiple)
         self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
+        # steps the tile program's output buffers hold: returned logits fill a tile of them,
+        # not max_decode_tile's
+        self.buffer = lm.decode_tile if cfg.return_logits else lm.tiling.max
+        self.tiling = Tiling(lm.decode_tile, self.buffer)
+        self.tile = self.tiling.first()  # steps the next dispatch asks for
         b = self.shape.rows
         self.ids = np.full((b,), -1, np.int64)
         self.limits = np.zeros((b,), np.int64)
@@ -87,7 +92,12 @@ class DecodeGroup:
     # ------------------------------------------------------------------ the loop
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
             on_finished: OnFinished | None) -> None:
-        """Prefill, then decode until every row hit EOS or its limit."""
+        """Prefill, then decode until every row hit EOS or its limit.
+
+        With a ``stop_when`` rule the tile does not grow: the rule is asked at every read-back,
+        so it sees rows end within ``decode_tile`` steps (partial rollouts stop on time)."""
+        if out.stop_when is not None:
+            self.tiling = Tiling(self.tiling.base, self.tiling.base)
         last = self.prefill(hoisted)
         while True:
             self.collect(last, out, on_finished)
@@ -97,13 +107,13 @@ class DecodeGroup:
             remaining = max(int(self.limits[s]) - len(out.toks[int(self.ids[s])]) for s in live)
             d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
                               capacity=self.capacity, live=len(live), remaining=remaining,
-                              tile=self.lm.decode_tile, need=self.lm.growing_need,
+                              tile=self.tile, need=self.lm.growing_need,
                               row_multiple=self.lm.row_multiple,
                               compaction=self.lm.compaction)
             if d.rows < self.rows and self._defer(d, hoisted):
                 d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
                                   capacity=self.capacity, live=len(live), remaining=remaining,
-                                  tile=self.lm.decode_tile, need=self.lm.growing_need,
+                                  tile=self.tile, need=self.lm.growing_need,
                                   row_multiple=self.lm.row_multiple, compaction=NEVER)
             if d.rows < self.rows:
                 self.compact(live, d.rows)
@@ -124,7 +134,9 @@ class DecodeGroup:
         i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
         args = (hoisted, stores, i32(d.rows), i32(), i32(), i32(d.rows),
                 jax.ShapeDtypeStruct((), np.uint32))
-        name, static = ("decode_tile", {"k": d.tile}) if d.tile > 1 else ("decode", {})
+        name, tiled, static = self._program()
+        if tiled:
+            args = (*args, i32(), i32(d.rows))
         key, build = self.lm.program_for(name, self.cfg, *args, **static)
         if key in self.lm.cache.settled:
             return False
@@ -190,23 +202,25 @@ class DecodeGroup:
         self._observe(key, step=0)
         return tok, lp, lg if self.cfg.return_logits else None, False
 
+    def _program(self) -> tuple[str, bool, dict[str, Any]]:
+        """The decode program this group runs: (name, tiled, static arguments)."""
+        if self.buffer == 1:
+            return "decode", False, {}
+        return "decode_tile", True, {"k": self.buffer, "eos": tuple(self.cfg.eos_ids)}
+
     def decode(self, hoisted: tuple[jax.Array, ...], d: Dispatch) -> tuple[Any, ...]:
         """One decode program: a single step, or a tile of ``d.tile`` steps."""
-        filler = int((self.ids < 0).sum())
-        self.work.computed += d.rows * d.tile
-        self.work.add("row_bucket", filler * d.tile)
-        self.work.add("finished_rows", (int(self.done.sum()) - filler) * d.tile)
         self._tile, self._dispatch = d.tile, d
         args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
                 self.row_ids, self.seed)
-        if d.tile == 1:
-            (self.stores, tok, lp, lg), key = self.lm.run_program("decode", self.cfg, *args)
-        else:
-            (self.stores, tok, lp, lg), key = self.lm.run_program("decode_tile", self.cfg, *args,
-                                                                  k=d.tile)
+        name, tiled, static = self._program()
+        if tiled:  # each row's last response index; -1: finished or filler (already ended)
+            last = np.where(self.done, -1, self.limits - 1).astype(np.int32)
+            args = (*args, np.int32(d.tile), last)
+        (self.stores, tok, lp, lg), key = self.lm.run_program(name, self.cfg, *args, **static)
         self.steps_done = d.step + d.tile - 1
         self._observe(key, step=self.steps_done)
-        return tok, lp, lg if self.cfg.return_logits else None, d.tile > 1
+        return tok, lp, lg if self.cfg.return_logits else None, tiled
 
     # ------------------------------------------------------------------ host side
     def collect(self, last: tuple[Any, ...], out: Outputs, on_finished: OnFinished | None
@@ -220,7 +234,7 @@ class DecodeGroup:
         finished: list[int] = []
         live = np.nonzero(~self.done)[0]
         before = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
-        for j in range(tok_h.shape[0]):
+        for j in range(self._tile or 1):
             for slot in np.nonzero(~self.done)[0]:
                 i = int(self.ids[slot])
                 out.toks[i].append(int(tok_h[j, slot]))
@@ -233,15 +247,31 @@ class DecodeGroup:
                     out.finished[i] = True
                     finished.append(i)
         if self._tile:  # a decode dispatch: each emitted token was one needed position
-            used = sum(len(out.toks[int(self.ids[s])]) - n for s, n in before.items())
-            self.work.needed += used
-            self.work.add("tile_overrun", len(before) * self._tile - used)
-            self._book_keys(self._dispatch, {s: len(out.toks[int(self.ids[s])]) - n
-                                             for s, n in before.items()})
+            self._book(out, before)
+            self.tile = self.tiling.after(self._tile, bool(finished))
         if out.progress is not None:
             out.progress(sum(len(t) for t in out.toks))
         if finished and on_finished is not None:
             on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
+
+    def _book(self, out: Outputs, before: dict[int, int]) -> None:
+        """Book a decode dispatch's token positions by cause (:class:`WorkLog`). The tile
+        program stops once every row ended, so a group's last dispatch ran only as many steps
+        as its longest-running row emitted."""
+        d = self._dispatch
+        emitted = {s: len(out.toks[int(self.ids[s])]) - n for s, n in before.items()}
+        ran = max(emitted.values()) if self.done.all() and self._program()[1] else d.tile
+        if ran < d.tile:
+            d = self._dispatch = Dispatch(d.step, ran, d.write, d.rows, d.capacity)
+            self.steps_done = d.step + ran - 1
+        used = sum(emitted.values())
+        filler = int((self.ids < 0).sum())
+        self.work.computed += d.rows * d.tile
+        self.work.needed += used
+        self.work.add("row_bucket", filler * d.tile)
+        self.work.add("finished_rows", (d.rows - filler - len(before)) * d.tile)
+        self.work.add("tile_overrun", len(before) * d.tile - used)
+        self._book_keys(d, emitted)
 
     def _book_keys(self, d: Dispatch, emitted: dict[int, int]) -> None:
         """Book a decode dispatch's key slots by cause (:class:`WorkLog`); ``emitted``: tokens

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 # The engine's defaults, read by ``SymbolicLM``'s signature and by :func:`replay` alike.
-DEFAULT_DECODE_TILE = 8  # decode steps per dispatch
+DEFAULT_DECODE_TILE = 8  # decode steps per dispatch, after any dispatch in which a row ended
+DEFAULT_MAX_DECODE_TILE = 64  # the most a tile grows to while no row ends (see Tiling)
 DEFAULT_MIN_CAPACITY = 128  # initial slots of a growing store
 DEFAULT_MAX_PAD_FRACTION = 1.0
 """Prompt padding a microbatch may add, as a share of its work; 1.0: one group (up to
@@ -72,6 +73,32 @@ CPU step model (``small``, 2 cores, ms per decode step by rows): 1: 0.40, 2: 0.4
 first GRPO generation went on from 8 to buckets 4, 3 and 1 — 6 s of compiles to save under
 0.5 ms per step of its tail. On a GPU decode is bound by reading the weights and the flat
 range is wider; raise it there (``SymbolicLM(compact_min_rows=...)``)."""
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How many decode steps the next dispatch of a group runs (one device→host sync each).
+
+    ``base`` steps after a dispatch in which some row ended (and for the first); twice the
+    previous tile, up to ``max``, after one in which none did. Why: a row that ends inside a
+    tile computes its remaining steps for nothing (tile overrun), so while rows are ending the
+    tile stays short; when none end — no EOS in the request, or a long tail of live rows — the
+    host sync per tile is pure cost, and the tile grows. Measured on the CPU window decode
+    (``bench/tunix_window.py``, 8 rows, no EOS): a tile-8 program ran 0.45 ms per step on
+    device but the generation took 0.55 ms per token (the host's share of 128 syncs); tile 32
+    took 0.46. One decode program serves every tile length up to ``max`` (its step count is a
+    run-time argument), so growing costs no compile.
+    """
+
+    base: int = DEFAULT_DECODE_TILE
+    max: int = DEFAULT_MAX_DECODE_TILE
+
+    def first(self) -> int:
+        return self.base
+
+    def after(self, previous: int, ended: bool) -> int:
+        """The tile that follows a dispatch of ``previous`` steps in which a row ``ended``."""
+        return self.base if ended else min(self.max, max(self.base, 2 * previous))
 
 
 @dataclass(frozen=True)
@@ -135,23 +162,16 @@ class GroupShape:
 
     @staticmethod
     def plan(prompt_lens: Sequence[int], limits: Sequence[int], *, min_capacity: int,
-             max_len: int | None = None, row_multiple: int = 1, tile: int = 1) -> GroupShape:
+             max_len: int | None = None, row_multiple: int = 1) -> GroupShape:
         """Geometry of a group with these prompt lengths and response limits.
 
         The growing stores start at the smallest power of two above the prompt block (at least
         ``min_capacity``, at most ``total``). With a user ``max_len``, stores are fixed at
         ``max_len`` plus the block's left padding, so no row's slots run past the store.
-
-        ``tile``: the decode tile. Without ``max_len``, ``total`` covers whole tiles of decode
-        steps, so the last dispatch runs a full tile (its extra steps are tile overrun) instead
-        of single steps — a second decode program, compiled for the last few tokens only.
         """
         plen = max(prompt_lens)
         pcap = length_bucket(plen)
-        steps = int(max(limits))
-        if max_len is None and tile > 1:
-            steps = max(steps, -(-(steps - 1) // tile) * tile)
-        total = pcap + steps
+        total = pcap + int(max(limits))
         cap = min(max(min_capacity, next_pow2(pcap + 1)), total)
         if max_len is not None:
             cap = max_len + (pcap - plen)
@@ -183,17 +203,15 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
 
     steps_done: decode steps dispatched so far; rows / capacity: the current row bucket and
     growing capacity; live: rows not finished; remaining: the most tokens any live row may still
-    emit; tile: the engine's decode tile; need(t): live slots of the growing stores after writing
-    slot t (None when the model has no growing store); row_multiple: row buckets are multiples
-    of this (see :func:`row_bucket`); compaction: when finished rows are dropped.
+    emit; tile: the steps :class:`Tiling` asks for; need(t): live slots of the growing stores
+    after writing slot t (None when the model has no growing store); row_multiple: row buckets
+    are multiples of this (see :func:`row_bucket`); compaction: when finished rows are dropped.
 
-    A full tile runs whenever its writes fit ``total`` (a shape planned with the same tile always
-    fits them); otherwise (fixed ``max_len`` stores) only while every step of the tile is within
-    some live row's limit, then single steps. Finished rows are dropped once the live rows fit a
+    The dispatch runs ``min(tile, remaining)`` steps, so no step lies past every live row's
+    limit and every write fits ``total``. Finished rows are dropped once the live rows fit a
     bucket of at most ``compaction.share`` of the current one and no smaller than
-    ``compaction.min_rows`` (the bucket shrinks to it). Growing
-    stores double — or jump to what the tile's last write needs — when that write would not
-    fit, capped at ``total``.
+    ``compaction.min_rows`` (the bucket shrinks to it). Growing stores double — or jump to what
+    the tile's last write needs — when that write would not fit, capped at ``total``.
 
     A compaction compiles a decode program for the new bucket anyway, so the growing stores
     grow to ``total`` with it when that holds no more slots than the stores did before it:
@@ -201,8 +219,7 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     """
     step = steps_done + 1
     write = shape.prompt_slots + step - 1
-    full = tile > 1 and write + tile <= shape.total
-    k = tile if full or remaining >= tile > 1 else 1
+    k = max(1, min(tile, remaining))
     new = compaction.target(rows, live, row_multiple)
     if new < rows:
         if need is not None and capacity < shape.total and new * shape.total <= rows * capacity:
@@ -217,7 +234,7 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
 
 def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
            min_capacity: int = DEFAULT_MIN_CAPACITY,
-           max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION, tile: int = DEFAULT_DECODE_TILE,
+           max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION, tiling: Tiling = Tiling(),
            need: Callable[[int], int] | None = lambda t: t + 1,
            microbatch_rows: int | None = None, compaction: Compaction = Compaction(),
            ) -> list[tuple[GroupShape, list[Dispatch]]]:
@@ -231,9 +248,9 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
     for group in microbatches(prompt_lens, limits, max_rows=microbatch_rows,
                               max_pad_fraction=max_pad_fraction):
         shape = GroupShape.plan([prompt_lens[i] for i in group], [limits[i] for i in group],
-                                min_capacity=min_capacity, tile=tile)
+                                min_capacity=min_capacity)
         left = [int(limits[i]) - 1 for i in group]  # tokens still to emit after the prefill's
-        rows, cap, done, ds = shape.rows, shape.capacity, 0, []
+        rows, cap, done, ds, tile = shape.rows, shape.capacity, 0, [], tiling.first()
         while any(x > 0 for x in left):
             live = [x for x in left if x > 0]
             d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
@@ -242,5 +259,6 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
             ds.append(d)
             rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
             left = [max(0, x - d.tile) for x in left]
+            tile = tiling.after(d.tile, sum(x > 0 for x in left) < len(live))
         out.append((shape, ds))
     return out

@@ -238,24 +238,45 @@ class StepBuilder:
         return self._chunk(hoisted, stores, None, positions, write_index, row_ids, seed,
                            step=step, temperature=temperature, want_logits=want_logits)
 
-    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, *,
-                    temperature: float, want_logits: bool, k: int):
-        """Decode steps ``step .. step+k-1`` in one program (``lax.scan`` over :meth:`decode`).
+    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, n, last, *,
+                    temperature: float, want_logits: bool, k: int, eos: tuple[int, ...] = ()):
+        """Decode steps ``step .. step+n-1`` in one program (``n <= k`` is a run-time argument).
 
         Why: a host-driven loop pays a dispatch and a device→host sync per token, which for
-        small models or batches costs as much as the step itself. A tile of k steps pays them
-        once; tokens a row samples after its EOS or limit inside a tile are discarded by the
-        host (at most k-1 per row), and sampling is keyed by (seed, step, row), so the tokens
-        are the ones k single steps would give. The host guarantees capacity for all k writes.
-        Returns (stores, tokens [k, B], log-probs [k, B], logits [k, …]).
+        small models or batches costs as much as the step itself. A tile pays them once; tokens
+        a row samples after its EOS or limit inside a tile are discarded by the host, and
+        sampling is keyed by (seed, step, row), so the tokens are the ones single steps would
+        give. ``n`` being an argument (a ``while_loop``, outputs in ``[k, …]`` buffers) lets
+        the host size every tile (:class:`~jaxrl_sym.runtime.policy.Tiling`) with one compiled
+        program. The loop also stops once every row has ended: ``last[b]`` is the response
+        index of row b's last allowed token (-1: a finished or filler row), ``eos`` the end
+        tokens — so a group's last tile computes nothing after its last row ends. The host
+        guarantees capacity for all n writes. Returns (stores, tokens [k, B], log-probs
+        [k, B], logits [k, …]); entries past the steps run are zeros.
         """
+        def one(st, i):
+            return self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids, seed,
+                               temperature=temperature, want_logits=want_logits)
 
-        def body(st, i):
-            st, tok, lp, lg = self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids,
-                                          seed, temperature=temperature, want_logits=want_logits)
-            return st, (tok, lp, lg)
+        shapes = jax.eval_shape(lambda: one(stores, jnp.zeros((), jnp.int32))[1:])
+        bufs = tuple(jnp.zeros((k, *x.shape), x.dtype) for x in shapes)
 
-        stores, (toks, lps, lgs) = lax.scan(body, stores, jnp.arange(k, dtype=jnp.int32))
+        def cond(carry):
+            i, _, ended, _ = carry
+            return (i < n) & ~jnp.all(ended)
+
+        def body(carry):
+            i, st, ended, outs = carry
+            st, *got = one(st, i)
+            outs = tuple(lax.dynamic_update_index_in_dim(b, x, i, 0)
+                         for b, x in zip(outs, got, strict=True))
+            hit = step + i >= last
+            for e in eos:
+                hit = hit | (got[0] == e)
+            return i + 1, st, ended | hit, outs
+
+        carry = (jnp.zeros((), jnp.int32), stores, last < step, bufs)
+        _, stores, _, (toks, lps, lgs) = lax.while_loop(cond, body, carry)
         return stores, toks, lps, lgs
 
     def _chunk(
