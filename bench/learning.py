@@ -66,7 +66,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partial", action="append", default=None, metavar="off|JSON",
                    help="partial rollouts per run: 'off' or PartialConfig fields as JSON; "
                         "repeat to compare (default: off)")
-    p.add_argument("--config", default="", help="JSON of RLConfig overrides for every run")
+    p.add_argument("--config", action="append", default=None, metavar="JSON",
+                   help="JSON of RLConfig overrides; repeat to compare arms side by side "
+                        "(e.g. '{}' and '{\"speculate\": 4}'; default: none)"
+                        ". --jobs 2 runs two arms at once, so they see the same load")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
@@ -91,13 +94,13 @@ def specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     has whole (algorithm, task) rows)."""
     per_task = task_steps(args)
     model = json.loads(args.model) if args.model else None
-    config = json.loads(args.config) if args.config else None
+    configs = [json.loads(c) or None for c in (args.config or ["{}"])]
     partials = [None if v == "off" else json.loads(v) for v in (args.partial or ["off"])]
     return [dict(algo=a, task=t, seed=int(s), steps=per_task.get(t, args.steps),
                  prompts=args.prompts, max_digits=args.max_digits,
-                 eval_prompts=args.eval_prompts, model=model, config=config, partial=pr)
+                 eval_prompts=args.eval_prompts, model=model, config=c, partial=pr)
             for t in args.tasks.split(",") for a in args.algos.split(",")
-            for pr in partials for s in args.seeds.split(",")]
+            for c in configs for pr in partials for s in args.seeds.split(",")]
 
 
 def key(spec: dict[str, Any]) -> tuple:
@@ -144,8 +147,15 @@ def run_child(spec: dict[str, Any], cache_dir: str | None = None) -> dict[str, A
             "train_seconds": out["seconds"], "wall_seconds": time.perf_counter() - t0,
             "generation_seconds": float(sum(m["seconds"]["generation"] for m in hist)),
             "partial_stats": _partial_stats(hist, out.get("partial_left_rows", 0)),
+            "acceptance_rate": _acceptance(hist),
             "params_sha256": out["params_sha256"], "recipe": {**TASK_RECIPE, **TASK_REWARD},
             "git": _git_head(), "curve_every": CURVE_EVERY, "curves": curves}
+
+
+def _acceptance(hist: list[dict[str, Any]]) -> float | None:
+    """Drafts accepted / drafted over the run (None without speculation)."""
+    drafted = sum(m.get("drafted_tokens", 0) for m in hist)
+    return sum(m.get("accepted_tokens", 0) for m in hist) / drafted if drafted else None
 
 
 def _partial_stats(hist: list[dict[str, Any]], left: int) -> dict[str, Any] | None:
@@ -201,14 +211,17 @@ def summarise(rows: list[dict[str, Any]], pass_level: float) -> list[dict[str, A
     for r in rows:
         if "error" not in r:
             pk = json.dumps(r.get("partial"), sort_keys=True)
-            groups.setdefault((r["algo"], r["task"], r["steps"], pk), []).append(r)
+            ck = json.dumps(r.get("config"), sort_keys=True)
+            groups.setdefault((r["algo"], r["task"], r["steps"], pk, ck), []).append(r)
     out = []
-    for (algo, task, steps, pk), rs in groups.items():
+    for (algo, task, steps, pk, ck), rs in groups.items():
+        acc = [r["acceptance_rate"] for r in rs if r.get("acceptance_rate") is not None]
         rs = sorted(rs, key=lambda r: r["seed"])
         fin = [r["final_exact_match"] for r in rs]
         out.append(dict(
             algo=algo, task=task, steps=steps, seeds=[r["seed"] for r in rs],
-            partial=json.loads(pk),
+            partial=json.loads(pk), config=json.loads(ck),
+            acceptance=float(np.mean(acc)) if acc else None,
             generation_mean=float(np.mean([r.get("generation_seconds", np.nan) for r in rs])),
             finals=fin, mean=float(np.mean(fin)), min=float(np.min(fin)),
             max=float(np.max(fin)), passed=sum(f >= pass_level for f in fin),
@@ -221,16 +234,20 @@ def summarise(rows: list[dict[str, Any]], pass_level: float) -> list[dict[str, A
 def table(summary: list[dict[str, Any]], pass_level: float) -> str:
     lines = ["| algo | task | steps | seeds | final greedy exact match: mean | min | max | "
              f"seeds >= {pass_level} | per seed | sampled exact match, first 20 steps | "
-             "wall s per run (mean) | generation s (mean) | partial rollouts |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "wall s per run (mean) | generation s (mean) | partial rollouts | config | "
+             "draft acceptance |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         per = ", ".join(f"{seed}: {f:.3f}" for seed, f in zip(s["seeds"], s["finals"],
                                                               strict=True))
         part = "off" if s["partial"] is None else json.dumps(s["partial"]).replace("|", "/")
+        conf = "-" if s["config"] is None else json.dumps(s["config"]).replace("|", "/")
+        acc = "-" if s["acceptance"] is None else f"{s['acceptance']:.3f}"
         lines.append(f"| {s['algo']} | {s['task']} | {s['steps']} | {len(s['seeds'])} | "
                      f"{s['mean']:.3f} | {s['min']:.3f} | {s['max']:.3f} | "
                      f"{s['passed']}/{len(s['seeds'])} | {per} | {s['initial']:.3f} | "
-                     f"{s['wall_mean']:.0f} | {s['generation_mean']:.0f} | {part} |")
+                     f"{s['wall_mean']:.0f} | {s['generation_mean']:.0f} | {part} | {conf} | "
+                     f"{acc} |")
     return "\n".join(lines)
 
 
