@@ -104,8 +104,11 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
     d.add_argument("--speculate", type=int, default=0, metavar="K",
                    help="speculative decoding: a draft proposes K tokens per row, the model "
                         "verifies them in one forward (sym and padded; 0: off)")
-    d.add_argument("--draft", default="ngram", choices=("ngram",),
-                   help="the draft for --speculate: ngram (prompt lookup, no model)")
+    d.add_argument("--draft", default="ngram", choices=("ngram", *PRESETS),
+                   help="the draft for --speculate: ngram (prompt lookup, no model) or a model "
+                        "preset (a DecoderLM of that shape with the model's vocabulary, weights "
+                        "seeded by --seed + 1; sym only: padded then decodes plainly, as its "
+                        "report row says)")
     d.add_argument("--json", action="store_true", help="print one JSON object")
     d.add_argument("--out", default=None, metavar="FILE.json",
                    help="also write the report as JSON to this file")
@@ -260,10 +263,15 @@ def check_decode(args: argparse.Namespace) -> list[str]:
             errors.append(f"--mesh shards the sym systems; --systems {args.systems!r} has none")
     if args.speculate < 0:
         errors.append(f"--speculate must be >= 0 (0: off), got {args.speculate}")
+    elif args.draft != "ngram" and not args.speculate:
+        errors.append(f"--draft {args.draft} drafts for --speculate K; give K >= 1")
     elif args.speculate:
         other = [s for s in systems if s.partition("-")[0] != "sym" and s != "padded"]
         if other:
             errors.append(f"--speculate applies to sym and padded; --systems names {other}")
+        if args.draft != "ngram" and not any(s.startswith("sym") for s in systems):
+            errors.append(f"--draft {args.draft}: a draft model runs on the sym systems; "
+                          f"--systems {args.systems!r} has none")
         if args.attention == "linear" and not args.model:
             errors.append(f"--speculate with --attention {args.attention}: linear attention's "
                           "recurrent state cannot roll back rejected drafts; use --speculate 0")

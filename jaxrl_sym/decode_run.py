@@ -69,6 +69,25 @@ def build_model(spec: dict[str, Any]) -> tuple[Any, list[np.ndarray]]:
     return DecoderLM(cfg, rngs=nnx.Rngs(spec["seed"])), prompts_for(spec, cfg.vocab_size)
 
 
+def check_vocab(model: Any) -> int:
+    from jaxrl_sym.models.contract import check_model
+
+    return check_model(model).vocab_size
+
+
+def draft_model(name: str, vocab: int, seed: int) -> Any:
+    """``--draft PRESET``: a DecoderLM of that preset with the target's vocabulary (full
+    attention), its weights seeded apart from the target's (``seed + 1``)."""
+    from dataclasses import replace
+
+    from flax import nnx
+
+    from jaxrl_sym.models.lm import DecoderLM, preset
+
+    cfg = preset("small", **DECODE_CPU) if name == "decode-cpu" else preset(name)
+    return DecoderLM(replace(cfg, vocab_size=vocab), rngs=nnx.Rngs(seed + 1))
+
+
 def prompts_for(spec: dict[str, Any], vocab: int) -> list[np.ndarray]:
     rng = np.random.default_rng(spec["seed"])
     lo, hi = spec["prompt_len"]
@@ -112,7 +131,10 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
     if spec.get("speculate"):  # sym and padded with the same draft and acceptance rule
         from jaxrl_sym.runtime.speculative import speculative_generator
 
-        gen = speculative_generator(system, model, spec["speculate"], draft=spec["draft"],
+        draft = spec["draft"]
+        if draft != "ngram":
+            draft = draft_model(draft, check_vocab(model), spec["seed"])
+        gen = speculative_generator(system, model, spec["speculate"], draft=draft,
                                     backend=spec["backend"],
                                     progress=_progress_printer(system, spec["batch"] *
                                                                spec["tokens"]))
@@ -132,7 +154,7 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
     # sym: the engine's own log of the token positions it computed, by cause of waste
     metrics.update({k: cold.stats[k] for k in ("waste_fraction", "waste_by_cause", "groups",
                                                "acceptance_rate", "acceptance_per_row",
-                                               "draft_seconds", "verify_steps")
+                                               "draft_seconds", "verify_steps", "draft")
                     if k in cold.stats})
     # A peer's version and cache geometry (Tunix: jaxrl_sym.baselines.tunix), kept with its row.
     metrics.update({k: cold.stats[k] for k in ("tunix_version", "cache_size", "prompt_len")

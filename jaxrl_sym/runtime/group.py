@@ -295,11 +295,17 @@ class DecodeGroup:
                 self.work.add_keys("prompt_alignment", n * pad * u)
                 self.work.add_keys("capacity", n * (size * u - need - pad * u))
 
+    @staticmethod
+    def kept(live: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The batch slots a compaction to ``rows`` keeps (live ones, then a live row repeated
+        as filler) and which of the new slots are filler."""
+        keep = np.concatenate([live, np.repeat(live[:1], rows - len(live))])
+        return keep, np.arange(rows) >= len(live)
+
     def compact(self, live: np.ndarray, rows: int) -> None:
         """Keep the live rows in a bucket of ``rows`` (fillers repeat a live row, masked)."""
-        keep = np.concatenate([live, np.repeat(live[:1], rows - len(live))])
+        keep, filler = self.kept(live, rows)
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items() if "pos" in s))
-        filler = np.arange(rows) >= len(live)
         cargs = (self.stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
                  self.pos0, self.row_ids)
         self.stores, self.pos0, self.row_ids = self.lm.cache.run(

@@ -38,12 +38,13 @@ from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
+from jaxrl_sym.runtime.draft import DraftModel
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.evaluate import evaluate
 from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
 from jaxrl_sym.runtime.policy import next_pow2
-from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
-from jaxrl_sym.runtime.speculative_tile import verify_tile
+from jaxrl_sym.runtime.prefill import PackedPrompts
+from jaxrl_sym.runtime.programs import StepBuilder
+from jaxrl_sym.runtime.speculative_tile import forward_at, verify_tile
 
 DRAFTS = ("ngram",)
 NGRAM_MAX = 3  # longest suffix the prompt-lookup draft matches
@@ -130,31 +131,11 @@ def verify_program(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores:
     ``positions``; store entries go to ``slots`` (per row, -1: none). The slot store (feedback
     edge) is not read: the host supplies the tokens, as it built the drafts from them.
     Returns (stores, tokens, log-probs, accepted, logits ``[B, k+1, V]`` or an empty array)."""
-    pdg = builder.pdg
-    vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
-                                         zip(builder.boundary, hoisted, strict=True)}
-    for nid in builder.slots:
-        vals[nid] = (tokens,)
-    vals[pdg.input_id("positions")] = (positions,)
-    vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions),)
-    new_stores = dict(stores)
-
-    def attn(node: Any, args: list[jax.Array]) -> jax.Array:
-        spec = builder.specs[node.id]
-        out, new_stores[str(node.id)] = spec.kind.verify(spec, stores[str(node.id)], args, slots)
-        return out
-
-    def sample(node: Any, args: list[jax.Array]) -> tuple[jax.Array, ...]:
-        lg = args[0].astype(jnp.float32)  # every position: the acceptance rule reads them all
-        return lg, lg, lg
-
-    out = evaluate(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]},
-                   {"sym_attention": attn, "sample": sample}, only=_dynamic(pdg))
-    logits = out[pdg.outputs[1]][2]
+    stores, logits = forward_at(builder, hoisted, stores, tokens, positions, slots)
     tok, lp, acc = accept(logits, tokens[:, 1:], seed=seed, row_ids=row_ids, index=index,
                           temperature=temperature)
     kept = logits if want_logits else jnp.zeros((0,), jnp.float32)
-    return builder.rows(new_stores), tok, lp, acc, kept
+    return stores, tok, lp, acc, kept
 
 
 # --------------------------------------------------------------------------- adaptive k
@@ -229,6 +210,38 @@ class SpeculativeGroup(DecodeGroup):
 
     lm: SpeculativeLM
 
+    def __init__(self, lm: SpeculativeLM, *args: Any, **kwargs: Any) -> None:
+        super().__init__(lm, *args, **kwargs)
+        self.draft_stores: dict = {}
+        if lm.draft_model is not None:
+            self.draft_stores = lm.draft_model.init(
+                lm.cache, self.rows, DraftModel.capacity(self.shape.total, lm.speculate))
+
+    def prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+        """The target's prefill, then the draft model's from the same packed prompts."""
+        out = super().prefill(hoisted)
+        dm = self.lm.draft_model
+        if dm is not None:
+            prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
+            pk = PackedPrompts.build(prompts, self.shape.prompt_slots, vocab=self.lm.vocab_size,
+                                     logits_bytes=self.cfg.prefill_logits_bytes)
+            arrays = tuple(jax.device_put(x) for x in (pk.tokens, pk.positions, pk.rows,
+                                                        pk.slots, pk.last, pk.source))
+            self.draft_stores = dm.prefill(self.lm.cache, self.draft_stores,
+                                           (*arrays, self.row_ids, self.seed),
+                                           chunk_rows=pk.chunk_rows, shared=pk.shared)
+        return out
+
+    def compact(self, live: np.ndarray, rows: int) -> None:
+        """The target's compaction; the draft's stores keep the same rows."""
+        dm = self.lm.draft_model
+        if dm is not None:
+            keep, filler = self.kept(live, rows)
+            self.draft_stores = dm.compact(self.lm.cache, self.draft_stores,
+                                           jax.device_put(keep.astype(np.int32)),
+                                           jax.device_put(filler), self.pos0, self.row_ids)
+        super().compact(live, rows)
+
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
             on_finished: OnFinished | None) -> None:
         self.collect(self.prefill(hoisted), out, on_finished)
@@ -285,15 +298,18 @@ class SpeculativeGroup(DecodeGroup):
         lm, cfg = self.lm, self.cfg
         if lm.mesh is not None:
             self.stores = lm.builder.place_stores(self.stores)
+        dm = lm.draft_model
         args = (hoisted, self.stores, *(jax.device_put(x) for x in inputs), self.row_ids,
-                self.seed)
-        caps = tuple(sorted((n, s["pos"].shape[1]) for n, s in self.stores.items() if "pos" in s))
-        key = ("verify_tile", self.rows, k, m, inputs[0].shape[1], caps, cfg.temperature,
-               cfg.return_logits, cfg.eos_ids)
+                self.seed, () if dm is None else dm.hoisted(), self.draft_stores)
+        caps = lambda st: tuple(sorted((n, s["pos"].shape[1]) for n, s in st.items()
+                                       if "pos" in s))
+        key = ("verify_tile", self.rows, k, m, inputs[0].shape[1], caps(self.stores),
+               caps(self.draft_stores), cfg.temperature, cfg.return_logits, cfg.eos_ids)
         fn = partial(verify_tile, lm.builder, temperature=cfg.temperature,
-                     want_logits=cfg.return_logits, k=k, m=m, eos=cfg.eos_ids)
-        self.stores, *res = lm.cache.run(
-            key, lambda a=args: jax.jit(fn, donate_argnums=(1,)).lower(*a).compile(), *args)
+                     want_logits=cfg.return_logits, k=k, m=m, eos=cfg.eos_ids,
+                     draft=None if dm is None else dm.lm.builder)
+        self.stores, self.draft_stores, *res = lm.cache.run(
+            key, lambda a=args: jax.jit(fn, donate_argnums=(1, 11)).lower(*a).compile(), *args)
         del args
         self.work.computed += self.rows * (k + 1) * m
         self._observe(key, step=self.steps_done)
@@ -334,7 +350,9 @@ class SpeculativeLM(SymbolicLM):
 
     Args (beyond :class:`SymbolicLM`'s):
       speculate: K, the most draft tokens per verify (>= 1).
-      draft: ``"ngram"`` (prompt lookup, no model).
+      draft: ``"ngram"`` (prompt lookup, no model) or a draft model: an NNX module following
+        the same contract with the target's vocabulary (:mod:`jaxrl_sym.runtime.draft`;
+        proposes greedily on device, its own stores in the target's row layout).
       adaptive: pick k per verify tile from {1, 2, 4, …, K} by measured acceptance and verify
         cost (:func:`choose_k`); False: always K (one verify program per shape).
       verify_tile: draft + verify steps per dispatch (:mod:`jaxrl_sym.runtime.speculative_tile`:
@@ -346,19 +364,23 @@ class SpeculativeLM(SymbolicLM):
 
     group_class = SpeculativeGroup
 
-    def __init__(self, model: nnx.Module, *, speculate: int, draft: str = "ngram",
+    def __init__(self, model: nnx.Module, *, speculate: int, draft: str | nnx.Module = "ngram",
                  adaptive: bool = False, verify_tile: int = 4, **kwargs: Any) -> None:
         if isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 1:
             raise InputError(f"speculate={speculate!r}: give the most draft tokens per verify "
                              "step, an int >= 1 (0/None: use SymbolicLM, plain decoding)")
-        if draft not in DRAFTS:
-            raise InputError(f"draft={draft!r}: choose one of {DRAFTS} (prompt lookup)")
+        if not isinstance(draft, nnx.Module) and draft not in DRAFTS:
+            raise InputError(f"draft={draft!r}: choose one of {DRAFTS} (prompt lookup) or pass "
+                             "a draft model (an NNX module with the target's vocabulary)")
         if isinstance(verify_tile, bool) or not isinstance(verify_tile, int) or verify_tile < 1:
             raise InputError(f"verify_tile={verify_tile!r}: verify steps per dispatch, an int "
                              ">= 1")
         self.verify_tile = verify_tile
         super().__init__(model, **kwargs)
-        self.speculate, self.draft_name = speculate, draft
+        self.speculate = speculate
+        self.draft_model = None if isinstance(draft, str) else DraftModel.build(draft, self,
+                                                                               speculate)
+        self.draft_name = draft if isinstance(draft, str) else self.draft_model.name
         self.specs = {n: dataclasses.replace(s, capacity=s.kind.speculative_capacity(s, speculate))
                       for n, s in self.specs.items()}
         self.builder = dataclasses.replace(self.builder, specs=self.specs)
@@ -373,21 +395,32 @@ class SpeculativeLM(SymbolicLM):
         self.spec_log = SpecLog(verify_seconds=old.verify_seconds, timed=old.timed)
         res = super().generate(prompts, cfg, **kwargs)
         res.stats.update(self.spec_log.report(len(res.tokens)))
+        res.stats["draft"] = self.draft_name
         return res
 
 
 def speculative_generator(system: str, model: nnx.Module, speculate: int, *,
-                          draft: str = "ngram", backend: str = "xla",
+                          draft: str | nnx.Module = "ngram", backend: str = "xla",
                           progress: Any = None) -> Any:
     """``generate(prompts, cfg)`` of ``system`` speculating ``speculate`` tokens per verify:
     ``sym`` (or ``sym-<backend>``) → :class:`SpeculativeLM`, ``padded`` → the padded baseline
-    with the same draft and acceptance (:mod:`jaxrl_sym.baselines.padded_speculative`)."""
+    with the same draft and acceptance (:mod:`jaxrl_sym.baselines.padded_speculative`). With a
+    draft model, padded has none and decodes plainly; its stats say so (``draft``)."""
     name, _, sub = system.partition("-")
-    if draft not in DRAFTS:
-        raise InputError(f"--draft {draft}: choose one of {', '.join(DRAFTS)}")
+    if isinstance(draft, str) and draft not in DRAFTS:
+        raise InputError(f"--draft {draft}: choose one of {', '.join(DRAFTS)} or a model preset")
     if name == "sym":
         lm = SpeculativeLM(model, speculate=speculate, draft=draft, backend=sub or backend)
         return lambda p, c: lm.generate(p, c, on_progress=progress)
+    if system == "padded" and not isinstance(draft, str):
+        from jaxrl_sym.baselines.padded import padded_generate
+
+        def plain(p: Any, c: GenerationConfig) -> GenerationResult:
+            res = padded_generate(model, p, c)
+            res.stats["draft"] = "none: the padded baseline has no draft model (plain decoding)"
+            return res
+
+        return plain
     if system == "padded":
         from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
 

@@ -5,8 +5,9 @@ tile). A host-side draft needs the tokens back after every verify, which costs a
 verify; on small models that sync costs more than the tokens speculation saves (measured:
 ``bench/speculative.py``). Here the prompt-lookup draft runs on device
 (:func:`device_ngram_draft`, the same drafts as :func:`~jaxrl_sym.runtime.speculative.ngram_draft`)
-over each row's token history, so ``m`` verifies are one ``lax.scan``; each row stops at its EOS
-or limit inside the tile (later steps leave it untouched, its outputs are ignored).
+over each row's token history — or a draft model does, from its own stores
+(:func:`model_draft`) — so ``m`` verifies are one ``lax.scan``; each row stops at its EOS or
+limit inside the tile (later steps leave it untouched, its outputs are ignored).
 """
 
 from __future__ import annotations
@@ -17,7 +18,65 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_sym.runtime.programs import StepBuilder
+from jaxrl_sym.runtime.evaluate import evaluate
+from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
+
+
+def forward_at(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
+               tokens: jax.Array, positions: jax.Array, slots: jax.Array
+               ) -> tuple[dict, jax.Array]:
+    """The PDG on ``tokens [B, c]`` at ``positions``, every attention store writing row b's
+    entries at its own ``slots[b]`` first (-1: none; :meth:`StoreKind.verify`). The slot store
+    (feedback edge) is not read: the tokens are given. Returns (stores, fp32 logits
+    ``[B, c, V]``): a verify's (the target's) or a draft step's."""
+    pdg = builder.pdg
+    vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
+                                         zip(builder.boundary, hoisted, strict=True)}
+    for nid in builder.slots:
+        vals[nid] = (tokens,)
+    vals[pdg.input_id("positions")] = (positions,)
+    vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions),)
+    new_stores = dict(stores)
+
+    def attn(node: Any, args: list[jax.Array]) -> jax.Array:
+        spec = builder.specs[node.id]
+        out, new_stores[str(node.id)] = spec.kind.verify(spec, stores[str(node.id)], args, slots)
+        return out
+
+    def sample(node: Any, args: list[jax.Array]) -> tuple[jax.Array, ...]:
+        lg = args[0].astype(jnp.float32)  # every position: the acceptance rule reads them all
+        return lg, lg, lg
+
+    out = evaluate(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]},
+                   {"sym_attention": attn, "sample": sample}, only=_dynamic(pdg))
+    return builder.rows(new_stores), out[pdg.outputs[1]][2]
+
+
+def model_draft(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
+                hist: jax.Array, length: jax.Array, offset: jax.Array, done: jax.Array,
+                k: int) -> tuple[jax.Array, dict]:
+    """``k`` greedy draft tokens per row from a draft model's own stores (same row layout as
+    the target's: slot = position + ``offset``).
+
+    The first step feeds the row's last two tokens: when the previous verify accepted every
+    draft, the last of them was never fed to the draft (re-feeding an entry the stores hold
+    writes the same keys). Then each proposal is fed back, k - 1 times. Rejected proposals
+    from the previous round sit at positions this round writes before any query attends them
+    (the argument of :meth:`StoreKind.verify`). Greedy, so the draft is deterministic — the
+    case the acceptance rule (:func:`~jaxrl_sym.runtime.speculative.accept`) is exact for.
+    Done rows write nothing (slots -1) and their proposals are ignored."""
+    two = jnp.asarray([-2, -1], jnp.int32)[None]
+    pos = length[:, None] + two
+    tok = jnp.take_along_axis(hist, jnp.maximum(pos, 0), axis=1)
+    drafts = []
+    for i in range(k):
+        p = jnp.where(done[:, None], -1, pos)
+        stores, lg = forward_at(builder, hoisted, stores, tok, p,
+                                jnp.where(done[:, None], -1, pos + offset[:, None]))
+        tok = jnp.argmax(lg[:, -1], axis=-1).astype(jnp.int32)[:, None]
+        drafts.append(tok[:, 0])
+        pos = (length + i)[:, None]
+    return jnp.stack(drafts, axis=1), stores
 
 
 def device_ngram_draft(hist: jax.Array, length: jax.Array, k: int, max_n: int = 3) -> jax.Array:
@@ -45,21 +104,27 @@ def device_ngram_draft(hist: jax.Array, length: jax.Array, k: int, max_n: int = 
 
 def verify_tile(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
                 hist: jax.Array, length: jax.Array, emitted: jax.Array, limit: jax.Array,
-                offset: jax.Array, done: jax.Array, row_ids: jax.Array, seed: jax.Array, *,
+                offset: jax.Array, done: jax.Array, row_ids: jax.Array, seed: jax.Array,
+                draft_hoisted: tuple[jax.Array, ...] = (), draft_stores: dict | None = None, *,
                 temperature: float, want_logits: bool, k: int, m: int,
-                eos: tuple[int, ...]) -> tuple[Any, ...]:
+                eos: tuple[int, ...], draft: StepBuilder | None = None) -> tuple[Any, ...]:
     """``m`` draft + verify steps. Per row: ``hist``/``length`` its tokens so far (prompt first),
     ``emitted`` / ``limit`` its response tokens so far / at most, ``offset`` slot minus position
-    (the store layout), ``done`` rows to leave alone. Returns (stores, then per step: tokens
-    ``[m, B, k+1]``, log-probs, tokens kept ``[m, B]`` (0: the row was done), accepted drafts
-    ``[m, B]``, logits)."""
+    (the store layout), ``done`` rows to leave alone. ``draft``: a draft model's step builder
+    (its weights and stores in ``draft_hoisted`` / ``draft_stores``); None: prompt lookup.
+    Returns (stores, draft stores, then per step: tokens ``[m, B, k+1]``, log-probs, tokens
+    kept ``[m, B]`` (0: the row was done), accepted drafts ``[m, B]``, logits)."""
     from jaxrl_sym.runtime.speculative import verify_program  # the one verify step
 
     ar = jnp.arange(k + 1, dtype=jnp.int32)[None]
 
     def body(carry, _):
-        stores, hist, length, emitted, done = carry
-        drafts = device_ngram_draft(hist, length, k)
+        stores, dstores, hist, length, emitted, done = carry
+        if draft is None:
+            drafts = device_ngram_draft(hist, length, k)
+        else:
+            drafts, dstores = model_draft(draft, draft_hoisted, dstores, hist, length, offset,
+                                          done, k)
         last = jnp.take_along_axis(hist, jnp.maximum(length - 1, 0)[:, None], axis=1)
         tokens = jnp.concatenate([last, drafts], axis=1)
         positions = jnp.where(done[:, None], -1, (length - 1)[:, None] + ar)
@@ -75,7 +140,9 @@ def verify_tile(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: di
         rows = jnp.broadcast_to(jnp.arange(hist.shape[0])[:, None], cols.shape)
         hist = hist.at[rows, cols].set(tok, mode="drop")
         done = done | hit.any(axis=1) | (emitted + keep >= limit)
-        return (stores, hist, length + keep, emitted + keep, done), (tok, lp, keep, acc, lg)
+        return (stores, dstores, hist, length + keep, emitted + keep, done), \
+            (tok, lp, keep, acc, lg)
 
-    (stores, *_), outs = lax.scan(body, (stores, hist, length, emitted, done), None, length=m)
-    return (stores, *outs)
+    carry = (stores, draft_stores or {}, hist, length, emitted, done)
+    (stores, dstores, *_), outs = lax.scan(body, carry, None, length=m)
+    return (stores, dstores, *outs)
