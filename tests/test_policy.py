@@ -9,6 +9,7 @@ describe a policy the runtime does not follow), and the policy's invariants on r
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zoo import zoo
@@ -29,11 +30,14 @@ requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=
 
 
 @settings(max_examples=150, deadline=None)
-@given(requests, st.integers(1, 9), st.sampled_from([1, 2, 64]), st.sampled_from([4, 16, 128]))
-def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap) -> None:
+@given(requests, st.integers(1, 9), st.sampled_from([1, 2, 64]), st.sampled_from([4, 16, 128]),
+       st.booleans())
+def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap, early) -> None:
     prompts, limits = [p for p, _ in req], [n for _, n in req]
     tiling = Tiling(tile, tile * grow)
-    for shape, ds in replay(prompts, limits, min_capacity=min_cap, tiling=tiling):
+    compaction = Compaction(min_rows=1, early=early)
+    for shape, ds in replay(prompts, limits, min_capacity=min_cap, tiling=tiling,
+                            compaction=compaction):
         assert shape.capacity <= shape.total
         prev = None
         for d in ds:
@@ -108,23 +112,28 @@ def test_compaction_target_is_a_bucket_between_the_floor_and_the_rows(rows, live
         assert rows == 1 or smaller > share * rows or smaller >= rows
 
 
-def test_engine_dispatches_what_the_policy_replays() -> None:
+@pytest.mark.parametrize("floor,early", [(8, False), (1, False), (1, True)])
+def test_engine_dispatches_what_the_policy_replays(floor: int, early: bool) -> None:
     """Prefill, decode tiles, compactions and growths of the engine, counted, equal the replay.
 
     A GPT-2-like zoo model (learned positions, LayerNorm, biases: full attention, so its stores
-    grow), ragged prompts and limits so that rows finish at different steps."""
+    grow), ragged prompts and limits so that rows finish at different steps; no compaction
+    (the default floor), compaction at tile ends, and early compaction (tiles end on device at
+    the step the live rows fall to the share: fewer positions computed than at tile ends)."""
     m = zoo()["gpt2"]
     rng = np.random.default_rng(0)
     lens, limits = [3, 9, 5, 12, 4], [2, 30, 7, 19, 11]
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
-    lm = SymbolicLM(m, min_capacity=8, decode_tile=4)
+    lm = SymbolicLM(m, min_capacity=8, decode_tile=4, compact_min_rows=floor,
+                    compact_early=early)
     cfg = GenerationConfig(max_new_tokens=tuple(limits))
     lm.generate(prompts, cfg)  # warm: hoist and programs compiled
     d0 = lm.cache.dispatches
     res = lm.generate(prompts, cfg)
     assert [len(t) for t in res.tokens] == limits
     want = 0
-    for shape, ds in replay(lens, limits, min_capacity=8, tiling=lm.tiling):
+    for shape, ds in replay(lens, limits, min_capacity=8, tiling=lm.tiling,
+                            compaction=lm.compaction):
         want += 2 + len(ds)  # init stores, prefill, one program per dispatch
         rows, cap = shape.rows, shape.capacity
         for d in ds:
@@ -137,10 +146,12 @@ def test_engine_dispatches_what_the_policy_replays() -> None:
     groups = microbatches(lens, limits, max_rows=None, max_pad_fraction=lm.max_pad_fraction)
     packed = [PackedPrompts.build([prompts[i] for i in g], 0, vocab=1, logits_bytes=1 << 40)
               for g in groups]
-    computed = sum(p.positions_computed for p in packed) + sum(
-        d.rows * d.tile for _, ds in replay(lens, limits, min_capacity=8, tiling=lm.tiling)
-        for d in ds)
+    decoded = lambda c: sum(d.rows * d.tile for _, ds in replay(
+        lens, limits, min_capacity=8, tiling=lm.tiling, compaction=c) for d in ds)
+    computed = sum(p.positions_computed for p in packed) + decoded(lm.compaction)
     assert st["token_positions"] == computed
+    if early:
+        assert decoded(lm.compaction) < decoded(Compaction(lm.compaction.share, floor))
     by_cause = st["waste_by_cause"]
     assert abs(sum(by_cause.values()) - st["waste_fraction"]) < 1e-12
     assert by_cause["prompt_alignment"] == 0  # packed prefill: no prompt padding computed

@@ -102,6 +102,9 @@ class SymbolicLM:
       compact_min_rows: never compact below this many rows
         (:data:`~jaxrl_sym.runtime.policy.COMPACT_MIN_ROWS`: where a decode step costs about
         the same whatever its rows, a smaller bucket only adds a program to compile).
+      compact_early: a decode tile ends at the step its live rows fall to the compaction
+        share, so finished rows are dropped then, not at the tile's end
+        (:class:`~jaxrl_sym.runtime.policy.Compaction`: less waste, more row buckets).
       defer_compiles: a compaction whose smaller bucket has no decode program yet does not
         wait for one: the program is compiled on a background thread and the group decodes on
         at its current bucket; a later compaction to that bucket (in a later call) waits for
@@ -131,6 +134,7 @@ class SymbolicLM:
         prefill: str = "packed",
         compact_at: float = COMPACT_AT,
         compact_min_rows: int = COMPACT_MIN_ROWS,
+        compact_early: bool = False,
         defer_compiles: bool = False,
     ) -> None:
         if decode_tile < 1:
@@ -148,7 +152,8 @@ class SymbolicLM:
         if compact_min_rows < 1:
             raise InputError(f"compact_min_rows={compact_min_rows} must be >= 1 (1: compact "
                              "down to single rows)")
-        self.compaction = Compaction(float(compact_at), int(compact_min_rows))
+        self.compaction = Compaction(float(compact_at), int(compact_min_rows),
+                                     bool(compact_early))
         self.defer_compiles = bool(defer_compiles)
         if prefill not in ("packed", "block"):
             raise InputError(f"prefill={prefill!r}: choose 'packed' (prompts bin-packed into "

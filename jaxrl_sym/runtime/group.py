@@ -81,6 +81,7 @@ class DecodeGroup:
         self.prompts = prompts
         self.work = WorkLog()
         self._tile = 0  # steps of the dispatch whose tokens ``collect`` reads next (0: prefill)
+        self._ran: Any = None  # the tile program's count of steps run (a device scalar)
         self.seed = jax.device_put(np.uint32(cfg.seed))
         self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
         pos0 = np.full((b,), DEAD_POSITION, np.int32)
@@ -136,7 +137,7 @@ class DecodeGroup:
                 jax.ShapeDtypeStruct((), np.uint32))
         name, tiled, static = self._program()
         if tiled:
-            args = (*args, i32(), i32(d.rows))
+            args = (*args, i32(), i32(d.rows), i32())
         key, build = self.lm.program_for(name, self.cfg, *args, **static)
         if key in self.lm.cache.settled:
             return False
@@ -214,10 +215,15 @@ class DecodeGroup:
         args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
                 self.row_ids, self.seed)
         name, tiled, static = self._program()
+        ran = None
         if tiled:  # each row's last response index; -1: finished or filler (already ended)
             last = np.where(self.done, -1, self.limits - 1).astype(np.int32)
-            args = (*args, np.int32(d.tile), last)
-        (self.stores, tok, lp, lg), key = self.lm.run_program(name, self.cfg, *args, **static)
+            args = (*args, np.int32(d.tile), last, np.int32(d.stop))
+            (self.stores, tok, lp, lg, ran), key = self.lm.run_program(name, self.cfg, *args,
+                                                                       **static)
+        else:
+            (self.stores, tok, lp, lg), key = self.lm.run_program(name, self.cfg, *args)
+        self._ran = ran
         self.steps_done = d.step + d.tile - 1
         self._observe(key, step=self.steps_done)
         return tok, lp, lg if self.cfg.return_logits else None, tiled
@@ -234,6 +240,10 @@ class DecodeGroup:
         finished: list[int] = []
         live = np.nonzero(~self.done)[0]
         before = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
+        if self._tile and self._ran is not None:  # the steps the tile program ran
+            self._tile = int(self._ran)
+            self._dispatch = self._dispatch.ran(self._tile)
+            self.steps_done = self._dispatch.step + self._tile - 1
         for j in range(self._tile or 1):
             for slot in np.nonzero(~self.done)[0]:
                 i = int(self.ids[slot])
@@ -255,15 +265,10 @@ class DecodeGroup:
             on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
 
     def _book(self, out: Outputs, before: dict[int, int]) -> None:
-        """Book a decode dispatch's token positions by cause (:class:`WorkLog`). The tile
-        program stops once every row ended, so a group's last dispatch ran only as many steps
-        as its longest-running row emitted."""
+        """Book a decode dispatch's token positions by cause (:class:`WorkLog`), for the
+        steps it ran."""
         d = self._dispatch
         emitted = {s: len(out.toks[int(self.ids[s])]) - n for s, n in before.items()}
-        ran = max(emitted.values()) if self.done.all() and self._program()[1] else d.tile
-        if ran < d.tile:
-            d = self._dispatch = Dispatch(d.step, ran, d.write, d.rows, d.capacity)
-            self.steps_done = d.step + ran - 1
         used = sum(emitted.values())
         filler = int((self.ids < 0).sum())
         self.work.computed += d.rows * d.tile

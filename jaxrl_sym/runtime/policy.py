@@ -15,6 +15,7 @@ compiled once by the planner (:func:`jaxrl_sym.passes.storage.live_count_fn`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -106,11 +107,31 @@ class Compaction:
     """When a decode group drops its finished rows (the engine's and the replay's one rule).
 
     share: compact once the live rows fit a bucket at most this share of the current one
-      (:data:`COMPACT_AT`); min_rows: never to a bucket below this (:data:`COMPACT_MIN_ROWS`).
+      (:data:`COMPACT_AT`); min_rows: never to a bucket below this (:data:`COMPACT_MIN_ROWS`);
+      early: end a decode tile at the step the live rows fall to the share (:meth:`stop_at`),
+      so the compaction runs then rather than at the tile's end.
+
+    Why ``early`` is off by default: compacting at the threshold step lands on every bucket the
+    share allows, where a tile's end usually jumps past some. Measured on the CPU step's
+    generation (128 rows, log-normal lengths, median of 8 alternating calls): token-position
+    waste 13.1% instead of 19.1% and 0.399 s instead of 0.412 s a call, but 21 programs
+    compiled instead of 15 (about 7 s more on the first call of a process with a cold cache).
+    Long RL runs with a warm persistent cache want it on; a first call against the clock not.
     """
 
     share: float = COMPACT_AT
     min_rows: int = COMPACT_MIN_ROWS
+    early: bool = False
+
+    def stop_at(self, rows: int, multiple: int = 1) -> int:
+        """The most live rows at which a group at ``rows`` would compact (0: it never does).
+        With ``early``, a decode tile ends once its live rows fall to this, so the compaction
+        runs at the step it starts to pay instead of at the tile's end (the rows that ended
+        meanwhile would be computed for nothing). 0 unless ``early``."""
+        if not self.early:
+            return 0
+        return max((n for n in range(rows) if self.target(rows, n, multiple) < rows),
+                   default=0)
 
     def target(self, rows: int, live: int, multiple: int = 1) -> int:
         """The row bucket a group at ``rows`` runs at next with ``live`` unfinished rows
@@ -183,10 +204,13 @@ class Dispatch:
     """One decode dispatch as the policy decided it.
 
     step: the first decode step it runs (1-based; the prefill produced token 0).
-    tile: decode steps in this dispatch (one program, one device→host sync).
+    tile: decode steps in this dispatch (one program, one device→host sync); the steps it ran,
+      once it has (the program ends early when its live rows fall to ``stop``).
     write: slot of the token fed back at ``step``.
     rows: the row bucket it runs at (after any compaction).
     capacity: the growing stores' capacity it runs at (after any growth).
+    stop: the tile ends once at most this many of its rows are live (0: when all have
+      ended; :meth:`Compaction.stop_at`).
     """
 
     step: int
@@ -194,6 +218,11 @@ class Dispatch:
     write: int
     rows: int
     capacity: int
+    stop: int = 0
+
+    def ran(self, steps: int) -> Dispatch:
+        """This dispatch as it ran: ``steps`` steps."""
+        return dataclasses.replace(self, tile=steps)
 
 
 def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: int, live: int,
@@ -229,7 +258,7 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
         n = need(write + k - 1)
         if n > capacity:
             capacity = min(max(2 * capacity, n), shape.total)
-    return Dispatch(step, k, write, rows, capacity)
+    return Dispatch(step, k, write, rows, capacity, compaction.stop_at(rows, row_multiple))
 
 
 def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
@@ -256,6 +285,9 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
             d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
                               remaining=max(live), tile=tile, need=need,
                               compaction=compaction)
+            ran = next(j for j in range(1, d.tile + 1)  # the device's early stop
+                       if j == d.tile or sum(x > j for x in live) <= d.stop)
+            d = d.ran(ran)
             ds.append(d)
             rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
             left = [max(0, x - d.tile) for x in left]

@@ -238,8 +238,9 @@ class StepBuilder:
         return self._chunk(hoisted, stores, None, positions, write_index, row_ids, seed,
                            step=step, temperature=temperature, want_logits=want_logits)
 
-    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, n, last, *,
-                    temperature: float, want_logits: bool, k: int, eos: tuple[int, ...] = ()):
+    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, n, last,
+                    stop, *, temperature: float, want_logits: bool, k: int,
+                    eos: tuple[int, ...] = ()):
         """Decode steps ``step .. step+n-1`` in one program (``n <= k`` is a run-time argument).
 
         Why: a host-driven loop pays a dispatch and a device→host sync per token, which for
@@ -248,11 +249,12 @@ class StepBuilder:
         sampling is keyed by (seed, step, row), so the tokens are the ones single steps would
         give. ``n`` being an argument (a ``while_loop``, outputs in ``[k, …]`` buffers) lets
         the host size every tile (:class:`~jaxrl_sym.runtime.policy.Tiling`) with one compiled
-        program. The loop also stops once every row has ended: ``last[b]`` is the response
-        index of row b's last allowed token (-1: a finished or filler row), ``eos`` the end
-        tokens — so a group's last tile computes nothing after its last row ends. The host
-        guarantees capacity for all n writes. Returns (stores, tokens [k, B], log-probs
-        [k, B], logits [k, …]); entries past the steps run are zeros.
+        program. The loop also stops once at most ``stop`` rows are live: ``last[b]`` is the
+        response index of row b's last allowed token (-1: a finished or filler row), ``eos``
+        the end tokens — with ``stop`` 0 a group's last tile computes nothing after its last
+        row ends, and with the compaction's threshold the host compacts at the step it pays.
+        The host guarantees capacity for all n writes. Returns (stores, tokens [k, B],
+        log-probs [k, B], logits [k, …], steps run); entries past the steps run are zeros.
         """
         def one(st, i):
             return self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids, seed,
@@ -263,7 +265,7 @@ class StepBuilder:
 
         def cond(carry):
             i, _, ended, _ = carry
-            return (i < n) & ~jnp.all(ended)
+            return (i < n) & (jnp.sum(~ended) > stop)
 
         def body(carry):
             i, st, ended, outs = carry
@@ -276,8 +278,8 @@ class StepBuilder:
             return i + 1, st, ended | hit, outs
 
         carry = (jnp.zeros((), jnp.int32), stores, last < step, bufs)
-        _, stores, _, (toks, lps, lgs) = lax.while_loop(cond, body, carry)
-        return stores, toks, lps, lgs
+        ran, stores, _, (toks, lps, lgs) = lax.while_loop(cond, body, carry)
+        return stores, toks, lps, lgs, ran
 
     def _chunk(
         self,
