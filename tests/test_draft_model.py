@@ -16,8 +16,6 @@ from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -28,6 +26,7 @@ from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_speculative import assert_logprobs_are_the_targets
 from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig
 
 VOCAB = 67
@@ -103,13 +102,7 @@ def test_sampled_logprobs_with_a_draft_model_are_the_targets() -> None:
     plain, spec = engines("gemmaish", "gpt2")
     prompts = _prompts((4, 9, 2), seed=2)
     out = spec.generate(prompts, GenerationConfig(max_new_tokens=10, temperature=1.0, seed=5))
-    seqs = [np.concatenate([p, t]) for p, t in zip(prompts, out.tokens, strict=True)]
-    for p, t, lp, logits in zip(prompts, out.tokens, out.logprobs, plain.packed_logits(seqs),
-                                strict=True):
-        want = jax.nn.log_softmax(jnp.asarray(logits[len(p) - 1:-1]), axis=-1)
-        np.testing.assert_allclose(lp, np.take_along_axis(np.asarray(want), t[:, None], 1)[:, 0],
-                                   atol=1e-5)
-    assert out.stats["drafted_tokens"] > 0
+    assert_logprobs_are_the_targets(plain, prompts, out)
 
 
 def test_a_draft_that_cannot_draft_is_refused_by_name() -> None:

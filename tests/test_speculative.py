@@ -130,6 +130,12 @@ def test_sampled_logprobs_are_the_targets() -> None:
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, plain.vocab_size, n) for n in (4, 9, 2)]
     out = spec.generate(prompts, GenerationConfig(max_new_tokens=8, temperature=1.0, seed=5))
+    assert_logprobs_are_the_targets(plain, prompts, out)
+
+
+def assert_logprobs_are_the_targets(plain: SymbolicLM, prompts: list, out) -> None:
+    """Each emitted token's reported log-prob equals the target's full forward (``plain``'s
+    packed scoring of prompt + response) at its position; some drafts were proposed."""
     seqs = [np.concatenate([p, t]) for p, t in zip(prompts, out.tokens, strict=True)]
     for p, t, lp, logits in zip(prompts, out.tokens, out.logprobs, plain.packed_logits(seqs),
                                 strict=True):
