@@ -38,8 +38,16 @@ from jaxrl_sym.runtime.speculative import SpeculativeLM
 WARM_RUNS = 3  # warm calls per system; the median's run seconds are reported (a loaded machine)
 
 
-def systems(model: Any, ks: list[int]) -> dict[str, Any]:
-    """name → generate(prompts, cfg); engines built here, so their compiles stay per engine."""
+def systems(model: Any, ks: list[int], drafts: list[str] = (), tunix: bool = False
+            ) -> dict[str, Any]:
+    """name → generate(prompts, cfg); engines built here, so their compiles stay per engine.
+
+    ``drafts``: draft models for K = max(ks) — a model preset (``decode_run.draft_model``:
+    that shape, the target's vocabulary, other random weights) or ``self`` (the target drafting
+    for itself: every greedy proposal accepted, at a draft as dear as the target — the bound
+    on what acceptance alone buys). ``tunix``: Tunix's sampler, plain, as the peer row."""
+    from jaxrl_sym.decode_run import check_vocab, draft_model
+
     out: dict[str, Any] = {"sym": SymbolicLM(model).generate}
     for k in ks:
         out[f"sym spec k={k}"] = SpeculativeLM(model, speculate=k).generate
@@ -47,22 +55,38 @@ def systems(model: Any, ks: list[int]) -> dict[str, Any]:
                                                                verify_tile=1).generate
     out[f"sym spec adaptive<={max(ks)}"] = SpeculativeLM(model, speculate=max(ks),
                                                          adaptive=True).generate
+    for d in drafts:
+        dm = model if d == "self" else draft_model(d, check_vocab(model), 0)
+        out[f"sym spec k={max(ks)} draft={d}"] = SpeculativeLM(model, speculate=max(ks),
+                                                               draft=dm).generate
     out["padded"] = lambda p, c: padded_generate(model, p, c)
     for k in ks:
         out[f"padded spec k={k}"] = (
             lambda p, c, k=k: padded_speculative_generate(model, p, c, speculate=k))
+    if tunix:
+        from jaxrl_sym.systems import generator
+
+        out["tunix"] = generator("tunix", model)
     return out
 
 
-def run(ks: list[int]) -> list[dict[str, Any]]:
+def _timed(gen: Any, prompts: Any, cfg: Any) -> Any:
+    """A call, with ``run_seconds`` its wall time where the system does not report one."""
+    t0 = time.perf_counter()
+    res = gen(prompts, cfg)
+    res.stats.setdefault("run_seconds", time.perf_counter() - t0)
+    return res
+
+
+def run(ks: list[int], drafts: list[str], tunix: bool) -> list[dict[str, Any]]:
     """Every system cold, then warm; one row each (printed as it finishes)."""
     model, prompts, cfg = request(QUICK)
     rows, ref = [], None
-    for name, gen in systems(model, ks).items():
+    for name, gen in systems(model, ks, drafts, tunix).items():
         t0 = time.perf_counter()
-        cold = gen(prompts, cfg)
+        cold = _timed(gen, prompts, cfg)
         first = time.perf_counter() - t0
-        warms = [gen(prompts, cfg) for _ in range(WARM_RUNS)]
+        warms = [_timed(gen, prompts, cfg) for _ in range(WARM_RUNS)]
         warm = sorted(warms, key=lambda w: w.stats["run_seconds"])[WARM_RUNS // 2]  # median
         s = warm.stats
         ref = ref or cold.tokens
@@ -73,8 +97,8 @@ def run(ks: list[int]) -> list[dict[str, Any]]:
                else int(sum(len(t) for t in warm.tokens)),
                "run_s": s["run_seconds"], "first_call_s": first,
                "warm_runs_s": [w.stats["run_seconds"] for w in warms],
-               "xla_compiles_cold": cold.stats["xla_compiles"],
-               "xla_compiles_warm": sum(w.stats["xla_compiles"] for w in warms),
+               "xla_compiles_cold": cold.stats.get("xla_compiles"),
+               "xla_compiles_warm": sum(w.stats.get("xla_compiles") or 0 for w in warms),
                "acceptance_rate": s.get("acceptance_rate"),
                "acceptance_per_row": per_row, "draft_s": s.get("draft_seconds"),
                "verify_steps": s.get("verify_steps"), "tokens_equal_sym": same}
@@ -111,12 +135,16 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ks", default="2,4", help="comma-separated K values (fixed speculation)")
+    ap.add_argument("--drafts", default="", help="comma-separated draft models for K = max: "
+                    "model presets (tiny, small, ...) or 'self' (the target as its own draft)")
+    ap.add_argument("--tunix", action="store_true", help="add Tunix's sampler (plain) as a row")
     ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results" / "cpu"))
     args = ap.parse_args()
     ks = sorted({int(x) for x in args.ks.split(",")})
+    drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()  # before the run: the code it measures
-    rows = run(ks)
+    rows = run(ks, drafts, args.tunix)
     r = QUICK["realistic"]
     meta = {"git": git, "command": "python bench/speculative.py " + " ".join(sys.argv[1:]),
             "request": f"{r['batch']} prompts of {r['prompt'][0]}-{r['prompt'][1]} tokens, "
