@@ -114,6 +114,20 @@ def _progress_printer(system: str, total: int, every: float = 10.0) -> Callable[
     return report
 
 
+def _speculative(spec: dict[str, Any], model: Any) -> Callable[..., Any]:
+    """``--speculate K [--draft ngram|PRESET]``: the system's speculative generate."""
+    from jaxrl_sym.runtime.speculative import speculative_generator
+
+    draft = spec["draft"]
+    if draft != "ngram":
+        draft = draft_model(draft, check_vocab(model), spec["seed"])
+    system = spec["system"]
+    return speculative_generator(system, model, spec["speculate"], draft=draft,
+                                 backend=spec["backend"],
+                                 progress=_progress_printer(system,
+                                                            spec["batch"] * spec["tokens"]))
+
+
 def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Run one system cold (compiles, logits) then warm (timing). Returns (metrics, arrays)."""
     from dataclasses import replace
@@ -129,15 +143,7 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
                     progress=_progress_printer(system, spec["batch"] * spec["tokens"]),
                     mesh=spec.get("mesh"))
     if spec.get("speculate"):  # sym and padded with the same draft and acceptance rule
-        from jaxrl_sym.runtime.speculative import speculative_generator
-
-        draft = spec["draft"]
-        if draft != "ngram":
-            draft = draft_model(draft, check_vocab(model), spec["seed"])
-        gen = speculative_generator(system, model, spec["speculate"], draft=draft,
-                                    backend=spec["backend"],
-                                    progress=_progress_printer(system, spec["batch"] *
-                                                               spec["tokens"]))
+        gen = _speculative(spec, model)
     t0 = time.perf_counter()
     cold = gen(prompts, gcfg)
     cold_wall = time.perf_counter() - t0  # the whole call: every system's compiles included

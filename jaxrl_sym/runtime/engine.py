@@ -73,6 +73,29 @@ def resolve_backend(backend: str) -> str:
     raise InputError(f"backend={backend!r}: choose 'xla', 'triton' or 'auto'")
 
 
+def _tiling(decode_tile: int, max_decode_tile: int | None) -> Tiling:
+    """The engine's tile policy from its arguments, refused by name when it cannot be."""
+    if decode_tile < 1:
+        raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
+    top = DEFAULT_MAX_DECODE_TILE if decode_tile > 1 else 1
+    top = max(top, int(decode_tile)) if max_decode_tile is None else int(max_decode_tile)
+    if top < decode_tile:
+        raise InputError(f"max_decode_tile={max_decode_tile} must be >= decode_tile="
+                         f"{decode_tile} (the tile only grows from decode_tile)")
+    return Tiling(int(decode_tile), top)
+
+
+def _compaction(compact_at: float, compact_min_rows: int, compact_early: bool) -> Compaction:
+    """The engine's compaction rule from its arguments, refused by name when it cannot be."""
+    if not 0 < compact_at <= 1:
+        raise InputError(f"compact_at={compact_at} must be in (0, 1]: the share of its row "
+                         "bucket a group's live rows must fit before it is compacted")
+    if compact_min_rows < 1:
+        raise InputError(f"compact_min_rows={compact_min_rows} must be >= 1 (1: compact "
+                         "down to single rows)")
+    return Compaction(float(compact_at), int(compact_min_rows), bool(compact_early))
+
+
 class SymbolicLM:
     """Generation and packed scoring for a Flax NNX LM without padding to a maximum length.
 
@@ -137,23 +160,9 @@ class SymbolicLM:
         compact_early: bool = False,
         defer_compiles: bool = False,
     ) -> None:
-        if decode_tile < 1:
-            raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
-        self.decode_tile = int(decode_tile)
-        top = DEFAULT_MAX_DECODE_TILE if decode_tile > 1 else 1
-        top = max(top, self.decode_tile) if max_decode_tile is None else int(max_decode_tile)
-        if top < self.decode_tile:
-            raise InputError(f"max_decode_tile={max_decode_tile} must be >= decode_tile="
-                             f"{decode_tile} (the tile only grows from decode_tile)")
-        self.tiling = Tiling(self.decode_tile, top)
-        if not 0 < compact_at <= 1:
-            raise InputError(f"compact_at={compact_at} must be in (0, 1]: the share of its row "
-                             "bucket a group's live rows must fit before it is compacted")
-        if compact_min_rows < 1:
-            raise InputError(f"compact_min_rows={compact_min_rows} must be >= 1 (1: compact "
-                             "down to single rows)")
-        self.compaction = Compaction(float(compact_at), int(compact_min_rows),
-                                     bool(compact_early))
+        self.tiling = _tiling(decode_tile, max_decode_tile)
+        self.decode_tile = self.tiling.base
+        self.compaction = _compaction(compact_at, compact_min_rows, compact_early)
         self.defer_compiles = bool(defer_compiles)
         if prefill not in ("packed", "block"):
             raise InputError(f"prefill={prefill!r}: choose 'packed' (prompts bin-packed into "
