@@ -186,6 +186,71 @@ def place(tree: Any, shardings: Any) -> Any:
     return jax.device_put(tree, shardings)
 
 
+def to_host(x: Any) -> Any:
+    """A numpy copy of a device array — the global value, on every process.
+
+    Why not ``np.asarray``: with several processes (``jax.distributed.initialize()``) an array
+    split over the data axes has shards this process cannot address, and reading it raises. The
+    host loop must still see every row's tokens and lengths on every process, because each one
+    runs the same host program and must take the same decisions (stop, compact, grow). Such an
+    array is all-gathered across processes (``multihost_utils.process_allgather``); anything
+    this process holds whole is read directly (one process: always).
+    """
+    import jax
+    import numpy as np
+
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def global_args(compiled: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Arguments for a compiled program on a mesh that spans several processes.
+
+    A program jitted for a multi-process mesh takes only global ``jax.Array``s: JAX refuses host
+    (numpy) inputs with non-trivial shardings there, and an array committed to this process's
+    default device is not on the mesh. Every process holds the same host value (they run the
+    same host program on the same data), so each leaf is placed with the sharding the program
+    was compiled for — ``device_put`` then copies only this process's shards. With one process
+    the arguments are returned untouched: single-process JAX places them itself, and the hot
+    loop pays nothing.
+    """
+    import jax
+    import numpy as np
+
+    if jax.process_count() == 1:
+        return args
+    leaves, tdef = jax.tree_util.tree_flatten(args)
+    # one sharding per argument leaf; None where XLA pruned an unused argument
+    shardings = tdef.flatten_up_to(compiled.input_shardings[0])
+    placed = []
+    for x, sh in zip(leaves, shardings, strict=True):
+        if sh is None or sh.is_fully_addressable or (
+                isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sh, x.ndim)):
+            placed.append(x)  # a local program, or already where the program wants it
+        else:
+            placed.append(jax.device_put(to_host(x) if isinstance(x, jax.Array)
+                                         else np.asarray(x), sh))
+    return jax.tree_util.tree_unflatten(tdef, placed)
+
+
+def lowerable(args: Any) -> Any:
+    """``args`` for ``jit(...).lower``: with several processes, host (numpy) leaves become
+    ``ShapeDtypeStruct``s, because lowering with a host value under a non-trivial in-sharding is
+    refused there; the program's own in-shardings then place them (:func:`global_args`). One
+    process: unchanged."""
+    import jax
+    import numpy as np
+
+    if jax.process_count() == 1:
+        return args
+    return jax.tree_util.tree_map(
+        lambda x: x if isinstance(x, jax.Array)
+        else jax.ShapeDtypeStruct(np.shape(x), np.result_type(x)), args)
+
+
 def per_device_bytes(tree: Any) -> dict[Any, int]:
     """Bytes each device holds of a tree of arrays (its addressable shards)."""
     import jax
@@ -251,6 +316,21 @@ def describe(mesh: Mesh | None) -> str:
     return ",".join(f"{a}={n}" for a, n in mesh.shape.items())
 
 
-__all__ = ["MemoryBudget", "MeshConfig", "batch_axes", "data_size", "describe", "make_mesh",
-           "param_spec", "per_device_bytes", "place", "replicated", "round_up",
-           "rows_sharding", "tree_shardings"]
+__all__ = [
+    "MemoryBudget",
+    "MeshConfig",
+    "batch_axes",
+    "data_size",
+    "describe",
+    "global_args",
+    "lowerable",
+    "make_mesh",
+    "param_spec",
+    "per_device_bytes",
+    "place",
+    "replicated",
+    "round_up",
+    "rows_sharding",
+    "to_host",
+    "tree_shardings",
+]

@@ -142,6 +142,52 @@ def test_a_state_over_one_devices_budget_trains_on_8_devices() -> None:
     assert out["largest_program"] <= out["limit"]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_two_processes_generate_and_train_as_one_device_and_restore_on_one(
+        tmp_path: Path) -> None:
+    """Two processes x 2 virtual devices under ``jax.distributed`` (the several-hosts path):
+    arrays have shards a process cannot read, programs run SPMD across processes. Generation,
+    loss and gradients equal one device's (checked in each process); the checkpoint the
+    cross-process mesh wrote restores here, on one device of one process, bit-identical."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu", "JAXRL_SYM_COMPILE_CACHE": "off"}
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "multihost_checks.py"),
+                               str(i), "2", port, str(tmp_path)], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-4000:]
+    out = json.loads((tmp_path / "result.json").read_text())
+    assert (out["processes"], out["devices"], out["local_devices"]) == (2, 4, 2)
+    assert set(out["generation"]) == {"data=4,T=0.0", "data=2,model=2,T=1.0"}
+    assert all(g["weights_across_processes"] > 0 for g in out["generation"].values())
+    for key in ("data=4,sym", "data=4,padded", "data=2,model=2,sym", "data=2,model=2,padded"):
+        assert out["rl_step"][key]["max_grad_diff"] <= 1e-5 and out["rl_step"][key]["kl"] > 1e-6
+
+    from sharding_checks import CFG, MODEL, TASK
+
+    from jaxrl_sym.models.lm import init_model
+    from jaxrl_sym.rl import RLTrainer
+    from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
+    from jaxrl_sym.rl.state import params_sha256
+
+    one = RLTrainer(init_model(MODEL, 2), TASK.reward, CFG)
+    Checkpointer(tmp_path / "ckpt", create=False).restore(one, fingerprint(one))
+    saved = out["rl_step"]["saved"]
+    assert params_sha256(one.params) == saved["params_sha256"]
+    assert params_sha256(one.opt_state) == saved["opt_sha256"] and one.steps_done == 2
+
+
 def _cli(args: list[str], devices: int, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "JAX_PLATFORMS": "cpu", "JAXRL_SYM_COMPILE_CACHE": "off", **extra}

@@ -49,6 +49,7 @@ import orbax.checkpoint as ocp
 from jaxrl_sym.rl.errors import CheckpointError
 from jaxrl_sym.rl.state import params_sha256
 from jaxrl_sym.rl.step import RLTrainer
+from jaxrl_sym.sharding import to_host
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def nonfinite_report(tree: Any) -> str | None:
     bad_leaves, total, first = 0, 0, None
     leaves = jax.tree_util.tree_leaves(tree)
     for i, x in enumerate(leaves):
-        a = np.asarray(x)
+        a = to_host(x)
         if not jnp.issubdtype(a.dtype, jnp.floating):
             continue
         n = int(a.size - np.count_nonzero(np.isfinite(a.astype(np.float32))))
@@ -111,7 +112,7 @@ def fingerprint(trainer: RLTrainer, **run: Any) -> dict[str, Any]:
     (and may be overridden) by :mod:`jaxrl_sym.rl.train`.
     """
     model = {k: v for k, v in trainer.model_fingerprint.items() if k != "params"}
-    shapes = [[list(np.shape(x)), str(np.asarray(x).dtype)]
+    shapes = [[list(np.shape(x)), str(np.result_type(x))]
               for x in jax.tree_util.tree_leaves(trainer.params)]
     return {"model": model, "params": shapes, "algo": trainer.cfg.algo,
             "beta_positive": trainer.cfg.beta > 0, **run}
@@ -189,14 +190,17 @@ class Checkpointer:
 
     @staticmethod
     def _state(trainer: RLTrainer) -> dict[str, Any]:
-        """Host (numpy) copies of what is saved: digests are taken of exactly these bytes."""
+        """Host (numpy) copies of what is saved: digests are taken of exactly these bytes. With
+        several processes every one holds the whole gathered copy (:func:`to_host`): orbax then
+        writes host arrays from the primary process, and each process can verify the digest —
+        at the price of one full host copy of the state per process while saving."""
         state: dict[str, Any] = {
             "params": trainer.params,
             "opt_state": jax.tree_util.tree_leaves(trainer.opt_state),
         }
         if trainer.ref_leaves is not None:
             state["ref"] = trainer.ref_leaves
-        return jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+        return jax.tree_util.tree_map(to_host, state)
 
     def save(self, step: int, trainer: RLTrainer, meta: dict[str, Any]) -> None:
         """Write step ``step`` (blocking; renamed into place when complete).
@@ -297,7 +301,7 @@ class Checkpointer:
                 state=ocp.args.StandardRestore(target)))["state"]
         except Exception as e:
             raise _BadStep(f"its arrays cannot be read ({type(e).__name__}: {_short(e)})") from e
-        self._verify(meta, jax.tree_util.tree_map(np.asarray, state))
+        self._verify(meta, jax.tree_util.tree_map(to_host, state))
         return meta, state
 
     def _target(self, trainer: RLTrainer) -> dict[str, Any]:
@@ -312,7 +316,7 @@ class Checkpointer:
                  "opt_state": jax.tree_util.tree_leaves(shardings["opt"]),
                  "ref": shardings["params"]["lm"]}
         return {part: jax.tree_util.tree_map(
-            lambda x, sh: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=sh),
+            lambda x, sh: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x), sharding=sh),
             tree, where[part]) for part, tree in state.items()}
 
     @staticmethod

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.rl.layout import Layout, packed_layout
+from jaxrl_sym.sharding import to_host
 
 
 class ReferenceOverlap:
@@ -84,7 +85,7 @@ class ReferenceOverlap:
         self._flush()
         out: list[np.ndarray | None] = [None] * n
         for ids, lay, dev in self._chunks:
-            per = lay.gather(np.asarray(dev))
+            per = lay.gather(to_host(dev))
             for i, lp in zip(ids, per, strict=True):
                 if len(lp) != len(responses[i]):
                     raise AssertionError(f"sample {i}: reference scored {len(lp)} tokens but "

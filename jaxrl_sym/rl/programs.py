@@ -25,6 +25,7 @@ from jaxrl_sym.rl.algorithms import (
 from jaxrl_sym.rl.logprobs import LogitsFn, SplitForward, chunked_terms, chunking_status
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.programs import ProgramCache
+from jaxrl_sym.sharding import lowerable
 
 __all__ = ["LogitsFn", "Programs", "build_fns"]
 
@@ -48,7 +49,7 @@ class Programs:
     def run(self, name: str, fn: Any, *args: Any, resident: int = 0) -> Any:
         leaves, tdef = jax.tree_util.tree_flatten(args)
         key = (name, tdef, tuple((np.shape(x), np.result_type(x).str) for x in leaves))
-        out = self.cache.run(key, lambda: fn.lower(*args).compile(), *args)
+        out = self.cache.run(key, lambda: fn.lower(*lowerable(args)).compile(), *args)
         held = resident + sum(int(x.nbytes) for x in leaves)
         self.peak = max(self.peak, held + self.cache.temp_bytes[key] + tree_bytes(out))
         return out

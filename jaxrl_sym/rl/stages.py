@@ -37,6 +37,7 @@ from jaxrl_sym.rl.layout import Layout
 from jaxrl_sym.rl.rollout import Rollout, compute_rewards, sampling_batch
 from jaxrl_sym.rl.state import TrainState, current_lr
 from jaxrl_sym.runtime.metrics import CompileCounter, device_peak_bytes, tree_bytes
+from jaxrl_sym.sharding import to_host
 
 if TYPE_CHECKING:
     from jaxrl_sym.rl.step import RLTrainer
@@ -135,7 +136,7 @@ def reference_logprobs(tr: RLTrainer, state: TrainState, layout: Layout) -> np.n
                             tuple(x[sl] for x in layout.inputs), layout.targets[sl],
                             resident=tree_bytes(state.params) + state.resident_bytes())
             for sl in row_chunks(tr.cfg, layout, tr.row_multiple)]
-    return np.concatenate([np.asarray(o) for o in outs])
+    return np.concatenate([to_host(o) for o in outs])
 
 
 def reference_slots(tr: RLTrainer, state: TrainState, layout: Layout, rollout: Rollout
@@ -161,7 +162,7 @@ def value_estimates(tr: RLTrainer, state: TrainState, layout: Layout) -> np.ndar
     outs = [tr.programs.run(f"values-{layout.system}", fn, state.params,
                             tuple(x[sl] for x in layout.inputs), resident=state.resident_bytes())
             for sl in row_chunks(tr.cfg, layout, tr.row_multiple)]
-    return np.concatenate([np.asarray(o) for o in outs])
+    return np.concatenate([to_host(o) for o in outs])
 
 
 def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.ndarray,

@@ -21,6 +21,7 @@ from flax import struct
 
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.runtime.metrics import tree_bytes
+from jaxrl_sym.sharding import to_host
 
 
 @struct.dataclass
@@ -136,7 +137,7 @@ def params_sha256(params: Any) -> str:
     """
     h = hashlib.sha256()
     for x in jax.tree_util.tree_leaves(params):
-        a = np.ascontiguousarray(np.asarray(x))
+        a = np.ascontiguousarray(to_host(x))  # the global array, on every process
         h.update(f"{a.shape}{a.dtype}".encode())
         h.update(a.tobytes())
     return h.hexdigest()

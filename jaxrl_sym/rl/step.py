@@ -284,7 +284,8 @@ class RLTrainer:
                        ) -> tuple[float, dict[str, float], Any]:
         """(loss, aux, grads) at the current parameters, without updating (tests, debugging)."""
         layout, arrays = self.prepare(rollout, rewards, system)
-        (loss, aux), grads = self.fns(layout.system)["grad"](self.params, layout.inputs, arrays)
+        (loss, aux), grads = self.programs.run(f"grad-{layout.system}", self.fns(layout.system)[
+            "grad"], self.params, layout.inputs, arrays)
         return float(loss), {k: float(v) for k, v in aux.items()}, grads
 
     def micro_batches(self, layout: Layout, arrays: dict[str, np.ndarray]

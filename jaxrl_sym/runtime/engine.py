@@ -50,7 +50,7 @@ from jaxrl_sym.runtime.policy import (
     next_pow2,
 )
 from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, slot_specs, store_specs
-from jaxrl_sym.sharding import data_size, make_mesh, tree_shardings
+from jaxrl_sym.sharding import data_size, global_args, make_mesh, to_host, tree_shardings
 from jaxrl_sym.tracer.trace import trace_model
 
 
@@ -310,7 +310,7 @@ class SymbolicLM:
         key, build = self.program_for(name, cfg, *args, **static)
         exe = self.cache.get(key, build)
         self.cache.dispatches += 1
-        return exe(*args), key
+        return exe(*global_args(exe, args)), key
 
     def program_for(self, name: str, cfg: GenerationConfig, *args: Any, **static: int
                     ) -> tuple[tuple, Callable[[], Any]]:
@@ -346,7 +346,7 @@ class SymbolicLM:
         key = ("forward", pb.tokens.shape, None if args[-1] is None else args[-1].shape)
         out = self.cache.run(key, lambda: jax.jit(self.builder.forward).lower(*args).compile(),
                              *args)
-        return pb.unpack(np.asarray(out))
+        return pb.unpack(to_host(out))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from jaxrl_sym.runtime.policy import Compaction, Dispatch, GroupShape, Tiling, n
 from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
 from jaxrl_sym.runtime.programs import DEAD_POSITION
 from jaxrl_sym.runtime.stores import GrowingStore
+from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
 
@@ -235,8 +236,8 @@ class DecodeGroup:
         log-probs, logits or None, tiled): [steps, rows] when tiled, else [rows]."""
         *arrays, tiled = last
         # host copies with a leading step axis (added on the host: no device op, no compile)
-        tok_h, lp_h, lg_h = (None if x is None else np.asarray(x) if tiled
-                             else np.asarray(x)[None] for x in arrays)
+        tok_h, lp_h, lg_h = (None if x is None else to_host(x) if tiled
+                             else to_host(x)[None] for x in arrays)
         finished: list[int] = []
         live = np.nonzero(~self.done)[0]
         before = {int(s): len(out.toks[int(self.ids[s])]) for s in live}

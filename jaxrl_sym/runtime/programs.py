@@ -30,7 +30,7 @@ from jaxrl_sym.runtime.stores import (
     StoreSpec,
     take_rows,
 )
-from jaxrl_sym.sharding import data_size, replicated, rows_sharding
+from jaxrl_sym.sharding import data_size, global_args, replicated, rows_sharding
 
 
 @dataclass
@@ -87,7 +87,7 @@ class ProgramCache:
     def run(self, key: tuple, build: Callable[[], Any], *args: Any) -> Any:
         exe = self.get(key, build)
         self.dispatches += 1
-        return exe(*args)
+        return exe(*global_args(exe, args))
 
 
 def store_specs(

@@ -45,6 +45,7 @@ from jaxrl_sym.runtime.policy import next_pow2
 from jaxrl_sym.runtime.prefill import PackedPrompts
 from jaxrl_sym.runtime.programs import StepBuilder
 from jaxrl_sym.runtime.speculative_tile import forward_at, verify_tile
+from jaxrl_sym.sharding import to_host
 
 DRAFTS = ("ngram",)
 NGRAM_MAX = 3  # longest suffix the prompt-lookup draft matches
@@ -318,7 +319,7 @@ class SpeculativeGroup(DecodeGroup):
     def _collect_verified(self, res: tuple[Any, ...], out: Outputs, on_finished: OnFinished | None,
                           emitted: dict[int, int], k: int) -> None:
         """Append each step's kept tokens per row (the device already cut at EOS/limit)."""
-        tok, lp, keep, acc, lg = (np.asarray(x) for x in res)
+        tok, lp, keep, acc, lg = (to_host(x) for x in res)
         log, finished = self.lm.spec_log, []
         for j in range(tok.shape[0]):
             for s in emitted:

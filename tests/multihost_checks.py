@@ -1,0 +1,116 @@
+"""Checks run by several cooperating processes, as on several hosts
+(``python tests/multihost_checks.py PROCESS_ID NUM_PROCESSES PORT OUT_DIR``).
+
+Each process starts JAX's distributed runtime (``jax.distributed.initialize`` against a
+coordinator on ``localhost:PORT``, CPU collectives over gloo) and sees the same global device
+list: its own ``--xla_force_host_platform_device_count`` virtual devices plus every other
+process's. That is the multi-host setting in miniature — arrays split over the mesh have shards
+this process cannot read, and every program runs SPMD across processes — on one machine.
+
+Oracle: each process also runs the single-device computation on its own first device (no mesh,
+nothing shared), so "equal" means equal to what one device computes, as in
+``tests/sharding_checks.py``. Every process asserts; process 0 writes ``result.json`` into
+OUT_DIR, and a checkpoint written there by the mesh is restored by the parent test on one device.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+
+PROCESS, PROCESSES, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"localhost:{PORT}", num_processes=PROCESSES, process_id=PROCESS)
+
+import numpy as np  # noqa: E402  (after initialize: nothing may touch a backend before it)
+from sharding_checks import CFG, MODEL, TASK  # noqa: E402
+
+from jaxrl_sym.generation import GenerationConfig  # noqa: E402
+from jaxrl_sym.models.lm import init_model, preset  # noqa: E402
+from jaxrl_sym.rl import RLTrainer, compute_rewards  # noqa: E402
+from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint  # noqa: E402
+from jaxrl_sym.rl.state import params_sha256  # noqa: E402
+from jaxrl_sym.runtime.engine import SymbolicLM  # noqa: E402
+from jaxrl_sym.sharding import MeshConfig, to_host  # noqa: E402
+
+MESHES = ("data={n}", "data={h},model=2")  # every device of every process
+
+
+def meshes() -> list[str]:
+    n = jax.device_count()
+    return [m.format(n=n, h=n // 2) for m in MESHES]
+
+
+def generation() -> dict[str, Any]:
+    """Sharded generation across processes gives the single-device tokens and log-probs:
+    7 prompts of ragged limits (an uneven row count, rounded up to the data axis), greedy and
+    sampled, stores split over devices that belong to different processes."""
+    model = init_model(preset("tiny"), 0)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, size=int(n)).astype(np.int32)
+               for n in rng.integers(2, 9, size=7)]
+    limits = tuple(int(x) for x in rng.integers(3, 25, size=7))
+    out: dict[str, Any] = {}
+    for spec, temp in zip(meshes(), (0.0, 1.0), strict=True):
+        gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
+        want = SymbolicLM(model, max_pad_fraction=1.0, compact_min_rows=1).generate(prompts, gen)
+        lm = SymbolicLM(model, max_pad_fraction=1.0, compact_min_rows=1,
+                        mesh=MeshConfig.parse(spec).build())
+        got = lm.generate(prompts, gen)
+        assert all(np.array_equal(a, b) for a, b in zip(want.tokens, got.tokens, strict=True))
+        for a, b in zip(want.logprobs, got.logprobs, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        spans = sum(not x.is_fully_addressable for x in jax.tree_util.tree_leaves(lm.leaves))
+        assert spans > 0, f"{spec}: no weight spans both processes"
+        out[f"{spec},T={temp}"] = {"tokens": int(sum(len(t) for t in got.tokens)),
+                                   "weights_across_processes": spans}
+    return out
+
+
+def rl_step() -> dict[str, Any]:
+    """Loss and gradients of a trainer on the cross-process mesh equal one device's on the same
+    samples (sym and padded layouts); then full steps, and a checkpoint of the sharded state."""
+    single = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG)
+    rollout = single.generate(TASK.sample(np.random.default_rng(0), 5), seed=3)  # 20 samples
+    rewards = compute_rewards(TASK.reward, rollout.prompts, rollout.responses)
+    single.params = jax.tree_util.tree_map(lambda x: x * 1.05, single.params)  # KL non-zero
+    out: dict[str, Any] = {}
+    tr = None
+    for spec in meshes():
+        tr = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG,
+                       mesh=MeshConfig.parse(spec).build())
+        tr.params = jax.device_put(single.params, tr.shardings["params"])
+        for system in ("sym", "padded"):
+            loss1, _, g1 = single.loss_and_grads(rollout, rewards, system)
+            loss2, aux2, g2 = tr.loss_and_grads(rollout, rewards, system)
+            diff = max(float(np.abs(to_host(a) - to_host(b)).max()) for a, b in zip(
+                jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2), strict=True))
+            assert abs(loss1 - loss2) <= 1e-5 and diff <= 1e-5, (spec, system, loss1, diff)
+            out[f"{spec},{system}"] = {"loss": loss2, "loss_single": loss1,
+                                       "max_grad_diff": diff, "kl": aux2["kl"]}
+    assert tr is not None
+    for s in range(2):
+        metrics = tr.step(TASK.sample(np.random.default_rng(1 + s), 2), seed=4 + s)
+        assert np.isfinite(metrics["loss"])
+    Checkpointer(OUT / "ckpt").save(2, tr, {"fingerprint": fingerprint(tr)})
+    out["saved"] = {"mesh": meshes()[-1], "params_sha256": params_sha256(tr.params),
+                    "opt_sha256": params_sha256(tr.opt_state)}
+    back = RLTrainer(init_model(MODEL, 1), TASK.reward, CFG, mesh=MeshConfig.parse(
+        meshes()[0]).build())  # restored onto the other cross-process mesh
+    Checkpointer(OUT / "ckpt", create=False).restore(back, fingerprint(back))
+    assert params_sha256(back.params) == out["saved"]["params_sha256"]
+    assert back.steps_done == 2
+    return out
+
+
+if __name__ == "__main__":
+    result = {"processes": jax.process_count(), "devices": jax.device_count(),
+              "local_devices": jax.local_device_count(),
+              "generation": generation(), "rl_step": rl_step()}
+    if PROCESS == 0:
+        (OUT / "result.json").write_text(json.dumps(result))
+    jax.distributed.shutdown()
