@@ -105,6 +105,58 @@ class MeshConfig:
                              devices=devs)
 
 
+@dataclass(frozen=True)
+class Distributed:
+    """How this process joins a run of several processes (several hosts): the arguments of
+    ``jax.distributed.initialize``, checked before JAX starts.
+
+    Every process runs the same command; the coordinator (process 0's ``host:port``) connects
+    them, after which ``jax.devices()`` lists every process's devices and a ``--mesh`` spans
+    them all. ``coordinator=None`` leaves the three to JAX's cluster detection (SLURM, Open MPI,
+    Cloud TPU, ...).
+    """
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    @staticmethod
+    def from_flags(coordinator: str | None, num_processes: int | None,
+                   process_id: int | None) -> Distributed | None:
+        """None without ``--coordinator``; ``auto`` for cluster detection; else ``host:port``
+        with ``--num-processes`` and ``--process-id`` (an :class:`InputError` naming the flag)."""
+        if coordinator is None:
+            if num_processes is not None or process_id is not None:
+                raise InputError("--num-processes/--process-id need --coordinator HOST:PORT "
+                                 "(or --coordinator auto on a cluster JAX detects)")
+            return None
+        if coordinator == "auto":
+            if num_processes is not None or process_id is not None:
+                raise InputError("--coordinator auto takes the process count and id from the "
+                                 "cluster; drop --num-processes/--process-id or name the "
+                                 "coordinator HOST:PORT")
+            return Distributed()
+        host, colon, port = coordinator.rpartition(":")
+        if not colon or not host or not port.isdigit():
+            raise InputError(f"--coordinator {coordinator!r}: give HOST:PORT of process 0, e.g. "
+                             "--coordinator node0:1234 (or auto)")
+        if num_processes is None or process_id is None:
+            raise InputError(f"--coordinator {coordinator}: also give --num-processes N and "
+                             "--process-id I (0 on the coordinator's host)")
+        if num_processes < 1 or not 0 <= process_id < num_processes:
+            raise InputError(f"--process-id {process_id} with --num-processes {num_processes}: "
+                             "the id must be in 0..N-1 and N at least 1")
+        return Distributed(coordinator, num_processes, process_id)
+
+    def initialize(self) -> None:
+        """Start JAX's distributed runtime (before anything touches a device). CPU devices
+        exchange data over gloo, so the same run works on CPU hosts and in tests."""
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(self.coordinator, self.num_processes, self.process_id)
+
+
 def make_mesh(spec: str | MeshConfig | Mesh | None) -> Mesh | None:
     """A mesh from a ``--mesh`` string, a config or a mesh (None stays None: one device)."""
     if spec is None:
@@ -317,6 +369,7 @@ def describe(mesh: Mesh | None) -> str:
 
 
 __all__ = [
+    "Distributed",
     "MemoryBudget",
     "MeshConfig",
     "batch_axes",

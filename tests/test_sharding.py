@@ -229,6 +229,50 @@ def test_cli_trains_on_a_mesh_and_resumes_on_another(tmp_path: Path) -> None:
     assert second["changed_on_resume"] == []  # the mesh is not part of the run's identity
 
 
+def test_cli_distributed_flags_are_checked_before_jax() -> None:
+    base = ["train", "--steps", "1"]
+    for extra, msg in (
+            (["--num-processes", "2"], "need --coordinator HOST:PORT"),
+            (["--coordinator", "node0"], "give HOST:PORT of process 0"),
+            (["--coordinator", "node0:1234", "--num-processes", "2"], "also give"),
+            (["--coordinator", "node0:1234", "--num-processes", "2", "--process-id", "2"],
+             "--process-id 2 with --num-processes 2"),
+            (["--coordinator", "auto", "--process-id", "0"], "--coordinator auto takes")):
+        proc = _cli([*base, *extra], devices=1)
+        assert proc.returncode == 2 and msg in proc.stderr, (extra, proc.stderr[-500:])
+
+
+@pytest.mark.slow
+def test_cli_trains_on_two_processes_and_resumes_on_one(tmp_path: Path) -> None:
+    """``train --coordinator`` on two processes (2 virtual devices each, one mesh over all 4):
+    process 0 alone writes the metrics and the summary; the checkpoint resumes in a single
+    process on one device."""
+    run = ["train", "--prompts", "2", "--group", "4", "--eval-prompts", "0", "--no-progress",
+           "--checkpoint-dir", str(tmp_path / "run")]
+    port = str(_free_port())
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu", "JAXRL_SYM_COMPILE_CACHE": "off"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "jaxrl_sym.cli", *run, "--steps", "2", "--mesh", "data=4",
+         "--json", "--metrics", str(tmp_path / "m.jsonl"), "--coordinator", f"localhost:{port}",
+         "--num-processes", "2", "--process-id", str(i)],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    first = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert first["mesh"] == "data=4" and first["steps"] == 2
+    # (gloo's connection lines go to stdout from C++; no summary does)
+    assert not any(ln.startswith("{") for ln in outs[1][0].splitlines())
+    assert "process 1: 2 steps done" in outs[1][1]
+    assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 2  # one writer
+    proc = _cli([*run, "--steps", "3", "--resume", "--json"], devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert second["resumed_from"] == 2 and second["mesh"] == "single device"
+
+
 GEN = ["generate", "--model", str(ROOT / "tests" / "fixtures" / "hf" / "qwen2_sliding_sharded"),
        "--prompt-ids", "1,2,3", "--prompt-ids", "4,5", "--prompt-ids", "7", "--max-new-tokens",
        "6", "--ignore-eos", "--temperature", "1.0", "--seed", "3", "--json"]

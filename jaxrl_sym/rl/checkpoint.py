@@ -336,7 +336,21 @@ class Checkpointer:
                 raise _BadStep(f"found {bad} in its restored {PARTS[part]}")
 
     def _quarantine(self, steps: list[int]) -> None:
-        """Move rejected steps aside so the resumed run can write those step numbers again."""
+        """Move rejected steps aside so the resumed run can write those step numbers again.
+        With several processes (one shared directory) process 0 moves them and the others wait
+        for it, so no two hosts rename the same step."""
+        if not steps:
+            return
+        many = jax.process_count() > 1
+        if not many or jax.process_index() == 0:
+            self._move_aside(steps)
+        if many:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("jaxrl_sym quarantine")
+        self.manager.reload()
+
+    def _move_aside(self, steps: list[int]) -> None:
         for s in steps:
             src = os.path.join(self.directory, str(s))
             dst, n = src + QUARANTINE_SUFFIX, 1
@@ -352,8 +366,6 @@ class Checkpointer:
             self.quarantined.append(dst)
             log.warning("moved the rejected checkpoint %s to %s (delete it once inspected)",
                         src, dst)
-        if steps:
-            self.manager.reload()
 
     @staticmethod
     def _apply(trainer: RLTrainer, meta: dict[str, Any], state: dict[str, Any]) -> None:

@@ -89,6 +89,15 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "the sizes must multiply to the device count): parameters and optimiser "
                         "state sharded FSDP-style, batch rows split over data. See README "
                         "'Multi-device and multi-host'")
+    t.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="several hosts: process 0's address (or auto: JAX's cluster detection); "
+                        "run the same command on every host with --num-processes and "
+                        "--process-id, and a --mesh over all their devices. Process 0 writes "
+                        "the metrics, plot and summary")
+    t.add_argument("--num-processes", type=int, default=None, metavar="N",
+                   help="with --coordinator: how many processes take part")
+    t.add_argument("--process-id", type=int, default=None, metavar="I",
+                   help="with --coordinator: this process's id, 0..N-1")
     t.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="bytes one device may hold, e.g. 16GB or 512MiB: the sharded state and "
                         "every compiled program are checked against it before they run, so a "
@@ -121,7 +130,7 @@ def run_train(args: argparse.Namespace) -> int:
     ``error:`` line on stderr with exit code 2, not a traceback.
     """
     from jaxrl_sym.errors import SymError
-    from jaxrl_sym.sharding import MeshConfig  # JAX-free: checked before JAX starts
+    from jaxrl_sym.sharding import Distributed, MeshConfig  # JAX-free: checked before JAX
     from jaxrl_sym.sizes import parse_bytes
 
     try:
@@ -129,9 +138,11 @@ def run_train(args: argparse.Namespace) -> int:
             MeshConfig.parse(args.mesh)
         if args.device_memory is not None:
             parse_bytes(args.device_memory, flag="--device-memory")
+        dist = Distributed.from_flags(args.coordinator, args.num_processes, args.process_id)
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    reports = dist is None or _join(dist, args)
     from jaxrl_sym.rl.plot import plot_run, read_metrics
     from jaxrl_sym.rl.train import check_output_file, train
 
@@ -178,6 +189,10 @@ def run_train(args: argparse.Namespace) -> int:
             summary[f"first20_{k}"] = sum(vals[:20]) / len(vals[:20])
             summary[f"last20_{k}"] = sum(vals[-20:]) / len(vals[-20:])
     summary.update(algo=args.algo, task=args.task, seed=args.seed, system=args.system)
+    if not reports:
+        print(f"process {args.process_id}: {summary['steps']} steps done; process 0 reports",
+              file=sys.stderr)
+        return 0
     if args.json:
         print(json.dumps(summary))
     else:
@@ -189,6 +204,19 @@ def run_train(args: argparse.Namespace) -> int:
             if summary.get(k) is not None:
                 print(f"  {k}: {summary[k]}")
     return 0
+
+
+def _join(dist: Any, args: argparse.Namespace) -> bool:
+    """Join the multi-process run. Returns whether this process reports (process 0); the others
+    drop the outputs process 0 writes (metrics, plot, progress: one each, not one per host).
+    Every process trains and checkpoints: orbax coordinates the writes."""
+    import jax
+
+    dist.initialize()
+    if jax.process_index() == 0:
+        return True
+    args.metrics, args.plot, args.no_progress = None, None, True
+    return False
 
 
 @contextlib.contextmanager
