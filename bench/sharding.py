@@ -6,13 +6,15 @@ One child process per device count (``XLA_FLAGS=--xla_force_host_platform_device
 batch's samples (loss-grad-Adam program, samples/s), and reads the per-device bytes of
 parameters + optimiser state.
 
-    .venv/bin/python bench/sharding.py                    # 1, 2, 4, 8 devices
+    .venv/bin/python bench/sharding.py                    # no mesh, then 1, 2, 4, 8 devices
     .venv/bin/python bench/sharding.py --devices 1,8 --out /tmp/sharding
 
 What this measures on CPU: virtual devices are threads of one host sharing its cores, so more
 devices cannot be faster here — the numbers show the partitioned programs run, what their
 collectives cost relative to one device, and that per-device memory falls as 1/N. Speed-up
-needs real accelerators. Writes ``<out>.jsonl`` (one line per device count) and ``<out>.md``.
+needs real accelerators. ``none`` is one device without a mesh (the unsharded path), so the
+first two rows show what a 1-device mesh costs over it. Writes ``<out>.jsonl`` (one line per
+device count) and ``<out>.md``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ OUT = os.path.join(ROOT, "bench", "results", "cpu", "sharding")
 
 
 def child(n: int, prompts: int, repeats: int) -> dict[str, Any]:
-    """In a process with ``n`` devices: timings of generation and of the update."""
+    """In a process with ``n`` devices (0: one device, no mesh): timings of generation and of
+    the update."""
     import jax
     import numpy as np
 
@@ -43,7 +46,8 @@ def child(n: int, prompts: int, repeats: int) -> dict[str, Any]:
     cfg = RLConfig(algo="grpo", group_size=8, beta=0.0, eos_id=EOS,
                    max_new_tokens=task.max_new_tokens, lr=1e-3)
     model = init_model(preset("small", vocab_size=VOCAB_SIZE), 0)
-    tr = RLTrainer(model, task.reward, cfg, mesh=f"data={n}")
+    mesh = f"data={n}" if n else None
+    tr = RLTrainer(model, task.reward, cfg, mesh=mesh)
     batch = task.sample(np.random.default_rng(0), prompts)
     rollout = tr.generate(batch, seed=0)  # warm-up: compiles generation
     rewards = compute_rewards(task.reward, rollout.prompts, rollout.responses)
@@ -61,7 +65,7 @@ def child(n: int, prompts: int, repeats: int) -> dict[str, Any]:
         upd_s.append(time.perf_counter() - t)
     per = per_device_bytes({"params": tr.params, "opt": tr.opt_state})
     total = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves((tr.params, tr.opt_state)))
-    return {"devices": n, "mesh": f"data={n}", "samples": len(rollout.responses),
+    return {"devices": max(n, 1), "mesh": mesh or "none", "samples": len(rollout.responses),
             "layout_rows": layout.shape[0],
             "generation_tokens_per_s": tokens / sum(gen_s),
             "update_samples_per_s": len(rollout.responses) * repeats / sum(upd_s),
@@ -72,7 +76,8 @@ def child(n: int, prompts: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", default="1,2,4,8")
+    p.add_argument("--devices", default="none,1,2,4,8",
+                   help="device counts, one child process each; none: one device, no mesh")
     p.add_argument("--prompts", type=int, default=8, help="prompts per batch (x8 samples)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", default=OUT)
@@ -82,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(a.child, a.prompts, a.repeats)))
         return 0
     rows = []
-    for n in (int(x) for x in a.devices.split(",")):
-        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
+    for n in (0 if x.strip() == "none" else int(x) for x in a.devices.split(",")):
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={max(n, 1)}",
                "JAX_PLATFORMS": "cpu"}
         proc = subprocess.run([sys.executable, __file__, "--child", str(n), "--prompts",
                                str(a.prompts), "--repeats", str(a.repeats)], env=env,
@@ -96,10 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     with open(a.out + ".jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     with open(a.out + ".md", "w") as f:
-        f.write("| devices | generation tok/s | update samples/s | update s (median) | "
-                "state MB / device | state MB total |\n|---|---|---|---|---|---|\n")
+        f.write("| devices | mesh | generation tok/s | update samples/s | update s (median) | "
+                "state MB / device | state MB total |\n|---|---|---|---|---|---|---|\n")
         for r in rows:
-            f.write(f"| {r['devices']} | {r['generation_tokens_per_s']:.0f} | "
+            f.write(f"| {r['devices']} | {r['mesh']} | {r['generation_tokens_per_s']:.0f} | "
                     f"{r['update_samples_per_s']:.1f} | {r['update_seconds_median']:.3f} | "
                     f"{r['max_state_bytes_per_device'] / 1e6:.2f} | "
                     f"{r['state_bytes'] / 1e6:.2f} |\n")
