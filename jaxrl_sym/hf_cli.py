@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl_sym.sharding import Distributed  # JAX-free at import
+
 COMMANDS = ("generate", "export")
 DTYPES = ("float32", "bfloat16", "float16")
 GEN_SYSTEMS = ("sym", "padded")
@@ -72,6 +74,7 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
     g.add_argument("--mesh", default=None, metavar="AXES",
                    help="with --system sym: generate on a device mesh, e.g. data=8 (weights "
                         "sharded, rows split over data; see README 'Multi-device')")
+    Distributed.add_flags(g, "the rows")
     g.add_argument("--json", action="store_true", help="print one JSON object last")
     e = sub.add_parser("export", help="write a Hugging Face checkpoint directory",
                        description="Write a checkpoint directory transformers loads, from a "
@@ -128,8 +131,9 @@ def check_generate(args: argparse.Namespace) -> list[str]:
         errors.append("--ignore-eos and --eos-id contradict each other; give one")
     if any(i < 0 for i in args.eos_id or []):
         errors.append(f"--eos-id must be >= 0, got {args.eos_id}")
+    from jaxrl_sym.errors import SymError
+
     if args.mesh is not None:
-        from jaxrl_sym.errors import SymError
         from jaxrl_sym.sharding import MeshConfig  # JAX-free
 
         try:
@@ -138,6 +142,14 @@ def check_generate(args: argparse.Namespace) -> list[str]:
             errors.append(str(err))
         if args.system != "sym":
             errors.append(f"--mesh applies to --system sym (got --system {args.system})")
+    try:
+        args.distributed = Distributed.from_flags(args.coordinator, args.num_processes,
+                                                  args.process_id)
+    except SymError as err:
+        errors.append(str(err))
+    else:
+        if args.distributed is not None and args.mesh is None:
+            errors.append(Distributed.NEEDS_MESH)
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         return errors
     vocab = _vocab_size(args.model)
@@ -310,11 +322,16 @@ def run(args: argparse.Namespace, refuse: Callable[[list[str]], int]) -> int:
         return refuse(errors)
     from jaxrl_sym.errors import SymError
 
+    dist = getattr(args, "distributed", None)
+    if dist is not None:
+        dist.initialize()
     try:
         report = generate_rows(args) if args.cmd == "generate" else run_export(args)
     except (SymError, _CliError) as err:
         print(f"jaxrl-sym {args.cmd}: error: {err}", file=sys.stderr)
         return 2
+    if dist is not None and not dist.reports():
+        return 0  # every process generated the same rows; process 0 prints them
     if args.json:
         print(json.dumps(report))
     elif args.cmd == "generate":

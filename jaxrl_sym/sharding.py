@@ -121,6 +121,20 @@ class Distributed:
     process_id: int | None = None
 
     @staticmethod
+    def add_flags(parser: Any, reports: str) -> None:
+        """``--coordinator``, ``--num-processes``, ``--process-id`` on a subcommand's parser;
+        ``reports``: what process 0 alone writes."""
+        parser.add_argument(
+            "--coordinator", default=None, metavar="HOST:PORT",
+            help="several hosts: process 0's address (or auto: JAX's cluster detection); run "
+                 "the same command on every host with --num-processes and --process-id, and a "
+                 f"--mesh over all their devices. Process 0 alone writes {reports}")
+        parser.add_argument("--num-processes", type=int, default=None, metavar="N",
+                            help="with --coordinator: how many processes take part")
+        parser.add_argument("--process-id", type=int, default=None, metavar="I",
+                            help="with --coordinator: this process's id, 0..N-1")
+
+    @staticmethod
     def from_flags(coordinator: str | None, num_processes: int | None,
                    process_id: int | None) -> Distributed | None:
         """None without ``--coordinator``; ``auto`` for cluster detection; else ``host:port``
@@ -147,6 +161,16 @@ class Distributed:
             raise InputError(f"--process-id {process_id} with --num-processes {num_processes}: "
                              "the id must be in 0..N-1 and N at least 1")
         return Distributed(coordinator, num_processes, process_id)
+
+    NEEDS_MESH = ("--coordinator: give a --mesh over every process's devices too (e.g. --mesh "
+                  "data=16 for 2 hosts x 8 devices); without one each process would run alone")
+
+    @staticmethod
+    def reports() -> bool:
+        """Whether this process writes the run's outputs (process 0 does)."""
+        import jax
+
+        return jax.process_index() == 0
 
     def initialize(self) -> None:
         """Start JAX's distributed runtime (before anything touches a device). CPU devices

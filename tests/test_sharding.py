@@ -150,6 +150,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _two_processes(args: list[str]) -> list[tuple[str, str]]:
+    """Run a CLI command as processes 0 and 1 of a two-process run (2 CPU devices each)."""
+    port = str(_free_port())
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "JAX_PLATFORMS": "cpu", "JAXRL_SYM_COMPILE_CACHE": "off"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "jaxrl_sym.cli", *args, "--coordinator", f"localhost:{port}",
+         "--num-processes", "2", "--process-id", str(i)],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    # (gloo's connection lines go to stdout from C++; the report is the JSON line)
+    assert not any(ln.startswith("{") for ln in outs[1][0].splitlines())
+    return outs
+
+
 @pytest.mark.slow
 def test_two_processes_generate_and_train_as_one_device_and_restore_on_one(
         tmp_path: Path) -> None:
@@ -237,7 +255,8 @@ def test_cli_distributed_flags_are_checked_before_jax() -> None:
             (["--coordinator", "node0:1234", "--num-processes", "2"], "also give"),
             (["--coordinator", "node0:1234", "--num-processes", "2", "--process-id", "2"],
              "--process-id 2 with --num-processes 2"),
-            (["--coordinator", "auto", "--process-id", "0"], "--coordinator auto takes")):
+            (["--coordinator", "auto", "--process-id", "0"], "--coordinator auto takes"),
+            (["--coordinator", "auto"], "give a --mesh over every process's devices")):
         proc = _cli([*base, *extra], devices=1)
         assert proc.returncode == 2 and msg in proc.stderr, (extra, proc.stderr[-500:])
 
@@ -249,23 +268,11 @@ def test_cli_trains_on_two_processes_and_resumes_on_one(tmp_path: Path) -> None:
     process on one device."""
     run = ["train", "--prompts", "2", "--group", "4", "--eval-prompts", "0", "--no-progress",
            "--checkpoint-dir", str(tmp_path / "run")]
-    port = str(_free_port())
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "JAX_PLATFORMS": "cpu", "JAXRL_SYM_COMPILE_CACHE": "off"}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "jaxrl_sym.cli", *run, "--steps", "2", "--mesh", "data=4",
-         "--json", "--metrics", str(tmp_path / "m.jsonl"), "--coordinator", f"localhost:{port}",
-         "--num-processes", "2", "--process-id", str(i)],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)]
-    outs = [p.communicate(timeout=900) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+    outs = _two_processes([*run, "--steps", "2", "--mesh", "data=4", "--json", "--metrics",
+                           str(tmp_path / "m.jsonl")])
     first = json.loads(outs[0][0].strip().splitlines()[-1])
     assert first["mesh"] == "data=4" and first["steps"] == 2
-    # (gloo's connection lines go to stdout from C++; no summary does)
-    assert not any(ln.startswith("{") for ln in outs[1][0].splitlines())
-    assert "process 1: 2 steps done" in outs[1][1]
+    assert "2 steps done; process 0 reports" in outs[1][1]
     assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 2  # one writer
     proc = _cli([*run, "--steps", "3", "--resume", "--json"], devices=1)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -294,6 +301,16 @@ def test_generate_on_a_mesh_gives_the_single_device_tokens() -> None:
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append([r["tokens"] for r in out["rows"]])
     assert rows[0] == rows[1] and len({t for r in rows[0] for t in r}) > 3  # sampled, varied
+
+
+@pytest.mark.slow
+def test_generate_on_two_processes_gives_the_single_device_tokens() -> None:
+    proc = _cli(GEN, devices=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = [r["tokens"] for r in json.loads(proc.stdout.strip().splitlines()[-1])["rows"]]
+    outs = _two_processes([*GEN, "--mesh", "data=4"])
+    got = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert [r["tokens"] for r in got["rows"]] == want and got["mesh"] == "data=4"
 
 
 def test_decode_mesh_flag_is_checked_before_jax() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_NAMES
+from jaxrl_sym.sharding import Distributed  # JAX-free at import
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -89,15 +90,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "the sizes must multiply to the device count): parameters and optimiser "
                         "state sharded FSDP-style, batch rows split over data. See README "
                         "'Multi-device and multi-host'")
-    t.add_argument("--coordinator", default=None, metavar="HOST:PORT",
-                   help="several hosts: process 0's address (or auto: JAX's cluster detection); "
-                        "run the same command on every host with --num-processes and "
-                        "--process-id, and a --mesh over all their devices. Process 0 writes "
-                        "the metrics, plot and summary")
-    t.add_argument("--num-processes", type=int, default=None, metavar="N",
-                   help="with --coordinator: how many processes take part")
-    t.add_argument("--process-id", type=int, default=None, metavar="I",
-                   help="with --coordinator: this process's id, 0..N-1")
+    Distributed.add_flags(t, "the metrics, plot and summary")
     t.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="bytes one device may hold, e.g. 16GB or 512MiB: the sharded state and "
                         "every compiled program are checked against it before they run, so a "
@@ -129,8 +122,8 @@ def run_train(args: argparse.Namespace) -> int:
     A bad input (unknown task, a checkpoint of another run, a failing reward) is reported as one
     ``error:`` line on stderr with exit code 2, not a traceback.
     """
-    from jaxrl_sym.errors import SymError
-    from jaxrl_sym.sharding import Distributed, MeshConfig  # JAX-free: checked before JAX
+    from jaxrl_sym.errors import InputError, SymError
+    from jaxrl_sym.sharding import MeshConfig  # JAX-free: checked before JAX starts
     from jaxrl_sym.sizes import parse_bytes
 
     try:
@@ -139,6 +132,8 @@ def run_train(args: argparse.Namespace) -> int:
         if args.device_memory is not None:
             parse_bytes(args.device_memory, flag="--device-memory")
         dist = Distributed.from_flags(args.coordinator, args.num_processes, args.process_id)
+        if dist is not None and args.mesh is None:
+            raise InputError(Distributed.NEEDS_MESH)
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -190,7 +185,7 @@ def run_train(args: argparse.Namespace) -> int:
             summary[f"last20_{k}"] = sum(vals[-20:]) / len(vals[-20:])
     summary.update(algo=args.algo, task=args.task, seed=args.seed, system=args.system)
     if not reports:
-        print(f"process {args.process_id}: {summary['steps']} steps done; process 0 reports",
+        print(f"{summary['steps']} steps done; process 0 reports",
               file=sys.stderr)
         return 0
     if args.json:
@@ -210,10 +205,8 @@ def _join(dist: Any, args: argparse.Namespace) -> bool:
     """Join the multi-process run. Returns whether this process reports (process 0); the others
     drop the outputs process 0 writes (metrics, plot, progress: one each, not one per host).
     Every process trains and checkpoints: orbax coordinates the writes."""
-    import jax
-
     dist.initialize()
-    if jax.process_index() == 0:
+    if dist.reports():
         return True
     args.metrics, args.plot, args.no_progress = None, None, True
     return False
