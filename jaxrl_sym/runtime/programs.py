@@ -164,7 +164,10 @@ class StepBuilder:
         """Outside a program: move stores made elsewhere (a grow, a prefill path that does not
         pin them) to :meth:`store_sharding`; arrays already there are not copied."""
         sh = self.store_sharding(stores)
-        return stores if sh is None else jax.device_put(stores, sh)
+        if sh is None or all(isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sh, x.ndim)
+                             for x in jax.tree_util.tree_leaves(stores)):
+            return stores  # the common case, every dispatch: no device_put walk at all
+        return jax.device_put(stores, sh)
 
     @property
     def boundary(self) -> tuple[int, ...]:
