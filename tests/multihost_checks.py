@@ -27,7 +27,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"localhost:{PORT}", num_processes=PROCESSES, process_id=PROCESS)
 
 import numpy as np  # noqa: E402  (after initialize: nothing may touch a backend before it)
-from sharding_checks import CFG, MODEL, TASK  # noqa: E402
+from sharding_checks import CFG, MODEL, TASK, ragged_request  # noqa: E402
 
 from jaxrl_sym.generation import GenerationConfig  # noqa: E402
 from jaxrl_sym.models.lm import init_model, preset  # noqa: E402
@@ -50,10 +50,7 @@ def generation() -> dict[str, Any]:
     7 prompts of ragged limits (an uneven row count, rounded up to the data axis), greedy and
     sampled, stores split over devices that belong to different processes."""
     model = init_model(preset("tiny"), 0)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, 64, size=int(n)).astype(np.int32)
-               for n in rng.integers(2, 9, size=7)]
-    limits = tuple(int(x) for x in rng.integers(3, 25, size=7))
+    prompts, limits = ragged_request()
     out: dict[str, Any] = {}
     for spec, temp in zip(meshes(), (0.0, 1.0), strict=True):
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)

@@ -35,6 +35,14 @@ def mesh_of(spec: str) -> Any:
     return cfg.build(jax.devices()[:cfg.size])
 
 
+def ragged_request() -> tuple[list[np.ndarray], tuple[int, ...]]:
+    """7 prompts of 2-8 tokens and limits of 3-24: a row count no mesh axis divides."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, size=int(n)).astype(np.int32)
+               for n in rng.integers(2, 9, size=7)]
+    return prompts, tuple(int(x) for x in rng.integers(3, 25, size=7))
+
+
 def generation() -> dict[str, Any]:
     """Tokens of a sharded SymbolicLM equal the single-device run: 2 and 8 devices and a
     data x model mesh, greedy and sampled. 7 prompts of different limits: one device runs a
@@ -42,10 +50,7 @@ def generation() -> dict[str, Any]:
     every bucket a multiple as compaction shrinks it, so every step program's stores split
     evenly."""
     model = init_model(preset("tiny"), 0)
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, 64, size=int(n)).astype(np.int32)
-               for n in rng.integers(2, 9, size=7)]
-    limits = tuple(int(x) for x in rng.integers(3, 25, size=7))
+    prompts, limits = ragged_request()
     out: dict[str, Any] = {}
     for spec, temp in (("data=2", 0.0), ("data=8", 1.0), ("data=4,model=2", 0.0)):
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
