@@ -85,3 +85,36 @@ def test_stop_when_cuts_any_run_to_a_prefix(need: int, limits: list[int], seed: 
         return int(fin.sum()) >= need
 
     _check_cut(full, lm.generate(prompts, cfg, stop_when=rule), calls, need, tuple(limits))
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(need=st.integers(1, 5), limits=st.permutations(LIMITS), seed=st.integers(0, 50))
+def test_a_live_row_bound_stops_on_device_at_the_exact_step(need: int, limits: list[int],
+                                                            seed: int) -> None:
+    """``stop_live`` (the rule cannot hold while more rows are live): the tile program ends at
+    the very step the need-th row ends, so every unfinished row holds exactly that many tokens
+    — without the bound a cut lands on a tile boundary after it — and the run is still a
+    prefix of the uncut one. Split into several microbatches, the bound of the running group
+    counts the rows of the groups after it, and the cut is still a prefix."""
+    lm = _engine("scan")
+    cfg = GenerationConfig(max_new_tokens=tuple(limits), temperature=1.0, seed=seed, eos_id=None)
+    prompts = _prompts(lm.vocab_size, seed)
+    full = lm.generate(prompts, cfg)
+    rows = len(prompts)
+    for pad in (1.0, None):  # one decode loop (what partial rollouts use), then the default
+        calls: list[np.ndarray] = []
+
+        def rule(fin: np.ndarray, calls: list[np.ndarray] = calls) -> bool:
+            calls.append(fin)
+            return int(fin.sum()) >= need
+
+        part = lm.generate(prompts, cfg, stop_when=rule, stop_live=rows - need,
+                           max_pad_fraction=pad)
+        _check_cut(full, part, calls, need, tuple(limits))
+        if pad == 1.0:
+            at = sorted(limits)[need - 1]
+            assert {len(t) for t, f in zip(part.tokens, calls[-1], strict=True) if not f} == {at}
+            tiled = lm.generate(prompts, cfg, stop_when=lambda f: int(f.sum()) >= need,
+                                max_pad_fraction=1.0)
+            assert part.stats["dispatches"] <= tiled.stats["dispatches"]
+            assert part.stats["generated_tokens"] <= tiled.stats["generated_tokens"]

@@ -42,6 +42,7 @@ Decisions, and why:
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -139,6 +140,12 @@ class PartialBuffer:
         return (frac >= self.cfg.fraction and all(done(r) for r in must)
                 and bool(self.complete_groups(finished)))
 
+    def _stop_live(self, started: int, todo: list[Row]) -> int:
+        """Most unfinished rows among ``todo`` at which the stop rule can first hold: the
+        fraction's share of ``started`` (rows outside ``todo`` are already done)."""
+        allowed = started - math.ceil(self.cfg.fraction * started - 1e-9)
+        return max(0, min(len(todo), allowed))
+
     def generate(self, tr: RLTrainer, rl_eos: Any, temperature: float,
                  seed: int) -> dict[str, Any]:
         """Generate until the stop rule holds (one call that stops itself where the system can,
@@ -155,7 +162,8 @@ class PartialBuffer:
             rows = todo
             stop = lambda fin, rows=rows: self._should_stop(
                 started, must, frozenset(r.uid for r, f in zip(rows, fin, strict=True) if f))
-            res = tr.system_impl.generate_until(tr, prompts, gcfg, stop)
+            res = tr.system_impl.generate_until(tr, prompts, gcfg, stop,
+                                                stop_live=self._stop_live(started, todo))
             if res is None:  # this system runs every row to its end: a segment at a time
                 gcfg = replace(gcfg, max_new_tokens=tuple(min(self.cfg.segment, n)
                                                           for n in full))

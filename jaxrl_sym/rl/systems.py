@@ -84,10 +84,12 @@ class System:
         raise NotImplementedError
 
     def generate_until(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                       stop_when: Callable[[np.ndarray], bool]) -> GenerationResult | None:
-        """Generate, ending early once ``stop_when(finished rows)`` says so (see
-        ``SymbolicLM.generate``); None when this system cannot stop mid-generation (one
-        program runs every row to its end) — partial rollouts then generate in segments."""
+                       stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
+                       ) -> GenerationResult | None:
+        """Generate, ending early once ``stop_when(finished rows)`` says so (``stop_live``: it
+        cannot hold while more rows are unfinished; see ``SymbolicLM.generate``); None when
+        this system cannot stop mid-generation (one program runs every row to its end) —
+        partial rollouts then generate in segments."""
         return None
 
     def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
@@ -195,14 +197,16 @@ class SymSystem(System):
         return host.engine.generate(prompts, gcfg, on_finished=None)
 
     def generate_until(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                       stop_when: Callable[[np.ndarray], bool]) -> GenerationResult:
+                       stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
+                       ) -> GenerationResult:
         """The host loop asks ``stop_when`` after every read-back (a tile of steps), in one
         decode loop for all rows: with the step's own microbatch policy, the rows carried from
         the last step (prompt + tokens so far: longer prompts, shorter limits) became a second
         loop that ran after the new rows had all finished (measured: 13 dispatches and 5.3-6.4 s
         per carried step against 1.3 s), and the stop rule could not end the first loop
         while carried rows it waits for had not started."""
-        return host.engine.generate(prompts, gcfg, stop_when=stop_when, max_pad_fraction=1.0)
+        return host.engine.generate(prompts, gcfg, stop_when=stop_when, stop_live=stop_live,
+                                    max_pad_fraction=1.0)
 
     def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
                          score: ScoreFn) -> tuple[GenerationResult, ReferenceOverlap | None]:

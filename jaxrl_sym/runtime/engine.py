@@ -230,6 +230,7 @@ class SymbolicLM:
                  on_finished: Callable[[list[int], list[np.ndarray]], None] | None = None,
                  on_progress: Callable[[int], None] | None = None,
                  stop_when: Callable[[np.ndarray], bool] | None = None,
+                 stop_live: int | None = None,
                  max_pad_fraction: float | None = None,
                  ) -> GenerationResult:
         """Generate for every prompt until EOS or its limit.
@@ -248,6 +249,11 @@ class SymbolicLM:
           tile after the share of rows they wait for has finished, instead of generating in
           short segments that each re-prefill every row. Tokens are those of a run without it,
           cut short: sampling is keyed by (seed, step, row).
+        stop_live: with ``stop_when``, a promise that it cannot hold while more than this many
+          rows are unfinished (partial rollouts: the rows a fraction leaves). Decode tiles then
+          grow as without a rule, and the tile program ends on device at the step the live
+          rows fall to the bound, where the rule is asked; without it tiles stay at
+          ``decode_tile`` steps so the rule is asked often enough.
         max_pad_fraction: this call's aligned-microbatch policy (None: the engine's). Partial
           rollouts pass 1.0: one decode loop, so ``stop_when`` sees all rows at once and rows
           carried from the last step (longer prompts, shorter limits) decode beside the new
@@ -272,9 +278,11 @@ class SymbolicLM:
                                   max_pad_fraction=(self.max_pad_fraction
                                                     if max_pad_fraction is None
                                                     else max_pad_fraction))
-            for group in groups:
+            for k, group in enumerate(groups):
                 if out.stopped:
                     break
+                if stop_live is not None:  # rows of later groups are unfinished as well
+                    out.stop_live = max(0, stop_live - sum(len(g) for g in groups[k + 1:]))
                 dg = self.group_class(self, group, prompts, limits, cfg, meter, weights_bytes)
                 dg.run(hoisted, out, on_finished)
                 work.merge(dg.work)

@@ -43,6 +43,7 @@ class Outputs:
     logits: list[list[np.ndarray]] | None
     progress: Callable[[int], None] | None = None  # after each read-back: tokens emitted so far
     stop_when: Callable[[np.ndarray], bool] | None = None  # see SymbolicLM.generate
+    stop_live: int | None = None  # the running group's bound (SymbolicLM.generate's stop_live)
     finished: np.ndarray | None = None  # bool per request row: ended at EOS or its limit
     stopped: bool = False  # stop_when asked to end generation; no group decodes further
 
@@ -83,6 +84,7 @@ class DecodeGroup:
         self.work = WorkLog()
         self._tile = 0  # steps of the dispatch whose tokens ``collect`` reads next (0: prefill)
         self._ran: Any = None  # the tile program's count of steps run (a device scalar)
+        self._stop_live = 0  # > 0: tiles end on device once live rows fall to it (stop_live)
         self.seed = jax.device_put(np.uint32(cfg.seed))
         self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
         pos0 = np.full((b,), DEAD_POSITION, np.int32)
@@ -97,9 +99,15 @@ class DecodeGroup:
         """Prefill, then decode until every row hit EOS or its limit.
 
         With a ``stop_when`` rule the tile does not grow: the rule is asked at every read-back,
-        so it sees rows end within ``decode_tile`` steps (partial rollouts stop on time)."""
+        so it sees rows end within ``decode_tile`` steps (partial rollouts stop on time). With
+        its ``stop_live`` bound as well, tiles grow as usual and the tile program itself ends at
+        the step the live rows fall to the bound — the first step the rule can hold — so the
+        rule is asked exactly there; past it, tiles stay at the base."""
         if out.stop_when is not None:
-            self.tiling = Tiling(self.tiling.base, self.tiling.base)
+            if out.stop_live is None:
+                self.tiling = Tiling(self.tiling.base, self.tiling.base)
+            else:  # 0: the rule cannot hold before this group ends; tiles grow as usual
+                self._stop_live = int(out.stop_live)
         last = self.prefill(hoisted)
         while True:
             self.collect(last, out, on_finished)
@@ -219,7 +227,7 @@ class DecodeGroup:
         ran = None
         if tiled:  # each row's last response index; -1: finished or filler (already ended)
             last = np.where(self.done, -1, self.limits - 1).astype(np.int32)
-            args = (*args, np.int32(d.tile), last, np.int32(d.stop))
+            args = (*args, np.int32(d.tile), last, np.int32(max(d.stop, self._stop_live)))
             (self.stores, tok, lp, lg, ran), key = self.lm.run_program(name, self.cfg, *args,
                                                                        **static)
         else:
@@ -257,6 +265,9 @@ class DecodeGroup:
                     self.done[slot] = True
                     out.finished[i] = True
                     finished.append(i)
+        if self._stop_live and int((~self.done).sum()) <= self._stop_live:
+            self._stop_live = 0  # the bound is reached: the rule is asked every base tile now
+            self.tiling = Tiling(self.tiling.base, self.tiling.base)
         if self._tile:  # a decode dispatch: each emitted token was one needed position
             self._book(out, before)
             self.tile = self.tiling.after(self._tile, bool(finished))
