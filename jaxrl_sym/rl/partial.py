@@ -98,9 +98,6 @@ class Row:
     done: bool = False
 
 
-CAPPED_SEGMENT = 1_000  # the seed index of the call that finishes rows at the carry cap
-
-
 def _seg_seed(seed: int, seg: int) -> int:
     """Segment 0 samples with the step's seed (so fraction 1 with one segment is the plain
     step); later segments with distinct seeds derived from it."""
@@ -156,21 +153,9 @@ class PartialBuffer:
         todo = [r for r in self.rows if not r.done]
         started, must = len(todo), [r for r in todo if r.carried >= self.cfg.max_carry]
         resumed = sum(r.carried > 0 for r in todo)
-        seg, run_s, compile_s, early, loops, first = 0, 0.0, 0.0, False, 0, 0
-        if must and len(must) < len(todo) and tr.system_impl.stops_itself:
-            # Rows at the carry cap must finish this step whatever the rule says: they run
-            # first, alone, to their ends. Beside the new rows, their prompts (which hold the
-            # tokens so far) would raise the group's aligned prompt block and with it every
-            # row's store capacity: 256 new rows of 10 + 48 tokens took 0.18 s, the same with
-            # 26 carried rows of 50 + 8 tokens 0.34 s (capacity 58 -> 104).
-            gcfg = GenerationConfig(max_new_tokens=tuple(r.limit - len(r.tokens) for r in must),
-                                    eos_id=rl_eos, temperature=temperature,
-                                    seed=_seg_seed(seed, CAPPED_SEGMENT))
-            res = tr.system_impl.generate(tr, self._prompts(must), gcfg)
-            run_s, compile_s, _ = self._extend(must, res, gcfg)
-            todo, first = [r for r in todo if not r.done], len(must)
+        seg, run_s, compile_s, early, loops = 0, 0.0, 0.0, False, 0
         while todo and (seg == 0 or not self._should_stop(started, must)):
-            prompts = self._prompts(todo)
+            prompts = [np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]) for r in todo]
             full = tuple(r.limit - len(r.tokens) for r in todo)
             gcfg = GenerationConfig(max_new_tokens=full, eos_id=rl_eos,
                                     temperature=temperature, seed=_seg_seed(seed, seg))
@@ -185,31 +170,19 @@ class PartialBuffer:
                 res = tr.system_impl.generate(tr, prompts, gcfg)
             else:
                 early = early or bool(res.stats.get("stopped_early", False))
-            run, comp, n = self._extend(todo, res, gcfg)
-            run_s, compile_s, loops = run_s + run, compile_s + comp, loops + n
+            run_s += float(res.stats.get("run_seconds", 0.0))
+            compile_s += float(res.stats.get("compile_seconds", 0.0))
+            loops += int(res.stats.get("groups", 1))
+            eos = set(gcfg.eos_ids)
+            for r, t, lp in zip(todo, res.tokens, res.logprobs, strict=True):
+                r.tokens += [int(x) for x in t]
+                r.logprobs += [float(x) for x in lp]
+                r.done = len(r.tokens) >= r.limit or (bool(r.tokens) and r.tokens[-1] in eos)
             todo = [r for r in todo if not r.done]
             seg += 1
-        return {"segments": seg, "decode_loops": loops, "capped_first": first,
-                "stopped_early": early,
+        return {"segments": seg, "decode_loops": loops, "stopped_early": early,
                 "generating_rows": started, "resumed_rows": resumed, "run_seconds": run_s,
                 "compile_seconds": compile_s}
-
-    @staticmethod
-    def _prompts(rows: list[Row]) -> list[np.ndarray]:
-        """A row resumes as a prompt of its original prompt and the tokens so far."""
-        return [np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]) for r in rows]
-
-    @staticmethod
-    def _extend(rows: list[Row], res: Any, gcfg: GenerationConfig) -> tuple[float, float, int]:
-        """Append a generation call's tokens and log-probs to ``rows`` and mark those that
-        ended; returns the call's (run seconds, compile seconds, decode loops)."""
-        eos = set(gcfg.eos_ids)
-        for r, t, lp in zip(rows, res.tokens, res.logprobs, strict=True):
-            r.tokens += [int(x) for x in t]
-            r.logprobs += [float(x) for x in lp]
-            r.done = len(r.tokens) >= r.limit or (bool(r.tokens) and r.tokens[-1] in eos)
-        return (float(res.stats.get("run_seconds", 0.0)),
-                float(res.stats.get("compile_seconds", 0.0)), int(res.stats.get("groups", 1)))
 
     def take(self, step: int) -> tuple[list[Row], dict[str, Any]]:
         """Remove and return the complete groups' rows (group order, G consecutive); the rows

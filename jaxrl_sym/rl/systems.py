@@ -73,7 +73,6 @@ class System:
     name: ClassVar[str]
     input_fill: ClassVar[tuple[int, ...]] = ()  # value of each layout input in an empty row
     speculates: ClassVar[bool] = False  # RLConfig.speculate applies to its generation
-    stops_itself: ClassVar[bool] = False  # generate_until ends mid-generation (not segments)
 
     def attach(self, host: Host) -> None:
         """Called once when a trainer is created on this system: the place to fail early on a
@@ -188,7 +187,6 @@ class SymSystem(System):
 
     name: ClassVar[str] = "sym"
     speculates: ClassVar[bool] = True  # generates through the trainer's engine
-    stops_itself: ClassVar[bool] = True
     input_fill: ClassVar[tuple[int, ...]] = (0, -1, -1)  # tokens, positions, segment ids
 
     def attach(self, host: Host) -> None:
