@@ -323,9 +323,9 @@ def run(args: argparse.Namespace, refuse: Callable[[list[str]], int]) -> int:
     from jaxrl_sym.errors import SymError
 
     dist = getattr(args, "distributed", None)
-    if dist is not None:
-        dist.initialize()
     try:
+        if dist is not None:
+            dist.initialize()
         report = generate_rows(args) if args.cmd == "generate" else run_export(args)
     except (SymError, _CliError) as err:
         print(f"jaxrl-sym {args.cmd}: error: {err}", file=sys.stderr)

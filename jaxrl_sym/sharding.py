@@ -178,7 +178,13 @@ class Distributed:
         import jax
 
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(self.coordinator, self.num_processes, self.process_id)
+        try:
+            jax.distributed.initialize(self.coordinator, self.num_processes, self.process_id)
+        except (ValueError, RuntimeError) as e:  # JAX's words, under the flag the user gave
+            where = self.coordinator or "auto (no cluster JAX knows was detected)"
+            raise InputError(f"--coordinator {where}: JAX's distributed runtime did not start "
+                             f"({e}); check the address, that process 0 runs, and "
+                             "--num-processes/--process-id") from e
 
 
 def make_mesh(spec: str | MeshConfig | Mesh | None) -> Mesh | None:

@@ -259,6 +259,10 @@ def test_cli_distributed_flags_are_checked_before_jax() -> None:
             (["--coordinator", "auto"], "give a --mesh over every process's devices")):
         proc = _cli([*base, *extra], devices=1)
         assert proc.returncode == 2 and msg in proc.stderr, (extra, proc.stderr[-500:])
+    # well-formed, but no cluster to detect: JAX's own error, under the flag, no traceback
+    proc = _cli([*base, "--coordinator", "auto", "--mesh", "data=1"], devices=1)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--coordinator auto (no cluster JAX knows was detected)" in proc.stderr
 
 
 @pytest.mark.slow

@@ -134,10 +134,10 @@ def run_train(args: argparse.Namespace) -> int:
         dist = Distributed.from_flags(args.coordinator, args.num_processes, args.process_id)
         if dist is not None and args.mesh is None:
             raise InputError(Distributed.NEEDS_MESH)
+        reports = dist is None or _join(dist, args)
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    reports = dist is None or _join(dist, args)
     from jaxrl_sym.rl.plot import plot_run, read_metrics
     from jaxrl_sym.rl.train import check_output_file, train
 
