@@ -28,9 +28,10 @@ jax.distributed.initialize(f"localhost:{PORT}", num_processes=PROCESSES, process
 
 import numpy as np  # noqa: E402  (after initialize: nothing may touch a backend before it)
 from sharding_checks import CFG, MODEL, TASK, ragged_request  # noqa: E402
+from zoo import zoo  # noqa: E402
 
 from jaxrl_sym.generation import GenerationConfig  # noqa: E402
-from jaxrl_sym.models.lm import init_model, preset  # noqa: E402
+from jaxrl_sym.models.lm import init_model  # noqa: E402
 from jaxrl_sym.rl import RLTrainer, compute_rewards  # noqa: E402
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint  # noqa: E402
 from jaxrl_sym.rl.state import params_sha256  # noqa: E402
@@ -48,9 +49,11 @@ def meshes() -> list[str]:
 def generation() -> dict[str, Any]:
     """Sharded generation across processes gives the single-device tokens and log-probs:
     7 prompts of ragged limits (an uneven row count, rounded up to the data axis), greedy and
-    sampled, stores split over devices that belong to different processes."""
-    model = init_model(preset("tiny"), 0)
-    prompts, limits = ragged_request()
+    sampled, stores split over devices that belong to different processes. On the Gemma-like
+    zoo model (soft-capped logits, its own layer layout), not the project's DecoderLM."""
+    model = zoo(4)["gemmaish"]
+    vocab = SymbolicLM(model).vocab_size
+    prompts, limits = ragged_request(vocab, seed=13)
     out: dict[str, Any] = {}
     for spec, temp in zip(meshes(), (0.0, 1.0), strict=True):
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)

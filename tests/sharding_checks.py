@@ -35,10 +35,10 @@ def mesh_of(spec: str) -> Any:
     return cfg.build(jax.devices()[:cfg.size])
 
 
-def ragged_request() -> tuple[list[np.ndarray], tuple[int, ...]]:
+def ragged_request(vocab: int = 64, seed: int = 0) -> tuple[list[np.ndarray], tuple[int, ...]]:
     """7 prompts of 2-8 tokens and limits of 3-24: a row count no mesh axis divides."""
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(1, 64, size=int(n)).astype(np.int32)
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, vocab, size=int(n)).astype(np.int32)
                for n in rng.integers(2, 9, size=7)]
     return prompts, tuple(int(x) for x in rng.integers(3, 25, size=7))
 
