@@ -1,11 +1,14 @@
 """jaxrl_sym: symbolic-shape dependence graphs for JAX — generation and training on exact-size
 buffers instead of MAX_LEN padding.
 
-Pipeline (data flows one way): symbols → tracer → PDG → passes → runtime.
+Pipeline (data flows one way): symbols → tracer → PDG → passes → runtime, with systems, RL and
+the CLI on top.
 
-The public names below are loaded on first use (PEP 562 ``__getattr__``), not at import: every
-``jaxrl_sym.*`` module imports this package first, and the CLI must be able to reject a bad flag
-before paying JAX's multi-second import.
+This module is the public face: ``from jaxrl_sym import SymbolicLM, padded_generate, RLTrainer,
+load_pretrained, attend, GenerationConfig, ...`` is all a user (and the README) imports. The
+names are loaded on first use (PEP 562 ``__getattr__``), not at import: every ``jaxrl_sym.*``
+module imports this package first, and the CLI must be able to reject a bad flag before paying
+JAX's multi-second import. ``_HOME`` is the one table of where each public name lives.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from jaxrl_sym.baselines.padded import padded_generate
     from jaxrl_sym.errors import (
         InputError,
         NonCausalMixingError,
@@ -23,31 +27,66 @@ if TYPE_CHECKING:
         UnsupportedPrimitiveError,
     )
     from jaxrl_sym.generation import GenerationConfig, GenerationResult
-    from jaxrl_sym.ops.attention import Block, Causal, Linear, Window, attend, parse_pattern
+    from jaxrl_sym.models.contract import check_model
+    from jaxrl_sym.models.hf import export_pretrained, load_pretrained
+    from jaxrl_sym.models.lm import DecoderLM, LMConfig, init_model, preset
+    from jaxrl_sym.ops.attention import (
+        Block,
+        Causal,
+        Linear,
+        Pattern,
+        Window,
+        attend,
+        parse_pattern,
+    )
+    from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
+    from jaxrl_sym.runtime.engine import SymbolicLM
+    from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 _HOME = {
     **dict.fromkeys(("InputError", "NonCausalMixingError", "PatternError", "SymbolError",
                      "SymError", "UnsupportedPrimitiveError"), "jaxrl_sym.errors"),
     **dict.fromkeys(("GenerationConfig", "GenerationResult"), "jaxrl_sym.generation"),
-    **dict.fromkeys(("Block", "Causal", "Linear", "Window", "attend", "parse_pattern"),
-                    "jaxrl_sym.ops.attention"),
+    **dict.fromkeys(("Block", "Causal", "Linear", "Pattern", "Window", "attend",
+                     "parse_pattern"), "jaxrl_sym.ops.attention"),
+    "check_model": "jaxrl_sym.models.contract",
+    **dict.fromkeys(("DecoderLM", "LMConfig", "init_model", "preset"), "jaxrl_sym.models.lm"),
+    **dict.fromkeys(("export_pretrained", "load_pretrained"), "jaxrl_sym.models.hf"),
+    "SymbolicLM": "jaxrl_sym.runtime.engine",
+    "SpeculativeLM": "jaxrl_sym.runtime.speculative",
+    "padded_generate": "jaxrl_sym.baselines.padded",
+    **dict.fromkeys(("RLConfig", "RLTrainer", "get_task"), "jaxrl_sym.rl"),
 }
 
 __all__ = [
     "Block",
     "Causal",
+    "DecoderLM",
     "GenerationConfig",
     "GenerationResult",
     "InputError",
+    "LMConfig",
     "Linear",
     "NonCausalMixingError",
+    "Pattern",
     "PatternError",
+    "RLConfig",
+    "RLTrainer",
+    "SpeculativeLM",
     "SymError",
     "SymbolError",
+    "SymbolicLM",
     "UnsupportedPrimitiveError",
     "Window",
     "attend",
+    "check_model",
+    "export_pretrained",
+    "get_task",
+    "init_model",
+    "load_pretrained",
+    "padded_generate",
     "parse_pattern",
+    "preset",
 ]
 
 
