@@ -27,8 +27,8 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.speculative import SpecLog, SpeculativeLM, accept, choose_k, ngram_draft
-from jaxrl_sym.runtime.speculative_tile import device_ngram_draft
+from jaxrl_sym.runtime.speculative import SpeculativeLM, choose_k
+from jaxrl_sym.speculation import SpecLog, accept, device_ngram_draft, ngram_draft
 
 sys.path.insert(0, str(Path(__file__).parent))
 from zoo import GemmaishConfig, GemmaishLM

@@ -1,24 +1,20 @@
 """Speculative decoding on the symbolic runtime: a draft proposes k tokens per row, the target
 verifies them in one forward over k+1 positions, and each row keeps its own number of them.
 
-Pieces, each usable alone:
+The drafts, the acceptance rule and the speculation log live in :mod:`jaxrl_sym.speculation`
+(shared with the padded baseline); the verify program and the on-device draft in
+:mod:`jaxrl_sym.runtime.speculative_tile`. Here:
 
-- :func:`ngram_draft`: prompt-lookup drafting (no model): the tokens that followed the latest
-  earlier occurrence of the row's last n-gram (host numpy, used by the padded baseline; the
-  runtime runs its device twin inside the verify tile, so its cost is in the run time).
-- :func:`accept`: the acceptance rule on device. Greedy: drafts are kept while they equal the
-  target's argmax, then the target's own token — so the output is plain greedy decoding's, token
-  for token. Temperature > 0: rejection sampling for a deterministic draft (draft x accepted with
-  probability p(x), else a token from p with x removed, renormalised), which leaves every emitted
-  token distributed as the target's p given its prefix. Log-probs are always the target's.
-- :func:`verify_program`: the PDG evaluated over ``[rows, k+1]`` tokens at per-row positions;
-  every attention store writes its entries at per-row slots (:meth:`StoreKind.verify`) — the
-  stores own the "advance by the accepted count" behaviour: a row's next verify starts at its
-  first rejected slot and overwrites the rejected entries.
+- :func:`choose_k`: the adaptive k, from measured acceptance and verify cost;
 - :class:`SpeculativeGroup`: the host loop of one aligned microbatch (prefill, compaction and
-  growth are :class:`DecodeGroup`'s), dispatching tiles of ``verify_tile`` draft + verify steps
-  (:mod:`jaxrl_sym.runtime.speculative_tile`); :class:`SpeculativeLM`: a :class:`SymbolicLM`
-  whose generate runs it, with ring/block stores planned ``k`` slots larger.
+  growth are :class:`DecodeGroup`'s, decided by :func:`~jaxrl_sym.runtime.policy.next_dispatch`),
+  dispatching tiles of ``verify_tile`` draft + verify steps; every attention store writes its
+  entries at per-row slots (:meth:`StoreKind.verify`) — the stores own the "advance by the
+  accepted count" behaviour: a row's next verify starts at its first rejected slot and
+  overwrites the rejected entries;
+- :class:`SpeculativeLM`: a :class:`SymbolicLM` whose generate runs it, its ring/block stores
+  planned ``k`` slots larger (speculation is a planning input of
+  :func:`~jaxrl_sym.runtime.plan.compile_generation`).
 
 Compiles: one verify program per (row bucket, store capacity, k); k comes from a small fixed set
 (powers of two up to ``speculate``) when adaptive.
@@ -32,7 +28,6 @@ from functools import partial
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -43,131 +38,14 @@ from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
 from jaxrl_sym.runtime.policy import next_pow2
 from jaxrl_sym.runtime.prefill import PackedPrompts
-from jaxrl_sym.runtime.programs import StepBuilder
-from jaxrl_sym.runtime.speculative_tile import forward_at, verify_tile
+from jaxrl_sym.runtime.speculative_tile import verify_tile
 from jaxrl_sym.sharding import to_host
+from jaxrl_sym.speculation import SpecLog
 
 DRAFTS = ("ngram",)
-NGRAM_MAX = 3  # longest suffix the prompt-lookup draft matches
-
-
-# --------------------------------------------------------------------------- the draft
-def ngram_draft(context: np.ndarray, k: int, max_n: int = NGRAM_MAX) -> np.ndarray:
-    """k tokens proposed for the continuation of ``context`` (1-D ints), no model.
-
-    Prompt lookup: for n = max_n .. 1, find the latest earlier occurrence of the context's last
-    n tokens and propose what followed it; the first n that matches wins. Short or missing
-    continuations are filled by repeating the last proposed (or the last context) token — any
-    draft is correct (verification decides), a bad one only lowers the acceptance rate.
-    """
-    ctx = np.asarray(context)
-    out: list[int] = []
-    for n in range(min(max_n, len(ctx) - 1), 0, -1):
-        tail = ctx[-n:]
-        # windows of n tokens ending before the last token; latest match first
-        wins = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)
-        hits = np.nonzero((wins == tail).all(axis=1))[0]
-        if hits.size:
-            start = int(hits[-1]) + n
-            out = ctx[start:start + k].tolist()
-            break
-    fill = out[-1] if out else int(ctx[-1])
-    return np.asarray(out + [fill] * (k - len(out)), np.int32)
-
-
-# --------------------------------------------------------------------------- acceptance
-def accept(logits: jax.Array, drafts: jax.Array, *, seed: jax.Array, row_ids: jax.Array,
-           index: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The verify step's decision for every row.
-
-    logits ``[B, k+1, V]``: the target's at the last emitted token and at each draft token;
-    drafts ``[B, k]``; index ``[B]``: the response index of the token position 0 decides (the
-    sampling key, with seed and row id). Returns (tokens ``[B, k+1]``, the target's log-probs of
-    them, accepted ``[B]``): a row emits ``tokens[:accepted + 1]`` — its accepted drafts, then
-    one token of the target's (the correction at the first rejection, or a bonus token).
-    """
-    x = logits.astype(jnp.float32)
-    k = drafts.shape[1]
-    if temperature == 0.0:
-        lp = jax.nn.log_softmax(x, axis=-1)
-        tok = jnp.argmax(x, axis=-1).astype(jnp.int32)
-        ok = drafts == tok[:, :k]
-    else:
-        lp = jax.nn.log_softmax(x / temperature, axis=-1)
-        keys = _keys(seed, row_ids, index, k + 1)  # [B, k+1]
-        u = jax.vmap(jax.vmap(lambda kk: jax.random.uniform(jax.random.fold_in(kk, 0))))(keys)
-        p_draft = jnp.exp(jnp.take_along_axis(lp[:, :k], drafts[..., None], axis=-1)[..., 0])
-        ok = u[:, :k] < p_draft
-        # residual at position i < k: p with draft i removed (renormalised by categorical);
-        # at position k (every draft accepted): p itself
-        hit = jax.nn.one_hot(drafts, x.shape[-1], dtype=bool)
-        hit = jnp.concatenate([hit, jnp.zeros_like(hit[:, :1])], axis=1)
-        resid = jnp.where(hit, -jnp.inf, lp)
-        draw = lambda kk, row: jax.random.categorical(jax.random.fold_in(kk, 1), row)
-        tok = jax.vmap(jax.vmap(draw))(keys, resid).astype(jnp.int32)
-    accepted = jnp.cumprod(ok.astype(jnp.int32), axis=1).sum(axis=1)
-    i = jnp.arange(k + 1)[None]
-    padded = jnp.concatenate([drafts, drafts[:, -1:]], axis=1)
-    tok = jnp.where(i < accepted[:, None], padded, tok)
-    return tok, jnp.take_along_axis(lp, tok[..., None], axis=-1)[..., 0], accepted
-
-
-def _keys(seed: jax.Array, row_ids: jax.Array, index: jax.Array, c: int) -> jax.Array:
-    """One key per (row, response index): fold_in(fold_in(key(seed), row), index + i)."""
-    base = jax.random.key(seed)
-
-    def row_keys(row, start):
-        rk = jax.random.fold_in(base, row)
-        return jax.vmap(lambda j: jax.random.fold_in(rk, start + j))(jnp.arange(c))
-
-    return jax.vmap(row_keys)(row_ids, index)
-
-
-# --------------------------------------------------------------------------- the program
-def verify_program(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
-                   tokens: jax.Array, positions: jax.Array, slots: jax.Array,
-                   row_ids: jax.Array, seed: jax.Array, index: jax.Array, *,
-                   temperature: float, want_logits: bool) -> tuple[Any, ...]:
-    """Evaluate the PDG on ``tokens [B, k+1]`` (the last emitted token, then k drafts) at
-    ``positions``; store entries go to ``slots`` (per row, -1: none). The slot store (feedback
-    edge) is not read: the host supplies the tokens, as it built the drafts from them.
-    Returns (stores, tokens, log-probs, accepted, logits ``[B, k+1, V]`` or an empty array)."""
-    stores, logits = forward_at(builder, hoisted, stores, tokens, positions, slots)
-    tok, lp, acc = accept(logits, tokens[:, 1:], seed=seed, row_ids=row_ids, index=index,
-                          temperature=temperature)
-    kept = logits if want_logits else jnp.zeros((0,), jnp.float32)
-    return stores, tok, lp, acc, kept
 
 
 # --------------------------------------------------------------------------- adaptive k
-@dataclasses.dataclass
-class SpecLog:
-    """What speculation did in one generate call: per request row, drafts proposed/accepted;
-    verify dispatches per k; draft seconds. ``verify_seconds`` / ``timed``: seconds and count of
-    verifies per k that compiled nothing — the adaptive choice's cost table, carried from call to
-    call by :class:`SpeculativeLM` (a compile would make a k look too dear to try again)."""
-
-    proposed: dict[int, int] = dataclasses.field(default_factory=dict)
-    accepted: dict[int, int] = dataclasses.field(default_factory=dict)
-    verify_seconds: dict[int, float] = dataclasses.field(default_factory=dict)
-    timed: dict[int, int] = dataclasses.field(default_factory=dict)
-    verifies: dict[int, int] = dataclasses.field(default_factory=dict)
-    draft_seconds: float = 0.0
-
-    def rate(self) -> float | None:
-        total = sum(self.proposed.values())
-        return sum(self.accepted.values()) / total if total else None
-
-    def report(self, n_rows: int) -> dict[str, Any]:
-        per_row = [self.accepted.get(i, 0) / self.proposed[i] if self.proposed.get(i) else None
-                   for i in range(n_rows)]
-        return {"acceptance_rate": self.rate(), "acceptance_per_row": per_row,
-                "drafted_tokens": sum(self.proposed.values()),
-                "accepted_tokens": sum(self.accepted.values()),
-                "verify_steps": dict(sorted(self.verifies.items())),
-                "draft_seconds": self.draft_seconds}
-
-
 def choose_k(log: SpecLog, ks: tuple[int, ...], rows: int) -> int:
     """The k of ``ks`` with the most expected tokens per second.
 

@@ -4,7 +4,8 @@ Why: the plain engine already runs ``decode_tile`` steps per dispatch (one devic
 tile). A host-side draft needs the tokens back after every verify, which costs a sync per
 verify; on small models that sync costs more than the tokens speculation saves (measured:
 ``bench/speculative.py``). Here the prompt-lookup draft runs on device
-(:func:`device_ngram_draft`, the same drafts as :func:`~jaxrl_sym.runtime.speculative.ngram_draft`)
+(:func:`~jaxrl_sym.speculation.device_ngram_draft`, the same drafts as
+:func:`~jaxrl_sym.speculation.ngram_draft`)
 over each row's token history — or a draft model does, from its own stores
 (:func:`model_draft`) — so ``m`` verifies are one ``lax.scan``; each row stops at its EOS or
 limit inside the tile (later steps leave it untouched, its outputs are ignored).
@@ -20,6 +21,7 @@ from jax import lax
 
 from jaxrl_sym.runtime.evaluate import evaluate
 from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
+from jaxrl_sym.speculation import accept, device_ngram_draft
 
 
 def forward_at(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
@@ -52,6 +54,21 @@ def forward_at(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dic
     return builder.rows(new_stores), out[pdg.outputs[1]][2]
 
 
+def verify_program(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
+                   tokens: jax.Array, positions: jax.Array, slots: jax.Array,
+                   row_ids: jax.Array, seed: jax.Array, index: jax.Array, *,
+                   temperature: float, want_logits: bool) -> tuple[Any, ...]:
+    """Evaluate the PDG on ``tokens [B, k+1]`` (the last emitted token, then k drafts) at
+    ``positions``; store entries go to ``slots`` (per row, -1: none). The slot store (feedback
+    edge) is not read: the host supplies the tokens, as it built the drafts from them.
+    Returns (stores, tokens, log-probs, accepted, logits ``[B, k+1, V]`` or an empty array)."""
+    stores, logits = forward_at(builder, hoisted, stores, tokens, positions, slots)
+    tok, lp, acc = accept(logits, tokens[:, 1:], seed=seed, row_ids=row_ids, index=index,
+                          temperature=temperature)
+    kept = logits if want_logits else jnp.zeros((0,), jnp.float32)
+    return stores, tok, lp, acc, kept
+
+
 def model_draft(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
                 hist: jax.Array, length: jax.Array, offset: jax.Array, done: jax.Array,
                 k: int) -> tuple[jax.Array, dict]:
@@ -63,7 +80,7 @@ def model_draft(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: di
     writes the same keys). Then each proposal is fed back, k - 1 times. Rejected proposals
     from the previous round sit at positions this round writes before any query attends them
     (the argument of :meth:`StoreKind.verify`). Greedy, so the draft is deterministic — the
-    case the acceptance rule (:func:`~jaxrl_sym.runtime.speculative.accept`) is exact for.
+    case the acceptance rule (:func:`~jaxrl_sym.speculation.accept`) is exact for.
     Done rows write nothing (slots -1) and their proposals are ignored."""
     two = jnp.asarray([-2, -1], jnp.int32)[None]
     pos = length[:, None] + two
@@ -79,29 +96,6 @@ def model_draft(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: di
     return jnp.stack(drafts, axis=1), stores
 
 
-def device_ngram_draft(hist: jax.Array, length: jax.Array, k: int, max_n: int = 3) -> jax.Array:
-    """``k`` draft tokens per row from ``hist [B, L]`` (each row's prompt + response so far,
-    ``length [B]`` tokens): what followed the latest earlier occurrence of the row's last n
-    tokens, n = max_n .. 1; short continuations repeat their last token, no match repeats the
-    row's last token (the rules of the host :func:`ngram_draft`)."""
-    b, size = hist.shape
-    j = jnp.arange(size, dtype=jnp.int32)[None]
-    at = lambda idx: jnp.take_along_axis(hist, jnp.clip(idx, 0, size - 1)[:, None], axis=1)[:, 0]
-    padded = jnp.concatenate([hist, jnp.zeros((b, max_n), hist.dtype)], axis=1)
-    start = jnp.zeros((b,), jnp.int32)
-    found = jnp.zeros((b,), bool)
-    for n in range(max_n, 0, -1):
-        ok = (j <= (length - 1 - n)[:, None]) & (n <= length - 1)[:, None]
-        for i in range(n):
-            ok &= padded[:, i:i + size] == at(length - n + i)[:, None]
-        best = jnp.max(jnp.where(ok, j, -1), axis=1)
-        start = jnp.where(~found & (best >= 0), best + n, start)
-        found |= best >= 0
-    idx = jnp.minimum(start[:, None] + jnp.arange(k, dtype=jnp.int32)[None], (length - 1)[:, None])
-    drafts = jnp.take_along_axis(hist, jnp.clip(idx, 0, size - 1), axis=1)
-    return jnp.where(found[:, None], drafts, at(length - 1)[:, None]).astype(jnp.int32)
-
-
 def verify_tile(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
                 hist: jax.Array, length: jax.Array, emitted: jax.Array, limit: jax.Array,
                 offset: jax.Array, done: jax.Array, row_ids: jax.Array, seed: jax.Array,
@@ -114,8 +108,6 @@ def verify_tile(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: di
     (its weights and stores in ``draft_hoisted`` / ``draft_stores``); None: prompt lookup.
     Returns (stores, draft stores, then per step: tokens ``[m, B, k+1]``, log-probs, tokens
     kept ``[m, B]`` (0: the row was done), accepted drafts ``[m, B]``, logits)."""
-    from jaxrl_sym.runtime.speculative import verify_program  # the one verify step
-
     ar = jnp.arange(k + 1, dtype=jnp.int32)[None]
 
     def body(carry, _):
