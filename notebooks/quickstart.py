@@ -34,11 +34,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
 
-from jaxrl_sym import Causal, GenerationConfig, Window
-from jaxrl_sym.baselines.padded import padded_generate
-from jaxrl_sym.models.lm import DecoderLM, LMConfig
+from jaxrl_sym import (
+    Causal,
+    DecoderLM,
+    GenerationConfig,
+    LMConfig,
+    SymbolicLM,
+    Window,
+    padded_generate,
+)
 from jaxrl_sym.passes.storage import live_count_fn
-from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.symbols import classify_access, compile_index, evaluate_index
 
 QUICK = os.environ.get("JAXRL_SYM_NB_QUICK") == "1"

@@ -38,9 +38,17 @@ import numpy as np
 from flax import nnx
 
 import jaxrl_sym.runtime.engine as engine_mod
-from jaxrl_sym import Block, Causal, GenerationConfig, Linear, Window
-from jaxrl_sym.baselines.padded import padded_generate
-from jaxrl_sym.models.lm import DecoderLM, LMConfig
+from jaxrl_sym import (
+    Block,
+    Causal,
+    DecoderLM,
+    GenerationConfig,
+    Linear,
+    LMConfig,
+    SymbolicLM,
+    Window,
+    padded_generate,
+)
 from jaxrl_sym.runtime.metrics import MemoryMeter
 
 QUICK = os.environ.get("JAXRL_SYM_NB_QUICK") == "1"
@@ -58,7 +66,7 @@ base = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head
 engines = {}
 for name, pat in PATTERNS.items():
     model = DecoderLM(LMConfig(**base, patterns=(pat, pat)), rngs=nnx.Rngs(0))
-    eng = engines[name] = (model, engine_mod.SymbolicLM(model, min_capacity=32))
+    eng = engines[name] = (model, SymbolicLM(model, min_capacity=32))
     print(f"== {name}")
     print(eng[1].plan.to_text())
     layouts = jax.eval_shape(lambda e=eng[1]: e.builder.init_stores(8, 128))
