@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_sym import systems
 from jaxrl_sym.compile_cache import configure_environment
 from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read by bench/
     DECODE_CPU,
@@ -41,7 +42,6 @@ from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
 from jaxrl_sym.sizes import parse_bytes
-from jaxrl_sym.systems import PEERS, SYSTEMS, peer_errors
 
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
 # checked without importing the model code (JAX); a test keeps the two lists equal.
@@ -85,8 +85,8 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
                    help="window size for --attention window/mixed (>= 1)")
     d.add_argument("--block", type=int, default=64, help="block size for --attention block (>= 1)")
     d.add_argument("--systems", default="sym,padded", metavar="S1,S2,...",
-                   help=f"comma-separated, from {', '.join(SYSTEMS)}; every other system is "
-                        "compared with sym")
+                   help=f"comma-separated, from {', '.join(systems.names())}; every other "
+                        f"system is compared with {systems.REFERENCE}")
     d.add_argument("--seed", type=int, default=0,
                    help="weights and prompts; any integer, used modulo 2**32")
     d.add_argument("--preset", default="decode-cpu", choices=PRESETS, help="model preset")
@@ -222,6 +222,47 @@ def _module_findable(module: str) -> bool:
             is not None)
 
 
+def _system_names(args: argparse.Namespace) -> list[str]:
+    return [s.strip() for s in args.systems.split(",") if s.strip()]
+
+
+def _having(capability: str) -> str:
+    """``sym and padded``: the registered systems with ``capability``, for a refusal."""
+    return " and ".join(systems.names(**{capability: True}))
+
+
+def _system_refusals(args: argparse.Namespace, specs: list[systems.SystemSpec]) -> list[str]:
+    """What stops the named systems from running this command line, from their specs alone
+    (JAX-free): a missing peer package (systems sharing a reason are named together), each
+    spec's own refusals, and options none or only some of them take."""
+    errors: list[str] = []
+    missing: dict[str, list[str]] = {}
+    for spec in specs:
+        why = spec.unavailable()
+        if why:
+            missing.setdefault(why, []).append(spec.name)
+    errors += [f"--systems {','.join(n)} {why}" for why, n in missing.items()]
+    options = systems.BindOptions(backend=args.backend, speculate=max(args.speculate, 0),
+                                  draft=args.draft)
+    for spec in specs:
+        errors += [e for e in spec.refusals(options, attention=args.attention,
+                                            user_model=bool(args.model)) if e not in errors]
+    caps = [s.capabilities for s in specs]
+    if args.mesh is not None and not any(c.shards for c in caps):
+        errors.append(f"--mesh shards the {_having('shards')} systems; --systems "
+                      f"{args.systems!r} has none")
+    if args.speculate > 0:
+        other = [s.name for s in specs if not s.capabilities.speculates]
+        if other:
+            errors.append(f"--speculate applies to {_having('speculates')}; --systems "
+                          f"names {other}")
+        if args.draft != "ngram" and not any(c.draft_models for c in caps):
+            errors.append(f"--draft {args.draft}: a draft model runs on the "
+                          f"{_having('draft_models')} systems; --systems "
+                          f"{args.systems!r} has none")
+    return errors
+
+
 def check_decode(args: argparse.Namespace) -> list[str]:
     """Every problem with a ``decode`` command line, each naming the flag as typed."""
     errors = _at_least(args, {"tokens": 1, "batch": 1, "window": 1, "block": 1})
@@ -229,16 +270,16 @@ def check_decode(args: argparse.Namespace) -> list[str]:
         parse_prompt_len(args.prompt_len)
     except ValueError as err:
         errors.append(str(err))
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if not systems or unknown:
+    names = _system_names(args)
+    unknown = [s for s in names if s not in systems.names()]
+    if not names or unknown:
         extra = f" (unknown: {', '.join(unknown)})" if unknown else ""
-        errors.append(f"--systems must name systems from {', '.join(SYSTEMS)}, got "
+        errors.append(f"--systems must name systems from {', '.join(systems.names())}, got "
                       f"{args.systems!r}{extra}")
-    elif len(set(systems)) != len(systems):
+    elif len(set(names)) != len(names):
         errors.append(f"--systems names a system twice: {args.systems!r}")
     else:
-        errors += peer_errors(systems, attention=args.attention, user_model=bool(args.model))
+        errors += _system_refusals(args, [systems.get(s) for s in names])
     if args.model is not None:
         mod, _, fn = args.model.partition(":")
         if not mod or not fn or ":" in fn:
@@ -259,22 +300,10 @@ def check_decode(args: argparse.Namespace) -> list[str]:
             MeshConfig.parse(args.mesh)
         except ValueError as err:
             errors.append(str(err))
-        if not any(s.startswith("sym") for s in systems):
-            errors.append(f"--mesh shards the sym systems; --systems {args.systems!r} has none")
     if args.speculate < 0:
         errors.append(f"--speculate must be >= 0 (0: off), got {args.speculate}")
     elif args.draft != "ngram" and not args.speculate:
         errors.append(f"--draft {args.draft} drafts for --speculate K; give K >= 1")
-    elif args.speculate:
-        other = [s for s in systems if s.partition("-")[0] != "sym" and s != "padded"]
-        if other:
-            errors.append(f"--speculate applies to sym and padded; --systems names {other}")
-        if args.draft != "ngram" and not any(s.startswith("sym") for s in systems):
-            errors.append(f"--draft {args.draft}: a draft model runs on the sym systems; "
-                          f"--systems {args.systems!r} has none")
-        if args.attention == "linear" and not args.model:
-            errors.append(f"--speculate with --attention {args.attention}: linear attention's "
-                          "recurrent state cannot roll back rejected drafts; use --speculate 0")
     errors += check_output_file("--out", args.out)
     return errors
 
@@ -304,7 +333,7 @@ def _spec(args: argparse.Namespace, system: str) -> dict[str, Any]:
             "block": args.block, "seed": seed32(args.seed), "preset": args.preset,
             "model": args.model, "backend": args.backend, "warm": not args.no_warm,
             "speculate": args.speculate, "draft": args.draft,
-            "mesh": args.mesh if system.startswith("sym") else None}
+            "mesh": args.mesh if system in systems.names(shards=True) else None}
 
 
 def _run_child(spec: dict[str, Any], tmp: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -338,10 +367,10 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     """Run every system of ``--systems`` (one child process each) and build the report."""
     from jaxrl_sym.report import verdict_lines
 
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    names = _system_names(args)
     results: dict[str, Any] = {}
     arrays: dict[str, dict[str, np.ndarray]] = {}
-    memory = memory_check(args, systems)
+    memory = memory_check(args, names)
     estimates = {s: e["estimate"]["total"] for s, e in (memory or {"systems": {}})["systems"]
                  .items()}
     if memory and not args.no_memory_check and all(e["refused"] for e in
@@ -349,17 +378,17 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
         return {"systems": {s: {"skipped": e["refused"], "estimated_bytes": estimates[s]}
                             for s, e in memory["systems"].items()}}  # nothing fits: no work
     with tempfile.TemporaryDirectory() as tmp:
-        for k, s in enumerate(systems, 1):
+        for k, s in enumerate(names, 1):
             # Peers have no shape estimate (jaxrl_sym.runtime.estimate knows our systems only).
             refused = memory["systems"][s]["refused"] if memory and s in memory["systems"] \
                 else None
             if refused and not args.no_memory_check:
                 results[s] = {"skipped": refused, "estimated_bytes": estimates[s]}
-                print(f"[{k}/{len(systems)}] {s}: skipped: {refused}", file=sys.stderr,
+                print(f"[{k}/{len(names)}] {s}: skipped: {refused}", file=sys.stderr,
                       flush=True)
                 continue
             # Progress on stderr: a large run is minutes per system, and silence looks hung.
-            print(f"[{k}/{len(systems)}] {s}: running…", file=sys.stderr, flush=True)
+            print(f"[{k}/{len(names)}] {s}: running…", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             results[s], got = _run_child(_spec(args, s), tmp)
             if got:
@@ -367,7 +396,7 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
             if s in estimates:
                 results[s]["estimated_bytes"] = estimates[s]
             state = "failed" if "error" in results[s] else "done"
-            print(f"[{k}/{len(systems)}] {s}: {state} in {time.perf_counter() - t0:.1f} s",
+            print(f"[{k}/{len(names)}] {s}: {state} in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr, flush=True)
     report: dict[str, Any] = {"config": _spec(args, "-"), "systems": results}
     report["config"].pop("system")
@@ -376,14 +405,7 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                                   "enforced": not args.no_memory_check,
                                   "estimates": {s: e["estimate"]
                                                 for s, e in memory["systems"].items()}}
-    if "sym" in arrays:
-        report["checks"] = {s: compare_outputs(arrays["sym"], a)
-                            for s, a in arrays.items() if s != "sym"}
-        if "padded" in report["checks"]:
-            report["check"] = report["checks"]["padded"]  # the field earlier reports carried
-    if "padded" in arrays and any(s in arrays for s in PEERS):  # peers: also against padded
-        report["checks_vs_padded"] = {s: compare_outputs(arrays["padded"], a)
-                                      for s, a in arrays.items() if s in PEERS}
+    report.update(_checks(arrays))
     from jaxrl_sym.report import run_metadata
 
     report.update(run_metadata("jaxrl-sym " + " ".join(sys.argv[1:])))
@@ -391,6 +413,24 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     report["verdict"] = verdict_lines({**report, "systems": ran}) + [
         f"{s} was not run: {m['skipped']}" for s, m in results.items() if "skipped" in m]
     return report
+
+
+def _checks(arrays: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """Every system's tokens and logits against the reference system's (``checks``; ``check``:
+    the baseline's, the field earlier reports carried) and the peers' also against the
+    baseline's. A system that computes another function (``same_function=False``) is not
+    compared."""
+    ref, base = systems.REFERENCE, systems.BASELINE
+    same = {s: a for s, a in arrays.items() if systems.get(s).same_function}
+    out: dict[str, Any] = {}
+    if ref in same:
+        out["checks"] = {s: compare_outputs(same[ref], a) for s, a in same.items() if s != ref}
+        if base in out["checks"]:
+            out["check"] = out["checks"][base]
+    peers = [s for s in same if systems.get(s).capabilities.peer]
+    if base in same and peers:
+        out["checks_vs_padded"] = {s: compare_outputs(same[base], same[s]) for s in peers}
+    return out
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -467,14 +507,15 @@ def _estimate_child(argv: list[str]) -> int:
             # The decode CLI's cold run keeps logits: the larger of its two runs.
             gcfg = GenerationConfig(max_new_tokens=s["tokens"],
                                     return_logits=s.get("return_logits", True))
-            results.append(check_request(models[key], s["systems"], lens, gcfg,
-                                         s["memory_limit"]))
+            bound = [systems.get(n).bind(models[key]) for n in s["systems"]]
+            estimates = [e for e in (b.estimate(lens, gcfg) for b in bound) if e is not None]
+            results.append(check_request(estimates, s["memory_limit"]))
     with open(out, "w") as f:
         json.dump(results if isinstance(spec, list) else results[0], f)
     return 0
 
 
-def memory_check(args: argparse.Namespace, systems: list[str]) -> dict[str, Any] | None:
+def memory_check(args: argparse.Namespace, names: list[str]) -> dict[str, Any] | None:
     """Estimate every system's memory from shapes in a child process, before any system runs.
 
     Why a child: the estimate imports JAX and traces the model; doing that here would make this
@@ -482,7 +523,7 @@ def memory_check(args: argparse.Namespace, systems: list[str]) -> dict[str, Any]
     :func:`jaxrl_sym.runtime.estimate.check_request`'s result, or None (with a warning on
     stderr) when the estimate itself failed — the systems then run and report their own errors.
     """
-    ours = [s for s in systems if s not in PEERS]  # peers have no shape estimate
+    ours = [s for s in names if not systems.get(s).capabilities.peer]  # no shape estimate
     if not ours:
         return None
     spec = {**_spec(args, "-"), "systems": ours,

@@ -11,9 +11,14 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from jaxrl_sym import systems
+
+if TYPE_CHECKING:
+    from jaxrl_sym.systems.bound import BoundSystem
 
 # The ``decode-cpu`` preset: GPT-2-like multi-head shape scaled down for a CPU. Like real
 # long-context decoding, the KV state (not the weights) dominates memory at a few thousand tokens,
@@ -114,18 +119,19 @@ def _progress_printer(system: str, total: int, every: float = 10.0) -> Callable[
     return report
 
 
-def _speculative(spec: dict[str, Any], model: Any) -> Callable[..., Any]:
-    """``--speculate K [--draft ngram|PRESET]``: the system's speculative generate."""
-    from jaxrl_sym.runtime.speculative import speculative_generator
-
-    draft = spec["draft"]
-    if draft != "ngram":
+def bind_system(spec: dict[str, Any], model: Any) -> BoundSystem:
+    """The spec's system (:mod:`jaxrl_sym.systems`) bound to ``model`` with the run's options:
+    backend, mesh (systems that shard), ``--speculate K [--draft ngram|PRESET]`` (sym and padded
+    with the same draft and acceptance rule) and a progress printer."""
+    name = spec["system"]
+    draft = spec.get("draft", "ngram")
+    if spec.get("speculate") and draft != "ngram":
         draft = draft_model(draft, check_vocab(model), spec["seed"])
-    system = spec["system"]
-    return speculative_generator(system, model, spec["speculate"], draft=draft,
-                                 backend=spec["backend"],
-                                 progress=_progress_printer(system,
-                                                            spec["batch"] * spec["tokens"]))
+    options = systems.BindOptions(
+        backend=spec.get("backend", "xla"), mesh=spec.get("mesh"),
+        speculate=spec.get("speculate", 0), draft=draft,
+        progress=_progress_printer(name, spec["batch"] * spec["tokens"]))
+    return systems.get(name).bind(model, options)
 
 
 def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -134,16 +140,10 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
 
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.runtime.metrics import peak_rss_bytes
-    from jaxrl_sym.systems import generator
 
     model, prompts = build_model(spec)
     gcfg = GenerationConfig(max_new_tokens=spec["tokens"], return_logits=True)
-    system = spec["system"]
-    gen = generator(system, model, backend=spec["backend"],
-                    progress=_progress_printer(system, spec["batch"] * spec["tokens"]),
-                    mesh=spec.get("mesh"))
-    if spec.get("speculate"):  # sym and padded with the same draft and acceptance rule
-        gen = _speculative(spec, model)
+    gen = bind_system(spec, model)
     t0 = time.perf_counter()
     cold = gen(prompts, gcfg)
     cold_wall = time.perf_counter() - t0  # the whole call: every system's compiles included
@@ -164,10 +164,10 @@ def run_system(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarr
                     if k in cold.stats})
     # A peer's version and cache geometry (Tunix: jaxrl_sym.baselines.tunix), kept with its row.
     metrics.update({k: cold.stats[k] for k in ("tunix_version", "cache_size", "prompt_len")
-                    if k in cold.stats and system.startswith("tunix")})
+                    if k in cold.stats and gen.spec.capabilities.peer})
     if spec.get("warm", True):
         nolog = replace(gcfg, return_logits=False)
-        if system == "sym":
+        if gen.spec.name == systems.REFERENCE:
             # The no-logits step programs are other executables than the cold run's: compile
             # them in an untimed call, so ``s_per_token`` is steady state (the padded baseline
             # reports its run time without its compile already).

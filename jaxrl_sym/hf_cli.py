@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl_sym import systems
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 
 COMMANDS = ("generate", "export")
 DTYPES = ("float32", "bfloat16", "float16")
-GEN_SYSTEMS = ("sym", "padded")
+GEN_SYSTEMS = systems.names(peer=False)  # the systems that run any model of the contract
 
 
 def _prompt_text(text: str) -> tuple[str, Any]:
@@ -62,8 +63,8 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
     g.add_argument("--max-new-tokens", type=int, default=64, help="per row (>= 1)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (any integer)")
-    g.add_argument("--system", choices=GEN_SYSTEMS, default="sym",
-                   help="sym (exact-size stores) or padded (masked baseline)")
+    g.add_argument("--system", choices=GEN_SYSTEMS, default=systems.REFERENCE,
+                   help="; ".join(f"{n}: {systems.get(n).summary}" for n in GEN_SYSTEMS))
     g.add_argument("--dtype", choices=DTYPES, default=None,
                    help="parameter dtype (default: the checkpoint's)")
     g.add_argument("--eos-id", type=int, action="append", default=None, metavar="ID",
@@ -140,8 +141,9 @@ def check_generate(args: argparse.Namespace) -> list[str]:
             MeshConfig.parse(args.mesh)
         except SymError as err:
             errors.append(str(err))
-        if args.system != "sym":
-            errors.append(f"--mesh applies to --system sym (got --system {args.system})")
+        if not systems.get(args.system).capabilities.shards:
+            errors.append(f"--mesh applies to --system {' or '.join(systems.names(shards=True))} "
+                          f"(got --system {args.system})")
     try:
         args.distributed = Distributed.from_flags(args.coordinator, args.num_processes,
                                                   args.process_id)
@@ -250,7 +252,6 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.hf import load_pretrained
     from jaxrl_sym.models.hf.text import HFText, find_eos_ids
-    from jaxrl_sym.systems import generator
 
     t0 = time.perf_counter()
     model, _, _ = load_pretrained(args.model, dtype=args.dtype)
@@ -266,14 +267,13 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
     # row's end (and is a no-op on their output).
     gcfg = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_id=eos or None,
                             temperature=args.temperature, seed=args.seed)
-    if args.mesh is not None:  # check_generate allowed it only with sym
-        from jaxrl_sym.runtime.engine import SymbolicLM
+    mesh = None
+    if args.mesh is not None:  # check_generate allowed it only on a system that shards
         from jaxrl_sym.sharding import MeshConfig
 
-        lm = SymbolicLM(model, mesh=MeshConfig.parse(args.mesh))
-        res = lm.generate([_np_ids(p) for p in prompts], gcfg)
-    else:
-        res = generator(args.system, model)([_np_ids(p) for p in prompts], gcfg)
+        mesh = MeshConfig.parse(args.mesh)
+    bound = systems.get(args.system).bind(model, systems.BindOptions(mesh=mesh))
+    res = bound.generate([_np_ids(p) for p in prompts], gcfg)
     rows = []
     for p, toks, lps in zip(prompts, res.tokens, res.logprobs, strict=True):
         n = cut_at_eos([int(t) for t in toks], eos)

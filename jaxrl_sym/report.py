@@ -16,6 +16,8 @@ import math
 import sys
 from typing import Any
 
+from jaxrl_sym import systems
+
 PACKAGES = ("jax", "jaxlib", "flax", "numpy", "optax", "triton", "jax-triton")
 
 
@@ -84,29 +86,30 @@ def verdict_lines(report: dict[str, Any]) -> list[str]:
     ...}``); ``checks`` maps a baseline to its token comparison with sym (older reports carry
     only ``check``, for padded).
     """
-    systems: dict[str, dict[str, Any]] = report.get("systems", {})
+    ran: dict[str, dict[str, Any]] = report.get("systems", {})
     checks: dict[str, Any] = dict(report.get("checks") or {})
-    if "check" in report and "padded" not in checks:
-        checks["padded"] = report["check"]
-    baselines = [s for s in systems if s != "sym"]
-    sym = systems.get("sym")
+    ref, base = systems.REFERENCE, systems.BASELINE
+    if "check" in report and base not in checks:
+        checks[base] = report["check"]
+    baselines = [s for s in ran if s != ref]
+    sym = ran.get(ref)
     if sym is None:
-        return ["no verdict: sym was not run (add it to --systems)"]
+        return [f"no verdict: {ref} was not run (add it to --systems)"]
     if "error" in sym:
-        return ["no verdict: sym failed (see the error above)"]
+        return [f"no verdict: {ref} failed (see the error above)"]
     if not baselines:
-        return ["no verdict: no baseline was run (add padded to --systems)"]
+        return [f"no verdict: no baseline was run (add {base} to --systems)"]
     cold = not report.get("config", {}).get("warm", True)
     lines = []
     for name in baselines:
-        m = systems[name]
+        m = ran[name]
         if "error" in m:
             lines.append(f"{name} failed, so there is no verdict against it (see the error above)")
             continue
         speed = _ratio(m.get("s_per_token"), sym.get("s_per_token"))
         memory = _ratio(m.get("peak_bytes"), sym.get("peak_bytes"))
         lines.append(
-            "sym " + _times(speed, "is", "faster per token", "slower per token",
+            f"{ref} " + _times(speed, "is", "faster per token", "slower per token",
                             "has no per-token time")
             + (" (cold run, compiles included)" if cold else "")
             + " and " + _times(memory, "uses", "less memory", "more memory", "no memory figure")

@@ -42,15 +42,28 @@ def test_readme_is_short() -> None:
                             "to docs/ and measurements to bench/results/")
 
 
-def test_readme_relative_links_resolve() -> None:
-    missing = []
-    for target in LINK.findall(README.read_text()):
+def _broken_links(page: Path) -> list[str]:
+    broken = []
+    for target in LINK.findall(page.read_text()):
         if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
-            continue  # a URL or an anchor in the README itself
-        path = target.split("#", 1)[0]
-        if not (ROOT / path).exists():
-            missing.append(target)
-    assert not missing, f"README links to files that do not exist: {missing}"
+            continue  # a URL or an anchor in the page itself
+        if not (page.parent / target.split("#", 1)[0]).exists():
+            broken.append(target)
+    return broken
+
+
+def test_readme_relative_links_resolve() -> None:
+    broken = _broken_links(README)
+    assert not broken, f"README links to files that do not exist: {broken}"
+
+
+@pytest.mark.parametrize("page", [*sorted((ROOT / "docs").glob("*.md")),
+                                  *sorted((ROOT / "bench" / "results").glob("*.md"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_moved_pages_links_resolve(page: Path) -> None:
+    """Where the README's notes went (docs/, bench/results/): their links resolve as well."""
+    broken = _broken_links(page)
+    assert not broken, f"{page.relative_to(ROOT)} links to files that do not exist: {broken}"
 
 
 def test_example_imports_only_the_public_face() -> None:

@@ -60,7 +60,6 @@ from jaxrl_sym.runtime.metrics import (
     executable_temp_bytes,
     tree_bytes,
 )
-from jaxrl_sym.systems import PEER_INSTALL as INSTALL_HINT
 
 TESTED_VERSION = "0.1.7"
 # Tunix's RolloutConfig defaults (tunix/rl/rollout/base_rollout.py, 0.1.7).
@@ -87,15 +86,16 @@ def tunix_available() -> bool:
 
 
 def load_tunix() -> Tunix:
-    """Import Tunix's Qwen2 model and Sampler modules, or raise :class:`PeerMissingError` naming
-    the extra to install.
+    """Import Tunix's Qwen2 model and Sampler modules, or raise :class:`PeerMissingError` (the
+    ``tunix`` system's spec adds how to install it: ``jaxrl_sym.systems.get("tunix").install``).
 
     Why not ``import tunix``: its ``__init__`` imports the trainer stack, whose dependencies the
     light install leaves out. The package is registered without running its ``__init__`` (its
     submodules import as usual); a later ``import tunix`` in this process gets that bare package.
     """
     if not tunix_available():
-        raise PeerMissingError(f"system 'tunix' needs the google-tunix package: {INSTALL_HINT}")
+        raise PeerMissingError("system 'tunix' needs the google-tunix package, which is not "
+                               "installed")
     if "tunix" not in sys.modules:
         spec = importlib.util.find_spec("tunix")
         assert spec is not None
@@ -105,8 +105,7 @@ def load_tunix() -> Tunix:
             qwen2 = importlib.import_module("tunix.models.qwen2.model")
             sampler = importlib.import_module("tunix.generate.sampler")
     except ImportError as err:
-        raise PeerMissingError(f"system 'tunix': importing Tunix failed ({err}); {INSTALL_HINT}") \
-            from err
+        raise PeerMissingError(f"system 'tunix': importing Tunix failed ({err})") from err
     try:
         version = importlib.metadata.version("google-tunix")
     except importlib.metadata.PackageNotFoundError:

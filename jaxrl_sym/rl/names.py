@@ -5,9 +5,11 @@ a bad flag before paying JAX's multi-second import; the modules that implement t
 (algorithms, layouts, tasks) import JAX and re-export these tuples from here.
 """
 
+from jaxrl_sym import systems
+
 ALGOS = ("grpo", "rloo", "ppo")
 LOSS_AGGS = ("token_mean", "seq_mean", "token_sum")
 ADV_NORMS = ("group_std", "batch_std", "none")
 LR_SCHEDULES = ("constant", "cosine", "linear")
-SYSTEMS = ("sym", "padded")
+SYSTEMS = systems.names(trains=True)  # the registry's trainable systems (jaxrl_sym.systems)
 TASK_NAMES = ("reverse", "copy", "sort", "add")

@@ -148,28 +148,39 @@ def _scores(rows: int, hq: int, queries: int, keys: int) -> int:
     return 2 * rows * hq * queries * keys * F32
 
 
-def estimate_bytes(model: nnx.Module, system: str, batch: int, prompt_len: int,
-                   new_tokens: int, cfg: GenerationConfig | None = None) -> Estimate:
-    """The estimate for ``system`` (``sym``/``sym-*``, ``padded``, ``pershape``) generating
-    ``new_tokens`` for ``batch`` prompts of at most ``prompt_len`` tokens (the worst case: every
+def estimate_sym(model: nnx.Module, batch: int, prompt_len: int, new_tokens: int,
+                 cfg: GenerationConfig | None = None, *, name: str = "sym") -> Estimate:
+    """The symbolic runtime's estimate (the ``sym`` system's :meth:`estimate`) for ``batch``
+    prompts of at most ``prompt_len`` tokens generating ``new_tokens`` (the worst case: every
     prompt at the longest length, every row to its limit). ``cfg`` supplies ``return_logits``,
-    ``max_len`` and the prefill chunk rule (default: a config with ``max_new_tokens``)."""
+    ``max_len`` and the prefill chunk rule (default: a config with ``max_new_tokens``);
+    ``name`` labels the estimate."""
     cfg = cfg if cfg is not None else GenerationConfig(max_new_tokens=new_tokens)
-    if system.partition("-")[0] == "sym":
-        return _sym(model, system, batch, prompt_len, new_tokens, cfg)
-    if system in ("padded", "pershape"):
-        return _baseline(model, system, batch, prompt_len, new_tokens, cfg)
-    raise ValueError(f"unknown system {system!r}")
+    return _sym(model, name, batch, prompt_len, new_tokens, cfg)
 
 
-def _baseline(model: nnx.Module, system: str, b: int, p: int, n: int,
-              cfg: GenerationConfig) -> Estimate:
+def estimate_padded(model: nnx.Module, batch: int, prompt_len: int, new_tokens: int,
+                    cfg: GenerationConfig | None = None, *, name: str = "padded") -> Estimate:
+    """The padded baseline's estimate (arguments as :func:`estimate_sym`)."""
+    cfg = cfg if cfg is not None else GenerationConfig(max_new_tokens=new_tokens)
+    return _baseline(model, True, batch, prompt_len, new_tokens, cfg, name)
+
+
+def estimate_pershape(model: nnx.Module, batch: int, prompt_len: int, new_tokens: int,
+                      cfg: GenerationConfig | None = None, *, name: str = "pershape"
+                      ) -> Estimate:
+    """The per-shape baseline's estimate (arguments as :func:`estimate_sym`)."""
+    cfg = cfg if cfg is not None else GenerationConfig(max_new_tokens=new_tokens)
+    return _baseline(model, False, batch, prompt_len, new_tokens, cfg, name)
+
+
+def _baseline(model: nnx.Module, padded: bool, b: int, p: int, n: int,
+              cfg: GenerationConfig, name: str) -> Estimate:
     """Padded: MAX_LEN = max(max_len, P + N) slots per call, one program (prefill in chunks).
     Per-shape: exact final length P + N - 1, previous caches alive during a step, one-shot
     prefill, every step's outputs kept on device."""
     calls, vocab = attend_calls(model)
     _, state = nnx.split(model)
-    padded = system == "padded"
     slots = max(cfg.max_len or 0, p + n) if padded else p + n - 1
     caches = sum(_kv_cache_bytes(c, b, slots) for c in calls)
     growth = 0 if padded else sum(_kv_cache_bytes(c, b, slots - 1) for c in calls)
@@ -184,7 +195,7 @@ def _baseline(model: nnx.Module, system: str, b: int, p: int, n: int,
         (f"decode attention scores over {slots} keys", _scores(b, hq, 1, slots)),
         (f"decode logits {b}×{vocab} fp32", b * vocab * F32),
     ])
-    return Estimate(system, _nbytes(state), caches, growth, outputs, temp, what,
+    return Estimate(name, _nbytes(state), caches, growth, outputs, temp, what,
                     f"{len(calls)} attention calls × {b} rows × {slots} slots")
 
 
@@ -271,10 +282,10 @@ def refusal(est: Estimate, limit: int, source: str) -> str:
             "--no-memory-check to run anyway.")
 
 
-def check_request(model: nnx.Module, systems: Sequence[str], prompt_lens: Sequence[int],
-                  cfg: GenerationConfig, limit: int | None = None) -> dict[str, Any]:
-    """Every system's estimate for one request and whether it fits: the memory check the CLI
-    runs before it starts any system (JSON-ready).
+def check_request(estimates: Sequence[Estimate], limit: int | None = None) -> dict[str, Any]:
+    """Whether each system's estimate for one request fits: the memory check the CLI runs
+    before it starts any system (JSON-ready). The estimates come from the bound systems
+    (:meth:`jaxrl_sym.systems.bound.BoundSystem.estimate`).
 
     ``limit``: bytes a run may use (default :func:`memory_limit`). Returns ``limit``,
     ``limit_source`` and per system ``estimate`` (:meth:`Estimate.to_dict`) and ``refused`` (the
@@ -283,11 +294,9 @@ def check_request(model: nnx.Module, systems: Sequence[str], prompt_lens: Sequen
     source = "--memory-limit"
     if limit is None:
         limit, source = memory_limit()
-    n = int(max(np.atleast_1d(cfg.max_new_tokens)))
     out: dict[str, Any] = {"limit": limit, "limit_source": source, "systems": {}}
-    for system in systems:
-        est = estimate_bytes(model, system, len(prompt_lens), int(max(prompt_lens)), n, cfg)
+    for est in estimates:
         too_big = limit is not None and est.total > limit
-        out["systems"][system] = {"estimate": est.to_dict(),
-                                  "refused": refusal(est, limit, source) if too_big else None}
+        out["systems"][est.system] = {"estimate": est.to_dict(),
+                                      "refused": refusal(est, limit, source) if too_big else None}
     return out

@@ -277,31 +277,3 @@ class SpeculativeLM(SymbolicLM):
         res.stats["draft"] = self.draft_name
         return res
 
-
-def speculative_generator(system: str, model: nnx.Module, speculate: int, *,
-                          draft: str | nnx.Module = "ngram", backend: str = "xla",
-                          progress: Any = None) -> Any:
-    """``generate(prompts, cfg)`` of ``system`` speculating ``speculate`` tokens per verify:
-    ``sym`` (or ``sym-<backend>``) → :class:`SpeculativeLM`, ``padded`` → the padded baseline
-    with the same draft and acceptance (:mod:`jaxrl_sym.baselines.padded_speculative`). With a
-    draft model, padded has none and decodes plainly; its stats say so (``draft``)."""
-    name, _, sub = system.partition("-")
-    if isinstance(draft, str) and draft not in DRAFTS:
-        raise InputError(f"--draft {draft}: choose one of {', '.join(DRAFTS)} or a model preset")
-    if name == "sym":
-        lm = SpeculativeLM(model, speculate=speculate, draft=draft, backend=sub or backend)
-        return lambda p, c: lm.generate(p, c, on_progress=progress)
-    if system == "padded" and not isinstance(draft, str):
-        from jaxrl_sym.baselines.padded import padded_generate
-
-        def plain(p: Any, c: GenerationConfig) -> GenerationResult:
-            res = padded_generate(model, p, c)
-            res.stats["draft"] = "none: the padded baseline has no draft model (plain decoding)"
-            return res
-
-        return plain
-    if system == "padded":
-        from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
-
-        return lambda p, c: padded_speculative_generate(model, p, c, speculate=speculate)
-    raise InputError(f"--speculate applies to the sym and padded systems, not {system!r}")

@@ -1,0 +1,56 @@
+"""``padded``: the padded/masked XLA baseline (:func:`~jaxrl_sym.baselines.padded.
+padded_generate`) as a bound system, with its speculative form
+(:func:`~jaxrl_sym.baselines.padded_speculative.padded_speculative_generate`: the same prompt
+lookup draft and acceptance rule as sym's, on left-padded MAX_LEN caches).
+
+Its work is arithmetic: ``batch × max prompt`` prefill positions, then ``max_new - 1`` decode
+steps for every row (finished rows keep decoding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrl_sym.baselines.padded import padded_generate
+from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
+from jaxrl_sym.generation import GenerationConfig, GenerationResult
+from jaxrl_sym.runtime.estimate import Estimate, estimate_padded
+from jaxrl_sym.systems.bound import BoundSystem, block_work, max_limit
+from jaxrl_sym.systems.spec import BindOptions, SystemSpec
+from jaxrl_sym.systems.sym import check_draft
+
+NO_DRAFT_MODEL = "none: the padded baseline has no draft model (plain decoding)"
+
+
+class PaddedBound(BoundSystem):
+    """The padded baseline on one model. With ``speculate`` and the prompt-lookup draft it
+    speculates as sym does; with a draft *model* it has none and decodes plainly (its stats'
+    ``draft`` says so), so a comparison against sym's draft model still runs."""
+
+    def generate(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig) -> GenerationResult:
+        k, draft = self.options.speculate, self.options.draft
+        if k and isinstance(draft, str):
+            return padded_speculative_generate(self.model, prompts, cfg, speculate=k)
+        res = padded_generate(self.model, prompts, cfg)
+        if k:
+            res.stats["draft"] = NO_DRAFT_MODEL
+        return res
+
+    def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
+        return estimate_padded(self.model, len(prompt_lens), int(max(prompt_lens)),
+                               max_limit(cfg, len(prompt_lens)), cfg, name=self.name)
+
+    def work(self, prompt_lens: Sequence[int], response_lens: Sequence[int],
+             cfg: GenerationConfig) -> dict[str, Any]:
+        return block_work(prompt_lens, response_lens, prompt_block=int(max(prompt_lens)),
+                          steps=max_limit(cfg, len(prompt_lens)) - 1)
+
+    # --- trainable (RL): the RL step's halves of this system are appended below this line ---
+
+
+def bind(spec: SystemSpec, model: Any, options: BindOptions) -> PaddedBound:
+    check_draft(options.draft)
+    return PaddedBound(spec, model, options)
