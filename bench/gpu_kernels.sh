@@ -12,7 +12,7 @@ dev=$(python -c 'import jax; print(jax.devices()[0].device_kind.replace(" ", "_"
 out=bench/results/$dev; mkdir -p "$out"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 python -m pytest -q -m gpu tests/test_kernels_interpret.py | tee "$out/gpu_tests.txt"
-python -m kernels.bench_decode | tee "$out/kernel_bandwidth.txt"
+python -m bench decode_kernel --preset gpu | tee "$out/kernel_bandwidth.txt"
 for n in 512 1024 2048 4096 8192 16384; do
   for a in window full; do
     jaxrl-sym decode --backend triton --preset gpt2-small --attention "$a" --window 512 \

@@ -19,9 +19,9 @@ python -m pip install -q --no-deps --no-index .wheels/jax_triton-0.3.1-*.whl 2>/
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 if [ "$part" = rlft ] || [ "$part" = all ]; then
-  python bench/rlft_step.py --preset gpu --steps 2 || true
+  python -m bench rlft_step --preset gpu || true
 fi
 if [ "$part" = suite ] || [ "$part" = all ]; then
-  python bench/suite.py --no-progress "$@" || true
+  python -m bench suite --preset gpu "$@" || true
 fi
 [ -n "${OUT:-}" ] && (cd bench/results && tar czf "$OUT/gpu_results.tgz" --exclude cpu .) || true

@@ -1,4 +1,5 @@
-"""One system on one generation request, in its own process (run by ``bench/suite.py``).
+"""One system on one generation request, in its own process (the suite's child:
+``python -m bench.suite_child``, started by :mod:`bench.suite_jobs` through :mod:`bench.child`).
 
 Why a process per (configuration, system): peak RSS and the device allocator's peak are then that
 system's own, a crash or an out-of-memory kill takes down only this configuration, and XLA's
@@ -18,8 +19,8 @@ Timing, the same rule for every system:
 Both calls generate without logits (a logits run compiles other programs); sym is checked against
 padded on tokens and log-probabilities, which the parent compares.
 
-    python bench/suite_child.py SPEC.json OUT.json     # one run
-    python bench/suite_child.py --probe OUT.json       # device, versions, backends
+    python -m bench.suite_child SPEC.json OUT.json     # one run
+    python -m bench.suite_child --probe OUT.json       # device, versions, backends
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sys
 import time
 from typing import Any
 
 import numpy as np
 
-# GPU: the allocator's peak is only meaningful without XLA's preallocation (set before jax loads).
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+from bench.requests import prompt_tokens
 
 
 def probe() -> dict[str, Any]:
@@ -74,10 +73,7 @@ def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     from jaxrl_sym.systems import generator
 
     model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
-    rng = np.random.default_rng(spec["seed"] + 1)
-    vocab = check_model(model).vocab_size
-    prompts = [rng.integers(0, vocab, size=int(p), dtype=np.int32)
-               for p in spec["prompt_lens"]]
+    prompts = prompt_tokens(spec["seed"], spec["prompt_lens"], check_model(model).vocab_size)
     # Random weights never choose an EOS on purpose: each row's sampled length is its limit, so
     # the row ends there exactly as if EOS had been sampled (same for every system).
     gcfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in spec["limits"]))

@@ -1,47 +1,36 @@
-"""Padding-vs-symbolic benchmark suite: one command, resumable, results as JSONL + Markdown + PNG.
+"""The benchmark suite's jobs: plan them from a preset, run each in its own process, keep every
+result as a JSONL row (resumable), render tables and plots (``python -m bench suite``).
 
-    .venv/bin/python bench/suite.py --quick     # CPU preset (2 cores: about 10 minutes)
-    .venv/bin/python bench/suite.py             # full size, for a GPU (GPT-2-small shape)
-    .venv/bin/python bench/suite.py --quick --only decode --force   # re-run a part
-    .venv/bin/python bench/suite.py --quick --render                # tables and plots only
-
-Scenarios (each configuration × system is one child process, see ``suite_child.py``):
+Scenarios (each configuration × system is one child process, ``python -m bench.suite_child``):
 
 * ``decode`` — the paper's Fig. 3 and beyond: full, window, block, linear and mixed attention at
   N new tokens per row (every row runs to N), systems sym (each backend available), padded XLA,
   per-shape JAX (small N only: it compiles once per length).
-* ``realistic`` — prompts uniform in [64, 512], responses log-normal with median 275 capped at
-  1024 (both divided by ``scale`` on the CPU preset); each row ends at its sampled length, as if
-  EOS had been sampled there (random weights never pick EOS on purpose).
-* ``growing`` — the same, with the median response length rising 10× over a sequence of runs
-  (DeepSeek-R1 reports mean response length rising ~10× over RL training).
-* ``rlft`` — one GRPO step, sym vs padded: ``bench/rlft_step.py`` run as a subprocess.
+* ``realistic`` — :func:`jaxrl_sym.workloads.realistic`: prompts uniform, responses log-normal
+  with a heavy tail, capped; each row ends at its sampled length, as if EOS had been sampled
+  there (random weights never pick EOS on purpose).
+* ``growing`` — :func:`jaxrl_sym.workloads.growing_runs`: the median response length rising 10×
+  over a sequence of runs (DeepSeek-R1 reports mean response length rising ~10× over RL
+  training).
+* ``rlft`` — one GRPO step, sym vs padded: ``python -m bench rlft_step`` as a child.
 * ``trace`` — length profiles as data (:mod:`jaxrl_sym.workloads`): skewed per task (math, code,
-  chat), growing (median 10× over the steps) and, with ``--trace FILE.jsonl``, a user trace of
-  prompt/response lengths; each profile is replayed step after step by every system in one
-  process, which reports its idle fraction (token positions computed on padding or on rows
-  already finished / computed) and useful tokens/s; plotted in ``trace_idle.png``.
+  chat), growing (median 10× over the steps) and, with ``--trace FILE.jsonl``, a user trace;
+  each profile is replayed step after step by every system in one process, which reports its
+  idle fraction and useful tokens/s; plotted in ``trace_idle.png``.
 
-Results go to ``bench/results/<device>/suite/`` (``results.jsonl``, ``results.md``, ``*.png``) and
-``bench/results/<device>/SUITE.md``. A configuration already in the JSONL with status ``ok`` or
-``oom`` is skipped unless ``--force``; one that fails (``error``, ``timeout``) is retried. A child
-that runs out of memory (``RESOURCE_EXHAUSTED``/out of memory in its stderr, or killed by a
-signal such as the kernel's OOM killer) becomes a row with ``status: "oom"``, never a crash of
-the suite. Before anything runs, every configuration's memory is estimated from shapes
-(``jaxrl_sym.runtime.estimate``); one estimated above the device's limit (or ``--memory-limit``)
-is recorded as ``status: "skipped: estimated X GB > limit Y GB"`` without being started
-(``--no-memory-check`` runs it anyway). Every row carries device, versions, git commit, date
-and command.
+A configuration already in the JSONL with status ``ok`` or ``oom`` is skipped unless ``force``;
+one that fails (``error``, ``timeout``) is retried. A child that runs out of memory becomes a row
+with ``status: "oom"``, never a crash of the suite (:mod:`bench.child`). Before anything runs,
+every configuration's memory can be estimated from shapes (``jaxrl_sym.runtime.estimate``); one
+estimated above the limit is recorded as ``status: "skipped: estimated X GB > limit Y GB"``
+without being started. Every row carries device, versions, git commit, date and command.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -51,55 +40,20 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-if str(HERE) not in sys.path:  # importable from tests as well as run as a script
-    sys.path.insert(0, str(HERE))
+from bench import child, suite_child
+from bench.record import git_commit
+from bench.suite_padding import layers_for, work_for
+from bench.suite_report import render_markdown, render_summary
+from bench.suite_trace import run_trace_job, trace_configs
+from jaxrl_sym.workloads import growing_runs, realistic, uniform
 
 DONE = ("ok", "oom")  # statuses that count as finished (not re-run without --force)
 # padded first: the others are checked against it
 SYSTEM_ORDER = ("padded", "sym-xla", "sym-triton", "pershape", "tunix", "tunix-defaults")
 PEERS = ("tunix", "tunix-defaults")  # Tunix's Qwen2: full attention only; optional package
-_OOM = re.compile(r"RESOURCE_EXHAUSTED|out of memory|OutOfMemory|MemoryError|"
-                  r"Cannot allocate memory|CUDA_ERROR_OUT_OF_MEMORY", re.IGNORECASE)
+Command = Callable[[str, str], list[str]]  # (spec path, out path) -> a child's command
 
 # --------------------------------------------------------------------------- presets
-
-QUICK: dict[str, Any] = {
-    "name": "quick",
-    # The CLI's decode-cpu model (6 layers, 4 heads, width 64): KV state dominates memory at a
-    # few thousand tokens, as in real long-context decoding.
-    "preset": "decode-cpu", "batch": 4, "prompt_len": (8, 24), "window": 64, "block": 64,
-    "kinds": ("full", "window", "block", "linear", "mixed"),
-    "tokens": (256, 512, 1024),
-    "systems": ("sym-xla", "padded", "tunix"),  # tunix where installed (the peers extra)
-    # Per-shape compiles once per length (seconds each on a loaded 2-core CPU): one small N.
-    "pershape_tokens": (16,), "pershape_kinds": ("full",),
-    "realistic": {"batch": 16, "prompt": (16, 128), "median": 69, "cap": 256, "sigma": 0.6},
-    "growing": {"batch": 16, "prompt": (16, 128), "medians": (16, 160), "runs": 3, "cap": 512,
-                "sigma": 0.6},
-    "rlft": {"scale": 8, "prompts": 8, "group": 4, "steps": 1},
-    # lengths / 16: math median 75 (cap 512), code 50, chat 12.5, growing 6.25 -> 62.5
-    "trace": {"batch": 16, "steps": 2, "growing_steps": 3, "scale": 16},
-    "timeout": 900,
-}
-
-FULL: dict[str, Any] = {
-    "name": "full",
-    # GPT-2 small's shape (12 layers, 12 heads, width 768), batch 64, window 512 (paper Fig. 3).
-    "preset": "gpt2-small", "batch": 64, "prompt_len": (8, 24), "window": 512, "block": 512,
-    "kinds": ("full", "window", "block", "linear", "mixed"),
-    "tokens": (512, 1024, 2048, 4096, 8192, 16384),
-    "systems": ("sym-xla", "sym-triton", "padded", "tunix"),
-    "pershape_tokens": (512,), "pershape_kinds": ("full", "window"),
-    "realistic": {"batch": 64, "prompt": (64, 512), "median": 275, "cap": 1024, "sigma": 0.6},
-    "growing": {"batch": 64, "prompt": (64, 512), "medians": (100, 1000), "runs": 6, "cap": 4096,
-                "sigma": 0.6},
-    # Qwen2.5-0.5B's shape at the paper's lengths (bench/rlft_step.py --preset gpu)
-    "rlft": {"preset": "gpu", "scale": 1, "prompts": 16, "group": 8, "steps": 2},
-    "trace": {"batch": 64, "steps": 4, "growing_steps": 6, "scale": 1},
-    "timeout": 3600,
-}
 
 # --------------------------------------------------------------------------- jobs
 
@@ -133,17 +87,6 @@ def row_key(config: dict[str, Any], system: str) -> str:
     return json.dumps({**config, "system": system}, sort_keys=True)
 
 
-def lognormal_limits(rng: np.random.Generator, n: int, median: float, sigma: float,
-                     cap: int) -> list[int]:
-    """Per-row response lengths: log-normal around ``median``, rounded, in [1, cap]."""
-    x = np.exp(np.log(median) + sigma * rng.standard_normal(n))
-    return [int(v) for v in np.clip(np.round(x), 1, cap)]
-
-
-def _prompts(rng: np.random.Generator, n: int, lo: int, hi: int) -> list[int]:
-    return [int(x) for x in rng.integers(lo, hi + 1, size=n)]
-
-
 def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
          seed: int = 0, trace: str | None = None) -> list[Job]:
     """Every job of preset ``p`` (deterministic: prompts and limits come from ``seed``)."""
@@ -156,8 +99,7 @@ def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
                 cfg = {**base, "scenario": "decode", "attention": kind, "tokens": n,
                        "batch": p["batch"], "prompt_len": list(p["prompt_len"]),
                        "window": p["window"], "block": p["block"]}
-                rng = np.random.default_rng(seed)
-                lens = _prompts(rng, p["batch"], *p["prompt_len"])
+                lens = list(uniform(np.random.default_rng(seed), p["batch"], *p["prompt_len"]))
                 names = [s for s in systems if s != "pershape"
                          and (s not in PEERS or kind == "full")]
                 if "pershape" in systems and n in extra:
@@ -169,28 +111,20 @@ def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
         cfg = {**base, "scenario": "realistic", "attention": "full", "window": p["window"],
                "block": p["block"], "batch": r["batch"], "prompt_len": list(r["prompt"]),
                "median": r["median"], "cap": r["cap"], "sigma": r["sigma"]}
-        rng = np.random.default_rng(seed)
-        lens = _prompts(rng, r["batch"], *r["prompt"])
-        lim = lognormal_limits(rng, r["batch"], r["median"], r["sigma"], r["cap"])
-        jobs += [Job(cfg, s, lens, lim) for s in others]
+        step = realistic(**r, seed=seed)
+        jobs += [Job(cfg, s, list(step.prompt_lens), list(step.response_lens)) for s in others]
     if "growing" in scenarios:
         g = p["growing"]
-        lo, hi = g["medians"]
-        for k in range(g["runs"]):
-            median = round(lo * (hi / lo) ** (k / max(1, g["runs"] - 1)), 1)
+        for k, (median, step) in enumerate(growing_runs(**g, seed=seed)):
             cfg = {**base, "scenario": "growing", "attention": "full", "window": p["window"],
                    "block": p["block"], "batch": g["batch"], "prompt_len": list(g["prompt"]),
                    "run": k, "median": median, "cap": g["cap"], "sigma": g["sigma"]}
-            rng = np.random.default_rng(seed + k)
-            lens = _prompts(rng, g["batch"], *g["prompt"])
-            lim = lognormal_limits(rng, g["batch"], median, g["sigma"], g["cap"])
-            jobs += [Job(cfg, s, lens, lim) for s in others]
+            jobs += [Job(cfg, s, list(step.prompt_lens), list(step.response_lens))
+                     for s in others]
     if "rlft" in scenarios:
         cfg = {"scenario": "rlft", "seed": seed, **p["rlft"]}
         jobs.append(Job(cfg, "rlft"))
     if "trace" in scenarios:
-        from suite_trace import trace_configs
-
         jobs += [Job(cfg, s, steps=steps)
                  for cfg, steps in trace_configs(p, seed=seed, trace=trace) for s in others]
     # Keep the configurations in plan order; within one, padded first (sym is checked against it).
@@ -206,43 +140,24 @@ def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
 
 
 def child_command(spec_path: str, out_path: str) -> list[str]:
-    """The command that runs one system (tests replace it with a fake child)."""
-    return [sys.executable, str(HERE / "suite_child.py"), spec_path, out_path]
+    """The command that runs one system on one request (tests pass a stand-in instead)."""
+    return child.module("bench.suite_child", spec_path, out_path)
 
 
 def rlft_command(cfg: dict[str, Any], out_path: str) -> list[str]:
-    """``bench/rlft_step.py`` with the preset's sizes (it runs each system in its own process)."""
-    return [sys.executable, str(HERE / "rlft_step.py"), "--json", out_path,
-            "--scale", str(cfg["scale"]), "--prompts", str(cfg["prompts"]),
-            "--group", str(cfg["group"]), "--steps", str(cfg["steps"]), "--seed", str(cfg["seed"]),
-            "--preset", cfg.get("preset", "cpu")]
-
-
-def classify_failure(returncode: int, stderr: str) -> str:
-    """``oom`` when the child ran out of memory (message, or killed by a signal such as the
-    kernel's OOM killer's SIGKILL), else ``error``."""
-    if _OOM.search(stderr or "") or returncode in (-9, 137):
-        return "oom"
-    return "error"
+    """``python -m bench rlft_step`` with the preset's sizes (it runs each system in its own
+    process)."""
+    preset = "gpu" if cfg.get("preset") == "gpu" else "full"  # the model: Qwen2.5's or shrunk
+    return child.experiment("rlft_step", "--preset", preset,
+                            "--out", out_path, "--scale", str(cfg["scale"]),
+                            "--prompts", str(cfg["prompts"]), "--group", str(cfg["group"]),
+                            "--steps", str(cfg["steps"]), "--seed", str(cfg["seed"]))
 
 
 def run_process(cmd: list[str], timeout: float) -> tuple[str, str, int]:
-    """Run a child; returns (status, stderr tail, returncode). Never raises for the child's
-    failures: an out-of-memory or crashing configuration is a result, not a suite crash."""
-    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
-                              cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return "timeout", _tail(err), -1
-    if proc.returncode != 0:
-        return classify_failure(proc.returncode, proc.stderr), _tail(proc.stderr), proc.returncode
-    return "ok", "", 0
-
-
-def _tail(text: str, lines: int = 4) -> str:
-    return "\n".join((text or "").strip().splitlines()[-lines:])
+    """Run a child; (status, stderr tail, returncode), ``-1`` on a timeout."""
+    res = child.run(cmd, timeout=timeout)
+    return res.status, "" if res.ok else res.tail(), res.returncode
 
 
 # --------------------------------------------------------------------------- rows
@@ -282,31 +197,25 @@ def _check(sym: dict[str, Any], padded: dict[str, Any] | None,
 def _in_process(spec: dict[str, Any]) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
     """Run a child's work in this process (notebooks at small sizes: no process start-up, but
     peak RSS is then the notebook's, not the system's)."""
-    import suite_child
-
     try:
         metrics, arrs = suite_child.run(spec)
     except Exception as e:  # a failed configuration is a row, as with a child process
         text = f"{type(e).__name__}: {e}"
-        return classify_failure(1, text), _tail(text), {}, {}
+        return child.classify_failure(1, text), child.tail(text), {}, {}
     return "ok", "", metrics, arrs
 
 
 def run_job(job: Job, tmp: Path, timeout: float, arrays: dict[str, dict[str, np.ndarray]],
-            *, in_process: bool = False) -> list[dict[str, Any]]:
+            *, in_process: bool = False, command: Command = child_command
+            ) -> list[dict[str, Any]]:
     """Run one job; returns its result rows (no metadata yet). The RL step yields one row per
     system it compares."""
     if job.system == "rlft":
         return _run_rlft(job, tmp, timeout)
     if job.config["scenario"] == "trace":
-        from suite_trace import run_trace_job
-
         spec = {**job.config, "system": job.system, "steps": job.steps}
         row = {**job.config, "system": job.system, "key": job.key}
-        return [run_trace_job(spec, row, tmp, lambda s, o: run_process(
-            child_command(s, o), timeout))]
-    from suite_padding import layers_for, work_for
-
+        return [run_trace_job(spec, row, tmp, lambda s, o: run_process(command(s, o), timeout))]
     spec = {**job.config, "system": job.system, "prompt_lens": job.prompt_lens,
             "limits": job.limits, "warm": True}
     row: dict[str, Any] = {**job.config, "system": job.system, "key": job.key}
@@ -320,7 +229,7 @@ def run_job(job: Job, tmp: Path, timeout: float, arrays: dict[str, dict[str, np.
         spec_path, out = tmp / "spec.json", tmp / "out.json"
         out.unlink(missing_ok=True)
         spec_path.write_text(json.dumps(spec))
-        status, err, rc = run_process(child_command(str(spec_path), str(out)), timeout)
+        status, err, rc = run_process(command(str(spec_path), str(out)), timeout)
         if status == "ok":
             row.update(json.loads(out.read_text()))
             npz = Path(str(out) + ".npz")
@@ -356,7 +265,7 @@ def _run_rlft(job: Job, tmp: Path, timeout: float) -> list[dict[str, Any]]:
             row.update(status="ok", **r, ratios=report.get("ratios", {}))
         else:
             text = err or str((r or {}).get("error", ""))
-            row.update(status=status if status != "ok" else classify_failure(1, text),
+            row.update(status=status if status != "ok" else child.classify_failure(1, text),
                        error=text, returncode=rc)
         rows.append(row)
     return rows
@@ -382,8 +291,8 @@ def estimate_jobs(jobs: Sequence[Job], limit: int | None) -> dict[str, dict[str,
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out = Path(tmp) / "estimate.json", Path(tmp) / "out.json"
         spec_path.write_text(json.dumps(specs))
-        status, err, _ = run_process([sys.executable, "-m", "jaxrl_sym.cli", "_estimate",
-                                      str(spec_path), str(out)], timeout=600)
+        status, err, _ = run_process(child.module("jaxrl_sym.cli", "_estimate", str(spec_path),
+                                                  str(out)), timeout=600)
         if status != "ok":
             print(f"warning: memory estimate failed ({err}); running without the check",
                   file=sys.stderr)
@@ -417,7 +326,8 @@ def pending(jobs: Iterable[Job], rows: dict[str, dict[str, Any]], force: bool) -
 def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force: bool = False,
              timeout: float = 900, progress: bool = True, in_process: bool = False,
              echo: Callable[[str], None] | None = print, memory_check: bool = False,
-             memory_limit: int | None = None) -> dict[str, dict[str, Any]]:
+             memory_limit: int | None = None, command: Command = child_command
+             ) -> dict[str, dict[str, Any]]:
     """Run what is not finished yet, appending one row per result to ``results.jsonl`` as soon
     as it exists (a killed suite loses at most the configuration it was running).
 
@@ -425,7 +335,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force:
     small sizes; peak RSS and out-of-memory isolation are then lost).
     memory_check: estimate every job first (:func:`estimate_jobs`) and record a job whose
     estimate exceeds ``memory_limit`` (default: the device's limit, else host memory) as
-    ``status: "skipped: estimated X GB > limit Y GB"`` instead of running it."""
+    ``status: "skipped: estimated X GB > limit Y GB"`` instead of running it.
+    command: how a configuration's child is started (tests pass a stand-in child)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.jsonl"
     rows = load_rows(path)
@@ -443,7 +354,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force:
                 bar.update(task, description=job.label())
             est = estimates.get(job.key)
             rows_out = ([skipped_row(job, est)] if est and est["refused"] else
-                        run_job(job, Path(tmpname), timeout, arrays, in_process=in_process))
+                        run_job(job, Path(tmpname), timeout, arrays, in_process=in_process,
+                                command=command))
             for row in rows_out:
                 if row["system"] != "padded":
                     padded = rows.get(row_key(job.config, "padded"))
@@ -501,22 +413,15 @@ def device_meta(command: str, *, in_process: bool = False) -> dict[str, Any]:
     """Device, versions, git commit, date and command (device probed in a child process, so this
     process never holds a GPU context that would sit beside the measured children)."""
     if in_process:
-        import suite_child
-
         meta = suite_child.probe()
     else:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "probe.json"
-            subprocess.run([sys.executable, str(HERE / "suite_child.py"), "--probe", str(out)],
-                           check=True, cwd=ROOT,
-                           env={**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+            res = child.run(child.module("bench.suite_child", "--probe", str(out)))
+            if not res.ok:
+                raise RuntimeError(f"device probe failed: {res.tail()}")
             meta = json.loads(out.read_text())
-    try:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=ROOT).stdout.strip()
-    except OSError:
-        git = ""
-    meta.update(git=git, command=command,
+    meta.update(git=git_commit(), command=command,
                 date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
     return meta
 
@@ -528,98 +433,10 @@ def device_dir(device: str) -> str:
 
 def write_outputs(rows: dict[str, dict[str, Any]], out_dir: Path, *, plots: bool = True) -> None:
     """results.md, ../SUITE.md and the PNGs from every row in the JSONL."""
-    from suite_report import render_markdown, render_summary
-
     data = list(rows.values())
     (out_dir / "results.md").write_text(render_markdown(data))
     if plots:
-        import plots as plotting
+        from bench import plots as plotting  # matplotlib: only when plotting
 
         plotting.plot_all(data, out_dir)
     (out_dir.parent / "SUITE.md").write_text(render_summary(data, out_dir.name))
-
-
-def narrow(preset: dict[str, Any], kinds: str | None, tokens: str | None) -> dict[str, Any]:
-    """The preset restricted to the decode ``kinds`` / lengths ``tokens`` asked for (a GPU
-    session's time allows a slice of the full grid per command; the JSONL accumulates slices)."""
-    out = dict(preset)
-    if kinds:
-        want = [k.strip() for k in kinds.split(",") if k.strip()]
-        unknown = sorted(set(want) - set(preset["kinds"]))
-        if unknown:
-            raise SystemExit(f"--kinds: unknown {unknown}; the preset has {preset['kinds']}")
-        out["kinds"] = tuple(want)
-        out["pershape_kinds"] = tuple(k for k in preset["pershape_kinds"] if k in want)
-    if tokens:
-        lengths = tuple(int(n) for n in tokens.split(","))
-        out["tokens"] = lengths
-        out["pershape_tokens"] = tuple(n for n in preset["pershape_tokens"] if n in lengths)
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="CPU preset (about 10 min on 2 cores)")
-    p.add_argument("--only", default="decode,realistic,growing,rlft,trace",
-                   help="comma-separated scenarios: decode, realistic, growing, rlft, trace")
-    p.add_argument("--trace", default=None, metavar="FILE.jsonl",
-                   help='trace scenario: also replay this JSONL of {"prompt_len": P, '
-                        '"response_len": R} rows (optional "step": k), lengths divided by the '
-                        "preset's scale")
-    p.add_argument("--systems", default=None,
-                   help="comma-separated: sym-xla, sym-triton, padded, pershape, tunix, "
-                        "tunix-defaults (default: the preset's, sym-triton only where compiled "
-                        "Triton runs, i.e. on a GPU, tunix only where it is installed)")
-    p.add_argument("--kinds", default=None,
-                   help="comma-separated decode kinds to run (default: the preset's)")
-    p.add_argument("--tokens", default=None,
-                   help="comma-separated decode lengths N to run (default: the preset's)")
-    p.add_argument("--force", action="store_true", help="re-run finished configurations")
-    p.add_argument("--render", action="store_true", help="only rewrite tables and plots")
-    p.add_argument("--out", default=None, help="results folder (default bench/results/<device>)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per child process")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--dry-run", action="store_true", help="list the jobs and exit")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="run configurations whose memory estimate exceeds the limit")
-    p.add_argument("--memory-limit", type=float, default=None, metavar="BYTES",
-                   help="skip configurations estimated above BYTES (default: the device's "
-                        "limit, else host memory)")
-    args = p.parse_args(argv)
-    from jaxrl_sym.errors import InputError
-
-    preset = narrow(QUICK if args.quick else FULL, args.kinds, args.tokens)
-    command = "python bench/suite.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    meta = device_meta(command)
-    if args.systems:
-        systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    else:
-        systems = [s for s in preset["systems"] if (s != "sym-triton" or meta["triton_gpu"])
-                   and (s not in PEERS or meta.get("tunix"))]
-        if preset["pershape_tokens"]:
-            systems.append("pershape")
-    scenarios = [s.strip() for s in args.only.split(",") if s.strip()]
-    out_dir = Path(args.out) if args.out else ROOT / "bench" / "results" / device_dir(
-        meta["device"])
-    out_dir = out_dir / "suite"
-    try:
-        jobs = plan(preset, systems=systems, scenarios=scenarios, trace=args.trace)
-    except InputError as e:
-        raise SystemExit(f"error: {e}") from None
-    if args.dry_run:
-        for j in jobs:
-            print(j.label())
-        return 0
-    if not args.render:
-        print(f"{len(jobs)} jobs on {meta['device']} → {out_dir}")
-        run_jobs(jobs, out_dir, meta, force=args.force,
-                 timeout=args.timeout or preset["timeout"], progress=not args.no_progress,
-                 memory_check=not args.no_memory_check,
-                 memory_limit=int(args.memory_limit) if args.memory_limit else None)
-    write_outputs(load_rows(out_dir / "results.jsonl"), out_dir)
-    print(f"wrote {out_dir}/results.md, {out_dir.parent}/SUITE.md and plots")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 (``SUITE.md``) to link from the top-level README.
 
 Why a module of its own: the tables are pure functions of the JSONL rows, so they can be
-re-rendered (``suite.py --render``) and tested without running anything.
+re-rendered (``python -m bench suite --render``) and tested without running anything.
 """
 
 from __future__ import annotations
@@ -224,7 +224,8 @@ def render_markdown(rows: Sequence[Row]) -> str:
         if _by(rows, sc):
             parts += [f"## {title}", "", lengths_table(rows, sc), ""]
     if _by(rows, "rlft"):
-        parts += ["## RL fine-tuning step (GRPO, `bench/rlft_step.py`)", "", rlft_table(rows), ""]
+        parts += ["## RL fine-tuning step (GRPO, `python -m bench rlft_step`)", "",
+                  rlft_table(rows), ""]
     if _by(rows, "trace"):
         parts += ["## Trace-driven length profiles (`--only trace`)", "", trace_table(rows), ""]
     parts += [FOOTNOTE, ""]

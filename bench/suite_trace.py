@@ -1,8 +1,9 @@
 """The suite's ``trace`` scenario: length profiles (:mod:`jaxrl_sym.workloads`) replayed by every
 system, each in its own child process (``suite_child.run_trace``), with idle fraction per profile.
 
-Why a module of its own: ``suite.py`` plans and runs every scenario; what is specific to replays
-(profiles → configurations, idle positions per system) lives here so it can be tested alone.
+Why a module of its own: ``suite_jobs.py`` plans and runs every scenario; what is specific to
+replays (profiles → configurations, idle positions per system) lives here so it can be tested
+alone.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from suite_padding import layers_for, work_for
-
+from bench.suite_padding import layers_for, work_for
 from jaxrl_sym.workloads import (
     builtin_profiles,
     fixed_shape_positions,

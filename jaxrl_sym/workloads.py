@@ -1,5 +1,11 @@
-"""Length profiles as data: the prompt and response lengths of a sequence of RL generation steps,
-replayed against every generation system by the benchmark suite (``bench/suite.py --only trace``).
+"""Every benchmark workload, as lengths: the one home of the requests ``python -m bench`` replays.
+
+* :func:`realistic` — one RL-shaped request: prompts uniform in a range, responses log-normal
+  with a heavy tail, capped (:data:`REALISTIC_CPU`, :data:`REALISTIC_GPU`: the sizes the
+  benchmarks use); :func:`growing_runs` — the same with the median rising 10x over runs.
+* :func:`grpo_rollout` — one GRPO step's prompts (tokens) and per-sample response lengths.
+* Length profiles: the prompt and response lengths of a sequence of RL generation steps, replayed
+  against every generation system by the suite (``python -m bench suite --only trace``).
 
 Why profiles and not one distribution: RLVR workloads differ per task and drift over training.
 A characterization study of production RLVR runs (PolyTrace, see ``/work/shared/seeds/003``)
@@ -40,6 +46,13 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.jsonl import parse_object
+
+# The realistic request's shapes (FIELD_NOTES §5): prompts uniform in ``prompt``, responses
+# log-normal with ``median`` and ``sigma`` capped at ``cap``; the CPU size divides the GPU's
+# lengths by 4 (median 275 -> 69) and batch 64 -> 16.
+REALISTIC_GPU: dict = {"batch": 64, "prompt": (64, 512), "median": 275, "cap": 1024,
+                       "sigma": 0.6}
+REALISTIC_CPU: dict = {"batch": 16, "prompt": (16, 128), "median": 69, "cap": 256, "sigma": 0.6}
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,48 @@ def lognormal(rng: np.random.Generator, n: int, median: float, sigma: float,
     return tuple(int(v) for v in np.clip(np.round(x), 1, cap))
 
 
+def uniform(rng: np.random.Generator, n: int, lo: int, hi: int) -> tuple[int, ...]:
+    """Per-row lengths uniform in [lo, hi]."""
+    return tuple(int(x) for x in rng.integers(lo, hi + 1, size=n))
+
+
+def realistic(*, batch: int, prompt: tuple[int, int], median: float, sigma: float, cap: int,
+              seed: int = 0, rng: np.random.Generator | None = None) -> Step:
+    """One RL-shaped request (:data:`REALISTIC_CPU`'s fields): prompt lengths first, then the
+    response lengths, from one generator seeded with ``seed`` (or ``rng``, which a caller then
+    goes on drawing prompt tokens from)."""
+    rng = np.random.default_rng(seed) if rng is None else rng
+    prompts = uniform(rng, batch, *prompt)
+    return Step(prompts, lognormal(rng, batch, median, sigma, cap))
+
+
+def growing_runs(*, batch: int, prompt: tuple[int, int], medians: tuple[float, float],
+                 runs: int, cap: int, sigma: float, seed: int = 0) -> list[tuple[float, Step]]:
+    """``runs`` realistic requests whose median response length rises geometrically from
+    ``medians[0]`` to ``medians[1]`` (rounded to 0.1); run k is seeded with ``seed + k``."""
+    lo, hi = medians
+    out = []
+    for k in range(runs):
+        median = round(lo * (hi / lo) ** (k / max(1, runs - 1)), 1)
+        out.append((median, realistic(batch=batch, prompt=prompt, median=median, sigma=sigma,
+                                      cap=cap, seed=seed + k)))
+    return out
+
+
+def grpo_rollout(*, prompts: int, group: int, scale: int, sigma: float, vocab: int,
+                 seed: int = 0) -> tuple[list[np.ndarray], list[int]]:
+    """One GRPO step's request: ``prompts`` prompts (random tokens below ``vocab``) of lengths
+    uniform in [64, 512] / ``scale``, and ``prompts * group`` response lengths (prompt-major,
+    ``group`` per prompt) log-normal with median 275 / ``scale`` capped at 1024 / ``scale``."""
+    rng = np.random.default_rng(seed)
+    lo, hi = max(1, 64 // scale), max(1, 512 // scale)
+    cap, median = max(1, 1024 // scale), 275 / scale
+    tokens = [rng.integers(0, vocab, size=int(rng.integers(lo, hi + 1)), dtype=np.int32)
+              for _ in range(prompts)]
+    lengths = np.exp(np.log(median) + sigma * rng.standard_normal(prompts * group))
+    return tokens, [int(x) for x in np.clip(np.round(lengths), 1, cap)]
+
+
 def skewed(task: str, *, batch: int, steps: int, scale: float = 1.0, seed: int = 0) -> Profile:
     """``steps`` requests of ``batch`` rows drawn from :data:`TASKS` ``[task]``, lengths divided
     by ``scale``."""
@@ -116,7 +171,7 @@ def skewed(task: str, *, batch: int, steps: int, scale: float = 1.0, seed: int =
     out = []
     for k in range(steps):
         rng = np.random.default_rng([seed, k, sorted(TASKS).index(task)])
-        prompts = tuple(int(x) for x in rng.integers(lo, hi + 1, size=batch))
+        prompts = uniform(rng, batch, lo, hi)
         out.append(Step(prompts, lognormal(rng, batch, t.median / scale, t.sigma,
                                            _scaled(t.cap, scale))))
     return Profile(task, f"{task}: log-normal median {t.median / scale:g}, sigma {t.sigma}, "
@@ -134,7 +189,7 @@ def growing(*, batch: int, steps: int, medians: tuple[float, float] = (100.0, 10
     for k in range(steps):
         median = lo * (hi / lo) ** (k / max(1, steps - 1))
         rng = np.random.default_rng([seed, k, 99])
-        prompts = tuple(int(x) for x in rng.integers(plo, phi + 1, size=batch))
+        prompts = uniform(rng, batch, plo, phi)
         out.append(Step(prompts, lognormal(rng, batch, median, sigma, _scaled(cap, scale))))
     return Profile("growing", f"growing: median {lo:g} -> {hi:g} over {steps} steps",
                    tuple(out))

@@ -14,7 +14,7 @@
 # %% [markdown]
 # # Padding vs symbolic: the benchmark at small sizes
 #
-# The same suite as `bench/suite.py` (whose `--quick` run is committed under
+# The same suite as `python -m bench suite` (whose `--preset full` run is committed under
 # `bench/results/cpu/`), shrunk so it runs in a notebook: a few attention kinds, a few lengths N,
 # the symbolic runtime against the padded/masked XLA baseline (and the per-shape JAX baseline at
 # one tiny N). Here each configuration runs **in this process** to save start-up time, so peak
@@ -34,17 +34,17 @@ from pathlib import Path
 from IPython.display import Image, Markdown, display
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
-sys.path.insert(0, str(ROOT / "bench"))
-import plots  # noqa: E402
-import suite  # noqa: E402
-import suite_report  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the kernel runs in notebooks/; bench is a package of the root
+from bench import plots, suite_report  # noqa: E402
+from bench import suite_jobs as suite  # noqa: E402
+from bench.experiments.suite import grid  # noqa: E402
 
 QUICK = os.environ.get("JAXRL_SYM_NB_QUICK") == "1"
 preset = {
-    **suite.QUICK,
+    **grid("full"),
     "preset": "tiny" if QUICK else "decode-cpu",
     "batch": 4, "prompt_len": (4, 12), "window": 16, "block": 16,
-    "kinds": ("full", "window") if QUICK else suite.QUICK["kinds"],
+    "kinds": ("full", "window") if QUICK else grid("full")["kinds"],
     "tokens": (16, 64) if QUICK else (64, 128, 256, 512),
     "pershape_tokens": (8,) if QUICK else (32,), "pershape_kinds": ("full",),
     "realistic": {"batch": 4 if QUICK else 16, "prompt": (4, 32), "median": 16 if QUICK else 69,

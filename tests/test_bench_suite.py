@@ -10,18 +10,16 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import suite  # noqa: E402
-import suite_padding as sp  # noqa: E402
-import suite_report  # noqa: E402
+from bench import child, suite_report
+from bench import suite_jobs as suite
+from bench import suite_padding as sp
+from bench.experiments.suite import grid
 
 META = {"device": "cpu", "platform": "cpu", "versions": {"jax": "x"}, "git": "abc",
-        "date": "2026-01-01T00:00:00+00:00", "command": "python bench/suite.py --test"}
+        "date": "2026-01-01T00:00:00+00:00", "command": "python -m bench suite --test"}
 
 TINY: dict[str, Any] = {
-    **suite.QUICK, "preset": "tiny", "batch": 2, "prompt_len": (3, 6), "window": 8, "block": 8,
+    **grid("full"), "preset": "tiny", "batch": 2, "prompt_len": (3, 6), "window": 8, "block": 8,
     "kinds": ("full", "window"), "tokens": (12,), "pershape_tokens": (), "pershape_kinds": (),
     "realistic": {"batch": 3, "prompt": (2, 5), "median": 6, "cap": 10, "sigma": 0.6},
     "growing": {"batch": 3, "prompt": (2, 5), "medians": (2, 20), "runs": 2, "cap": 24,
@@ -52,13 +50,18 @@ json.dump({"s_per_token": 0.001, "s_per_token_with_compile": 0.002, "seconds": 0
 
 @pytest.fixture
 def fake_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    script = tmp_path / "fake_child.py"
-    script.write_text(FAKE_CHILD)
+    """The stand-in child's call log; :func:`_run` runs jobs through the stand-in."""
+    (tmp_path / "fake_child.py").write_text(FAKE_CHILD)
     log = tmp_path / "calls.log"
     monkeypatch.setenv("FAKE_LOG", str(log))
-    monkeypatch.setattr(suite, "child_command",
-                        lambda spec, out: [sys.executable, str(script), spec, out])
     return log
+
+
+def _run(jobs: list[suite.Job], out: Path, fake: Path, **kw: Any) -> dict[str, dict[str, Any]]:
+    """``run_jobs`` with the stand-in child (next to the call log ``fake``)."""
+    script = fake.parent / "fake_child.py"
+    return suite.run_jobs(jobs, out, META, progress=False, echo=None,
+                          command=lambda spec, o: [sys.executable, str(script), spec, o], **kw)
 
 
 def _jobs() -> list[suite.Job]:
@@ -81,15 +84,15 @@ def test_plan_orders_padded_first_and_is_deterministic() -> None:
 
 def test_resume_skips_finished_and_force_reruns(tmp_path: Path, fake_child: Path) -> None:
     jobs = _jobs()
-    rows = suite.run_jobs(jobs, tmp_path, META, progress=False, echo=None)
+    rows = _run(jobs, tmp_path, fake_child)
     assert len(_calls(fake_child)) == len(jobs)
     assert all(r["status"] == "ok" and r["device"] == "cpu" and r["command"] for r in
                rows.values())
     assert all(r["check_vs_padded"]["tokens_equal"] for r in rows.values()
                if r["system"] == "sym-xla")
-    suite.run_jobs(jobs, tmp_path, META, progress=False, echo=None)
+    _run(jobs, tmp_path, fake_child)
     assert len(_calls(fake_child)) == len(jobs)  # nothing re-run
-    suite.run_jobs(jobs, tmp_path, META, force=True, progress=False, echo=None)
+    _run(jobs, tmp_path, fake_child, force=True)
     assert len(_calls(fake_child)) == 2 * len(jobs)
     assert len(suite.load_rows(tmp_path / "results.jsonl")) == len(jobs)  # last row wins
 
@@ -100,14 +103,14 @@ def test_failures_become_rows(tmp_path: Path, fake_child: Path, monkeypatch: pyt
                               mode: str, status: str) -> None:
     monkeypatch.setenv("FAKE_MODE", mode)
     jobs = _jobs()
-    rows = suite.run_jobs(jobs, tmp_path, META, progress=False, echo=None)
+    rows = _run(jobs, tmp_path, fake_child)
     padded = [r for r in rows.values() if r["system"] == "padded"]
     assert padded and all(r["status"] == status for r in padded)
     assert all(r["status"] == "ok" for r in rows.values() if r["system"] == "sym-xla")
     # OOM is finished (not retried); an error is retried on the next run.
     monkeypatch.setenv("FAKE_MODE", "ok")
     n = len(_calls(fake_child))
-    suite.run_jobs(jobs, tmp_path, META, progress=False, echo=None)
+    _run(jobs, tmp_path, fake_child)
     rerun = len(_calls(fake_child)) - n
     assert rerun == (0 if status == "oom" else len(padded))
     md = suite_report.render_markdown(list(suite.load_rows(tmp_path / "results.jsonl").values()))
@@ -115,11 +118,11 @@ def test_failures_become_rows(tmp_path: Path, fake_child: Path, monkeypatch: pyt
         assert "**oom**" in md
 
 
-def test_timeout_is_a_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(suite, "child_command", lambda spec, out: [
-        sys.executable, "-c", "import time; time.sleep(30)"])
+def test_timeout_is_a_row(tmp_path: Path) -> None:
     job = _jobs()[0]
-    rows = suite.run_jobs([job], tmp_path, META, timeout=1, progress=False, echo=None)
+    sleeper = lambda spec, out: [sys.executable, "-c", "import time; time.sleep(30)"]
+    rows = suite.run_jobs([job], tmp_path, META, timeout=1, progress=False, echo=None,
+                          command=sleeper)
     assert rows[job.key]["status"] == "timeout"
 
 
@@ -127,11 +130,11 @@ def test_outputs_render(tmp_path: Path, fake_child: Path, monkeypatch: pytest.Mo
     monkeypatch.setenv("FAKE_MODE", "oom")
     jobs = suite.plan(TINY, systems=("sym-xla", "padded"),
                       scenarios=("decode", "realistic", "growing"))
-    rows = suite.run_jobs(jobs, tmp_path / "suite", META, progress=False, echo=None)
+    rows = _run(jobs, tmp_path / "suite", fake_child)
     suite.write_outputs(rows, tmp_path / "suite")
     md = (tmp_path / "suite" / "results.md").read_text()
     assert "## Decoding" in md and "## Growing" in md and "padded OOM" in md
-    assert "python bench/suite.py --test" in md and "device: `cpu`" in md
+    assert "python -m bench suite --test" in md and "device: `cpu`" in md
     summary = (tmp_path / "SUITE.md").read_text()
     assert "suite/decode_time.png" in summary
     for name in ("decode_time", "decode_memory", "decode_compiles_padding", "lengths"):
@@ -159,9 +162,9 @@ def test_padding_accounting() -> None:
 
 
 def test_classify_failure() -> None:
-    assert suite.classify_failure(1, "XlaRuntimeError: RESOURCE_EXHAUSTED: ...") == "oom"
-    assert suite.classify_failure(-9, "") == "oom"
-    assert suite.classify_failure(1, "ValueError: x") == "error"
+    assert child.classify_failure(1, "XlaRuntimeError: RESOURCE_EXHAUSTED: ...") == "oom"
+    assert child.classify_failure(-9, "") == "oom"
+    assert child.classify_failure(1, "ValueError: x") == "error"
     assert suite.device_dir("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 

@@ -1,29 +1,24 @@
 """The learning benchmark at CI size: GRPO with the library's training recipe must learn digit
-reversal on seed 11, the seed that stalled before issue 12 (``bench/learning.py --quick``).
+reversal on seed 11, the seed that stalled before issue 12 (``python -m bench learning``, its
+quick preset).
 
 This is the test that fails when a change breaks learning: the old recipe (group-std advantages,
 full partial credit) ends this run (100 steps) at greedy exact match 0.047 with the entropy
 collapsed, far below the bar below (seed 1: 0.133). Runs are seeded and greedy evaluation depends
 on the parameters only, so on one machine the outcome is deterministic, not a coin flip. One seed
-keeps it near a minute and a half on 2 cores; bench/learning.py runs five.
+keeps it near a minute and a half on 2 cores; ``--preset full`` runs five.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import learning  # noqa: E402
+from bench.experiments import learning
 
 # Greedy exact match on 128 held-out prompts after 100 steps; a random policy scores ~0.
 LEVEL = 0.2
 
 
 def test_grpo_learns_reverse_on_the_seed_that_stalled() -> None:
-    args = learning.parse_args(["--quick"])
+    args = learning.parse_args(["--preset", "quick"])
     specs = learning.specs(args)
     assert [(s["algo"], s["task"], s["seed"]) for s in specs] == [("grpo", "reverse", 11)]
     rows = [learning.run_child(s) for s in specs]

@@ -5,13 +5,14 @@ and a real replay's idle positions agree with the oracle counts. No timing is as
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench import plots, suite_child, suite_report, suite_trace
+from bench import suite_padding as sp
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.workloads import (
     builtin_profiles,
@@ -21,12 +22,6 @@ from jaxrl_sym.workloads import (
     load_trace,
     skewed,
 )
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import suite_padding as sp  # noqa: E402
-import suite_trace  # noqa: E402
 
 
 def _write(tmp_path: Path, lines: list[str]) -> Path:
@@ -110,8 +105,6 @@ def test_profiles_are_deterministic_and_shaped() -> None:
 def test_real_replay_idle_positions(tmp_path: Path) -> None:
     """sym's idle positions come from the engine's own log: its needed positions, summed over
     the replayed steps, must equal the hand count (the padded count is checked above)."""
-    import suite_child
-
     steps = [([3, 5, 2], [4, 1, 6]), ([2, 4], [3, 5])]
     cfg = {"preset": "tiny", "seed": 0, "scenario": "trace", "attention": "full", "window": 8,
            "block": 8, "profile": "t", "steps": 2, "system": "sym-xla"}
@@ -127,9 +120,6 @@ def test_real_replay_idle_positions(tmp_path: Path) -> None:
 
 
 def test_trace_rows_render(tmp_path: Path) -> None:
-    import plots
-    import suite_report
-
     base = {"scenario": "trace", "steps": 1, "useful_tokens": 10, "max_limit": 6,
             "description": "d", "device": "cpu", "date": "2026-01-01", "preset": "tiny"}
     rows = [{**base, "profile": "math", "system": "padded", "status": "ok",

@@ -1,6 +1,7 @@
 """Decode-attention kernel benchmark: bandwidth on live K/V bytes vs the device's copy bandwidth.
 
-Run on a GPU machine with jax-triton: ``python -m kernels.bench_decode [--json FILE]``. Decode
+Run on a GPU machine with jax-triton: ``python -m bench decode_kernel --preset gpu [--out FILE]``
+(elsewhere it says why not and exits 0). Decode
 attention is memory-bound (~1 FLOP per byte of K/V), so the figure of merit is the bandwidth it
 achieves on the *live* K/V bytes, next to what a plain device copy reaches in the same process: a
 kernel near the copy bandwidth cannot get much faster; one far below it is latency- or
@@ -19,7 +20,6 @@ the runtime's own split policy and launch path.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,12 +27,26 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from bench import presets
+
 FLUSH_BYTES = 128 << 20
 """Bytes rewritten between launches: 2.5x the H100's 50 MB L2 (and 2x the H200's 60 MB)."""
+
+# heads: Hq/Hkv/D triples: MHA (GPT-2-like), GQA 4:1 (Llama-like), GQA 7:1 (Qwen2.5-0.5B)
+_ALL = {"lengths": "1024,2048,4096,8192,16384,32768", "batches": "1,64",
+        "dtypes": ("bfloat16", "float32"), "heads": ("16/16/64", "32/8/128", "14/2/64"),
+        "iters": 30, "reps": 5, "out": None}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {**_ALL, "lengths": "1024", "batches": "1", "dtypes": ("bfloat16",),
+              "heads": ("16/16/64",), "iters": 10, "reps": 3},
+    "full": _ALL,
+    "gpu": _ALL,
+}
 
 
 def _median_seconds(fn: Callable[[], object], reps: int) -> float:
@@ -129,18 +143,11 @@ def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--lengths", type=int, nargs="+",
-                   default=[1024, 2048, 4096, 8192, 16384, 32768])
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    p.add_argument("--heads", nargs="+", default=["16/16/64", "32/8/128", "14/2/64"],
-                   help="Hq/Hkv/D triples: MHA (GPT-2-like), GQA 4:1 (Llama-like), "
-                        "GQA 7:1 (Qwen2.5-0.5B)")
-    p.add_argument("--iters", type=int, default=30, help="kernel calls chained per timing")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--json", default=None, help="also write rows and the device info here")
-    args = p.parse_args(argv)
+    p = presets.parser("decode_kernel", __doc__, PRESETS)
+    p.add_argument("--lengths", default=None, help="comma-separated K/V lengths")
+    p.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    p.add_argument("--out", default=None, help="also write rows and the device info here (JSON)")
+    args = presets.parse(p, PRESETS, argv)
     # XLA groups kernels into CUDA graphs ("command buffers"), and a Triton custom call splits a
     # graph: the chain with the kernel would pay graph launches that the chain without it does
     # not, ~30 us per call on the first H100 run. Off, both chains launch kernel by kernel, queued
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_sym.backends import backend_name
 
     if backend_name() != "gpu":
-        print(f"bench_decode: needs a GPU with jax-triton (backend here: {backend_name()}); "
+        print(f"decode_kernel: needs a GPU with jax-triton (backend here: {backend_name()}); "
               "the interpreter is for correctness, not speed", file=sys.stderr)
         return 0
     copy_bw = copy_bandwidth()
@@ -163,21 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in args.dtypes:
         for heads in args.heads:
             hq, hkv, d = (int(x) for x in heads.split("/"))
-            for b in args.batches:
-                for length in args.lengths:
+            for b in presets.csv(args.batches, int):
+                for length in presets.csv(args.lengths, int):
                     r = bench_one(b, length, hq, hkv, d, dtype, copy_bw, args.iters, args.reps)
                     rows.append(r)
                     print(f"{r.dtype:>8} {heads:>9} {b:>3} {length:>6} {r.splits:>6} "
                           f"{r.us:>8.1f} {r.kv_mb:>8.1f} {r.gbps:>6.0f} {r.pct_copy:>5.0f}%",
                           flush=True)
-    if args.json:
+    if args.out:
         info = {"device": device, "copy_gbps": copy_bw / 1e9, "flush_bytes": FLUSH_BYTES,
                 "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),
-                "command": "python -m kernels.bench_decode " + " ".join(argv or sys.argv[1:])}
-        with open(args.json, "w") as f:
+                "command": presets.command("decode_kernel", argv)}
+        with open(args.out, "w") as f:
             json.dump({"info": info, "rows": [asdict(r) for r in rows]}, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

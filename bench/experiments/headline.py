@@ -1,28 +1,30 @@
 """The headline: sym vs Tunix vs padded on the realistic GRPO workload, generation alone and the
 whole step, in one run.
 
-Workload (``bench/rlft_step.py``'s): 16 prompts × G = 8, prompts uniform in [64, 512], responses
-log-normal (median 275, σ 0.6) capped at 1024, every length divided by 8 on the CPU preset, on
-the shrunk Qwen2.5 policy. Each row ends at its sampled length (random weights never sample EOS;
-the length is the row's limit, as if EOS were sampled there).
+Workload (``rlft_step``'s, :func:`jaxrl_sym.workloads.grpo_rollout`): 16 prompts × G = 8, prompts
+uniform in [64, 512], responses log-normal (median 275, σ 0.6) capped at 1024, every length divided
+by 8 on the ``full`` (CPU) preset, on the shrunk Qwen2.5 policy (``quick``: 4 × 2, / 16). Each row
+ends at its sampled length (random weights never sample EOS; the length is the row's limit, as if
+EOS were sampled there).
 
 Three measurements, each in its own process so memory and compiles are its own:
 
-1. generation alone — ``bench/tunix_paired.py --workload rlft``: sym, padded and Tunix's
+1. generation alone — ``tunix_paired --workload rlft``: sym, padded and Tunix's
    ``Sampler`` warmed up, then called in rotating order; median of ``--reps``; tokens checked
    against padded (Tunix decodes every row to the longest row's length, then trims).
-2. the whole GRPO step, sym and padded — ``bench/rlft_step.py`` (generation, packing, reference,
+2. the whole GRPO step, sym and padded — ``rlft_step`` (generation, packing, reference,
    reward, advantage, update; median of the measured steps after a warm-up step).
-3. the whole GRPO step, Tunix's own ``GRPOLearner`` — ``bench/tunix_grpo.py`` at the same σ: it
+3. the whole GRPO step, Tunix's own ``GRPOLearner`` — ``tunix_grpo`` at the same σ: it
    has one generation length per batch (its sampler stops a row only at EOS), so each row
    decodes to the longest sampled length, which is what Tunix computes when rows end at EOS at
    those lengths (its ``while_loop`` runs until the last row ends; its loss runs over the padded
    batch). Useful tokens are the same prompt + sampled-length tokens for every system.
 
 Tunix's trainer stack is not in the light install; put it beside the venv (see
-``bench/tunix_grpo.py``) and pass ``--tunix-path``. Without it the Tunix step row says why.
+``python -m bench tunix_grpo --help``) and pass ``--tunix-path``. Without it the Tunix step row
+says why. Each measurement runs at this run's preset.
 
-    .venv/bin/python bench/headline.py --tunix-path /tmp/tunix_rl_deps
+    python -m bench headline --preset full --tunix-path /tmp/tunix_rl_deps
 """
 
 from __future__ import annotations
@@ -30,46 +32,45 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from bench import child, presets
+from bench.suite_jobs import device_dir
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"reps": 1, "steps": 1, "timeout": 1800, "out": presets.quick_dir("headline")},
+    "full": {"reps": 5, "steps": 2, "timeout": 3600, "out": None},
+    "gpu": {"reps": 5, "steps": 2, "timeout": 3600, "out": None},
+}
 
 
-def _run(script: str, args: list[str], out: Path, timeout: float, env: dict[str, str] | None = None
-         ) -> dict[str, Any]:
-    """Run one benchmark script in its own process; its JSON report, or why there is none."""
-    cmd = [sys.executable, str(HERE / script), *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                              env={**os.environ, **(env or {})})
-    except subprocess.TimeoutExpired:
-        return {"error": f"{script}: over {timeout:.0f} s"}
-    if proc.returncode != 0 or not out.exists():
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
-        return {"error": f"{script} exited {proc.returncode}: {tail}"}
+def _run(name: str, args: list[str], out: Path, timeout: float,
+         env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one experiment in its own process; its JSON report, or why there is none."""
+    res = child.run(child.experiment(name, *args, "--out", str(out)), timeout=timeout, env=env)
+    if res.status == "timeout":
+        return {"error": f"{name}: over {timeout:.0f} s"}
+    if not res.ok or not out.exists():
+        return {"error": f"{name} exited {res.returncode}: {res.tail()}"}
     return json.loads(out.read_text())
 
 
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    gen_out, step_out, tunix_out = tmp / "gen.json", tmp / "step.json", tmp / "tunix.json"
-    gen = _run("tunix_paired.py", ["--workload", "rlft", "--systems", "sym-xla,padded,tunix",
-                                   "--reps", str(args.reps), "--out", str(gen_out)],
-               gen_out, args.timeout)
-    step = _run("rlft_step.py", ["--systems", "sym,padded", "--steps", str(args.steps),
-                                 "--json", str(step_out)], step_out, args.timeout)
+    preset = ["--preset", args.preset]
+    gen = _run("tunix_paired", [*preset, "--workload", "rlft", "--systems",
+                                "sym-xla,padded,tunix", "--reps", str(args.reps)],
+               tmp / "gen.json", args.timeout)
+    step = _run("rlft_step", [*preset, "--systems", "sym,padded", "--steps", str(args.steps)],
+                tmp / "step.json", args.timeout)
     if args.tunix_path and Path(args.tunix_path).is_dir():
         path = os.pathsep.join([args.tunix_path, os.environ.get("PYTHONPATH", "")])
-        tunix = _run("tunix_grpo.py", ["--sigma", "0.6", "--steps", str(args.steps + 1),
-                                       "--json", str(tunix_out)], tunix_out, args.timeout,
-                     env={"PYTHONPATH": path})
+        tunix = _run("tunix_grpo", [*preset, "--sigma", "0.6", "--steps", str(args.steps + 1)],
+                     tmp / "tunix.json", args.timeout, env={"PYTHONPATH": path})
     else:
         tunix = {"error": "Tunix's trainer stack not given (--tunix-path DIR; see "
-                          "bench/tunix_grpo.py for the pip command)"}
+                          "python -m bench tunix_grpo --help for the pip command)"}
     return {"generation": gen, "step": step, "tunix_step": tunix}
 
 
@@ -151,21 +152,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
                color=["tab:green" if r["system"] == "sym" else "tab:gray" for r in rows])
         ax.set_title(f"{'generation alone' if stage == 'generation' else 'whole GRPO step'}")
         ax.set_ylabel("useful tokens / s")
-    fig.suptitle("Realistic GRPO workload (16×8, lengths log-normal, CPU preset)")
+    cfg = report["raw"]["step"].get("config", {})
+    fig.suptitle(f"Realistic GRPO workload ({cfg.get('prompts', '?')}×{cfg.get('group', '?')}, "
+                 f"lengths log-normal / {cfg.get('scale', '?')})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=5, help="generation calls per system (median)")
-    p.add_argument("--steps", type=int, default=2, help="measured GRPO steps after warm-up")
+    p = presets.parser("headline", __doc__, PRESETS)
     p.add_argument("--tunix-path", default=None, metavar="DIR",
                    help="directory holding Tunix's trainer-stack packages (PYTHONPATH)")
-    p.add_argument("--timeout", type=float, default=3600)
-    p.add_argument("--out", default="bench/results/cpu", help="directory for headline.*")
-    args = p.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
+    p.add_argument("--out", default=None, help="directory for headline.* (default: the "
+                                               "preset's; full, gpu: bench/results/<device>)")
+    args = presets.parse(p, PRESETS, argv)
     from jaxrl_sym.report import run_metadata
 
     with tempfile.TemporaryDirectory() as d:
@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                               "step_rows": step_rows(raw["step"], raw["tunix_step"])}
     report["generation_ratios"] = ratios(report["generation_rows"])
     report["step_ratios"] = ratios(report["step_rows"])
-    report.update(run_metadata("python bench/headline.py " + " ".join(sys.argv[1:])))
-    out = Path(args.out)
+    report.update(run_metadata(presets.command("headline", argv)))
+    out = Path(args.out or child.ROOT / "bench" / "results" / device_dir(report["device"]))
     out.mkdir(parents=True, exist_ok=True)
     (out / "headline.json").write_text(json.dumps(report, indent=1))
     text = markdown(report)
@@ -183,7 +183,3 @@ def main(argv: list[str] | None = None) -> int:
     plot(report, out / "headline.png")
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,12 @@
 """One RL fine-tuning step (GRPO + KL), symbolic runtime vs padded baseline.
 
-Setting (FIELD_NOTES §5): 16 prompts × 8 generations, prompt lengths uniform in [64, 512],
-response lengths log-normal with median 275 capped at 1024, on a Qwen2.5-0.5B-shaped policy with
-random weights (``--preset gpu``: full size, for an H100/H200). ``--preset cpu`` (default) shrinks
-the model (GQA 7:1, head dim 16, SwiGLU, tied embeddings, RoPE θ = 1e6) and divides the lengths by
-``--scale`` (8). Random weights never emit EOS, so every row is given its sampled length as its
-generation limit (the row ends there, as if EOS had been sampled); both systems get the same
-prompts and lengths.
+Setting (FIELD_NOTES §5): 16 prompts × 8 generations, prompt lengths uniform in [64, 512], response
+lengths log-normal with median 275 capped at 1024, on a Qwen2.5-0.5B-shaped policy with random
+weights (``--preset gpu``: full size, for an H100/H200). ``--preset full`` shrinks the model (GQA
+7:1, head dim 16, SwiGLU, tied embeddings, RoPE θ = 1e6) and divides the lengths by ``--scale`` (8);
+``--preset quick`` is the same at 4 prompts × 2, lengths / 16, one step. Random weights never emit
+EOS, so every row is given its sampled length as its generation limit (the row ends there, as if EOS
+had been sampled); both systems get the same prompts and lengths.
 
 "Largest batch that fits" is an *estimate*, labelled as such: the measured peak bytes minus the
 batch-independent bytes (parameters, optimiser state, reference copy), divided by the number of
@@ -18,8 +18,8 @@ Each system runs in its own process (so peak RSS is its own): one warm-up step (
 so nothing recompiles; the padded baseline's generation compiles on every call by design and its
 compile time is reported separately, not in the stage times).
 
-    .venv/bin/python bench/rlft_step.py                 # table; JSON to bench/results/<dev>/
-    .venv/bin/python bench/rlft_step.py --preset gpu    # full size (GPU)
+    python -m bench rlft_step --preset full     # table; JSON to bench/results/<device>/
+    python -m bench rlft_step --preset gpu      # full size (GPU)
 """
 
 from __future__ import annotations
@@ -29,23 +29,36 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 from typing import Any
 
 import numpy as np
+
+from bench import child, presets
+from jaxrl_sym.workloads import grpo_rollout
 
 # Qwen2.5-0.5B: 24 layers, d 896, 14 q / 2 kv heads of 64, FFN 4864, vocab 151,936, θ 1e6.
 # Shrunk for a 2-core CPU, keeping the ratios that shape the cost (GQA 7:1, FFN ≈ 5.4·d).
 QWEN_CPU: dict[str, Any] = dict(vocab_size=2048, d_model=112, n_layers=4, n_heads=7,
                                 n_kv_heads=1, head_dim=16, ffn_dim=608, rope_theta=1e6)
 STAGES = ("generation", "pack", "reference", "reward", "advantage", "update")
+_SIZES = {"sigma": 0.6, "beta": 0.04, "seed": 0, "systems": "sym,padded", "memory_budget": None}
+PRESETS: dict[str, dict[str, Any]] = {
+    # model: "cpu" (QWEN_CPU) or "gpu" (Qwen2.5-0.5B's shape); lengths divided by scale
+    "quick": {**_SIZES, "model": "cpu", "scale": 16, "prompts": 4, "group": 2, "steps": 1,
+              "update_tokens": None, "out": os.path.join(presets.quick_dir("rlft_step"),
+                                                         "rlft_step_cpu.json")},
+    "full": {**_SIZES, "model": "cpu", "scale": 8, "prompts": 16, "group": 8, "steps": 2,
+             "update_tokens": None, "out": None},
+    # update_tokens: an update of 16384 slots of 151,936-word logits needed 77 GiB on an H100
+    "gpu": {**_SIZES, "model": "gpu", "scale": 1, "prompts": 16, "group": 8, "steps": 2,
+            "update_tokens": 4096, "out": None},
+}
 
 
 def model_config(args: argparse.Namespace) -> dict[str, Any]:
-    """LMConfig fields of the policy for ``--preset``."""
-    if args.preset == "gpu":
+    """LMConfig fields of the policy for the preset's ``model`` (cpu: shrunk, gpu: Qwen2.5)."""
+    if args.model == "gpu":
         from dataclasses import fields
 
         from jaxrl_sym.models.lm import preset
@@ -56,16 +69,9 @@ def model_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def workload(args: argparse.Namespace) -> tuple[list[np.ndarray], list[int]]:
-    """Prompts and per-sample response lengths (prompt-major, G per prompt), seeded."""
-    rng = np.random.default_rng(args.seed)
-    lo, hi = max(1, 64 // args.scale), max(1, 512 // args.scale)
-    cap, median = max(1, 1024 // args.scale), 275 / args.scale
-    vocab = model_config(args)["vocab_size"]
-    prompts = [rng.integers(0, vocab, size=int(rng.integers(lo, hi + 1)),
-                            dtype=np.int32) for _ in range(args.prompts)]
-    lengths = np.exp(np.log(median) + args.sigma * rng.standard_normal(args.prompts * args.group))
-    limits = [int(x) for x in np.clip(np.round(lengths), 1, cap)]
-    return prompts, limits
+    """Prompts and per-sample response lengths (:func:`jaxrl_sym.workloads.grpo_rollout`)."""
+    return grpo_rollout(prompts=args.prompts, group=args.group, scale=args.scale,
+                        sigma=args.sigma, vocab=model_config(args)["vocab_size"], seed=args.seed)
 
 
 def reward_fn(prompt: np.ndarray, response: np.ndarray) -> float:
@@ -187,86 +193,72 @@ def _table(report: dict[str, Any]) -> str:
 
 
 def main_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The parsed command line, defaults filled in (other benchmarks reuse the workload)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--systems", default="sym,padded")
-    p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu",
-                   help="cpu: shrunk model, lengths / --scale; gpu: Qwen2.5-0.5B shape, scale 1")
+    """The parsed command line, every preset setting filled in (other benchmarks reuse the
+    workload and the policy through it)."""
+    p = presets.parser("rlft_step", __doc__, PRESETS)
+    p.add_argument("--systems", default=None, help="comma-separated: sym, padded")
+    p.add_argument("--prompts", type=int, default=None)
+    p.add_argument("--group", type=int, default=None)
     p.add_argument("--scale", type=int, default=None,
-                   help="divide the paper's lengths by this (default 8 on cpu, 1 on gpu)")
-    p.add_argument("--update-tokens", type=int, default=None,
-                   help="token slots per training micro-batch (default: whole batch on cpu, "
-                        "4096 on gpu: an update of 16384 slots of 151,936-word logits needed "
-                        "77 GiB on an H100)")
-    p.add_argument("--memory-budget", type=int, default=None,
-                   help="bytes for the largest-batch estimate (default: device limit or 16 GiB)")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--sigma", type=float, default=0.6, help="log-normal sigma of lengths")
-    p.add_argument("--beta", type=float, default=0.04)
-    p.add_argument("--steps", type=int, default=2, help="measured steps after the warm-up")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None,
+                   help="divide the paper's lengths by this (the preset's: 16, 8 or 1)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps after the warm-up")
+    p.add_argument("--sigma", type=float, default=None, help="log-normal sigma of lengths")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--out", default=None,
                    help="write the report here (default bench/results/<device>/rlft_step_"
-                        "<preset>.json)")
-    p.add_argument("--system", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.scale is None:
-        args.scale = 8 if args.preset == "cpu" else 1
-    if args.update_tokens is None and args.preset == "gpu":
-        args.update_tokens = 4096
-    return args
+                        "<model>.json)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return presets.parse(p, PRESETS, argv)
+
+
+def _measure(args: argparse.Namespace, config: dict[str, Any], tmp: str) -> dict[str, Any]:
+    """Each system's step in its own process (``--child``: this module with one system)."""
+    out: dict[str, Any] = {}
+    for s in presets.csv(args.systems):
+        path = os.path.join(tmp, f"{s}.json")
+        spec = {**config, "model": args.model, "system": s, "out": path}
+        res = child.run(child.experiment("rlft_step", "--child", json.dumps(spec)))
+        if not res.ok:  # the traceback's end, and whether it ran out of memory
+            out[s] = {"error": (res.stderr or res.stdout).strip().splitlines()[-40:],
+                      "status": "oom" if res.status == "oom" else "error"}
+            continue
+        with open(path) as f:
+            out[s] = json.load(f)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = main_args(argv)
-    if args.system:  # child process: one system
+    if args.child:  # child process: one system
+        spec = json.loads(args.child)
+        vars(args).update(spec)
         res = run_system(args)
-        with open(args.out, "w") as f:
+        with open(spec["out"], "w") as f:
             json.dump(res, f)
         return 0
-    config = {k: getattr(args, k) for k in ("preset", "scale", "prompts", "group", "sigma",
-                                            "beta", "steps", "seed")}
-    if args.memory_budget:
-        config["memory_budget"] = args.memory_budget
-    if args.update_tokens:
-        config["update_tokens"] = args.update_tokens
+    # "preset" in the report: the model (cpu/gpu), as the committed reports have it
+    config = {"preset": args.model, **{k: getattr(args, k) for k in (
+        "scale", "prompts", "group", "sigma", "beta", "steps", "seed")}}
+    for k in ("memory_budget", "update_tokens"):
+        if getattr(args, k):
+            config[k] = getattr(args, k)
     _, limits = workload(args)
     report: dict[str, Any] = {"config": config, "model": model_config(args),
                               "response_lengths": {"median": float(np.median(limits)),
-                                                   "max": max(limits), "min": min(limits)},
-                              "systems": {}}
+                                                   "max": max(limits), "min": min(limits)}}
     with tempfile.TemporaryDirectory() as tmp:
-        for s in [x.strip() for x in args.systems.split(",") if x.strip()]:
-            out = os.path.join(tmp, f"{s}.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--system", s, "--out", out]
-            cmd += [f"--{k.replace('_', '-')}={v}" for k, v in config.items()]
-            env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-40:]  # the traceback
-                oom = proc.returncode in (-9, 137) or any(
-                    "RESOURCE_EXHAUSTED" in x or "out of memory" in x.lower() for x in tail)
-                report["systems"][s] = {"error": tail, "status": "oom" if oom else "error"}
-                continue
-            with open(out) as f:
-                report["systems"][s] = json.load(f)
+        report["systems"] = _measure(args, config, tmp)
     from jaxrl_sym.report import run_metadata
 
-    report.update(run_metadata("python bench/rlft_step.py " + " ".join(argv or sys.argv[1:])))
+    report.update(run_metadata(presets.command("rlft_step", argv)))
     report["ratios"] = ratios(report)
     print(_table(report))
-    path = args.json or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "results",
-        re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-"),  # as bench/suite.py
-        f"rlft_step_{args.preset}.json")
+    path = args.out or os.path.join(
+        child.ROOT, "bench", "results",
+        re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-"),  # as the suite's
+        f"rlft_step_{args.model}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(report, f, indent=1)
     print(f"wrote {path}")
     return 0 if all("error" not in r for r in report["systems"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,24 +7,30 @@ once whatever the batch. Where a step's cost grows with its rows, decoding the t
 rows costs what decoding it alone did, and the re-prefill of carried rows comes on top. This
 measures which of the two a machine is.
 
-    .venv/bin/python bench/row_cost.py   # rows 8..256 -> bench/results/<platform>/row_cost.*
-    .venv/bin/python bench/row_cost.py --rows 8,256 --steps 32
+    python -m bench row_cost --preset full    # rows 8..256 -> bench/results/<platform>/row_cost.*
+    python -m bench row_cost --preset full --rows 8,256 --steps 32
 
 Each row count runs the runtime's own ``SymbolicLM.generate`` (warm: a first call compiles),
-every row to ``--steps`` tokens with no EOS, best of ``--repeats`` calls; prefill is included,
-so it is an upper bound on the decode step.
+every row to ``--steps`` tokens with no EOS, best of the preset's ``repeats`` calls; prefill is
+included, so it is an upper bound on the decode step.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import presets
+from bench.child import ROOT
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"rows": "8,32", "steps": 8, "repeats": 1,
+              "out": os.path.join(presets.quick_dir("row_cost"), "row_cost")},
+    "full": {"rows": "8,16,32,64,128,256", "steps": 64, "repeats": 3, "out": None},
+    "gpu": {"rows": "8,16,32,64,128,256", "steps": 64, "repeats": 3, "out": None},
+}
 
 
 def measure(rows: int, steps: int, repeats: int) -> dict[str, Any]:
@@ -53,15 +59,15 @@ def _timed(fn: Any) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default="8,16,32,64,128,256")
-    p.add_argument("--steps", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=None, help="default: bench/results/<platform>/row_cost")
-    a = p.parse_args(argv)
+    p = presets.parser("row_cost", __doc__, PRESETS)
+    p.add_argument("--rows", default=None, help="comma-separated row counts")
+    p.add_argument("--steps", type=int, default=None, help="tokens per row")
+    p.add_argument("--out", default=None, help="OUT.jsonl and OUT.md (default: "
+                                               "bench/results/<platform>/row_cost)")
+    a = presets.parse(p, PRESETS, argv)
     import jax
 
-    rows = [measure(int(n), a.steps, a.repeats) for n in a.rows.split(",")]
+    rows = [measure(n, a.steps, a.repeats) for n in presets.csv(a.rows, int)]
     out = a.out or os.path.join(ROOT, "bench", "results", jax.devices()[0].platform, "row_cost")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out + ".jsonl", "w") as f:
@@ -77,8 +83,3 @@ def main(argv: list[str] | None = None) -> int:
     with open(out + ".md") as f:
         print(f.read())
     return 0
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
-    raise SystemExit(main())

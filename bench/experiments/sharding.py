@@ -6,8 +6,8 @@ One child process per device count (``XLA_FLAGS=--xla_force_host_platform_device
 batch's samples (loss-grad-Adam program, samples/s), and reads the per-device bytes of
 parameters + optimiser state.
 
-    .venv/bin/python bench/sharding.py                    # 1 (no mesh and data=1), 2, 4, 8
-    .venv/bin/python bench/sharding.py --devices 1,8 --out /tmp/sharding
+    python -m bench sharding --preset full         # 1 (no mesh and data=1), 2, 4, 8
+    python -m bench sharding --preset full --devices 1,8 --out /tmp/sharding
 
 What this measures on CPU: virtual devices are threads of one host sharing its cores, so more
 devices cannot be faster here — the numbers show the partitioned programs run, what their
@@ -23,16 +23,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OUT = os.path.join(ROOT, "bench", "results", "cpu", "sharding")
+from bench import child, presets
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"devices": "1,2", "prompts": 2, "repeats": 1,
+              "out": os.path.join(presets.quick_dir("sharding"), "sharding")},
+    "full": {"devices": "1,2,4,8", "prompts": 8, "repeats": 3,
+             "out": os.path.join(child.ROOT, "bench", "results", "cpu", "sharding")},
+    # virtual CPU devices on any machine: the GPU preset is the CPU measurement
+    "gpu": {"devices": "1,2,4,8", "prompts": 8, "repeats": 3,
+            "out": os.path.join(child.ROOT, "bench", "results", "cpu", "sharding")},
+}
 
 
-def child(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
+def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
     """In a process with ``n`` devices: timings of generation and of the update on the mesh
     ``data=n``; with one device also without a mesh, interleaved call by call with the mesh's
     (process-to-process noise on a shared CPU is larger than the difference looked for)."""
@@ -92,29 +100,26 @@ def _row(n: int, r: dict[str, Any], repeats: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", default="1,2,4,8", help="device counts, one child each")
-    p.add_argument("--prompts", type=int, default=8, help="prompts per batch (x8 samples)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=OUT)
+    p = presets.parser("sharding", __doc__, PRESETS)
+    p.add_argument("--devices", default=None, help="device counts, one child each")
+    p.add_argument("--out", default=None, help="OUT.jsonl and OUT.md")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
+    a = presets.parse(p, PRESETS, argv)
     if a.child is not None:
-        print(json.dumps(child(a.child, a.prompts, a.repeats)))
+        print(json.dumps(measure(a.child, a.prompts, a.repeats)))
         return 0
     rows = []
-    for n in (int(x) for x in a.devices.split(",")):
-        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
-               "JAX_PLATFORMS": "cpu"}
-        proc = subprocess.run([sys.executable, __file__, "--child", str(n), "--prompts",
-                               str(a.prompts), "--repeats", str(a.repeats)], env=env,
-                              capture_output=True, text=True, cwd=ROOT)
-        if proc.returncode:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            return proc.returncode
-        for row in json.loads(proc.stdout.strip().splitlines()[-1]):
+    for n in presets.csv(a.devices, int):
+        env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+        res = child.run(child.experiment("sharding", "--preset", a.preset, "--child", str(n)),
+                        env=env)
+        if not res.ok:
+            print(res.stderr[-3000:], file=sys.stderr)
+            return res.returncode or 1
+        for row in json.loads(res.stdout.strip().splitlines()[-1]):
             rows.append(row)
             print(json.dumps(row), flush=True)
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out + ".jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     with open(a.out + ".md", "w") as f:
@@ -128,8 +133,3 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['max_state_bytes_per_device'] / 1e6:.2f} | "
                     f"{r['state_bytes'] / 1e6:.2f} |\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
-    raise SystemExit(main())

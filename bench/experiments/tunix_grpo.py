@@ -1,11 +1,11 @@
-"""Tunix's GRPO learner (``google-tunix`` 0.1.7) on ``bench/rlft_step.py``'s workload: a peer row
-for the RL step.
+"""Tunix's GRPO learner (``google-tunix`` 0.1.7) on ``rlft_step``'s workload: a peer row for the
+RL step.
 
 Same policy shape and weights (rlft_step's shrunk Qwen2.5, copied into Tunix's Qwen2 by
 :mod:`jaxrl_sym.baselines.tunix`; the reference is a second copy), same prompts, group size G, β,
 clip ε 0.2, Adam at 1e-4, one iteration per batch, temperature 1.0. What differs by Tunix's design:
 it has one response length per batch (its sampler stops a row only at EOS, and a random policy
-never samples one), so every response has ``max(limits)`` tokens — run ``rlft_step.py --sigma 0``
+never samples one), so every response has ``max(limits)`` tokens — run ``rlft_step --sigma 0``
 for the comparable row of our systems (all responses at the median). Step time: the wall time
 between consecutive reward calls (one per step: rollout, reference, reward, update in between);
 the first two intervals (the rollout's and the update's compiles) are reported apart.
@@ -15,24 +15,30 @@ touching the project's venv, put those packages in a directory of their own::
 
     pip install --no-deps --target /tmp/tunix_rl_deps google-metrax grain qwix omegaconf \
         array_record cloudpickle clu ml_collections portpicker tensorboardX wrapt
-    PYTHONPATH=/tmp/tunix_rl_deps .venv/bin/python bench/tunix_grpo.py --sigma 0 --steps 3 \
-        --json bench/results/cpu/tunix_grpo.json
+    PYTHONPATH=/tmp/tunix_rl_deps python -m bench tunix_grpo --preset full --sigma 0 \
+        --steps 3 --out bench/results/cpu/tunix_grpo.json
+
+The sizes (model, prompts, group, scale, β, seed) are ``rlft_step``'s preset of the same name.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench import presets
+from bench.experiments import rlft_step
+from bench.record import peer_report
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"sigma": 0.0, "steps": 1, "out": None},
+    "full": {"sigma": 0.0, "steps": 4, "out": None},
+    "gpu": {"sigma": 0.0, "steps": 4, "out": None},
+}
 
 
 def _ids(text: str) -> np.ndarray:
@@ -46,7 +52,6 @@ def build(args: argparse.Namespace, prompts: list[np.ndarray], n: int, stamps: l
 
     import jax
     import optax
-    from rlft_step import model_config, reward_fn
 
     from jaxrl_sym.baselines.tunix import _IdTokenizer, load_tunix, to_tunix
     from jaxrl_sym.models.lm import init_model, preset
@@ -55,7 +60,7 @@ def build(args: argparse.Namespace, prompts: list[np.ndarray], n: int, stamps: l
     rl_cluster = importlib.import_module("tunix.rl.rl_cluster")
     grpo = importlib.import_module("tunix.rl.grpo.grpo_learner")
     base_rollout = importlib.import_module("tunix.rl.rollout.base_rollout")
-    model = init_model(preset("small", **model_config(args)), args.seed)
+    model = init_model(preset("small", **rlft_step.model_config(args)), args.seed)
     vocab = model.cfg.vocab_size
     prompt_len = 1 << (max(p.size for p in prompts) - 1).bit_length()
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("fsdp", "tp"))
@@ -75,7 +80,8 @@ def build(args: argparse.Namespace, prompts: list[np.ndarray], n: int, stamps: l
 
     def reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
         stamps.append(time.perf_counter())
-        return [reward_fn(_ids(p), _ids(c)) for p, c in zip(prompts, completions, strict=True)]
+        return [rlft_step.reward_fn(_ids(p), _ids(c))
+                for p, c in zip(prompts, completions, strict=True)]
 
     algo = grpo.GRPOConfig(num_generations=args.group, num_iterations=1, beta=args.beta,
                            epsilon=0.2)
@@ -83,9 +89,7 @@ def build(args: argparse.Namespace, prompts: list[np.ndarray], n: int, stamps: l
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from rlft_step import workload
-
-    prompts, limits = workload(args)
+    prompts, limits = rlft_step.workload(args)
     n = max(limits)
     stamps: list[float] = []
     learner = build(args, prompts, n, stamps)
@@ -108,26 +112,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--scale", type=int, default=8)
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--sigma", type=float, default=0.0, help="log-normal sigma of lengths")
-    p.add_argument("--beta", type=float, default=0.04)
-    p.add_argument("--steps", type=int, default=4,
+    p = presets.parser("tunix_grpo", __doc__, PRESETS)
+    p.add_argument("--sigma", type=float, default=None,
+                   help="log-normal sigma of lengths (0: every response at the median)")
+    p.add_argument("--steps", type=int, default=None,
                    help="steps after the first; the median skips the first of them too (it "
                         "holds the update's compile)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None)
-    args = p.parse_args(argv)
-    from jaxrl_sym.report import write_peer_report
-
-    with tempfile.TemporaryDirectory():
-        report = {"config": vars(args), **run(args)}
-    write_peer_report(report, "bench/tunix_grpo.py", args.json)
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    args = presets.parse(p, PRESETS, argv)
+    sizes = rlft_step.main_args(["--preset", args.preset])  # model, prompts, group, scale, beta
+    for k in ("model", "scale", "prompts", "group", "beta", "seed"):
+        setattr(args, k, getattr(sizes, k))
+    config = {"preset": args.model, **{k: getattr(args, k) for k in (
+        "scale", "prompts", "group", "sigma", "beta", "steps", "seed")}}
+    peer_report({"config": config, **run(args)}, presets.command("tunix_grpo", argv), args.out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Steady-state time of sym, padded and Tunix on one request, interleaved in one process.
 
-Why besides ``bench/suite.py``: the suite runs each system in its own process, one after the
+Why besides ``python -m bench suite``: the suite runs each system in its own process, one after the
 other, which is right for memory and compile counts but makes a steady-state time ratio hostage
 to whatever else the machine is doing at that minute (on a shared 2-core CPU, runs of the same
 configuration moved by 1.8×). Here every system is warmed up once, then called ``--reps`` times in
@@ -8,60 +8,52 @@ rotating order on the same request; each system's median ``run_seconds`` (padded
 without the compile it repeats on every call; the others: the whole call) is reported, with the
 ratios and a token check against padded.
 
-    .venv/bin/python bench/tunix_paired.py --out bench/results/cpu/tunix_paired.json
+    python -m bench tunix_paired --preset full --out bench/results/cpu/tunix_paired.json
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench import presets
+from bench.experiments import rlft_step
+from bench.experiments.suite import grid
+from bench.record import peer_report
+from bench.requests import suite_request
 
 SYSTEMS = ("sym-xla", "padded", "tunix", "tunix-defaults")
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"reps": 1, "systems": "sym-xla,padded,tunix", "workload": "suite",
+              "out": None},
+    "full": {"reps": 7, "systems": ",".join(SYSTEMS), "workload": "suite", "out": None},
+    "gpu": {"reps": 7, "systems": ",".join(SYSTEMS), "workload": "suite", "out": None},
+}
 
 
-def request(scenario: str = "realistic") -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
-    """The suite's quick-preset request (same model, prompts and per-row limits)."""
-    from suite import QUICK, plan
-
-    from jaxrl_sym.cli import build_model
-    from jaxrl_sym.generation import GenerationConfig
-
-    job = next(j for j in plan(QUICK, systems=("padded",), scenarios=(scenario,)))
-    spec = {**job.config, "system": "padded"}
-    model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
-    rng = np.random.default_rng(spec["seed"] + 1)  # as bench/suite_child.py draws them
-    vocab = model.cfg.vocab_size
-    prompts = [rng.integers(0, vocab, size=int(p), dtype=np.int32) for p in job.prompt_lens]
-    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in job.limits))
-    return model, prompts, cfg, job.config
+def request(preset: str) -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
+    """The suite preset's realistic request (same model, prompts and per-row limits)."""
+    return suite_request(grid(preset), "realistic")
 
 
-def rlft_request(preset: str = "cpu") -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
-    """``bench/rlft_step.py``'s generation request: its policy, each prompt repeated G times,
+def rlft_request(preset: str) -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
+    """``rlft_step``'s generation request at ``preset``: its policy, each prompt repeated G times,
     each sample's sampled length as its limit. Greedy, so every system's tokens can be checked
     against padded's (Tunix samples with its own RNG); the step samples at temperature 1, which
     costs the same work per token."""
-    from rlft_step import main_args, model_config, workload
-
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.lm import init_model
     from jaxrl_sym.models.lm import preset as lm_preset
 
-    args = main_args(["--preset", preset])
-    prompts, limits = workload(args)
-    model = init_model(lm_preset("small", **model_config(args)), args.seed)
+    args = rlft_step.main_args(["--preset", preset])
+    prompts, limits = rlft_step.workload(args)
+    model = init_model(lm_preset("small", **rlft_step.model_config(args)), args.seed)
     rows = [p for p in prompts for _ in range(args.group)]
     cfg = GenerationConfig(max_new_tokens=tuple(limits), temperature=0.0, eos_id=None)
-    config = {"workload": "rlft", "preset": preset, "prompts": args.prompts,
+    config = {"workload": "rlft", "preset": args.model, "prompts": args.prompts,
               "group": args.group, "sigma": args.sigma, "scale": args.scale}
     return model, rows, cfg, config
 
@@ -88,10 +80,11 @@ def interleaved(gens: dict[str, Any], prompts: list[np.ndarray], cfg: Any, reps:
     return first, tokens, times
 
 
-def run(reps: int, systems: tuple[str, ...], workload: str = "suite") -> dict[str, Any]:
+def run(reps: int, systems: tuple[str, ...], workload: str = "suite",
+        preset: str = "full") -> dict[str, Any]:
     from jaxrl_sym.systems import generator
 
-    model, prompts, cfg, config = request() if workload == "suite" else rlft_request()
+    model, prompts, cfg, config = (request if workload == "suite" else rlft_request)(preset)
     gens = {s: generator(s, model) for s in systems}
     first, tokens, times = interleaved(gens, prompts, cfg, reps)
     med = {s: statistics.median(v) for s, v in times.items()}
@@ -108,21 +101,14 @@ def run(reps: int, systems: tuple[str, ...], workload: str = "suite") -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--out", default=None)
-    p.add_argument("--workload", choices=("suite", "rlft"), default="suite",
-                   help="suite: the suite's realistic request; rlft: bench/rlft_step.py's "
-                        "GRPO rollout (16 prompts x 8, greedy)")
-    args = p.parse_args(argv)
-    from jaxrl_sym.report import write_peer_report
-
-    report = run(args.reps, tuple(s.strip() for s in args.systems.split(",") if s.strip()),
-                 args.workload)
-    write_peer_report(report, "bench/tunix_paired.py", args.out)
+    p = presets.parser("tunix_paired", __doc__, PRESETS)
+    p.add_argument("--reps", type=int, default=None, help="steady-state calls per system")
+    p.add_argument("--systems", default=None, help="comma-separated: " + ", ".join(SYSTEMS))
+    p.add_argument("--workload", choices=("suite", "rlft"), default=None,
+                   help="suite: the suite preset's realistic request; rlft: rlft_step's GRPO "
+                        "rollout at the preset (greedy)")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    args = presets.parse(p, PRESETS, argv)
+    report = run(args.reps, tuple(presets.csv(args.systems)), args.workload, args.preset)
+    peer_report(report, presets.command("tunix_paired", argv), args.out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

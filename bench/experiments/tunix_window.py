@@ -6,12 +6,11 @@ Tunix's Gemma 4 cannot hold our weights (its block differs: see
 :mod:`jaxrl_sym.baselines.tunix_gemma4`), so it runs with its own random initialisation at our
 model's shape: a *speed at equal shape* comparison; its tokens are not compared (sym's are
 checked against padded's). Same request for every system (the decode CLI's model and prompts:
-``--preset decode-cpu``, ``--batch`` rows, prompts 16–64, every row decoding ``--tokens``),
-each system warmed up once, then called ``--reps`` times in rotating order
-(``tunix_paired.interleaved``); the median ``run_seconds`` / tokens is the steady-state time
-per decode step.
+the preset's model, batch rows, prompts 16–64, every row decoding ``--tokens``), each system
+warmed up once, then called ``reps`` times in rotating order (``tunix_paired.interleaved``); the
+median ``run_seconds`` / tokens is the steady-state time per decode step.
 
-    .venv/bin/python bench/tunix_window.py --out bench/results/cpu/tunix_window
+    python -m bench tunix_window --preset full --out bench/results/cpu/tunix_window
 """
 
 from __future__ import annotations
@@ -19,16 +18,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench import presets
+from bench.experiments.tunix_paired import interleaved
 
 SYSTEMS = ("sym-xla", "padded", "tunix-gemma4")
+_CPU = {"window": 128, "batch": 8, "prompt_min": 16, "prompt_max": 64, "model": "decode-cpu",
+        "seed": 0, "systems": ",".join(SYSTEMS), "out": None}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {**_CPU, "attention": "window", "tokens": "32", "window": 16, "batch": 2,
+              "prompt_min": 4, "prompt_max": 12, "model": "tiny", "reps": 1},
+    "full": {**_CPU, "attention": "window,mixed", "tokens": "512,1024", "reps": 5},
+    "gpu": {**_CPU, "attention": "window,mixed", "tokens": "512,1024", "reps": 5},
+}
 
 
 def _generators(model: Any, systems: tuple[str, ...]) -> dict[str, Any]:
@@ -42,17 +48,15 @@ def _generators(model: Any, systems: tuple[str, ...]) -> dict[str, Any]:
 def one(attention: str, tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration: every system's first call, steady s/token (median of ``reps``), peak
     bytes and compiles; sym's tokens checked against padded's."""
-    from tunix_paired import interleaved
-
     from jaxrl_sym.decode_run import build_model
     from jaxrl_sym.generation import GenerationConfig
 
-    spec = {"preset": args.preset, "attention": attention, "window": args.window,
+    spec = {"preset": args.model, "attention": attention, "window": args.window,
             "block": 64, "seed": args.seed, "batch": args.batch,
             "prompt_len": [args.prompt_min, args.prompt_max]}
     model, prompts = build_model(spec)
     cfg = GenerationConfig(max_new_tokens=tokens, temperature=0.0, eos_id=None)
-    systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    systems = tuple(presets.csv(args.systems))
     first, toks, times = interleaved(_generators(model, systems), prompts, cfg, args.reps)
     med = {s: statistics.median(v) for s, v in times.items()}
     rows = {s: {"s_per_token": med[s] / tokens, "median_seconds": med[s], "seconds": times[s],
@@ -95,27 +99,18 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--attention", default="window,mixed")
-    p.add_argument("--tokens", default="512,1024")
-    p.add_argument("--window", type=int, default=128)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--prompt-min", type=int, default=16)
-    p.add_argument("--prompt-max", type=int, default=64)
-    p.add_argument("--preset", default="decode-cpu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p = presets.parser("tunix_window", __doc__, PRESETS)
+    p.add_argument("--attention", default=None, help="comma-separated: window, mixed")
+    p.add_argument("--tokens", default=None, help="comma-separated tokens per row")
+    p.add_argument("--systems", default=None, help="comma-separated: " + ", ".join(SYSTEMS))
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
-    args = p.parse_args(argv)
+    args = presets.parse(p, PRESETS, argv)
     from jaxrl_sym.report import run_metadata
 
-    configs = [one(a.strip(), int(n), args) for a in args.attention.split(",")
-               for n in args.tokens.split(",")]
-    report = {"reps": args.reps, "batch": args.batch, "preset": args.preset,
-              "configs": configs, **run_metadata("python bench/tunix_window.py "
-                                                  + " ".join(sys.argv[1:] if argv is None
-                                                             else argv))}
+    configs = [one(a, n, args) for a in presets.csv(args.attention)
+               for n in presets.csv(args.tokens, int)]
+    report = {"reps": args.reps, "batch": args.batch, "preset": args.model,
+              "configs": configs, **run_metadata(presets.command("tunix_window", argv))}
     import importlib.metadata as md
 
     report["versions"]["google-tunix"] = md.version("google-tunix")
@@ -125,7 +120,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out + ".md").write_text(markdown(report))
     print(markdown(report))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,54 +1,44 @@
 """Where the symbolic runtime's token positions go on realistic RL lengths, from its own log.
 
-Runs the suite's realistic request (its ``quick`` preset on CPU: 16 prompts of 16–128 tokens,
-responses log-normal with median 69 capped at 256; ``--full``: 64 prompts of 64–512, median 275
-capped at 1024) through ``SymbolicLM`` with each prefill layout and grouping, and reports what
-the engine booked per cause (``stats["waste_by_cause"]``, written by the decode groups while
-they run — not a replay), with compiles, dispatches and seconds, cold and warm. Rows differ in
-grouping (``max_pad_fraction``) and compaction threshold (``compact_at``); the last column is
-the padded baseline's first call on the same request and weights, run once in this process
-first. The script never enables JAX's persistent compilation cache, so every first call
-compiles everything (cold); every row's tokens must equal padded's.
+Runs the suite's realistic request (:func:`bench.requests.realistic_request`; preset ``full``: 16
+prompts of 16–128 tokens, responses log-normal with median 69 capped at 256, on CPU; ``gpu``: 64
+prompts of 64–512, median 275 capped at 1024; ``quick``: the suite's tiny request) through
+``SymbolicLM`` with each prefill layout and grouping, and reports what the engine booked per cause
+(``stats["waste_by_cause"]``, written by the decode groups while they run — not a replay), with
+compiles, dispatches and seconds, cold and warm. Rows differ in grouping (``max_pad_fraction``) and
+compaction threshold (``compact_at``); the last column is the padded baseline's first call on the
+same request and weights, run once in this process first. The script never enables JAX's persistent
+compilation cache, so every first call compiles everything (cold); every row's tokens must equal
+padded's.
 
-    python bench/waste.py            # CPU, quick preset
-    python bench/waste.py --full     # GPU-sized request
+    python -m bench waste --preset full     # CPU
+    python -m bench waste --preset gpu      # GPU-sized request
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import FULL, QUICK, _prompts, lognormal_limits
-
+from bench import presets
+from bench.experiments.suite import grid
+from bench.requests import realistic_request as request
 from jaxrl_sym.baselines.padded import padded_generate
-from jaxrl_sym.decode_run import build_model
-from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.metrics import KEY_CAUSES, WASTE_CAUSES
 
 # (prefill, max_pad_fraction, compact_at); the default is ("packed", 1.0, 0.75)
 CONFIGS = (("block", 0.1, 0.75), ("packed", 0.1, 0.75), ("packed", 1.0, 0.75),
            ("packed", 1.0, 0.5), ("packed", 1.0, 0.25))
-
-
-def request(preset: dict, seed: int = 0) -> tuple[object, list[np.ndarray], GenerationConfig]:
-    """The suite's realistic request: model, prompts and per-row limits (same seed, same all)."""
-    r = preset["realistic"]
-    rng = np.random.default_rng(seed)
-    lens = _prompts(rng, r["batch"], *r["prompt"])
-    limits = lognormal_limits(rng, r["batch"], r["median"], r["sigma"], r["cap"])
-    spec = {"preset": preset["preset"], "attention": "full", "window": preset["window"],
-            "block": preset["block"], "seed": seed, "batch": 1, "prompt_len": [1, 1]}
-    model, _ = build_model(spec)
-    prompts = [rng.integers(1, 100, n).astype(np.int32) for n in lens]
-    return model, prompts, GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"configs": CONFIGS[1:3], "out": None},
+    "full": {"configs": CONFIGS, "out": None},
+    "gpu": {"configs": CONFIGS, "out": None},
+}
 
 
 def tokens_sha(tokens: list[np.ndarray]) -> int:
@@ -111,17 +101,18 @@ def key_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true", help="the GPU-sized realistic request")
-    ap.add_argument("--out", default=None, help="directory for waste_realistic.{jsonl,md}")
-    args = ap.parse_args()
-    preset = FULL if args.full else QUICK
+def main(argv: list[str] | None = None) -> int:
+    p = presets.parser("waste", __doc__, PRESETS)
+    p.add_argument("--out", default=None, help="directory for waste_realistic.{jsonl,md} "
+                                               "(default: print only)")
+    args = presets.parse(p, PRESETS, argv)
+    preset = grid(args.preset)
     padded_s, padded_compiles, padded_sha = padded_first_call(preset)
     rows = [{**run(preset, *c), "padded_first_call_s": padded_s,
-             "padded_compiles": padded_compiles} for c in CONFIGS]
-    assert {r["tokens_sha"] for r in rows} == {padded_sha}, "a row's tokens differ from padded's"
-    md = (f"`python {' '.join(sys.argv)}`\n\nToken positions:\n\n{table(rows)}\n\n"
+             "padded_compiles": padded_compiles} for c in args.configs]
+    if {r["tokens_sha"] for r in rows} != {padded_sha}:
+        raise RuntimeError("a row's tokens differ from padded's")
+    md = (f"`{presets.command('waste', argv)}`\n\nToken positions:\n\n{table(rows)}\n\n"
           f"Decode key slots:\n\n{key_table(rows)}")
     print(md)
     if args.out:
@@ -129,7 +120,4 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "waste_realistic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (out / "waste_realistic.md").write_text(md + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,41 +1,45 @@
 """Speculative decoding on the suite's realistic request: tokens/s with and without it.
 
-The request is :func:`bench.waste.request`'s (CPU ``quick`` preset: 16 prompts of 16–128 tokens,
-per-row response limits log-normal with median 69 capped at 256, the ``decode-cpu`` model with
-full attention, greedy). Systems: the symbolic runtime plain (decode tiles of 8 steps) and with
-speculation (n-gram prompt-lookup draft on device, tiles of 4 draft + verify steps; fixed K, K
-with one verify per dispatch, and adaptive k up to K), and the padded baseline plain and with
-the same speculation (host draft, one verify per dispatch). Each runs once cold (compiles) and
-then warm; tokens/s is generated tokens over the warm call's run seconds, which include the
-draft (on device for sym, on the host for padded: ``draft s``) and exclude compiles for every
-system. Every system's tokens must equal plain sym's (greedy).
+The request is :func:`bench.requests.realistic_request`'s at the suite's preset of the same name
+(``full``: 16 prompts of 16–128 tokens, per-row response limits log-normal with median 69 capped at
+256, the ``decode-cpu`` model with full attention, greedy; ``quick``: the tiny request). Systems:
+the symbolic runtime plain (decode tiles of 8 steps) and with speculation (n-gram prompt-lookup
+draft on device, tiles of 4 draft + verify steps; fixed K, K with one verify per dispatch, and
+adaptive k up to K), and the padded baseline plain and with the same speculation (host draft, one
+verify per dispatch). Each runs once cold (compiles) and then warm; tokens/s is generated tokens
+over the warm call's run seconds, which include the draft (on device for sym, on the host for
+padded: ``draft s``) and exclude compiles for every system. Every system's tokens must equal plain
+sym's (greedy).
 
-    python bench/speculative.py                   # writes bench/results/cpu/speculative.{json,md}
-    python bench/speculative.py --ks 2,4 --out-dir /tmp/spec
+    python -m bench speculative --preset full     # writes bench/results/cpu/speculative.*
+    python -m bench speculative --preset full --ks 2,4 --out /tmp/spec
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from suite import QUICK
-from waste import request
-
+from bench import presets
+from bench.child import ROOT
+from bench.experiments.suite import grid
+from bench.record import git_commit
+from bench.requests import realistic_request
 from jaxrl_sym.baselines.padded import padded_generate
 from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.speculative import SpeculativeLM
 
-WARM_RUNS = 3  # warm calls per system; the median's run seconds are reported (a loaded machine)
+PRESETS: dict[str, dict[str, Any]] = {
+    # warm_runs: warm calls per system; the median's run seconds are reported (a loaded machine)
+    "quick": {"ks": "2", "drafts": "", "warm_runs": 1, "out": presets.quick_dir("speculative")},
+    "full": {"ks": "2,4", "drafts": "", "warm_runs": 3, "out": str(ROOT / "bench/results/cpu")},
+    "gpu": {"ks": "2,4", "drafts": "", "warm_runs": 3, "out": None},
+}
 
 
 def systems(model: Any, ks: list[int], drafts: list[str] = (), tunix: bool = False
@@ -78,16 +82,17 @@ def _timed(gen: Any, prompts: Any, cfg: Any) -> Any:
     return res
 
 
-def run(ks: list[int], drafts: list[str], tunix: bool) -> list[dict[str, Any]]:
+def run(ks: list[int], drafts: list[str], tunix: bool, preset: str = "full",
+        warm_runs: int = 3) -> list[dict[str, Any]]:
     """Every system cold, then warm; one row each (printed as it finishes)."""
-    model, prompts, cfg = request(QUICK)
+    model, prompts, cfg = realistic_request(grid(preset))
     rows, ref = [], None
     for name, gen in systems(model, ks, drafts, tunix).items():
         t0 = time.perf_counter()
         cold = _timed(gen, prompts, cfg)
         first = time.perf_counter() - t0
-        warms = [_timed(gen, prompts, cfg) for _ in range(WARM_RUNS)]
-        warm = sorted(warms, key=lambda w: w.stats["run_seconds"])[WARM_RUNS // 2]  # median
+        warms = [_timed(gen, prompts, cfg) for _ in range(warm_runs)]
+        warm = sorted(warms, key=lambda w: w.stats["run_seconds"])[warm_runs // 2]  # median
         s = warm.stats
         ref = ref or cold.tokens
         same = all(np.array_equal(a, b) for w in (cold, *warms)
@@ -111,7 +116,7 @@ def run(ks: list[int], drafts: list[str], tunix: bool) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     base = {r["system"].split()[0]: r["tokens_per_s"] for r in rows if " " not in r["system"]}
-    lines = [f"# Speculative decoding, CPU realistic request (git {meta['git']})", "",
+    lines = [f"# Speculative decoding, realistic request (git {meta['git']})", "",
              f"Command: `{meta['command']}`. {meta['request']}", "",
              "| system | tokens | warm run s | tokens/s | vs plain same system | acceptance | "
              "draft s | verify steps | compiles cold | tokens = sym |",
@@ -132,32 +137,36 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ks", default="2,4", help="comma-separated K values (fixed speculation)")
-    ap.add_argument("--drafts", default="", help="comma-separated draft models for K = max: "
-                    "model presets (tiny, small, ...) or 'self' (the target as its own draft)")
-    ap.add_argument("--tunix", action="store_true", help="add Tunix's sampler (plain) as a row")
-    ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results" / "cpu"))
-    args = ap.parse_args()
-    ks = sorted({int(x) for x in args.ks.split(",")})
-    drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()  # before the run: the code it measures
-    rows = run(ks, drafts, args.tunix)
-    r = QUICK["realistic"]
-    meta = {"git": git, "command": "python bench/speculative.py " + " ".join(sys.argv[1:]),
+def main(argv: list[str] | None = None) -> int:
+    p = presets.parser("speculative", __doc__, PRESETS)
+    p.add_argument("--ks", default=None, help="comma-separated K values (fixed speculation)")
+    p.add_argument("--drafts", default=None, help="comma-separated draft models for K = max: "
+                   "model presets (tiny, small, ...) or 'self' (the target as its own draft)")
+    p.add_argument("--tunix", action="store_true", help="add Tunix's sampler (plain) as a row")
+    p.add_argument("--out", default=None, help="directory for speculative.{json,md} (default: "
+                                               "the preset's; gpu: bench/results/<device>)")
+    args = presets.parse(p, PRESETS, argv)
+    ks = sorted(set(presets.csv(args.ks, int)))
+    git = git_commit()  # before the run: the code it measures
+    rows = run(ks, presets.csv(args.drafts), args.tunix, args.preset, args.warm_runs)
+    r = grid(args.preset)["realistic"]
+    meta = {"git": git, "command": presets.command("speculative", argv),
             "request": f"{r['batch']} prompts of {r['prompt'][0]}-{r['prompt'][1]} tokens, "
                        f"response limits log-normal median {r['median']} (sigma {r['sigma']}) "
-                       f"capped at {r['cap']}, decode-cpu model, full attention, greedy; tokens/s "
-                       "= generated tokens / median of 3 warm runs' seconds (drafting included, "
-                       "compiles not)."}
-    out = Path(args.out_dir)
+                       f"capped at {r['cap']}, {grid(args.preset)['preset']} model, full "
+                       f"attention, greedy; tokens/s = generated tokens / median of "
+                       f"{args.warm_runs} warm runs' seconds (drafting included, compiles not)."}
+    out = Path(args.out) if args.out else _device_dir()
     out.mkdir(parents=True, exist_ok=True)
     (out / "speculative.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     (out / "speculative.md").write_text(markdown(rows, meta))
     print(markdown(rows, meta))
+    return 0
 
 
-if __name__ == "__main__":
-    main()
+def _device_dir() -> Path:
+    import jax
+
+    from bench.suite_jobs import device_dir
+
+    return ROOT / "bench" / "results" / device_dir(str(jax.devices()[0].device_kind))

@@ -6,11 +6,11 @@ task): the final *greedy* exact match on held-out prompts (mean, min, max over s
 it depends on the parameters only), how many seeds cleared ``--pass-level``, and wall time. The
 learning curves (sampled exact match and policy entropy per step, mean of 10) are plotted.
 
-    .venv/bin/python bench/learning.py                    # 3 algos x {reverse, copy} x 5 seeds
-    .venv/bin/python bench/learning.py --quick            # the CI-sized version (see tests)
+    python -m bench learning --preset full     # 3 algos x {reverse, copy} x 5 seeds
+    python -m bench learning                   # quick: the CI-sized version (see tests)
     # with vs without partial rollouts, same seeds, both in one invocation (--jobs 2: side by
     # side, so both runs see the same machine load)
-    .venv/bin/python bench/learning.py --algos grpo --tasks reverse --seeds 0 \
+    python -m bench learning --preset full --algos grpo --tasks reverse --seeds 0 \
         --partial off --partial '{"fraction": 0.75, "segment": 4, "max_carry": 1}' \
         --config '{"max_new_tokens": 16}' --out bench/results/cpu/partial_rollouts
 
@@ -25,7 +25,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -34,35 +33,44 @@ from typing import Any
 
 import numpy as np
 
+from bench import child, presets
+from bench.record import git_commit
+
 ALGOS = ("grpo", "rloo", "ppo")
 SEEDS = (0, 1, 2, 3, 11)
 CURVE_KEYS = ("reward", "exact_match", "entropy", "zero_var_frac")
 CURVE_EVERY = 5  # steps per stored curve point (a 400-step run keeps 80 points per key)
 
 
+_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "jaxrl_sym_learning_xla")
+_FULL: dict[str, Any] = {
+    "algos": ",".join(ALGOS), "tasks": "reverse,copy", "seeds": ",".join(map(str, SEEDS)),
+    "steps": 400, "task_steps": "",  # per-task step counts overriding steps, e.g. copy=200
+    "prompts": 32, "max_digits": 3, "eval_prompts": 256,
+    "model": "",  # JSON of LMConfig overrides (default: TASK_MODEL)
+    "jobs": 2,  # runs at a time (one process each)
+    "pass_level": 0.3,  # final greedy exact match a seed must reach to count as learned
+    # JAX persistent compilation cache shared by the runs ('': off)
+    "compile_cache": _CACHE, "out": os.path.join(child.ROOT, "bench/results/cpu/learning")}
+PRESETS: dict[str, dict[str, Any]] = {
+    # CI size: GRPO on reverse, seed 11 (it stalled before the recipe of issue 12), 100 steps
+    "quick": {**_FULL, "algos": "grpo", "tasks": "reverse", "seeds": "11", "steps": 100,
+              "eval_prompts": 128, "out": os.path.join(presets.quick_dir("learning"),
+                                                        "learning")},
+    "full": _FULL,
+    "gpu": _FULL,
+}
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--algos", default=",".join(ALGOS))
-    p.add_argument("--tasks", default="reverse,copy")
-    p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--task-steps", default="",
-                   help="per-task step counts overriding --steps, e.g. copy=200")
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step")
-    p.add_argument("--max-digits", type=int, default=3)
-    p.add_argument("--eval-prompts", type=int, default=256)
-    p.add_argument("--model", default="", help="JSON of LMConfig overrides (default: TASK_MODEL)")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one process each)")
-    p.add_argument("--pass-level", type=float, default=0.3,
-                   help="final greedy exact match a seed must reach to count as learned")
-    p.add_argument("--out", default="bench/results/cpu/learning")
+    p = presets.parser("learning", __doc__, PRESETS)
+    p.add_argument("--algos", default=None, help="comma-separated: " + ", ".join(ALGOS))
+    p.add_argument("--tasks", default=None, help="comma-separated tasks")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--jobs", type=int, default=None, help="runs at a time (one process each)")
+    p.add_argument("--out", default=None, help="OUT.jsonl, OUT.md and OUT.png")
     p.add_argument("--force", action="store_true", help="re-run finished runs")
-    p.add_argument("--quick", action="store_true",
-                   help="CI size: GRPO on reverse, seed 11 (it stalled before the recipe of "
-                        "issue 12), 100 steps, 128 held-out prompts")
-    p.add_argument("--compile-cache", default=os.path.join(os.path.expanduser("~"), ".cache",
-                                                           "jaxrl_sym_learning_xla"),
-                   help="JAX persistent compilation cache shared by the runs ('' : off)")
     p.add_argument("--partial", action="append", default=None, metavar="off|JSON",
                    help="partial rollouts per run: 'off' or PartialConfig fields as JSON; "
                         "repeat to compare (default: off)")
@@ -71,10 +79,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(e.g. '{}' and '{\"speculate\": 4}'; default: none)"
                         ". --jobs 2 runs two arms at once, so they see the same load")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.algos, args.tasks, args.seeds = "grpo", "reverse", "11"
-        args.steps, args.eval_prompts = 100, 128
+    args = presets.parse(p, PRESETS, argv)
     for name in ("steps", "prompts", "jobs", "max_digits"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -171,29 +176,20 @@ def _partial_stats(hist: list[dict[str, Any]], left: int) -> dict[str, Any] | No
 
 
 def _git_head() -> str | None:
-    """The commit the library was loaded from (its checkout's HEAD; ``JAXRL_SYM_GIT`` for a
-    ``git archive`` snapshot without .git), for the record."""
-    import jaxrl_sym
-
-    if os.environ.get("JAXRL_SYM_GIT"):
-        return os.environ["JAXRL_SYM_GIT"]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(jaxrl_sym.__file__)))
-    try:
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    """The commit the library was loaded from (``JAXRL_SYM_GIT`` for a ``git archive``
+    snapshot without .git), for the record."""
+    return os.environ.get("JAXRL_SYM_GIT") or git_commit() or None
 
 
 def launch(spec: dict[str, Any], cache_dir: str) -> dict[str, Any]:
     """Run one spec in a child process (its own JAX runtime and threads) and parse its line."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec),
-                           "--compile-cache", cache_dir], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {**spec, "error": proc.stderr.strip().splitlines()[-5:],
+    res = child.run(child.experiment("learning", "--child",
+                                     json.dumps({**spec, "compile_cache": cache_dir})))
+    if not res.ok:
+        return {**spec, "error": res.stderr.strip().splitlines()[-5:],
                 "wall_seconds": time.perf_counter() - t0}
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = json.loads(res.stdout.strip().splitlines()[-1])
     row["process_seconds"] = time.perf_counter() - t0
     return row
 
@@ -285,7 +281,9 @@ def plot(rows: list[dict[str, Any]], out_png: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
-        print(json.dumps(run_child(json.loads(args.child), args.compile_cache or None)))
+        spec = json.loads(args.child)
+        cache = spec.pop("compile_cache", "")
+        print(json.dumps(run_child(spec, cache or None)))
         return 0
     path = args.out + ".jsonl"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -317,7 +315,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(md)
     print(json.dumps({"summary": summary}))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

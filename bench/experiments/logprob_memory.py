@@ -7,19 +7,18 @@ program (``stages.update_once``: loss, gradient and Adam in one program, as a on
 step runs it). The peak is what the step reports, :class:`~jaxrl_sym.rl.programs.Programs`'
 ``peak``: inputs + resident state + XLA's temporaries (``memory_analysis``) + outputs.
 
-Configurations whose compiled peak exceeds ``--run-limit-gb``, or with more than
-``--run-max-tokens`` slots, are compiled but not run (the shared CPU box has no room or time for
+Configurations whose compiled peak exceeds the preset's ``run_limit_gb``, or with more than its
+``run_max_tokens`` slots, are compiled but not run (the shared CPU box has no room or time for
 them); their peak is the same sum read from the compiled executable (where both exist they agree
 to a few hundred bytes), and the table marks them ``compiled only``. The run time is one warm
 call.
 
-    python bench/logprob_memory.py                     # 1k, 4k, 16k slots; off, 256, 1024, 4096
-    python bench/logprob_memory.py --tokens 1024 --chunks 0 1024
+    python -m bench logprob_memory --preset full   # 1k, 4k, 16k slots; off, 256, 1024, 4096
+    python -m bench logprob_memory --preset full --tokens 1024 --chunks 0,1024
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -28,6 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from bench import presets
+from bench.child import ROOT
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer
 from jaxrl_sym.rl.stages import micro_batches, update_once
@@ -36,7 +37,15 @@ from jaxrl_sym.runtime.metrics import tree_bytes
 
 VOCAB = 151_936
 SEQ, PROMPT, ROW = 256, 64, 1024
-OUT = Path(__file__).resolve().parent / "results" / "cpu"
+_LIMITS = {"run_limit_gb": 5.0, "run_max_tokens": 4096}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {**_LIMITS, "tokens": "256", "chunks": "0,256",
+              "out": str(Path(presets.quick_dir("logprob_memory")) / "logprob_memory")},
+    "full": {**_LIMITS, "tokens": "1024,4096,16384", "chunks": "0,256,1024,4096",
+             "out": str(ROOT / "bench" / "results" / "cpu" / "logprob_memory")},
+    "gpu": {"run_limit_gb": 60.0, "run_max_tokens": 16384, "tokens": "1024,4096,16384",
+            "chunks": "0,256,1024,4096", "out": None},
+}
 
 
 def batch(tr: RLTrainer, tokens: int, seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
@@ -103,31 +112,28 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 16384])
-    ap.add_argument("--chunks", type=int, nargs="+", default=[0, 256, 1024, 4096])
-    ap.add_argument("--run-limit-gb", type=float, default=5.0)
-    ap.add_argument("--run-max-tokens", type=int, default=4096)
-    ap.add_argument("--out", type=Path, default=OUT / "logprob_memory")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    p = presets.parser("logprob_memory", __doc__, PRESETS)
+    p.add_argument("--tokens", default=None, help="comma-separated token slot counts")
+    p.add_argument("--chunks", default=None,
+                   help="comma-separated RLConfig.logprob_chunk values (0: off)")
+    p.add_argument("--out", default=None, help="OUT.json and OUT.md")
+    args = presets.parse(p, PRESETS, argv)
     rows = []
-    for tokens in args.tokens:
-        for chunk in args.chunks:
+    for tokens in presets.csv(args.tokens, int):
+        for chunk in presets.csv(args.chunks, int):
             rows.append(measure(tokens, chunk, args.run_limit_gb * 1e9, args.run_max_tokens))
             print(json.dumps(rows[-1]), flush=True)
-    cmd = "python bench/logprob_memory.py " + " ".join(
-        f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items() if k != "out")
+    cmd = presets.command("logprob_memory", argv)
     meta = {"command": cmd, "vocab": VOCAB, "model": "DecoderLM d_model=128, 2 layers",
             "device": str(jax.devices()[0]), "jax": jax.__version__}
-    args.out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
-    args.out.with_suffix(".md").write_text(
+    out = Path(args.out) if args.out else (
+        ROOT / "bench" / "results" / jax.devices()[0].platform / "logprob_memory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+    out.with_suffix(".md").write_text(
         f"# RL update peak bytes, vocabulary {VOCAB}\n\n`{cmd}`\n\n{meta['model']}, sym packed "
         f"layout (sequences of {SEQ}, rows of {ROW}), fused loss + gradient + Adam update, "
         f"{meta['device']}, jax {meta['jax']}.\n\n{table(rows)}\n")
     print(table(rows))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

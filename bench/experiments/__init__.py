@@ -1,0 +1,1 @@
+"""One module per experiment (listed in :mod:`bench.registry`)."""

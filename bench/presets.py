@@ -1,0 +1,76 @@
+"""An experiment's command line: ``--preset quick|full|gpu`` plus its few meaningful flags.
+
+Why presets: the sizes of a run (model, batch, lengths, repeats, output place) belong together;
+before, each script spelled them as flags (109 in all) and every caller re-typed them. Now an
+experiment declares ``PRESETS = {"quick": {...}, "full": {...}, "gpu": {...}}`` (settings by
+name) and keeps as flags only what a user varies within a size; a flag left out takes its
+preset's value, so ``args`` always holds every setting.
+
+* ``quick`` — the smallest run that executes every path (a minute or two on 2 CPU cores);
+  writes under the temporary directory, never into ``bench/results``.
+* ``full`` — the CPU measurement ``bench/results/cpu`` records.
+* ``gpu`` — sized for one H100/H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+NAMES = ("quick", "full", "gpu")
+Presets = Mapping[str, Mapping[str, Any]]
+
+
+def quick_dir(experiment: str) -> str:
+    """Where a quick run writes: a temporary folder, so smoke runs never pose as results."""
+    return os.path.join(tempfile.gettempdir(), "bench-quick", experiment)
+
+
+def parser(name: str, doc: str | None, presets: Presets) -> argparse.ArgumentParser:
+    """The experiment's parser with ``--preset``; the help lists every preset's settings."""
+    missing = [n for n in NAMES if n not in presets]
+    if missing:
+        raise ValueError(f"experiment {name}: presets {missing} missing")
+    lines = ["presets (a flag given overrides its setting):"]
+    for pname in NAMES:
+        items = ", ".join(f"{k}={_show(v)}" for k, v in presets[pname].items())
+        lines.append(f"  {pname}: {items}")
+    p = argparse.ArgumentParser(prog=f"python -m bench {name}",
+                                description=(doc or "").strip().split("\n\n")[0],
+                                epilog="\n".join(lines),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=NAMES, default="quick",
+                   help="quick: smoke run (temporary output); full: the CPU measurement; "
+                        "gpu: one H100/H200 (default: quick)")
+    return p
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, list | tuple):
+        return ",".join(map(str, v))
+    return str(v)
+
+
+def parse(p: argparse.ArgumentParser, presets: Presets,
+          argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; every setting of the chosen preset not given as a flag is filled in."""
+    args = p.parse_args(argv)
+    for key, value in presets[args.preset].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
+
+
+def command(name: str, argv: Sequence[str] | None) -> str:
+    """The command line that reproduces this run (recorded beside its results)."""
+    return " ".join(["python -m bench", name, *(argv or [])])
+
+
+def csv(text: str | Sequence[Any], kind: type = str) -> list[Any]:
+    """A comma-separated flag (or a preset's list) as a list of ``kind``."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return [kind(x.strip() if isinstance(x, str) else x) for x in items
+            if not isinstance(x, str) or x.strip()]

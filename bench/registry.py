@@ -1,0 +1,73 @@
+"""Every experiment, by name: the one table ``python -m bench`` reads.
+
+Why a table of module names, not imports: listing the experiments (``python -m bench``) and
+checking a name must not load JAX or any experiment; an experiment's module is imported only
+when it runs. Each module offers ``PRESETS`` (:mod:`bench.presets`) and ``main(argv) -> int``.
+Adding an experiment = one module in ``bench/experiments/`` + one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+from jaxrl_sym.errors import InputError
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """``name`` runs ``bench.experiments.<name>``; ``cheap``: its quick preset takes a minute or
+    two on 2 CPU cores and needs no optional package (the tests run those)."""
+
+    name: str
+    summary: str
+    cheap: bool = True
+
+    @property
+    def module_name(self) -> str:
+        return f"bench.experiments.{self.name}"
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(self.module_name)
+
+    def main(self, argv: Sequence[str]) -> int:
+        return int(self.load().main(list(argv)) or 0)
+
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment("headline", "sym vs Tunix vs padded on the realistic GRPO workload: generation "
+                           "alone and the whole step"),
+    Experiment("suite", "padding vs symbolic: decode, realistic, growing, RL step and trace "
+                        "scenarios, one process per system (resumable JSONL + tables + plots)"),
+    Experiment("rlft_step", "one GRPO step, sym vs padded, stage by stage"),
+    Experiment("waste", "where sym's token positions go on realistic lengths, per cause"),
+    Experiment("speculative", "speculative decoding vs plain, sym and padded"),
+    Experiment("row_cost", "decode step cost vs live rows"),
+    Experiment("sharding", "RL step and generation vs device count (virtual CPU devices)"),
+    Experiment("logprob_memory", "RL update peak bytes at a 151,936-word vocabulary, chunked "
+                                 "vs unchunked log-probs"),
+    Experiment("learning", "multi-seed learning: final greedy exact match per algorithm and "
+                           "task", cheap=False),
+    Experiment("tunix_paired", "sym, padded and Tunix interleaved on one request (steady "
+                               "state)", cheap=False),
+    Experiment("tunix_window", "window/mixed decode vs Tunix's ring-cached Gemma 4",
+               cheap=False),
+    Experiment("tunix_grpo", "Tunix's GRPO learner on the RL-step workload (needs its trainer "
+                             "stack)", cheap=False),
+    Experiment("decode_kernel", "Triton decode-attention bandwidth vs device copy bandwidth "
+                                "(GPU)"),
+)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(e.name for e in EXPERIMENTS)
+
+
+def get(name: str) -> Experiment:
+    """The experiment called ``name``; an unknown name lists the choices."""
+    for e in EXPERIMENTS:
+        if e.name == name:
+            return e
+    raise InputError(f"experiment {name!r}: unknown; choose one of {', '.join(names())}")

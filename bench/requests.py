@@ -1,0 +1,51 @@
+"""Requests built from :mod:`jaxrl_sym.workloads` lengths: a model, token prompts and the
+generation config, the same for every system an experiment compares.
+
+Why here and not in the workloads: the lengths are the workload (one home, JAX-free); which model
+and which random tokens fill them is how a benchmark uses it, and several experiments must agree
+on it to be comparable (the suite's child, ``tunix_paired``, ``waste``, ``speculative``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxrl_sym.workloads import realistic
+
+
+def prompt_tokens(seed: int, lengths: list[int], vocab: int) -> list[np.ndarray]:
+    """Random prompts as the suite's child draws them (``seed + 1``, tokens below ``vocab``)."""
+    rng = np.random.default_rng(seed + 1)
+    return [rng.integers(0, vocab, size=int(p), dtype=np.int32) for p in lengths]
+
+
+def suite_request(grid: dict[str, Any], scenario: str = "realistic"
+                  ) -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
+    """The suite's ``scenario`` request at ``grid`` (a suite preset): model, prompts, config
+    and the job's configuration, exactly as the suite's child runs it."""
+    from bench.suite_jobs import plan
+    from jaxrl_sym.decode_run import build_model
+    from jaxrl_sym.generation import GenerationConfig
+
+    job = next(j for j in plan(grid, systems=("padded",), scenarios=(scenario,)))
+    model, _ = build_model({**job.config, "system": "padded", "batch": 1, "prompt_len": [1, 1]})
+    prompts = prompt_tokens(job.config["seed"], job.prompt_lens, model.cfg.vocab_size)
+    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in job.limits))
+    return model, prompts, cfg, job.config
+
+
+def realistic_request(grid: dict[str, Any], seed: int = 0) -> tuple[Any, list[np.ndarray], Any]:
+    """The realistic request of a suite preset with full attention: model, prompts (tokens
+    1..99 drawn after the lengths, from the same generator) and per-row limits."""
+    from jaxrl_sym.decode_run import build_model
+    from jaxrl_sym.generation import GenerationConfig
+
+    rng = np.random.default_rng(seed)
+    step = realistic(**grid["realistic"], rng=rng)
+    spec = {"preset": grid["preset"], "attention": "full", "window": grid["window"],
+            "block": grid["block"], "seed": seed, "batch": 1, "prompt_len": [1, 1]}
+    model, _ = build_model(spec)
+    prompts = [rng.integers(1, 100, n).astype(np.int32) for n in step.prompt_lens]
+    return model, prompts, GenerationConfig(max_new_tokens=step.response_lens)
