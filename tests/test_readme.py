@@ -28,12 +28,16 @@ def _section(text: str, heading: str) -> str:
     return match.group(1)
 
 
-def example_code() -> str:
-    """The first ```python block of the README's Example section."""
-    blocks = re.findall(r"^```python\n(.*?)^```", _section(README.read_text(), "Example"),
+def python_block(heading: str) -> str:
+    """The first ```python block of the README's ``## heading`` section."""
+    blocks = re.findall(r"^```python\n(.*?)^```", _section(README.read_text(), heading),
                         re.M | re.S)
-    assert blocks, "the README's Example section has no ```python block"
+    assert blocks, f"the README's {heading} section has no ```python block"
     return blocks[0]
+
+
+def example_code() -> str:
+    return python_block("Example")
 
 
 def test_readme_is_short() -> None:
@@ -77,6 +81,14 @@ def test_example_imports_only_the_public_face() -> None:
 def test_example_runs_as_written(capsys: pytest.CaptureFixture[str]) -> None:
     exec(compile(example_code(), f"{README}:Example", "exec"), {"__name__": "__readme__"})
     assert "ring" in capsys.readouterr().out  # the storage plan it prints names a ring store
+
+
+@pytest.mark.slow
+def test_rl_example_runs_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    """The RL section's one step (tiny model, 16 prompts x 8): the trainer's API as printed."""
+    code = python_block("RL fine-tuning (GRPO, RLOO, PPO)")
+    exec(compile(code, f"{README}:RL", "exec"), {"__name__": "__readme__"})
+    assert capsys.readouterr().out.strip()
 
 
 @pytest.mark.parametrize("name", jaxrl_sym.__all__)
