@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         parse_pattern,
     )
     from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
+    from jaxrl_sym.rl.train import train
     from jaxrl_sym.runtime.engine import SymbolicLM
     from jaxrl_sym.runtime.speculative import SpeculativeLM
 
@@ -56,6 +57,7 @@ _HOME = {
     "SpeculativeLM": "jaxrl_sym.runtime.speculative",
     "padded_generate": "jaxrl_sym.baselines.padded",
     **dict.fromkeys(("RLConfig", "RLTrainer", "get_task"), "jaxrl_sym.rl"),
+    "train": "jaxrl_sym.rl.train",
 }
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "padded_generate",
     "parse_pattern",
     "preset",
+    "train",
 ]
 
 

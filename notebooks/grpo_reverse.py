@@ -32,7 +32,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from jaxrl_sym.rl.train import train
+from jaxrl_sym import train
 
 QUICK = os.environ.get("JAXRL_SYM_NB_QUICK") == "1"
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
