@@ -9,12 +9,11 @@ Timing, the same rule for every system:
 
 * ``s_per_token_with_compile``: wall-clock seconds of the first ``generate`` call (compiles
   included) / decode steps N.
-* ``s_per_token`` (steady state): the symbolic runtime cannot separate its compiles from its run
-  (it compiles per capacity bucket on the way), so it is called a second time on the same request
-  and that call is timed. The padded and per-shape baselines time their executions apart from
-  their compiles themselves (``stats["run_seconds"]``), so their first call's run time is used;
-  a second padded call would compile again by design and measure nothing new. Tunix (a peer)
-  compiles inside its Sampler's first call, so it is timed on a second call like sym.
+* ``s_per_token`` (steady state): every system is called a second time on the same request and
+  that call's ``run_seconds`` is used, as the decode CLI does: the symbolic runtime and Tunix
+  compile inside their first call (per capacity bucket, in the Sampler) and keep their programs;
+  the padded and per-shape baselines compile again on every call by design and time their
+  execution apart from it.
 
 Both calls generate without logits (a logits run compiles other programs); sym is checked against
 padded on tokens and log-probabilities, which the parent compares.
@@ -64,24 +63,43 @@ def tokens_digest(tokens: list[np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
+def _calls(system: Any, prompts: list[np.ndarray], cfg: Any, warm: bool
+           ) -> tuple[Any, float, float, Any]:
+    """(first call's result, its wall seconds, steady seconds, second call's result or None).
+    Steady seconds: with ``warm``, the second call's ``run_seconds`` (every system: the symbolic
+    runtime and Tunix compile inside their first call and keep their programs, the fixed-shape
+    baselines report their execution apart from the compile they repeat per call) — the decode
+    CLI's rule; without, the first call's ``run_seconds``."""
+    t0 = time.perf_counter()
+    cold = system.generate(prompts, cfg)
+    wall = time.perf_counter() - t0
+    if not warm:
+        return cold, wall, float(cold.stats["run_seconds"]), None
+    again = system.generate(prompts, cfg)
+    return cold, wall, float(again.stats["run_seconds"]), again
+
+
+def _bind(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """The request's model and ``spec["system"]`` bound to it through the registry."""
+    from jaxrl_sym import systems
+    from jaxrl_sym.decode_run import build_model
+
+    model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
+    return model, systems.get(spec["system"]).bind(model)
+
+
 def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Generate ``spec``'s request with ``spec["system"]``; returns (metrics, arrays)."""
-    from jaxrl_sym.cli import build_model
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.contract import check_model
     from jaxrl_sym.runtime.metrics import peak_rss_bytes
-    from jaxrl_sym.systems import generator
 
-    model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
+    model, system = _bind(spec)
     prompts = prompt_tokens(spec["seed"], spec["prompt_lens"], check_model(model).vocab_size)
     # Random weights never choose an EOS on purpose: each row's sampled length is its limit, so
     # the row ends there exactly as if EOS had been sampled (same for every system).
     gcfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in spec["limits"]))
-    system = spec["system"]
-    gen = generator(system, model)
-    t0 = time.perf_counter()
-    cold = gen(prompts, gcfg)
-    cold_wall = time.perf_counter() - t0
+    cold, cold_wall, seconds, warm = _calls(system, prompts, gcfg, spec.get("warm", True))
     steps = max(len(t) for t in cold.tokens)
     peak = int(cold.stats["peak_bytes"])
     metrics: dict[str, Any] = {
@@ -93,14 +111,9 @@ def run(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "compile_seconds": float(cold.stats.get("compile_seconds", 0.0)),
         "dispatches": int(cold.stats.get("dispatches", -1)),
     }
-    if system.startswith(("sym", "tunix")) and spec.get("warm", True):  # their first call compiles
-        t0 = time.perf_counter()
-        warm = gen(prompts, gcfg)
-        seconds = time.perf_counter() - t0
+    if warm is not None:
         metrics["warm_xla_compiles"] = int(warm.stats["xla_compiles"])
         peak = max(peak, int(warm.stats["peak_bytes"]))
-    else:
-        seconds = float(cold.stats["run_seconds"])
     metrics.update(seconds=seconds, s_per_token=seconds / steps, peak_bytes=peak,
                    peak_rss_bytes=peak_rss_bytes(), tokens_sha=tokens_digest(cold.tokens))
     arrays = {f"tok{i}": t for i, t in enumerate(cold.tokens)}
@@ -112,37 +125,23 @@ def run_trace(spec: dict[str, Any]) -> dict[str, Any]:
     """Replay a length profile (``spec["steps"]``: one request per step, in order) with one
     system in this one process, as an RL run would generate step after step.
 
-    Timing follows :func:`run` per step (sym/Tunix: a second call on the same request; padded,
-    per-shape: their own execution timer). Idle positions: sym's engine books every position it
-    computes (``needed_positions``/``token_positions``, summed over steps); the parent computes
-    a fixed-shape system's from its shapes."""
-    from jaxrl_sym.cli import build_model
+    Timing follows :func:`run` per step. Token positions (needed and computed, summed over the
+    steps): a system that books its own (the symbolic runtime's engine log, in its stats)
+    reports them; any other is counted from its shapes by the registry (``BoundSystem.work``)."""
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.contract import check_model
     from jaxrl_sym.runtime.metrics import peak_rss_bytes
-    from jaxrl_sym.systems import generator
 
-    model, _ = build_model({**spec, "batch": 1, "prompt_len": [1, 1]})
+    model, system = _bind(spec)
     vocab = check_model(model).vocab_size
-    system = spec["system"]
-    gen = generator(system, model)
-    timed_again = system.startswith(("sym", "tunix")) and spec.get("warm", True)
     m: dict[str, Any] = {"seconds": 0.0, "seconds_with_compile": 0.0, "xla_compiles": 0,
-                         "generated_tokens": 0, "peak_bytes": 0, "step_seconds": []}
-    if system.startswith("sym"):
-        m.update(needed_positions=0, token_positions=0)
+                         "generated_tokens": 0, "peak_bytes": 0, "step_seconds": [],
+                         "needed_positions": 0, "token_positions": 0}
     for k, (prompt_lens, limits) in enumerate(spec["steps"]):
         rng = np.random.default_rng([spec["seed"], k])
         prompts = [rng.integers(0, vocab, size=int(p), dtype=np.int32) for p in prompt_lens]
         gcfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
-        t0 = time.perf_counter()
-        out = gen(prompts, gcfg)
-        cold = time.perf_counter() - t0
-        seconds = float(out.stats["run_seconds"]) if not timed_again else 0.0
-        if timed_again:
-            t0 = time.perf_counter()
-            gen(prompts, gcfg)
-            seconds = time.perf_counter() - t0
+        out, cold, seconds, _ = _calls(system, prompts, gcfg, spec.get("warm", True))
         if [len(t) for t in out.tokens] != [int(x) for x in limits]:
             raise RuntimeError(f"step {k}: rows did not end at their limits")
         m["seconds"] += seconds
@@ -151,9 +150,10 @@ def run_trace(spec: dict[str, Any]) -> dict[str, Any]:
         m["xla_compiles"] += int(out.stats["xla_compiles"])
         m["generated_tokens"] += int(sum(len(t) for t in out.tokens))
         m["peak_bytes"] = max(m["peak_bytes"], int(out.stats["peak_bytes"]))
-        if "token_positions" in m:
-            m["needed_positions"] += int(out.stats["needed_positions"])
-            m["token_positions"] += int(out.stats["token_positions"])
+        work = out.stats if "token_positions" in out.stats else system.work(
+            prompt_lens, limits, gcfg)
+        m["needed_positions"] += int(work["needed_positions"])
+        m["token_positions"] += int(work["token_positions"])
     m["peak_rss_bytes"] = peak_rss_bytes()
     return m
 

@@ -42,15 +42,16 @@ import numpy as np
 
 from bench import child, suite_child
 from bench.record import git_commit
+from bench.roles import rank
 from bench.suite_padding import layers_for, work_for
 from bench.suite_report import render_markdown, render_summary
 from bench.suite_trace import run_trace_job, trace_configs
+from jaxrl_sym import systems as registry
 from jaxrl_sym.workloads import growing_runs, realistic, uniform
 
 DONE = ("ok", "oom")  # statuses that count as finished (not re-run without --force)
-# padded first: the others are checked against it
-SYSTEM_ORDER = ("padded", "sym-xla", "sym-triton", "pershape", "tunix", "tunix-defaults")
-PEERS = ("tunix", "tunix-defaults")  # Tunix's Qwen2: full attention only; optional package
+RLFT = "rlft"  # the RL-step job's stand-in system: one child compares the trainable systems
+RLFT_SYSTEMS = (registry.REFERENCE, registry.BASELINE)
 Command = Callable[[str, str], list[str]]  # (spec path, out path) -> a child's command
 
 # --------------------------------------------------------------------------- presets
@@ -87,25 +88,44 @@ def row_key(config: dict[str, Any], system: str) -> str:
     return json.dumps({**config, "system": system}, sort_keys=True)
 
 
+def limited(p: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    """Systems the preset runs at some decode points only, with those (lengths, kinds): the
+    per-shape baseline compiles once per length, so it runs at ``pershape_tokens`` of
+    ``pershape_kinds`` and in no other scenario."""
+    return {"pershape": (tuple(p["pershape_tokens"]), tuple(p["pershape_kinds"]))}
+
+
+def runs_pattern(system: str, kind: str) -> bool:
+    """Whether ``system`` runs attention ``kind`` (Tunix's Qwen2: full attention only)."""
+    patterns = registry.get(system).capabilities.patterns
+    return patterns is None or kind in patterns
+
+
+def _decode_jobs(p: dict[str, Any], systems: Sequence[str], seed: int) -> list[Job]:
+    jobs: list[Job] = []
+    only = limited(p)
+    for kind in p["kinds"]:
+        extra = {n for toks, kinds in only.values() if kind in kinds for n in toks}
+        for n in sorted({*p["tokens"], *extra}):
+            cfg = {"preset": p["preset"], "seed": seed, "scenario": "decode", "attention": kind,
+                   "tokens": n, "batch": p["batch"], "prompt_len": list(p["prompt_len"]),
+                   "window": p["window"], "block": p["block"]}
+            lens = list(uniform(np.random.default_rng(seed), p["batch"], *p["prompt_len"]))
+            names = [s for s in systems if s not in only and runs_pattern(s, kind)]
+            names += [s for s, (toks, kinds) in only.items()
+                      if s in systems and kind in kinds and n in toks]
+            jobs += [Job(cfg, s, lens, [n] * p["batch"]) for s in names]
+    return jobs
+
+
 def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
          seed: int = 0, trace: str | None = None) -> list[Job]:
     """Every job of preset ``p`` (deterministic: prompts and limits come from ``seed``)."""
-    jobs: list[Job] = []
+    for s in systems:
+        registry.get(s)  # an unknown name is an InputError listing the systems
+    jobs = _decode_jobs(p, systems, seed) if "decode" in scenarios else []
     base = {"preset": p["preset"], "seed": seed}
-    if "decode" in scenarios:
-        for kind in p["kinds"]:
-            extra = p["pershape_tokens"] if kind in p["pershape_kinds"] else ()
-            for n in sorted({*p["tokens"], *extra}):
-                cfg = {**base, "scenario": "decode", "attention": kind, "tokens": n,
-                       "batch": p["batch"], "prompt_len": list(p["prompt_len"]),
-                       "window": p["window"], "block": p["block"]}
-                lens = list(uniform(np.random.default_rng(seed), p["batch"], *p["prompt_len"]))
-                names = [s for s in systems if s != "pershape"
-                         and (s not in PEERS or kind == "full")]
-                if "pershape" in systems and n in extra:
-                    names.append("pershape")
-                jobs += [Job(cfg, s, lens, [n] * p["batch"]) for s in names]
-    others = [s for s in systems if s != "pershape"]
+    others = [s for s in systems if s not in limited(p)]
     if "realistic" in scenarios:
         r = p["realistic"]
         cfg = {**base, "scenario": "realistic", "attention": "full", "window": p["window"],
@@ -123,17 +143,16 @@ def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
                      for s in others]
     if "rlft" in scenarios:
         cfg = {"scenario": "rlft", "seed": seed, **p["rlft"]}
-        jobs.append(Job(cfg, "rlft"))
+        jobs.append(Job(cfg, RLFT))
     if "trace" in scenarios:
         jobs += [Job(cfg, s, steps=steps)
                  for cfg, steps in trace_configs(p, seed=seed, trace=trace) for s in others]
-    # Keep the configurations in plan order; within one, padded first (sym is checked against it).
-    order = {s: i for i, s in enumerate(SYSTEM_ORDER)}
+    # Keep the configurations in plan order; within one, the baseline first.
     first: dict[str, int] = {}
     for i, j in enumerate(jobs):
         first.setdefault(json.dumps(j.config, sort_keys=True), i)
     return sorted(jobs, key=lambda j: (first[json.dumps(j.config, sort_keys=True)],
-                                       order.get(j.system, 99)))
+                                       rank(j.system)))
 
 
 # --------------------------------------------------------------------------- children
@@ -210,7 +229,7 @@ def run_job(job: Job, tmp: Path, timeout: float, arrays: dict[str, dict[str, np.
             ) -> list[dict[str, Any]]:
     """Run one job; returns its result rows (no metadata yet). The RL step yields one row per
     system it compares."""
-    if job.system == "rlft":
+    if job.system == RLFT:
         return _run_rlft(job, tmp, timeout)
     if job.config["scenario"] == "trace":
         spec = {**job.config, "system": job.system, "steps": job.steps}
@@ -258,7 +277,7 @@ def _run_rlft(job: Job, tmp: Path, timeout: float) -> list[dict[str, Any]]:
     status, err, rc = run_process(rlft_command(job.config, str(out)), timeout)
     report = json.loads(out.read_text()) if out.exists() else {"systems": {}}
     rows = []
-    for system in ("sym", "padded"):
+    for system in RLFT_SYSTEMS:
         r = report["systems"].get(system)
         row: dict[str, Any] = {**job.config, "system": system, "key": row_key(job.config, system)}
         if status == "ok" and r is not None and "error" not in r:
@@ -281,7 +300,8 @@ def estimate_jobs(jobs: Sequence[Job], limit: int | None) -> dict[str, dict[str,
     prompt is taken at the job's longest prompt (the worst case). RL-step jobs are not
     estimated. Empty, with a warning, when the estimate itself fails: the jobs then run.
     """
-    todo = [j for j in jobs if j.system != "rlft" and j.system not in PEERS  # no estimate
+    todo = [j for j in jobs if j.system != RLFT  # peers have no shape estimate
+            and not registry.get(j.system).capabilities.peer
             and j.config["scenario"] != "trace"]
     specs = [{**j.config, "model": None, "systems": [j.system], "memory_limit": limit,
               "batch": len(j.prompt_lens), "prompt_len": [max(j.prompt_lens)] * 2,
@@ -316,7 +336,7 @@ def pending(jobs: Iterable[Job], rows: dict[str, dict[str, Any]], force: bool) -
     """Jobs still to run: not finished (ok/oom) in ``rows``, or all with ``force``."""
     out = []
     for j in jobs:
-        keys = ([row_key(j.config, s) for s in ("sym", "padded")] if j.system == "rlft"
+        keys = ([row_key(j.config, s) for s in RLFT_SYSTEMS] if j.system == RLFT
                 else [j.key])
         if force or not all(rows.get(k, {}).get("status") in DONE for k in keys):
             out.append(j)
@@ -357,8 +377,8 @@ def run_jobs(jobs: Sequence[Job], out_dir: Path, meta: dict[str, Any], *, force:
                         run_job(job, Path(tmpname), timeout, arrays, in_process=in_process,
                                 command=command))
             for row in rows_out:
-                if row["system"] != "padded":
-                    padded = rows.get(row_key(job.config, "padded"))
+                if row["system"] != registry.BASELINE:
+                    padded = rows.get(row_key(job.config, registry.BASELINE))
                     check = _check(row, padded, arrays) if "tokens_sha" in row else None
                     if check is not None:
                         row["check_vs_padded"] = check
@@ -397,7 +417,7 @@ def _progress(enabled: bool) -> Any:
 def _summary(row: dict[str, Any]) -> str:
     head = f"{row['scenario']:<9} {row.get('attention', ''):<6} " \
            f"{row.get('tokens', row.get('median', '')):>6} {row['system']:<10} {row['status']}"
-    if row["status"] != "ok" or row["scenario"] == "rlft":
+    if row["status"] != "ok" or row["scenario"] == RLFT:
         return head
     if row["scenario"] == "trace":
         return (f"trace {row['profile']:<14} {row['system']:<10} ok  idle "

@@ -28,8 +28,9 @@ Two fractions, both "computed but not needed / computed":
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -156,15 +157,30 @@ def sym_work(prompts: Sequence[int], limits: Sequence[int], layers: Sequence[Lay
     return w
 
 
+def _geometries() -> dict[str, Callable[..., Work]]:
+    """System name → its counting function, every registered variant included."""
+    from jaxrl_sym import systems
+
+    base: dict[str, Callable[..., Work]] = {
+        "sym": sym_work, "padded": padded_work, "pershape": pershape_work, "tunix": tunix_work,
+        "tunix-defaults": partial(tunix_work, defaults=True)}
+    out = dict(base)
+    for name in base:
+        if name in systems.names():
+            out.update({f"{name}-{v}": base[name] for v in systems.get(name).variants})
+    return out
+
+
 def work_for(system: str, prompts: Sequence[int], limits: Sequence[int],
              layers: Sequence[Layer]) -> Work:
-    """Dispatch on the system name (``sym-xla``/``sym-triton`` count as sym)."""
-    if system.startswith("sym"):
-        return sym_work(prompts, limits, layers)
-    if system == "padded":
-        return padded_work(prompts, limits, layers)
-    if system == "pershape":
-        return pershape_work(prompts, limits, layers)
-    if system in ("tunix", "tunix-defaults"):
-        return tunix_work(prompts, limits, layers, defaults=system == "tunix-defaults")
-    raise ValueError(f"unknown system {system!r}")
+    """Token positions and attention key slots of ``system`` on one request.
+
+    Why a table here: the registry's ``BoundSystem.work`` counts token positions but not key
+    slots, which need each system's store geometry; until it does, this is bench's one
+    per-system table (a system missing from it is an InputError naming the ones counted)."""
+    from jaxrl_sym.errors import InputError
+
+    geometry = _geometries()
+    if system not in geometry:
+        raise InputError(f"system {system!r}: no padding count; counted: {', '.join(geometry)}")
+    return geometry[system](prompts, limits, layers)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench.roles import BASELINE, REFERENCE, base_name, rank, reference
+
 Row = dict[str, Any]
 
 FOOTNOTE = """\
@@ -49,13 +51,16 @@ def _by(rows: Sequence[Row], scenario: str) -> list[Row]:
     return [r for r in rows if r.get("scenario") == scenario]
 
 
-_SYS_ORDER = {"sym-xla": 0, "sym-triton": 1, "padded": 2, "pershape": 3, "sym": 0,
-              "tunix": 4, "tunix-defaults": 5}
+def _system_order(system: str) -> tuple[bool, tuple[int, int]]:
+    """Tables list the system under test first, then the baseline and the rest."""
+    return (base_name(system) != REFERENCE, rank(system))
+
+
 _KIND_ORDER = {"full": 0, "window": 1, "block": 2, "linear": 3, "mixed": 4}
 
 
 def _sort(rows: Sequence[Row], *keys: Callable[[Row], Any]) -> list[Row]:
-    return sorted(rows, key=lambda r: (*(k(r) for k in keys), _SYS_ORDER.get(r["system"], 9)))
+    return sorted(rows, key=lambda r: (*(k(r) for k in keys), _system_order(r["system"])))
 
 
 def _status_cells(r: Row, n: int) -> list[str]:
@@ -100,9 +105,10 @@ def _pairs(rows: Sequence[Row], scenario: str, group: Callable[[Row], Any]) -> l
     for r in _by(rows, scenario):
         groups.setdefault(group(r), {})[r["system"]] = r
     for g, by_sys in groups.items():
-        sym = by_sys.get("sym-xla") or by_sys.get("sym")
-        if sym is not None and "padded" in by_sys:
-            out.append((g, sym, by_sys["padded"]))
+        ref = reference(sorted(by_sys, key=rank))
+        sym = by_sys.get(ref) if ref else None
+        if sym is not None and BASELINE in by_sys:
+            out.append((g, sym, by_sys[BASELINE]))
     return out
 
 

@@ -13,13 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.suite_padding import layers_for, work_for
-from jaxrl_sym.workloads import (
-    builtin_profiles,
-    fixed_shape_positions,
-    idle_fraction,
-    load_trace,
-)
+from jaxrl_sym.workloads import builtin_profiles, idle_fraction, load_trace
 
 Steps = list[tuple[list[int], list[int]]]
 
@@ -44,25 +38,10 @@ def trace_configs(p: dict[str, Any], *, seed: int = 0,
     return out
 
 
-def fixed_positions(system: str, steps: Steps) -> tuple[int, int]:
-    """(needed, computed) token positions of a fixed-shape system over the steps, from its shapes
-    (padded: :func:`fixed_shape_positions`; per-shape and Tunix: ``suite_padding``'s count)."""
-    needed = computed = 0
-    for prompts, limits in steps:
-        if system == "padded":
-            n, c = fixed_shape_positions(prompts, limits)
-        else:
-            w = work_for(system, prompts, limits, layers_for("full", 1, 1, 1))
-            n, c = w.tokens_needed, w.tokens_computed
-        needed, computed = needed + n, computed + c
-    return needed, computed
-
-
 def finish_row(row: dict[str, Any], steps: Steps) -> dict[str, Any]:
-    """Add idle fraction and useful tokens/s to a child's ok row. Sym's positions come from the
-    engine's own log (the child summed them over the steps); others' from their shapes."""
-    if not row["system"].startswith("sym"):
-        row["needed_positions"], row["token_positions"] = fixed_positions(row["system"], steps)
+    """Add idle fraction and useful tokens/s to a child's ok row (its token positions: the
+    engine's own log, or the registry's count from the system's shapes; see
+    ``suite_child.run_trace``)."""
     row["idle_fraction"] = idle_fraction(row["needed_positions"], row["token_positions"])
     row["useful_tokens_per_s"] = row["useful_tokens"] / row["seconds"] if row["seconds"] else 0.0
     return row

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import child, presets
+from bench.roles import REFERENCE, base_name
 from bench.suite_jobs import device_dir
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -86,7 +87,7 @@ def generation_rows(gen: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     useful = gen["useful_tokens"]
     # prompts count as useful in the step's figure; here only generated tokens do
-    return [_row(s.replace("-xla", ""), gen["median_seconds"][s], useful,
+    return [_row(base_name(s), gen["median_seconds"][s], useful,
                  gen["first_call"][s]["seconds"], gen["first_call"][s]["xla_compiles"])
             for s in gen["median_seconds"]]
 
@@ -108,12 +109,13 @@ def step_rows(step: dict[str, Any], tunix: dict[str, Any]) -> list[dict[str, Any
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Every other system's seconds over the reference's (> 1: the reference is faster)."""
     by = {r["system"]: r for r in rows}
-    out: dict[str, float] = {}
-    for other in ("tunix", "padded"):
-        if "sym" in by and other in by and by[other]["seconds"] and by["sym"]["seconds"]:
-            out[f"sym_vs_{other}"] = by[other]["seconds"] / by["sym"]["seconds"]
-    return out
+    ref = by.get(REFERENCE)
+    if ref is None or not ref["seconds"]:
+        return {}
+    return {f"sym_vs_{name}": r["seconds"] / ref["seconds"] for name, r in by.items()
+            if name != REFERENCE and r["seconds"]}
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -149,7 +151,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for ax, stage in zip(axes, ("generation", "step"), strict=True):
         rows = [r for r in report[f"{stage}_rows"] if r["useful_tokens_per_s"]]
         ax.bar([r["system"] for r in rows], [r["useful_tokens_per_s"] for r in rows],
-               color=["tab:green" if r["system"] == "sym" else "tab:gray" for r in rows])
+               color=["tab:green" if r["system"] == REFERENCE else "tab:gray" for r in rows])
         ax.set_title(f"{'generation alone' if stage == 'generation' else 'whole GRPO step'}")
         ax.set_ylabel("useful tokens / s")
     cfg = report["raw"]["step"].get("config", {})

@@ -29,9 +29,6 @@ from bench.child import ROOT
 from bench.experiments.suite import grid
 from bench.record import git_commit
 from bench.requests import realistic_request
-from jaxrl_sym.baselines.padded import padded_generate
-from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
-from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -50,27 +47,29 @@ def systems(model: Any, ks: list[int], drafts: list[str] = (), tunix: bool = Fal
     that shape, the target's vocabulary, other random weights) or ``self`` (the target drafting
     for itself: every greedy proposal accepted, at a draft as dear as the target — the bound
     on what acceptance alone buys). ``tunix``: Tunix's sampler, plain, as the peer row."""
+    from jaxrl_sym import systems as registry
     from jaxrl_sym.decode_run import check_vocab, draft_model
 
-    out: dict[str, Any] = {"sym": SymbolicLM(model).generate}
+    def bound(name: str, **options: Any) -> Any:
+        return registry.get(name).bind(model, registry.BindOptions(**options)).generate
+
+    sym, padded, top = registry.REFERENCE, registry.BASELINE, max(ks)
+    out: dict[str, Any] = {sym: bound(sym)}
     for k in ks:
-        out[f"sym spec k={k}"] = SpeculativeLM(model, speculate=k).generate
-    out[f"sym spec k={max(ks)} verify_tile=1"] = SpeculativeLM(model, speculate=max(ks),
-                                                               verify_tile=1).generate
-    out[f"sym spec adaptive<={max(ks)}"] = SpeculativeLM(model, speculate=max(ks),
-                                                         adaptive=True).generate
+        out[f"{sym} spec k={k}"] = bound(sym, speculate=k)
+    # runtime knobs the registry's options do not carry: the speculative runtime itself
+    out[f"{sym} spec k={top} verify_tile=1"] = SpeculativeLM(model, speculate=top,
+                                                             verify_tile=1).generate
+    out[f"{sym} spec adaptive<={top}"] = SpeculativeLM(model, speculate=top,
+                                                       adaptive=True).generate
     for d in drafts:
         dm = model if d == "self" else draft_model(d, check_vocab(model), 0)
-        out[f"sym spec k={max(ks)} draft={d}"] = SpeculativeLM(model, speculate=max(ks),
-                                                               draft=dm).generate
-    out["padded"] = lambda p, c: padded_generate(model, p, c)
+        out[f"{sym} spec k={top} draft={d}"] = bound(sym, speculate=top, draft=dm)
+    out[padded] = bound(padded)
     for k in ks:
-        out[f"padded spec k={k}"] = (
-            lambda p, c, k=k: padded_speculative_generate(model, p, c, speculate=k))
+        out[f"{padded} spec k={k}"] = bound(padded, speculate=k)
     if tunix:
-        from jaxrl_sym.systems import generator
-
-        out["tunix"] = generator("tunix", model)
+        out["tunix"] = bound("tunix")
     return out
 
 

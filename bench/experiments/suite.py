@@ -20,7 +20,6 @@ from typing import Any
 from bench import presets
 from bench.child import ROOT
 from bench.suite_jobs import (
-    PEERS,
     device_dir,
     device_meta,
     load_rows,
@@ -28,6 +27,7 @@ from bench.suite_jobs import (
     run_jobs,
     write_outputs,
 )
+from jaxrl_sym import systems as registry
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.workloads import REALISTIC_CPU, REALISTIC_GPU
 
@@ -127,12 +127,17 @@ def _parser() -> Any:
     return p
 
 
+def _available(system: str, meta: dict[str, Any]) -> bool:
+    """Its package is installed, and a Triton variant runs only where compiled Triton does."""
+    spec = registry.get(system)
+    triton = dict(spec.fixed).get("backend") == "triton"
+    return spec.unavailable() is None and (not triton or meta["triton_gpu"])
+
+
 def _systems(args: Any, preset: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     if args.systems:
         return presets.csv(args.systems)
-    systems = [s for s in preset["default_systems"]
-               if (s != "sym-triton" or meta["triton_gpu"]) and (s not in PEERS
-                                                                 or meta.get("tunix"))]
+    systems = [s for s in preset["default_systems"] if _available(s, meta)]
     return [*systems, "pershape"] if preset["pershape_tokens"] else systems
 
 

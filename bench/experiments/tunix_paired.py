@@ -24,6 +24,7 @@ from bench.experiments import rlft_step
 from bench.experiments.suite import grid
 from bench.record import peer_report
 from bench.requests import suite_request
+from bench.roles import BASELINE, reference
 
 SYSTEMS = ("sym-xla", "padded", "tunix", "tunix-defaults")
 PRESETS: dict[str, dict[str, Any]] = {
@@ -82,21 +83,22 @@ def interleaved(gens: dict[str, Any], prompts: list[np.ndarray], cfg: Any, reps:
 
 def run(reps: int, systems: tuple[str, ...], workload: str = "suite",
         preset: str = "full") -> dict[str, Any]:
-    from jaxrl_sym.systems import generator
+    from jaxrl_sym import systems as registry
 
     model, prompts, cfg, config = (request if workload == "suite" else rlft_request)(preset)
-    gens = {s: generator(s, model) for s in systems}
+    gens = {s: registry.get(s).bind(model) for s in systems}
     first, tokens, times = interleaved(gens, prompts, cfg, reps)
     med = {s: statistics.median(v) for s, v in times.items()}
-    useful = int(sum(len(t) for t in tokens["padded"])) if "padded" in tokens else None
+    ref, base = reference(systems), BASELINE if BASELINE in tokens else None
     return {
         "config": config, "reps": reps, "median_seconds": med, "seconds": times,
-        "first_call": first, "useful_tokens": useful,
-        "ratio_to_sym": {s: med[s] / med["sym-xla"] for s in systems} if "sym-xla" in med else {},
-        "ratio_to_padded": {s: med[s] / med["padded"] for s in systems} if "padded" in med else {},
+        "first_call": first,
+        "useful_tokens": int(sum(len(t) for t in tokens[base])) if base else None,
+        "ratio_to_sym": {s: med[s] / med[ref] for s in systems} if ref else {},
+        "ratio_to_padded": {s: med[s] / med[base] for s in systems} if base else {},
         "tokens_equal_padded": {s: all(np.array_equal(a, b) for a, b in
-                                       zip(tokens[s], tokens["padded"], strict=True))
-                                for s in systems if "padded" in tokens},
+                                       zip(tokens[s], tokens[base], strict=True))
+                                for s in systems} if base else {},
     }
 
 

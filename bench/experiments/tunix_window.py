@@ -25,6 +25,7 @@ import numpy as np
 
 from bench import presets
 from bench.experiments.tunix_paired import interleaved
+from bench.roles import BASELINE, reference
 
 SYSTEMS = ("sym-xla", "padded", "tunix-gemma4")
 _CPU = {"window": 128, "batch": 8, "prompt_min": 16, "prompt_max": 64, "model": "decode-cpu",
@@ -38,16 +39,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _generators(model: Any, systems: tuple[str, ...]) -> dict[str, Any]:
-    from jaxrl_sym.baselines.tunix_gemma4 import TunixGemma4System
-    from jaxrl_sym.systems import generator
+    from jaxrl_sym import systems as registry
 
-    return {s: TunixGemma4System(model) if s == "tunix-gemma4" else generator(s, model)
-            for s in systems}
+    return {s: registry.get(s).bind(model) for s in systems}
 
 
 def one(attention: str, tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     """One configuration: every system's first call, steady s/token (median of ``reps``), peak
     bytes and compiles; sym's tokens checked against padded's."""
+    from jaxrl_sym import systems as registry
     from jaxrl_sym.decode_run import build_model
     from jaxrl_sym.generation import GenerationConfig
 
@@ -67,12 +67,13 @@ def one(attention: str, tokens: int, args: argparse.Namespace) -> dict[str, Any]
             for s in systems}
     out: dict[str, Any] = {"attention": attention, "window": args.window, "tokens": tokens,
                            "prompt_lens": [int(p.size) for p in prompts], "systems": rows}
-    if "sym-xla" in med:
-        out["ratio_to_sym"] = {s: med[s] / med["sym-xla"] for s in systems}
-    if "padded" in toks:
+    ref = reference(systems)
+    if ref:
+        out["ratio_to_sym"] = {s: med[s] / med[ref] for s in systems}
+    if BASELINE in toks:  # a peer on its own weights (Tunix's Gemma 4) is not comparable
         out["tokens_equal_padded"] = {
-            s: all(np.array_equal(a, b) for a, b in zip(toks[s], toks["padded"], strict=True))
-            for s in systems if s != "tunix-gemma4"}  # Gemma 4 has other weights: not comparable
+            s: all(np.array_equal(a, b) for a, b in zip(toks[s], toks[BASELINE], strict=True))
+            for s in systems if registry.get(s).same_function}
     return out
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from bench import presets
 from bench.experiments.suite import grid
 from bench.requests import realistic_request as request
-from jaxrl_sym.baselines.padded import padded_generate
+from jaxrl_sym import systems
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.metrics import KEY_CAUSES, WASTE_CAUSES
 
@@ -48,8 +48,9 @@ def tokens_sha(tokens: list[np.ndarray]) -> int:
 def padded_first_call(preset: dict) -> tuple[float, int, int]:
     """Seconds, XLA compiles and tokens of the padded baseline's first call on the request."""
     model, prompts, cfg = request(preset)
+    padded = systems.get(systems.BASELINE).bind(model)
     t0 = time.perf_counter()
-    res = padded_generate(model, prompts, cfg)
+    res = padded.generate(prompts, cfg)
     return time.perf_counter() - t0, res.stats["xla_compiles"], tokens_sha(res.tokens)
 
 
