@@ -20,6 +20,7 @@ the runtime's own split policy and launch path.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -142,12 +143,17 @@ def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_b
                100 * bw / copy_bw)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("decode_kernel", __doc__, PRESETS)
     p.add_argument("--lengths", default=None, help="comma-separated K/V lengths")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes")
     p.add_argument("--out", default=None, help="also write rows and the device info here (JSON)")
-    args = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     # XLA groups kernels into CUDA graphs ("command buffers"), and a Triton custom call splits a
     # graph: the chain with the kernel would pay graph launches that the chain without it does
     # not, ~30 us per call on the first H100 run. Off, both chains launch kernel by kernel, queued

@@ -161,13 +161,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("headline", __doc__, PRESETS)
     p.add_argument("--tunix-path", default=None, metavar="DIR",
                    help="directory holding Tunix's trainer-stack packages (PYTHONPATH)")
     p.add_argument("--out", default=None, help="directory for headline.* (default: the "
                                                "preset's; full, gpu: bench/results/<device>)")
-    args = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from jaxrl_sym.report import run_metadata
 
     with tempfile.TemporaryDirectory() as d:

@@ -19,6 +19,7 @@ call.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -112,13 +113,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("logprob_memory", __doc__, PRESETS)
     p.add_argument("--tokens", default=None, help="comma-separated token slot counts")
     p.add_argument("--chunks", default=None,
                    help="comma-separated RLConfig.logprob_chunk values (0: off)")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
-    args = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     rows = []
     for tokens in presets.csv(args.tokens, int):
         for chunk in presets.csv(args.chunks, int):

@@ -192,7 +192,7 @@ def _table(report: dict[str, Any]) -> str:
     return cap.get()
 
 
-def main_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The parsed command line, every preset setting filled in (other benchmarks reuse the
     workload and the policy through it)."""
     p = presets.parser("rlft_step", __doc__, PRESETS)
@@ -228,7 +228,7 @@ def _measure(args: argparse.Namespace, config: dict[str, Any], tmp: str) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = main_args(argv)
+    args = parse_args(argv)
     if args.child:  # child process: one system
         spec = json.loads(args.child)
         vars(args).update(spec)

@@ -17,6 +17,7 @@ included, so it is an upper bound on the decode step.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -58,13 +59,18 @@ def _timed(fn: Any) -> float:
     return time.perf_counter() - t
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("row_cost", __doc__, PRESETS)
     p.add_argument("--rows", default=None, help="comma-separated row counts")
     p.add_argument("--steps", type=int, default=None, help="tokens per row")
     p.add_argument("--out", default=None, help="OUT.jsonl and OUT.md (default: "
                                                "bench/results/<platform>/row_cost)")
-    a = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     import jax
 
     rows = [measure(n, a.steps, a.repeats) for n in presets.csv(a.rows, int)]

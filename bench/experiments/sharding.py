@@ -99,12 +99,17 @@ def _row(n: int, r: dict[str, Any], repeats: int) -> dict[str, Any]:
             "platform": jax.devices()[0].platform}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("sharding", __doc__, PRESETS)
     p.add_argument("--devices", default=None, help="device counts, one child each")
     p.add_argument("--out", default=None, help="OUT.jsonl and OUT.md")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    a = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     if a.child is not None:
         print(json.dumps(measure(a.child, a.prompts, a.repeats)))
         return 0

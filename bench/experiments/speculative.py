@@ -17,6 +17,7 @@ sym's (greedy).
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -136,7 +137,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("speculative", __doc__, PRESETS)
     p.add_argument("--ks", default=None, help="comma-separated K values (fixed speculation)")
     p.add_argument("--drafts", default=None, help="comma-separated draft models for K = max: "
@@ -144,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tunix", action="store_true", help="add Tunix's sampler (plain) as a row")
     p.add_argument("--out", default=None, help="directory for speculative.{json,md} (default: "
                                                "the preset's; gpu: bench/results/<device>)")
-    args = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     ks = sorted(set(presets.csv(args.ks, int)))
     git = git_commit()  # before the run: the code it measures
     rows = run(ks, presets.csv(args.drafts), args.tunix, args.preset, args.warm_runs)

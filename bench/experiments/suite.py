@@ -141,8 +141,13 @@ def _systems(args: Any, preset: dict[str, Any], meta: dict[str, Any]) -> list[st
     return [*systems, "pershape"] if preset["pershape_tokens"] else systems
 
 
+def parse_args(argv: list[str] | None = None) -> Any:
+    """The command line, every setting of the chosen preset filled in."""
+    return presets.parse(_parser(), PRESETS, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = presets.parse(_parser(), PRESETS, argv)
+    args = parse_args(argv)
     preset = narrow(grid(args.preset), args.only_kinds, args.only_tokens)
     meta = device_meta(presets.command("suite", argv))
     out_dir = Path(args.out) if args.out else ROOT / "bench" / "results" / device_dir(

@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "reward_calls": len(stamps)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("tunix_grpo", __doc__, PRESETS)
     p.add_argument("--sigma", type=float, default=None,
                    help="log-normal sigma of lengths (0: every response at the median)")
@@ -119,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="steps after the first; the median skips the first of them too (it "
                         "holds the update's compile)")
     p.add_argument("--out", default=None, help="write the JSON report here")
-    args = presets.parse(p, PRESETS, argv)
-    sizes = rlft_step.main_args(["--preset", args.preset])  # model, prompts, group, scale, beta
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = rlft_step.parse_args(["--preset", args.preset])  # model, prompts, group, scale, beta
     for k in ("model", "scale", "prompts", "group", "beta", "seed"):
         setattr(args, k, getattr(sizes, k))
     config = {"preset": args.model, **{k: getattr(args, k) for k in (

@@ -13,6 +13,7 @@ ratios and a token check against padded.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from typing import Any
@@ -49,7 +50,7 @@ def rlft_request(preset: str) -> tuple[Any, list[np.ndarray], Any, dict[str, Any
     from jaxrl_sym.models.lm import init_model
     from jaxrl_sym.models.lm import preset as lm_preset
 
-    args = rlft_step.main_args(["--preset", preset])
+    args = rlft_step.parse_args(["--preset", preset])
     prompts, limits = rlft_step.workload(args)
     model = init_model(lm_preset("small", **rlft_step.model_config(args)), args.seed)
     rows = [p for p in prompts for _ in range(args.group)]
@@ -102,7 +103,8 @@ def run(reps: int, systems: tuple[str, ...], workload: str = "suite",
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("tunix_paired", __doc__, PRESETS)
     p.add_argument("--reps", type=int, default=None, help="steady-state calls per system")
     p.add_argument("--systems", default=None, help="comma-separated: " + ", ".join(SYSTEMS))
@@ -110,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite: the suite preset's realistic request; rlft: rlft_step's GRPO "
                         "rollout at the preset (greedy)")
     p.add_argument("--out", default=None, help="write the JSON report here")
-    args = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     report = run(args.reps, tuple(presets.csv(args.systems)), args.workload, args.preset)
     peer_report(report, presets.command("tunix_paired", argv), args.out)
     return 0

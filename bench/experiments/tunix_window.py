@@ -99,13 +99,18 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("tunix_window", __doc__, PRESETS)
     p.add_argument("--attention", default=None, help="comma-separated: window, mixed")
     p.add_argument("--tokens", default=None, help="comma-separated tokens per row")
     p.add_argument("--systems", default=None, help="comma-separated: " + ", ".join(SYSTEMS))
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
-    args = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from jaxrl_sym.report import run_metadata
 
     configs = [one(a, n, args) for a in presets.csv(args.attention)

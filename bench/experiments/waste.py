@@ -17,6 +17,7 @@ padded's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -102,11 +103,16 @@ def key_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("waste", __doc__, PRESETS)
     p.add_argument("--out", default=None, help="directory for waste_realistic.{jsonl,md} "
                                                "(default: print only)")
-    args = presets.parse(p, PRESETS, argv)
+    return presets.parse(p, PRESETS, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     preset = grid(args.preset)
     padded_s, padded_compiles, padded_sha = padded_first_call(preset)
     rows = [{**run(preset, *c), "padded_first_call_s": padded_s,
