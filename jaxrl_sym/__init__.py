@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from jaxrl_sym import systems
     from jaxrl_sym.baselines.padded import padded_generate
     from jaxrl_sym.errors import (
         InputError,
@@ -59,6 +60,9 @@ _HOME = {
     **dict.fromkeys(("RLConfig", "RLTrainer", "get_task"), "jaxrl_sym.rl"),
     "train": "jaxrl_sym.rl.train",
 }
+# Public subpackages, also loaded on first use: ``jaxrl_sym.systems`` is the registry of
+# generation systems (JAX-free; ``systems.get("padded").bind(model, options)``).
+_SUBMODULES = ("systems",)
 
 __all__ = [
     "Block",
@@ -89,16 +93,20 @@ __all__ = [
     "padded_generate",
     "parse_pattern",
     "preset",
+    "systems",
     "train",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """Import the module that defines ``name`` on first access and cache the value here."""
-    home = _HOME.get(name)
-    if home is None:
+    """Import the module that defines ``name`` (or the subpackage ``name``) on first access and
+    cache the value here."""
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"jaxrl_sym.{name}")
+    elif name in _HOME:
+        value = getattr(importlib.import_module(_HOME[name]), name)
+    else:
         raise AttributeError(f"module 'jaxrl_sym' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
 
