@@ -8,6 +8,8 @@ README cannot promise an import path or a file that no longer exists.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,14 @@ def test_rl_example_runs_as_written(capsys: pytest.CaptureFixture[str]) -> None:
     code = python_block("RL fine-tuning (GRPO, RLOO, PPO)")
     exec(compile(code, f"{README}:RL", "exec"), {"__name__": "__readme__"})
     assert capsys.readouterr().out.strip()
+
+
+def test_public_face_imports_no_jax() -> None:
+    """Importing the package, listing it and the JAX-free registry load no JAX (the CLI checks
+    flags before JAX's multi-second import)."""
+    code = ("import sys, jaxrl_sym; dir(jaxrl_sym); from jaxrl_sym import GenerationConfig, "
+            "InputError, systems; systems.names(); sys.exit('jax' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
 @pytest.mark.parametrize("name", jaxrl_sym.__all__)
