@@ -17,7 +17,7 @@ from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
-from jaxrl_sym.rl import RLConfig, RLTrainer, get_task, stages
+from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
 from jaxrl_sym.rl.partial import PartialBuffer, PartialConfig
 from jaxrl_sym.rl.state import params_sha256
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
@@ -53,7 +53,7 @@ def test_fraction_one_in_one_segment_is_the_plain_step() -> None:
     m0 = tr.step(prompts, seed=5)
     plain_sha = tr.params_sha256()
     assert "partial" not in m0 and tr.rollouts is None
-    stages.commit(tr, start)
+    tr.commit(start)
     cfg = PartialConfig(1.0, segment=CFG.max_new_tokens)
     tr.partial, tr.rollouts = cfg, PartialBuffer(cfg)
     m1 = tr.step(prompts, seed=5)

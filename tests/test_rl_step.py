@@ -15,7 +15,15 @@ import pytest
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
-from jaxrl_sym.rl import RewardError, RLConfig, RLTrainer, Rollout, compute_rewards, get_task
+from jaxrl_sym.rl import (
+    RewardError,
+    RLConfig,
+    RLTrainer,
+    Rollout,
+    compute_rewards,
+    get_task,
+    stages,
+)
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
 
 TASK = get_task("reverse", max_digits=3)
@@ -46,7 +54,7 @@ def test_rollout_shape_and_old_logprobs_are_the_policy_logprobs() -> None:
     # layout must reproduce the log-probs generation reported: no need to recompute them.
     for system in ("sym", "padded"):
         lay = trainer.layout(rollout, system)
-        ref = lay.gather(trainer.reference_logprobs(lay))
+        ref = lay.gather(stages.reference_logprobs(trainer.context, trainer.state, lay))
         for a, b in zip(ref, rollout.old_logprobs, strict=True):
             np.testing.assert_allclose(a, b, atol=1e-4)
 
@@ -59,7 +67,7 @@ def test_reference_scored_during_generation_equals_a_separate_pass() -> None:
     assert rollout.ref_logprobs is not None
     assert rollout.stats["ref_chunks"] >= 1 and rollout.stats["ref_overlapped_samples"] > 0
     lay = trainer.layout(rollout, "sym")
-    after = lay.gather(trainer.reference_logprobs(lay))
+    after = lay.gather(stages.reference_logprobs(trainer.context, trainer.state, lay))
     for a, b, r in zip(rollout.ref_logprobs, after, rollout.responses, strict=True):
         assert len(a) == len(r)
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
@@ -189,12 +197,15 @@ def test_micro_batched_update_equals_whole_batch() -> None:
     base = trainer.cfg
     try:
         trainer.cfg = replace(base, update_tokens=None)
-        p1, _, aux1 = trainer._update(trainer.params, trainer.opt_state, layout, arrays)
+        p1, _, aux1 = stages.update_once(trainer.context, trainer.params, trainer.opt_state,
+                                         trainer.ref_leaves, layout, arrays)
         assert rows >= 2, "the rollout must pack into several rows to split them"
         per = max(1, rows // 2)  # at least two micro-batches whatever the sampled lengths
         trainer.cfg = replace(base, update_tokens=per * width)
-        assert len(trainer.micro_batches(layout, arrays)) == -(-rows // per) >= 2
-        p2, _, aux2 = trainer._update(trainer.params, trainer.opt_state, layout, arrays)
+        chunks = stages.micro_batches(trainer.cfg, layout, arrays)
+        assert len(chunks) == -(-rows // per) >= 2
+        p2, _, aux2 = stages.update_once(trainer.context, trainer.params, trainer.opt_state,
+                                         trainer.ref_leaves, layout, arrays)
     finally:
         trainer.cfg = base
     for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "n_tok"):

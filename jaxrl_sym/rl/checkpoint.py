@@ -372,15 +372,13 @@ class Checkpointer:
         # restored arrays already sit on the trainer's shardings (see _target); host ones move
         to_dev = lambda t: jax.tree_util.tree_map(
             lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x), t)
-        trainer.params = to_dev(state["params"])
-        trainer.opt_state = jax.tree_util.tree_unflatten(
-            jax.tree_util.tree_structure(trainer.opt_state), to_dev(state["opt_state"]))
-        if trainer.ref_leaves is not None:
-            trainer.ref_leaves = to_dev(state["ref"])
-        trainer.steps_done = int(meta["step"])
-        engine = getattr(trainer, "_engine", None)  # the symbolic runtime shares the weights
-        if engine is not None:
-            engine.set_params(trainer.params["lm"])
+        old = trainer.state
+        ref = to_dev(state["ref"]) if old.ref is not None else None
+        trainer.commit(old.replace(  # the bound systems (the sym runtime) get the weights too
+            params=to_dev(state["params"]),
+            opt_state=jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(old.opt_state),
+                                                   to_dev(state["opt_state"])),
+            ref=ref, step=int(meta["step"])))
 
 
 def _short(e: BaseException, limit: int = 160) -> str:

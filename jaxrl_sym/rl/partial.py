@@ -45,17 +45,14 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.generation import GenerationConfig
-from jaxrl_sym.rl import stages
-from jaxrl_sym.rl.rollout import Rollout, sampling_batch
-
-if TYPE_CHECKING:
-    from jaxrl_sym.rl.step import RLTrainer
+from jaxrl_sym.rl.context import StepContext
+from jaxrl_sym.rl.rollout import Drawn, Rollout, sampling_batch
+from jaxrl_sym.rl.state import TrainState
 
 
 @dataclass(frozen=True)
@@ -100,7 +97,8 @@ class Row:
 
 def _seg_seed(seed: int, seg: int) -> int:
     """Segment 0 samples with the step's seed (so fraction 1 with one segment is the plain
-    step); later segments with distinct seeds derived from it."""
+    step); later segments with distinct seeds derived from it (both then go through
+    :meth:`~jaxrl_sym.rl.sampling.SamplingConfig.generation`'s one seed rule)."""
     return seed if seg == 0 else (int(seed) * 1_000_003 + seg * 104_729) & 0x7FFFFFFF
 
 
@@ -146,8 +144,7 @@ class PartialBuffer:
         allowed = started - math.ceil(self.cfg.fraction * started - 1e-9)
         return max(0, min(len(todo), allowed))
 
-    def generate(self, tr: RLTrainer, rl_eos: Any, temperature: float,
-                 seed: int) -> dict[str, Any]:
+    def generate(self, ctx: StepContext, seed: int) -> dict[str, Any]:
         """Generate until the stop rule holds (one call that stops itself where the system can,
         else segments); returns generation stats."""
         todo = [r for r in self.rows if not r.done]
@@ -157,17 +154,16 @@ class PartialBuffer:
         while todo and (seg == 0 or not self._should_stop(started, must)):
             prompts = [np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]) for r in todo]
             full = tuple(r.limit - len(r.tokens) for r in todo)
-            gcfg = GenerationConfig(max_new_tokens=full, eos_id=rl_eos,
-                                    temperature=temperature, seed=_seg_seed(seed, seg))
+            gcfg = ctx.sampling.generation(_seg_seed(seed, seg), full)
             rows = todo
             stop = lambda fin, rows=rows: self._should_stop(
                 started, must, frozenset(r.uid for r, f in zip(rows, fin, strict=True) if f))
-            res = tr.system_impl.generate_until(tr, prompts, gcfg, stop,
-                                                stop_live=self._stop_live(started, todo))
+            res = ctx.system.generate_until(prompts, gcfg, stop,
+                                            stop_live=self._stop_live(started, todo))
             if res is None:  # this system runs every row to its end: a segment at a time
                 gcfg = replace(gcfg, max_new_tokens=tuple(min(self.cfg.segment, n)
                                                           for n in full))
-                res = tr.system_impl.generate(tr, prompts, gcfg)
+                res = ctx.system.generate(prompts, gcfg)
             else:
                 early = early or bool(res.stats.get("stopped_early", False))
             run_s += float(res.stats.get("run_seconds", 0.0))
@@ -203,42 +199,45 @@ class PartialBuffer:
                      "mean_staleness": float(np.mean(stale)) if stale else 0.0}
 
 
-def partial_generate(tr: RLTrainer, buf: PartialBuffer, prompts: Sequence[Any], seed: int,
-                     limits: Sequence[int] | None) -> tuple[Rollout, dict[str, Any]]:
-    """Add the step's new prompts, generate until the stop rule, and return the complete groups
-    as a rollout (carried tokens with their behaviour log-probs) plus the step's partial stats."""
-    cfg, step = tr.cfg, tr.steps_done + 1
+def partial_generate(ctx: StepContext, state: TrainState, buf: PartialBuffer,
+                     prompts: Sequence[Any], seed: int, limits: Sequence[int] | None
+                     ) -> tuple[Rollout, dict[str, Any]]:
+    """Add the step's new prompts to ``buf``, generate until the stop rule, and return the
+    complete groups as a rollout (carried tokens with their behaviour log-probs) plus the
+    step's partial stats."""
+    sampling, step = ctx.sampling, state.step + 1
     if len(prompts):
-        expanded, gcfg = sampling_batch(cfg, prompts, seed, limits, tr.vocab_size)
+        expanded, gcfg = sampling_batch(sampling, prompts, seed, limits, ctx.vocab_size)
         lim = (gcfg.max_new_tokens if isinstance(gcfg.max_new_tokens, tuple)
                else (gcfg.max_new_tokens,) * len(expanded))
-        buf.add(expanded, lim, cfg.group_size, step)
+        buf.add(expanded, lim, sampling.group_size, step)
     if not buf.rows:
         raise InputError("no prompts given and no carried rows left: pass prompts")
-    gen = buf.generate(tr, cfg.eos_id, cfg.temperature, seed)
+    gen = buf.generate(ctx, seed)
     rows, taken = buf.take(step)
     rollout = Rollout([r.prompt for r in rows], [np.asarray(r.tokens, np.int32) for r in rows],
-                      [np.asarray(r.logprobs, np.float32) for r in rows], cfg.group_size,
+                      [np.asarray(r.logprobs, np.float32) for r in rows], sampling.group_size,
                       {"run_seconds": gen["run_seconds"],
                        "compile_seconds": gen["compile_seconds"]})
     return rollout, {**gen, **taken}
 
 
-def partial_step(tr: RLTrainer, prompts: Sequence[Any], seed: int,
-                 limits: Sequence[int] | None) -> dict[str, Any]:
-    """:meth:`RLTrainer.step` with partial rollouts: the same stages on the complete groups.
-    The buffer is changed only when the step commits (a failing reward function or a diverged
-    update leaves parameters *and* carried rows as they were)."""
-    assert tr.rollouts is not None
-    buf = copy.deepcopy(tr.rollouts)
-    pstats: dict[str, Any] = {}
+@dataclass(frozen=True)
+class Carried:
+    """The partial-rollouts source: the rows ``buffer`` carries plus G samples of each new
+    prompt (which may be none, to finish the carried rows), generated until the stop rule.
 
-    def generate(state: Any) -> Rollout:
-        rollout, st = partial_generate(tr, buf, prompts, seed, limits)
-        pstats.update(st)
-        return rollout
+    ``buffer`` is never changed: the source works on a copy and returns it as
+    :attr:`Drawn.carried`, which the trainer keeps only when the step commits — a failing reward
+    function or a diverged update leaves parameters *and* carried rows as they were.
+    """
 
-    out = stages.run_step(tr, generate)  # commits the state; the buffer follows it
-    tr.rollouts = buf
-    out["partial"] = pstats
-    return out
+    buffer: PartialBuffer
+    prompts: Sequence[Any]
+    seed: int
+    limits: Sequence[int] | None = None
+
+    def draw(self, ctx: StepContext, state: TrainState) -> Drawn:
+        buf = copy.deepcopy(self.buffer)
+        rollout, stats = partial_generate(ctx, state, buf, self.prompts, self.seed, self.limits)
+        return Drawn(rollout, {"partial": stats}, buf)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, validate_prompts
-from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.errors import RewardError
+from jaxrl_sym.rl.sampling import SamplingConfig
 
 RewardFn = Callable[[np.ndarray, np.ndarray], float]
 """``reward_fn(prompt_tokens, response_tokens) -> float``; the response includes the EOS token
@@ -40,7 +41,19 @@ class Rollout:
         return int(sum(len(p) + len(r) for p, r in zip(self.prompts, self.responses, strict=True)))
 
 
-def sampling_batch(cfg: RLConfig, prompts: Sequence[np.ndarray | Sequence[int]], seed: int,
+@dataclass(frozen=True)
+class Drawn:
+    """What a rollout source hands a step: the rollout to train on, what the step adds to its
+    metrics (partial rollouts: ``{"partial": stats}``), and the rows in flight after it
+    (:class:`~jaxrl_sym.rl.partial.PartialBuffer`; None: the source carries nothing). The
+    trainer stores ``carried`` only when the step commits."""
+
+    rollout: Rollout
+    report: dict[str, Any] = field(default_factory=dict)
+    carried: Any = None
+
+
+def sampling_batch(cfg: SamplingConfig, prompts: Sequence[np.ndarray | Sequence[int]], seed: int,
                    limits: Sequence[int] | None, vocab_size: int
                    ) -> tuple[list[np.ndarray], GenerationConfig]:
     """The G-fold expanded prompt list and its generation config (per-row limits included).
@@ -58,8 +71,7 @@ def sampling_batch(cfg: RLConfig, prompts: Sequence[np.ndarray | Sequence[int]],
             raise InputError(f"limits has {len(lim)} entries; give one per prompt ({n}) or "
                              f"one per sample ({n * g})")
         max_new = tuple(lim)
-    gcfg = GenerationConfig(max_new_tokens=cfg.max_new_tokens, eos_id=cfg.eos_id,
-                            temperature=cfg.temperature, seed=int(seed) & 0x7FFFFFFF)
+    gcfg = cfg.generation(seed)
     # Validate the user's prompts first so errors name *their* index, not a repeated copy's.
     ps = validate_prompts(list(prompts), vocab_size, gcfg)
     gcfg = replace(gcfg, max_new_tokens=max_new)

@@ -1,14 +1,16 @@
 """The stages of one RL step, as functions of a :class:`~jaxrl_sym.rl.state.TrainState`.
 
-generation → pack → reference log-probs → rewards → advantages / loss arrays → update → commit.
+generation → pack → reference log-probs → rewards → advantages / loss arrays → update;
+:func:`run_step` composes them.
 
-Each stage takes the trainer (the fixed machinery: config, system, compiled programs, reward
-function) and the state it should read, and returns data — the update returns a *new* state. None
-of them assigns to the trainer, except :func:`commit`; that is what makes a failed step (a reward
+Each stage takes the :class:`~jaxrl_sym.rl.context.StepContext` (the fixed machinery: config,
+bound system, compiled programs, reward function) and the state it should read, and returns
+data — the update returns a *new* state. None of them assigns to anything: the trainer's
+``commit`` alone stores the state a step returns, which is what makes a failed step (a reward
 function that raises, a non-finite gradient) leave the trainer exactly as it was.
 
 Why functions and not trainer methods: the order and the data passed between stages is then
-visible in one short composition (``RLTrainer.step``), and a stage can be run or tested on its own
+visible in one short composition (:func:`run_step`), and a stage can be run or tested on its own
 with any state — e.g. scoring a rollout against the current parameters without updating them.
 """
 
@@ -16,9 +18,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import numpy as np
@@ -33,14 +36,12 @@ from jaxrl_sym.rl.algorithms import (
     token_weights,
     whiten,
 )
+from jaxrl_sym.rl.context import RolloutSource, StepContext, rows_per_chunk
 from jaxrl_sym.rl.layout import Layout
-from jaxrl_sym.rl.rollout import Rollout, compute_rewards, sampling_batch
+from jaxrl_sym.rl.rollout import Drawn, Rollout, compute_rewards, sampling_batch
 from jaxrl_sym.rl.state import TrainState, current_lr
 from jaxrl_sym.runtime.metrics import CompileCounter, device_peak_bytes, tree_bytes
 from jaxrl_sym.sharding import to_host
-
-if TYPE_CHECKING:
-    from jaxrl_sym.rl.step import RLTrainer
 
 Arrays = dict[str, np.ndarray]
 
@@ -72,18 +73,6 @@ class Stopwatch:
 
 
 # ---------------------------------------------------------------------- batching
-def rows_per_chunk(cfg: RLConfig, width: int, multiple: int = 1) -> int | None:
-    """Rows of ``width`` slots per forward so one program holds at most ``update_tokens`` slots
-    (None: no limit). Every whole-batch forward — reference, values, update — is cut to this:
-    the ``[slots × vocab]`` logits are what exhausts memory at real vocabularies (151,936 words:
-    0.6 MB per slot in fp32). On a mesh the count is a multiple of ``multiple`` (the data axes'
-    devices, at least one row each), so every chunk splits evenly."""
-    if cfg.update_tokens is None:
-        return None
-    per = max(1, cfg.update_tokens // width)
-    return max(multiple, per // multiple * multiple)
-
-
 def row_chunks(cfg: RLConfig, layout: Layout, multiple: int = 1) -> list[slice]:
     rows, width = layout.shape
     per = rows_per_chunk(cfg, width, multiple) or rows
@@ -99,23 +88,25 @@ def micro_batches(cfg: RLConfig, layout: Layout, arrays: Arrays, multiple: int =
 
 
 # ---------------------------------------------------------------------- stages
-def generate(tr: RLTrainer, state: TrainState, prompts: Sequence[np.ndarray | Sequence[int]],
+def generate(ctx: StepContext, state: TrainState, prompts: Sequence[np.ndarray | Sequence[int]],
              seed: int, limits: Sequence[int] | None = None) -> Rollout:
     """G samples per prompt at the sampling temperature, with their sampling log-probs; on a
     system that can, the reference log-probs too (scored while generation ran)."""
-    cfg = tr.cfg
-    expanded, gcfg = sampling_batch(cfg, prompts, seed, limits, tr.vocab_size)
-    if state.ref is not None and tr.overlaps_reference:
-        ref_fn = tr.fns(tr.system)["ref"]
+    expanded, gcfg = sampling_batch(ctx.sampling, prompts, seed, limits, ctx.vocab_size)
+    if state.ref is not None and ctx.overlaps_reference:
+        name = ctx.system.name
+        ref_fn = ctx.fns(name)["ref"]
 
         def score(lay: Layout) -> Any:
-            lay = tr.system_impl.pad_rows(lay, tr.row_multiple)  # ReferenceOverlap reads spans
-            return tr.programs.run(f"ref-{tr.system}", ref_fn, state.ref, lay.inputs, lay.targets,
-                                   resident=tree_bytes(state.params) + state.resident_bytes())
+            lay = ctx.system.pad_rows(lay, ctx.row_multiple)  # ReferenceOverlap reads spans
+            return ctx.programs.run(f"ref-{name}", ref_fn, state.ref, lay.inputs, lay.targets,
+                                    resident=tree_bytes(state.params) + state.resident_bytes())
 
-        res, overlap = tr.system_impl.generate_scoring(tr, expanded, gcfg, score)
+        res, overlap = ctx.system.generate_scoring(expanded, gcfg, score,
+                                                   row_len=ctx.cfg.pack_row_len,
+                                                   rows_per_chunk=ctx.rows_per_chunk)
     else:
-        res, overlap = tr.system_impl.generate(tr, expanded, gcfg), None
+        res, overlap = ctx.system.generate(expanded, gcfg), None
     stats = dict(res.stats)
     ref = None
     if overlap is not None:
@@ -124,44 +115,59 @@ def generate(tr: RLTrainer, state: TrainState, prompts: Sequence[np.ndarray | Se
         stats["ref_collect_seconds"] = time.perf_counter() - t
         stats["ref_chunks"] = overlap.chunks
         stats["ref_overlapped_samples"] = overlap.overlapped_samples
-    return Rollout(expanded, list(res.tokens), list(res.logprobs), cfg.group_size, stats, ref)
+    return Rollout(expanded, list(res.tokens), list(res.logprobs), ctx.sampling.group_size,
+                   stats, ref)
 
 
-def reference_logprobs(tr: RLTrainer, state: TrainState, layout: Layout) -> np.ndarray:
+@dataclass(frozen=True)
+class Fresh:
+    """The plain rollout source: G samples of each of ``prompts`` (``limits``: optional
+    response limits, one per prompt or one per sample), carrying nothing into the next step."""
+
+    prompts: Sequence[np.ndarray | Sequence[int]]
+    seed: int
+    limits: Sequence[int] | None = None
+
+    def draw(self, ctx: StepContext, state: TrainState) -> Drawn:
+        return Drawn(generate(ctx, state, self.prompts, self.seed, self.limits))
+
+
+def reference_logprobs(ctx: StepContext, state: TrainState, layout: Layout) -> np.ndarray:
     """[rows, L] reference log-probs at the response-predicting slots (0 without a reference)."""
     if state.ref is None:
         return np.zeros(layout.shape, np.float32)
-    fn = tr.fns(layout.system)["ref"]
-    outs = [tr.programs.run(f"ref-{layout.system}", fn, state.ref,
+    fn = ctx.fns(layout.system)["ref"]
+    outs = [ctx.programs.run(f"ref-{layout.system}", fn, state.ref,
                             tuple(x[sl] for x in layout.inputs), layout.targets[sl],
                             resident=tree_bytes(state.params) + state.resident_bytes())
-            for sl in row_chunks(tr.cfg, layout, tr.row_multiple)]
+            for sl in row_chunks(ctx.cfg, layout, ctx.row_multiple)]
     return np.concatenate([to_host(o) for o in outs])
 
 
-def reference_slots(tr: RLTrainer, state: TrainState, layout: Layout, rollout: Rollout
+def reference_slots(ctx: StepContext, state: TrainState, layout: Layout, rollout: Rollout
                     ) -> np.ndarray:
     """The step's reference stage: scatter what generation already scored, else one pass."""
     if rollout.ref_logprobs is not None:  # scored during generation: only the read-back
         return layout.scatter(rollout.ref_logprobs)
-    return reference_logprobs(tr, state, layout)
+    return reference_logprobs(ctx, state, layout)
 
 
-def rewards(tr: RLTrainer, rollout: Rollout) -> tuple[np.ndarray, np.ndarray | None]:
+def rewards(ctx: StepContext, rollout: Rollout) -> tuple[np.ndarray, np.ndarray | None]:
     """The optimised reward per sample, and the reported-only metric (None without one)."""
-    r = compute_rewards(tr.reward_fn, rollout.prompts, rollout.responses)
-    metric = (compute_rewards(tr.metric_fn, rollout.prompts, rollout.responses,
+    r = compute_rewards(ctx.reward_fn, rollout.prompts, rollout.responses)
+    metric = (compute_rewards(ctx.metric_fn, rollout.prompts, rollout.responses,
                               what="metric function")
-              if tr.metric_fn is not None else None)
+              if ctx.metric_fn is not None else None)
     return r, metric
 
 
-def value_estimates(tr: RLTrainer, state: TrainState, layout: Layout) -> np.ndarray:
+def value_estimates(ctx: StepContext, state: TrainState, layout: Layout) -> np.ndarray:
     """[rows, L] PPO value estimates of the state's policy (before the update)."""
-    fn = tr.fns(layout.system)["values"]
-    outs = [tr.programs.run(f"values-{layout.system}", fn, state.params,
-                            tuple(x[sl] for x in layout.inputs), resident=state.resident_bytes())
-            for sl in row_chunks(tr.cfg, layout, tr.row_multiple)]
+    fn = ctx.fns(layout.system)["values"]
+    outs = [ctx.programs.run(f"values-{layout.system}", fn, state.params,
+                             tuple(x[sl] for x in layout.inputs),
+                             resident=state.resident_bytes())
+            for sl in row_chunks(ctx.cfg, layout, ctx.row_multiple)]
     return np.concatenate([to_host(o) for o in outs])
 
 
@@ -206,39 +212,40 @@ def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.nda
     return arrays, {"sample_adv": sample_adv, "informative": informative}
 
 
-def advantages(tr: RLTrainer, state: TrainState, layout: Layout, rollout: Rollout,
+def advantages(ctx: StepContext, state: TrainState, layout: Layout, rollout: Rollout,
                rewards: np.ndarray, ref_slots: np.ndarray) -> tuple[Arrays, Arrays]:
     """The step's advantage stage: value estimates (PPO), the loss arrays and the per-sample
     advantage / informative-group arrays the metrics report."""
-    vals = value_estimates(tr, state, layout) if tr.cfg.algo == "ppo" else None
-    return loss_arrays(tr.cfg, layout, rollout, rewards, ref_slots, vals)
+    vals = value_estimates(ctx, state, layout) if ctx.cfg.algo == "ppo" else None
+    return loss_arrays(ctx.cfg, layout, rollout, rewards, ref_slots, vals)
 
 
-def update_once(tr: RLTrainer, params: Any, opt_state: Any, ref: Any, layout: Layout,
+def update_once(ctx: StepContext, params: Any, opt_state: Any, ref: Any, layout: Layout,
                 arrays: Arrays) -> tuple[Any, Any, dict[str, float]]:
     """One optimiser update from the whole batch: fused loss-grad-update when it is one
     micro-batch, else gradients summed over micro-batches, then one optax update."""
-    fns, sys_ = tr.fns(layout.system), layout.system
+    ctx = getattr(ctx, "context", ctx)  # bench/ passes the trainer (its ``context``)
+    fns, sys_ = ctx.fns(layout.system), layout.system
     resident = tree_bytes(ref) if ref else 0
-    chunks = micro_batches(tr.cfg, layout, arrays, tr.row_multiple)
+    chunks = micro_batches(ctx.cfg, layout, arrays, ctx.row_multiple)
     if len(chunks) == 1:
-        params, opt_state, aux = tr.programs.run(
+        params, opt_state, aux = ctx.programs.run(
             f"update-{sys_}", fns["update"], params, opt_state, *chunks[0], resident=resident)
         return params, opt_state, {k: float(v) for k, v in jax.device_get(aux).items()}
     grads, parts = None, []
     for inputs, arr in chunks:
-        (_, aux), g = tr.programs.run(
+        (_, aux), g = ctx.programs.run(
             f"grad-{sys_}", fns["grad"], params, inputs, arr,
             resident=resident + tree_bytes(opt_state) + tree_bytes(grads))
-        grads = g if grads is None else tr.programs.run(f"add-{sys_}", fns["add"], grads, g)
+        grads = g if grads is None else ctx.programs.run(f"add-{sys_}", fns["add"], grads, g)
         parts.append(aux)
-    params, opt_state, gnorm = tr.programs.run(
+    params, opt_state, gnorm = ctx.programs.run(
         f"apply-{sys_}", fns["apply"], params, opt_state, grads, resident=resident)
     merged = merge_aux([{k: float(v) for k, v in jax.device_get(a).items()} for a in parts])
     return params, opt_state, {**merged, "grad_norm": float(gnorm)}
 
 
-def update(tr: RLTrainer, state: TrainState, layout: Layout, arrays: Arrays
+def update(ctx: StepContext, state: TrainState, layout: Layout, arrays: Arrays
            ) -> tuple[TrainState, list[dict[str, float]]]:
     """``cfg.epochs`` updates over the batch; the state after this step and each epoch's aux.
 
@@ -247,8 +254,8 @@ def update(tr: RLTrainer, state: TrainState, layout: Layout, arrays: Arrays
     """
     params, opt_state = state.params, state.opt_state
     auxes = []
-    for _ in range(tr.cfg.epochs):
-        params, opt_state, aux = update_once(tr, params, opt_state, state.ref, layout, arrays)
+    for _ in range(ctx.cfg.epochs):
+        params, opt_state, aux = update_once(ctx, params, opt_state, state.ref, layout, arrays)
         auxes.append(aux)
     bad = sorted(k for k, v in auxes[-1].items() if not math.isfinite(v))
     if bad:
@@ -258,44 +265,32 @@ def update(tr: RLTrainer, state: TrainState, layout: Layout, arrays: Arrays
     return state.replace(params=params, opt_state=opt_state, step=state.step + 1), auxes
 
 
-def commit(tr: RLTrainer, state: TrainState) -> None:
-    """Make ``state`` the trainer's; the runtime gets the new weights in place (no re-trace)."""
-    tr.state = state
-    if tr._engine is not None:
-        tr._engine.set_params(state.params["lm"])
-
-
 # ---------------------------------------------------------------------- report
-def peak_bytes(tr: RLTrainer, rollout: Rollout) -> int:
+def peak_bytes(ctx: StepContext, state: TrainState, rollout: Rollout) -> int:
     """The device's own peak where it reports one, else the larger of generation's accounted
     peak (plus the resident state) and the largest program's."""
     gen_peak = int(rollout.stats.get("accounted_peak_bytes",
                                      rollout.stats.get("accounted_bytes", 0)))
     dev_peak = device_peak_bytes()
-    return int(dev_peak if dev_peak is not None else max(gen_peak + tr._resident(),
-                                                          tr.programs.peak))
+    return int(dev_peak if dev_peak is not None else max(gen_peak + state.resident_bytes(),
+                                                          ctx.programs.peak))
 
 
-def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray,
-            metric: np.ndarray | None, per_sample: Arrays, auxes: list[dict[str, float]],
-            sec: dict[str, float], cc: CompileCounter) -> dict[str, Any]:
-    """The step's metrics, read after commit (``step`` is the committed step count).
-
-    Training signals (see README "Training signals"): the loss-side ones come from the first
-    epoch's aux (ratios are exactly 1 there; ``clip_frac`` / ``ratio_*`` / ``kl_old`` from the
-    last epoch, where the policy has moved), the sample-side ones from the rollout.
-    """
+def signals(state: TrainState, rollout: Rollout, rewards: np.ndarray, per_sample: Arrays,
+            auxes: list[dict[str, float]]) -> dict[str, Any]:
+    """The step's training signals (see README "Training signals"): the loss-side ones from the
+    first epoch's aux (ratios are exactly 1 there; ``clip_frac`` / ``ratio_*`` / ``kl_old``
+    from the last epoch, where the policy has moved), the sample-side ones from the rollout.
+    ``state`` is the committed one (``step`` counts it, ``lr`` is the rate its update used)."""
     aux_h, last_aux = auxes[0], auxes[-1]
-    lengths = [len(r) for r in rollout.responses]
-    useful = rollout.useful_tokens
     adv, informative = per_sample["sample_adv"], per_sample["informative"]
-    out: dict[str, Any] = {
-        "step": tr.steps_done,
+    return {
+        "step": state.step,
         "reward": float(rewards.mean()),
         "reward_std": float(rewards.std()),
         # k3 estimate of KL(policy || reference) over response tokens; None without a
         # reference pass (beta = 0), where there is nothing to compare against
-        "kl": aux_h["kl"] if tr.ref_leaves is not None else None,
+        "kl": aux_h["kl"] if state.ref is not None else None,
         "kl_old": last_aux["kl_old"],
         "loss": aux_h["loss"],
         "clip_frac": last_aux["clip_frac"],
@@ -306,11 +301,23 @@ def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray
         "ratio_max": last_aux["ratio_max"],
         "entropy": aux_h["entropy"],
         "grad_norm": aux_h["grad_norm"],
-        "lr": current_lr(tr.opt_state),
+        "lr": current_lr(state.opt_state),
         "adv_mean": float(adv.mean()),
         "adv_std": float(adv.std()),
         # groups whose G rewards were all equal: no preference, no policy gradient
         "zero_var_frac": float(1.0 - informative.mean()),
+    }
+
+
+def metrics(ctx: StepContext, state: TrainState, rollout: Rollout, layout: Layout,
+            rewards: np.ndarray, metric: np.ndarray | None, per_sample: Arrays,
+            auxes: list[dict[str, float]], sec: dict[str, float], cc: CompileCounter
+            ) -> dict[str, Any]:
+    """The step's metrics: its :func:`signals`, then what it generated and what it cost."""
+    lengths = [len(r) for r in rollout.responses]
+    useful = rollout.useful_tokens
+    out: dict[str, Any] = {
+        **signals(state, rollout, rewards, per_sample, auxes),
         "response_len": float(np.mean(lengths)),
         "response_len_max": int(max(lengths)),
         "samples": len(lengths),
@@ -319,9 +326,9 @@ def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray
         "useful_tokens_per_s": useful / sec["total"],
         "padding_fraction": layout.padding_fraction,
         "layout_shape": list(layout.shape),
-        "peak_bytes": peak_bytes(tr, rollout),
+        "peak_bytes": peak_bytes(ctx, state, rollout),
         # "on: N token slots per chunk", or "off: <why>" (RLConfig.logprob_chunk, the model)
-        "logprob_chunking": tr.fns(layout.system)["logprob_chunking"],
+        "logprob_chunking": ctx.fns(layout.system)["logprob_chunking"],
         "compiles": cc.count,
         "compile_seconds": cc.seconds,
         # generation's own split (the padded baseline compiles its program on every call)
@@ -336,37 +343,50 @@ def metrics(tr: RLTrainer, rollout: Rollout, layout: Layout, rewards: np.ndarray
     if "acceptance_rate" in rollout.stats:  # RLConfig.speculate: drafts the policy kept
         out.update({k: rollout.stats[k] for k in ("acceptance_rate", "drafted_tokens",
                                                   "accepted_tokens", "verify_steps")})
-    if "v_loss" in aux_h:
-        out["v_loss"] = aux_h["v_loss"]
+    if "v_loss" in auxes[0]:
+        out["v_loss"] = auxes[0]["v_loss"]
     return out
 
 
-def run_step(tr: RLTrainer, generate: Callable[[TrainState], Rollout]) -> dict[str, Any]:
-    """One RL step's stages around ``generate(state) -> Rollout``, each timed; commits the new
-    state and returns the step's metrics. One pipeline for the plain step and the partial one
-    (:mod:`jaxrl_sym.rl.partial`), which differ only in how the rollout is produced.
+# ---------------------------------------------------------------------- the step
+@dataclass(frozen=True)
+class StepOutcome:
+    """A step that succeeded, not yet committed: the new state, the step's metrics and the rows
+    its rollout source carries into the next step (None: nothing carried)."""
 
-    Stages are timed separately (``seconds``); compile time lands in whichever stage first
-    needed a program of that shape (``compiles`` counts XLA compiles in the step).
+    state: TrainState
+    metrics: dict[str, Any]
+    carried: Any = None
+
+
+def run_step(ctx: StepContext, state: TrainState, rollout_source: RolloutSource) -> StepOutcome:
+    """One RL step from ``state``: draw a rollout from ``rollout_source`` (fresh prompts, or
+    partial rollouts), then pack → reference → reward → advantages → update, each timed.
+
+    Changes nothing it was given: the caller commits the returned state (and carried rows);
+    a stage that raises leaves the trainer as it was. Stages are timed separately (``seconds``);
+    compile time lands in whichever stage first needed a program of that shape (``compiles``
+    counts XLA compiles in the step).
     """
-    tr.programs.peak = 0
-    state, clock = tr.state, Stopwatch()
+    ctx.programs.peak = 0
+    clock = Stopwatch()
     with CompileCounter() as cc:
         with clock("generation"):
-            rollout = generate(state)
+            drawn = rollout_source.draw(ctx, state)
+        rollout = drawn.rollout
         with clock("pack"):
-            layout = tr.layout(rollout)
+            layout = ctx.layout(rollout)
         with clock("reference"):
-            ref = reference_slots(tr, state, layout, rollout)
+            ref = reference_slots(ctx, state, layout, rollout)
         # reading back overlapped reference chunks is reference work, not generation
         clock.move(rollout.stats.get("ref_collect_seconds", 0.0), "generation", "reference")
         with clock("reward"):
-            rew, metric = rewards(tr, rollout)
+            rew, metric = rewards(ctx, rollout)
         with clock("advantage"):
-            arrays, per_sample = advantages(tr, state, layout, rollout, rew, ref)
+            arrays, per_sample = advantages(ctx, state, layout, rollout, rew, ref)
         with clock("update"):
-            new_state, auxes = update(tr, state, layout, arrays)
-    commit(tr, new_state)  # nothing above changed the trainer's state
+            new_state, auxes = update(ctx, state, layout, arrays)
     sec = clock.sec
     sec["total"] = sum(sec.values())
-    return metrics(tr, rollout, layout, rew, metric, per_sample, auxes, sec, cc)
+    out = metrics(ctx, new_state, rollout, layout, rew, metric, per_sample, auxes, sec, cc)
+    return StepOutcome(new_state, {**out, **drawn.report}, drawn.carried)

@@ -17,8 +17,11 @@ the forward:
 * ``padded``: :func:`~jaxrl_sym.baselines.padded.padded_generate` and ``padded_forward`` over rows
   padded to max prompt + max response, masked.
 
-The stages themselves are functions in :mod:`jaxrl_sym.rl.stages`; :meth:`RLTrainer.step` only
-composes and times them. Choices that matter:
+The stages themselves are functions in :mod:`jaxrl_sym.rl.stages` of a frozen
+:class:`~jaxrl_sym.rl.context.StepContext` (what they read) and a state;
+:func:`~jaxrl_sym.rl.stages.run_step` composes and times them around a rollout source (fresh
+prompts, or partial rollouts), and :meth:`RLTrainer.commit` alone stores what a step returns.
+Choices that matter:
 
 * The "old" log-probs are the ones generation reported for the sampled tokens (at the sampling
   temperature). They are never recomputed: TRL and verl spend a whole forward pass on that.
@@ -28,7 +31,7 @@ composes and times them. Choices that matter:
   runs one reference pass over the padded batch after generation.
 * Nothing is committed until the update succeeded: every stage reads the step's starting state
   and the update returns a new one, so a reward function that raises or returns a bad value
-  leaves parameters, optimiser state and step counter as they were.
+  leaves parameters, optimiser state, step counter and carried rows as they were.
 """
 
 from __future__ import annotations
@@ -41,15 +44,15 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.contract import check_model, model_fingerprint
 from jaxrl_sym.rl import stages
 from jaxrl_sym.rl.algorithms import RLConfig
+from jaxrl_sym.rl.context import Forwards, RolloutSource, StepContext
 from jaxrl_sym.rl.layout import Layout
-from jaxrl_sym.rl.partial import PartialBuffer, PartialConfig, partial_step
+from jaxrl_sym.rl.partial import Carried, PartialBuffer, PartialConfig
 from jaxrl_sym.rl.programs import Programs
-from jaxrl_sym.rl.programs import build_fns as _build_fns
 from jaxrl_sym.rl.rollout import RewardFn, Rollout, compute_rewards
+from jaxrl_sym.rl.sampling import SamplingConfig
 from jaxrl_sym.rl.state import (
     TrainState,
     init_state,
@@ -58,9 +61,8 @@ from jaxrl_sym.rl.state import (
     place_state,
     state_shardings,
 )
-from jaxrl_sym.rl.systems import System, get_system
+from jaxrl_sym.rl.systems import BindArgs, Bound, System, get_system
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.speculative import SpeculativeLM
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes
 
@@ -93,8 +95,9 @@ class RLTrainer:
         ``partial.fraction`` of its rows finished, trains the complete groups and carries the
         unfinished rows into the next step (None, the default: every step generates to the end).
 
-    ``state`` is the whole evolving state; ``params``, ``opt_state``, ``ref_leaves`` and
-    ``steps_done`` read and replace its fields (checkpoint restore assigns them).
+    ``state`` is the whole evolving state and ``rollouts`` the rows partial rollouts carry;
+    :meth:`commit` is the only writer of both (``params``, ``opt_state``, ``ref_leaves`` and
+    ``steps_done`` read the state's fields; assigning one commits a state with it replaced).
     """
 
     def __init__(
@@ -127,9 +130,6 @@ class RLTrainer:
         self.model_fingerprint = model_fingerprint(model)
         self.graphdef, state = nnx.split(model)
         leaves, self.treedef = jax.tree_util.tree_flatten(state)
-        self._model_ref = model
-        self._min_capacity = min_capacity
-        self._engine: SymbolicLM | None = None
         self.tx = make_optimizer(cfg)
         self.mesh = make_mesh(mesh)
         self.state: TrainState = init_state(leaves, cfg, self.tx, self.vocab_size)
@@ -144,19 +144,39 @@ class RLTrainer:
             self.budget.check_tree((st.params, st.opt_state, st.ref),
                                    f"{info.name}'s parameters + optimiser state + reference")
         self.programs = Programs(self.budget)
-        self._fns: dict[str, dict[str, Any]] = {}
         self.partial = partial
         self.rollouts = PartialBuffer(partial) if partial is not None else None
-        self.system_impl.attach(self)
+        bind_args = BindArgs(model, mesh=self.mesh, budget=self.budget, min_capacity=min_capacity,
+                             max_pad_fraction=cfg.gen_max_pad_fraction, speculate=cfg.speculate,
+                             speculate_adaptive=cfg.speculate_adaptive,
+                             logprob_chunk=cfg.logprob_chunk)
 
-    # ------------------------------------------------------------------ state fields
+        def bind(name: str) -> Bound:
+            bound = get_system(name).bind(bind_args)  # traces now: a bad model fails here
+            bound.set_params(self.state.params["lm"])
+            return bound
+
+        self.forwards = Forwards(bind, self.tx, self.shardings)
+        self.forwards.system(system)
+
+    # ------------------------------------------------------------------ state
+    def commit(self, state: TrainState, carried: PartialBuffer | None = None) -> None:
+        """Make ``state`` the trainer's (and ``carried`` the rows partial rollouts carry, when
+        given); every bound system gets the new weights in place (no re-trace). The only
+        writer of the trainer's evolving state: steps, checkpoint restore and the field
+        setters below all go through it."""
+        self.state = state
+        if carried is not None:
+            self.rollouts = carried
+        self.forwards.set_params(state.params["lm"])
+
     @property
     def params(self) -> Any:
         return self.state.params
 
     @params.setter
     def params(self, value: Any) -> None:
-        self.state = self.state.replace(params=value)
+        self.commit(self.state.replace(params=value))
 
     @property
     def opt_state(self) -> Any:
@@ -164,7 +184,7 @@ class RLTrainer:
 
     @opt_state.setter
     def opt_state(self, value: Any) -> None:
-        self.state = self.state.replace(opt_state=value)
+        self.commit(self.state.replace(opt_state=value))
 
     @property
     def ref_leaves(self) -> list[jax.Array] | None:
@@ -172,7 +192,7 @@ class RLTrainer:
 
     @ref_leaves.setter
     def ref_leaves(self, value: list[jax.Array] | None) -> None:
-        self.state = self.state.replace(ref=value)
+        self.commit(self.state.replace(ref=value))
 
     @property
     def steps_done(self) -> int:
@@ -180,68 +200,36 @@ class RLTrainer:
 
     @steps_done.setter
     def steps_done(self, value: int) -> None:
-        self.state = self.state.replace(step=value)
+        self.commit(self.state.replace(step=value))
+
+    def params_sha256(self) -> str:
+        return params_sha256(self.params)
 
     # ------------------------------------------------------------------ pieces
     @property
+    def context(self) -> StepContext:
+        """What the stages read (:class:`StepContext`), from the trainer's current settings."""
+        return StepContext(
+            cfg=self.cfg, sampling=SamplingConfig.of(self.cfg),
+            system=self.forwards.system(self.system), forwards=self.forwards,
+            programs=self.programs, reward_fn=self.reward_fn, metric_fn=self.metric_fn,
+            vocab_size=self.vocab_size, row_multiple=data_size(self.mesh),
+            overlaps_reference=self.overlaps_reference)
+
+    @property
     def engine(self) -> SymbolicLM:
-        """The symbolic runtime (traced on first use; shares the trainer's weights)."""
-        if self._engine is None:
-            kw: dict[str, Any] = dict(min_capacity=self._min_capacity, mesh=self.mesh,
-                                      max_pad_fraction=self.cfg.gen_max_pad_fraction)
-            if self.cfg.speculate:
-                self._engine = SpeculativeLM(self._model_ref, speculate=self.cfg.speculate,
-                                             adaptive=self.cfg.speculate_adaptive, **kw)
-            else:
-                self._engine = SymbolicLM(self._model_ref, **kw)
-            self._engine.cache.budget = self.budget  # generation programs are checked too
-            self._engine.set_params(self.params["lm"])
-        return self._engine
+        """The symbolic runtime generating for this trainer (the sym system's; shares the
+        trainer's weights)."""
+        return self.forwards.system("sym").engine  # type: ignore[attr-defined]
 
     def model(self) -> nnx.Module:
-        """An NNX model holding the current policy weights (for the padded baseline)."""
+        """An NNX model holding the current policy weights."""
         return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef,
                                                                      self.params["lm"]))
 
     def fns(self, system: str) -> dict[str, Any]:
         """Jitted reference / value / loss-grad / update functions for one system's layout."""
-        if system not in self._fns:
-            self._fns[system] = _build_fns(self.cfg, self.tx, get_system(system).logits_fn(self),
-                                           self.shardings)
-        return self._fns[system]
-
-    def _resident(self) -> int:
-        return self.state.resident_bytes()
-
-    # ------------------------------------------------------------------ stages, current state
-    def generate(self, prompts: Sequence[np.ndarray | Sequence[int]], seed: int,
-                 limits: Sequence[int] | None = None) -> Rollout:
-        """G samples per prompt at the configured temperature, with their sampling log-probs.
-
-        limits: optional response limits, one per prompt or one per sample (prompt-major, G per
-        prompt); default ``cfg.max_new_tokens`` for every row.
-        """
-        return stages.generate(self, self.state, prompts, seed, limits)
-
-    def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
-        """Greedy responses of the current policy (evaluation; nothing is trained)."""
-        gcfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_id=self.cfg.eos_id,
-                                temperature=0.0)
-        return self.system_impl.greedy(self, list(prompts), gcfg)
-
-    def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
-        """The rollout in ``system``'s training layout (default: the trainer's system); on a
-        mesh its rows are padded to a multiple of the data axes with empty rows."""
-        sys_ = get_system(system or self.system)
-        lay = sys_.layout(rollout.prompts, rollout.responses, row_len=self.cfg.pack_row_len,
-                          share_prompts=self.cfg.share_prompts)
-        return sys_.pad_rows(lay, self.row_multiple)
-
-    @property
-    def row_multiple(self) -> int:
-        """Rows of every training batch (and micro-batch) are a multiple of this: the number
-        of devices the data axes split them over (1 without a mesh)."""
-        return data_size(self.mesh)
+        return self.context.fns(system)
 
     @property
     def overlaps_reference(self) -> bool:
@@ -255,30 +243,30 @@ class RLTrainer:
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
         return next(iter(devices)).platform != "cpu"
 
-    def rows_per_chunk(self, width: int) -> int | None:
-        """Rows of ``width`` slots per forward (see :func:`jaxrl_sym.rl.stages.rows_per_chunk`)."""
-        return stages.rows_per_chunk(self.cfg, width, self.row_multiple)
+    # ------------------------------------------------------------------ public stages
+    def generate(self, prompts: Sequence[np.ndarray | Sequence[int]], seed: int,
+                 limits: Sequence[int] | None = None) -> Rollout:
+        """G samples per prompt at the configured temperature, with their sampling log-probs
+        (:func:`jaxrl_sym.rl.stages.generate` at the current state; nothing is trained)."""
+        return stages.generate(self.context, self.state, prompts, seed, limits)
 
-    def reference_logprobs(self, layout: Layout) -> np.ndarray:
-        """[rows, L] reference log-probs at the response-predicting slots (0 with beta = 0)."""
-        return stages.reference_logprobs(self, self.state, layout)
+    def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
+        """Greedy responses of the current policy (evaluation; nothing is trained)."""
+        gcfg = SamplingConfig.of(self.cfg).greedy(max_new_tokens)
+        return self.forwards.system(self.system).greedy(list(prompts), gcfg)
 
-    def value_estimates(self, layout: Layout) -> np.ndarray:
-        """[rows, L] PPO value estimates of the current policy (before the update)."""
-        return stages.value_estimates(self, self.state, layout)
-
-    def loss_arrays(self, layout: Layout, rollout: Rollout, rewards: np.ndarray,
-                    ref_slots: np.ndarray, value_slots: np.ndarray | None = None
-                    ) -> dict[str, np.ndarray]:
-        """Everything the loss needs, scattered to the layout's response-predicting slots."""
-        return stages.loss_arrays(self.cfg, layout, rollout, rewards, ref_slots, value_slots)[0]
+    def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
+        """The rollout in ``system``'s training layout (default: the trainer's system)."""
+        return self.context.layout(rollout, system)
 
     def prepare(self, rollout: Rollout, rewards: np.ndarray, system: str | None = None
                 ) -> tuple[Layout, dict[str, np.ndarray]]:
-        """Layout + loss arrays for a rollout on ``system`` (reference/values via its forward)."""
-        layout = self.layout(rollout, system)
-        ref = self.reference_logprobs(layout)
-        return layout, stages.advantages(self, self.state, layout, rollout, rewards, ref)[0]
+        """Layout + loss arrays for a rollout on ``system`` at the current state (reference and
+        values via that system's forward)."""
+        ctx, state = self.context, self.state
+        layout = ctx.layout(rollout, system)
+        ref = stages.reference_logprobs(ctx, state, layout)
+        return layout, stages.advantages(ctx, state, layout, rollout, rewards, ref)[0]
 
     def loss_and_grads(self, rollout: Rollout, rewards: np.ndarray, system: str | None = None
                        ) -> tuple[float, dict[str, float], Any]:
@@ -288,15 +276,17 @@ class RLTrainer:
             "grad"], self.params, layout.inputs, arrays)
         return float(loss), {k: float(v) for k, v in aux.items()}, grads
 
-    def micro_batches(self, layout: Layout, arrays: dict[str, np.ndarray]
-                      ) -> list[tuple[tuple[np.ndarray, ...], dict[str, np.ndarray]]]:
-        """Row slices of the training batch of at most ``update_tokens`` slots each."""
-        return stages.micro_batches(self.cfg, layout, arrays, self.row_multiple)
-
+    # ------------------------------------------------------------------ bench compatibility
+    # bench/experiments/{sharding,rlft_step}.py (the bench helper's files) still call these two;
+    # drop them once they call stages.update_once(trainer.context, ...) and
+    # trainer.state.resident_bytes().
     def _update(self, params: Any, opt_state: Any, layout: Layout,
                 arrays: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
-        """One optimiser update of ``params`` (see :func:`jaxrl_sym.rl.stages.update_once`)."""
-        return stages.update_once(self, params, opt_state, self.ref_leaves, layout, arrays)
+        return stages.update_once(self.context, params, opt_state, self.ref_leaves, layout,
+                                  arrays)
+
+    def _resident(self) -> int:
+        return self.state.resident_bytes()
 
     # ------------------------------------------------------------------ the step
     def step(self, prompts: Sequence[np.ndarray | Sequence[int]], *, seed: int,
@@ -304,13 +294,12 @@ class RLTrainer:
         """Run one full RL step and commit it; returns the step's metrics
         (:func:`jaxrl_sym.rl.stages.run_step`).
 
-        With partial rollouts (``partial``) the step runs :func:`~jaxrl_sym.rl.partial.
-        partial_step` instead: ``prompts`` may then be empty to finish the carried rows.
+        With partial rollouts (``partial``) the rollout source is
+        :class:`~jaxrl_sym.rl.partial.Carried`: ``prompts`` may then be empty to finish the
+        carried rows.
         """
-        if self.rollouts is not None:
-            return partial_step(self, prompts, seed, limits)
-        return stages.run_step(
-            self, lambda state: stages.generate(self, state, prompts, seed, limits))
-
-    def params_sha256(self) -> str:
-        return params_sha256(self.params)
+        source: RolloutSource = (stages.Fresh(prompts, seed, limits) if self.rollouts is None
+                                 else Carried(self.rollouts, prompts, seed, limits))
+        outcome = stages.run_step(self.context, self.state, source)
+        self.commit(outcome.state, outcome.carried)
+        return outcome.metrics

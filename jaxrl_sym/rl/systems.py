@@ -14,15 +14,16 @@ changing one) meant editing all of them in step; now a system is one class, and
 :func:`register_system` makes it available to :class:`~jaxrl_sym.rl.step.RLTrainer` by name
 without touching the trainer.
 
-Systems are stateless: what they need from a trainer (its config, the traced runtime, the model
-structure) they get from the :class:`Host` passed to every call, so one registered instance serves
-any number of trainers.
+A registered :class:`System` is stateless (its layout code needs nothing else); ``bind`` makes a
+:class:`Bound` system for one policy — the model's structure, its current weights (``set_params``,
+called by the step's commit) and, for sym, the traced runtime. A bound system never reads the
+trainer: what it needs is given when it is bound, or passed to the call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
 
 import jax
@@ -33,7 +34,6 @@ from jaxrl_sym.baselines.padded import padded_forward, padded_generate
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.models.contract import check_features
-from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.layout import Layout, packed_layout, padded_layout, shared_prefix_layout
 from jaxrl_sym.rl.logprobs import (
     FeaturesFn,
@@ -45,67 +45,55 @@ from jaxrl_sym.rl.logprobs import (
 from jaxrl_sym.rl.overlap import ReferenceOverlap
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
 from jaxrl_sym.runtime.evaluate import constant_values, evaluate
+from jaxrl_sym.runtime.speculative import SpeculativeLM
 from jaxrl_sym.tracer.trace import SeqInput, trace_function
 
 ScoreFn = Callable[[Layout], Any]
 """``score(packed_layout) -> device array [rows, L]`` of reference log-probs, dispatched without
-blocking (the trainer runs the reference program; the system decides when and on what)."""
+blocking (the step runs the reference program; the system decides when and on what)."""
+
+ChunkRows = Callable[[int], "int | None"]
+"""``rows_per_chunk(row_len)``: rows of that length one forward may hold (None: no limit)."""
 
 
 class Host(Protocol):
-    """What a system may use from the trainer running it."""
-
-    cfg: RLConfig
-    graphdef: Any
-    treedef: Any
-
-    @property
-    def engine(self) -> SymbolicLM: ...
+    """The policy a bound system runs (what :func:`traced_features` reads): the model with its
+    current weights. Not the trainer: a system never sees it."""
 
     def model(self) -> nnx.Module: ...
 
-    def rows_per_chunk(self, width: int) -> int | None: ...
+
+@dataclass(frozen=True)
+class BindArgs:
+    """What binding a system to one trainer's policy takes.
+
+    model: the policy as given (the runtime traces it; its weights are replaced by
+      ``set_params``). mesh / budget: the trainer's device mesh and
+      :class:`~jaxrl_sym.sharding.MemoryBudget` (None: one device, no check). The rest are the
+      generation engine's knobs (``SymbolicLM``'s ``min_capacity`` / ``max_pad_fraction``,
+      speculative decoding) and the forward's ``logprob_chunk`` (None: whole logits).
+    """
+
+    model: nnx.Module
+    mesh: Any = None
+    budget: Any = None
+    min_capacity: int = 16
+    max_pad_fraction: float = 0.3
+    speculate: int = 0
+    speculate_adaptive: bool = False
+    logprob_chunk: int | None = 1024
 
 
 class System:
-    """Base class of a system; subclasses set ``name`` and implement the abstract methods."""
+    """Base class of a registered system; subclasses set ``name``, ``bound`` and the layout."""
 
     name: ClassVar[str]
     input_fill: ClassVar[tuple[int, ...]] = ()  # value of each layout input in an empty row
     speculates: ClassVar[bool] = False  # RLConfig.speculate applies to its generation
 
-    def attach(self, host: Host) -> None:
-        """Called once when a trainer is created on this system: the place to fail early on a
-        model the system cannot run (default: nothing to check)."""
-
-    def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
-                 ) -> GenerationResult:
-        """Sample a response for each (already validated, G-fold expanded) prompt."""
+    def bind(self, args: BindArgs) -> Bound:
+        """This system for one policy (fails here on a model the system cannot run)."""
         raise NotImplementedError
-
-    def generate_until(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                       stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
-                       ) -> GenerationResult | None:
-        """Generate, ending early once ``stop_when(finished rows)`` says so (``stop_live``: it
-        cannot hold while more rows are unfinished; see ``SymbolicLM.generate``); None when
-        this system cannot stop mid-generation (one program runs every row to its end) —
-        partial rollouts then generate in segments."""
-        return None
-
-    def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                         score: ScoreFn) -> tuple[GenerationResult, ReferenceOverlap | None]:
-        """Generate, and score the reference *during* generation where the system can.
-
-        Returns the generation result and the overlap whose ``collect`` yields the reference
-        log-probs, or None when this system cannot overlap — then the step runs one reference
-        pass after generation (the default, and what a padded RL library does).
-        """
-        return self.generate(host, prompts, gcfg), None
-
-    def greedy(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
-               ) -> list[np.ndarray]:
-        """Greedy responses (``gcfg.temperature == 0``) for evaluation."""
-        return list(self.generate(host, prompts, gcfg).tokens)
 
     def layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
                row_len: int | None, share_prompts: bool = False) -> Layout:
@@ -138,7 +126,68 @@ class System:
                                             zip(layout.inputs, self.input_fill, strict=True)),
                        targets=pad(layout.targets, 0))
 
-    def logits_fn(self, host: Host) -> LogitsFn:
+
+class Bound:
+    """A system bound to one policy: generates with its current weights, lays batches out and
+    gives the forward the step's programs differentiate."""
+
+    def __init__(self, system: System, args: BindArgs) -> None:
+        self.system = system
+        self.graphdef, state = nnx.split(args.model)
+        self.leaves, self.treedef = jax.tree_util.tree_flatten(state)
+        self.logprob_chunk = args.logprob_chunk
+
+    @property
+    def name(self) -> str:
+        return self.system.name
+
+    def model(self) -> nnx.Module:
+        """An NNX model holding the current policy weights."""
+        return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef, self.leaves))
+
+    def set_params(self, leaves: list[jax.Array]) -> None:
+        """The policy's new weights (the step's commit calls this after every update)."""
+        self.leaves = leaves
+
+    def layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
+               row_len: int | None, share_prompts: bool = False) -> Layout:
+        return self.system.layout(prompts, responses, row_len=row_len,
+                                  share_prompts=share_prompts)
+
+    def pad_rows(self, layout: Layout, multiple: int) -> Layout:
+        return self.system.pad_rows(layout, multiple)
+
+    def generate(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> GenerationResult:
+        """Sample a response for each (already validated, G-fold expanded) prompt."""
+        raise NotImplementedError
+
+    def generate_until(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                       stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
+                       ) -> GenerationResult | None:
+        """Generate, ending early once ``stop_when(finished rows)`` says so (``stop_live``: it
+        cannot hold while more rows are unfinished; see ``SymbolicLM.generate``); None when
+        this system cannot stop mid-generation (one program runs every row to its end) —
+        partial rollouts then generate in segments."""
+        return None
+
+    def generate_scoring(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                         score: ScoreFn, *, row_len: int | None, rows_per_chunk: ChunkRows
+                         ) -> tuple[GenerationResult, ReferenceOverlap | None]:
+        """Generate, and score the reference *during* generation where the system can.
+
+        Returns the generation result and the overlap whose ``collect`` yields the reference
+        log-probs, or None when this system cannot overlap — then the step runs one reference
+        pass after generation (the default, and what a padded RL library does). ``row_len``:
+        the config's packed row length (None: from the batch); ``rows_per_chunk``: the rows one
+        scoring forward may hold.
+        """
+        return self.generate(prompts, gcfg), None
+
+    def greedy(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> list[np.ndarray]:
+        """Greedy responses (``gcfg.temperature == 0``) for evaluation."""
+        return list(self.generate(prompts, gcfg).tokens)
+
+    def logits_fn(self) -> LogitsFn:
         """``(lm_leaves, layout.inputs) -> logits``: traceable, differentiable in the leaves.
 
         The built-in systems return a :class:`~jaxrl_sym.rl.logprobs.SplitForward` (see
@@ -147,22 +196,21 @@ class System:
         """
         raise NotImplementedError
 
-    @staticmethod
-    def split_forward(host: Host, logits: LogitsFn,
+    def split_forward(self, logits: LogitsFn,
                       features: Callable[[], FeaturesFn]) -> SplitForward | LogitsOnly:
-        """``logits`` with, where the model allows it and ``cfg.logprob_chunk`` asks for it,
-        the system's ``features()`` forward and the model's head beside it.
+        """``logits`` with, where the model allows it and ``logprob_chunk`` asks for it, the
+        system's ``features()`` forward and the model's head beside it.
 
         ``features`` is a thunk, built (the sym system traces it) on the first call, so a
         trainer whose batches all fit in one chunk (run unchunked) never traces it.
         """
-        if host.cfg.logprob_chunk is None:
+        if self.logprob_chunk is None:
             return LogitsOnly(logits, "RLConfig.logprob_chunk=None")
-        model = host.model()
+        model = self.model()
         reason = check_features(model)
         if reason is not None:
             return LogitsOnly(logits, reason)
-        graphdef, treedef = host.graphdef, host.treedef
+        graphdef, treedef = self.graphdef, self.treedef
 
         def head(leaves: list[jax.Array], feats: jax.Array) -> jax.Array:
             return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves)).head(feats)
@@ -186,48 +234,11 @@ class SymSystem(System):
     every forward (``SymbolicLM.forward_fn``)."""
 
     name: ClassVar[str] = "sym"
-    speculates: ClassVar[bool] = True  # generates through the trainer's engine
+    speculates: ClassVar[bool] = True  # generates through the bound engine
     input_fill: ClassVar[tuple[int, ...]] = (0, -1, -1)  # tokens, positions, segment ids
 
-    def attach(self, host: Host) -> None:
-        host.engine  # noqa: B018 - trace now, so a model the runtime rejects fails here
-
-    def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
-                 ) -> GenerationResult:
-        return host.engine.generate(prompts, gcfg, on_finished=None)
-
-    def generate_until(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                       stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
-                       ) -> GenerationResult:
-        """The host loop asks ``stop_when`` after every read-back (a tile of steps), in one
-        decode loop for all rows: with the step's own microbatch policy, the rows carried from
-        the last step (prompt + tokens so far: longer prompts, shorter limits) became a second
-        loop that ran after the new rows had all finished (measured: 13 dispatches and 5.3-6.4 s
-        per carried step against 1.3 s), and the stop rule could not end the first loop
-        while carried rows it waits for had not started."""
-        return host.engine.generate(prompts, gcfg, stop_when=stop_when, stop_live=stop_live,
-                                    max_pad_fraction=1.0)
-
-    def generate_scoring(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                         score: ScoreFn) -> tuple[GenerationResult, ReferenceOverlap | None]:
-        """Finished rows are packed into chunks whose reference forward is dispatched while the
-        remaining rows still decode (see :mod:`jaxrl_sym.rl.overlap`): a row's reference
-        log-probs depend only on its own tokens, which exact-length stores make available the
-        moment it ends."""
-        overlap = self._reference_overlap(host, prompts, gcfg, score)
-        return host.engine.generate(prompts, gcfg, on_finished=overlap.on_finished), overlap
-
-    @staticmethod
-    def _reference_overlap(host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                           score: ScoreFn) -> ReferenceOverlap:
-        # One row length for the whole step (the longest possible prompt + response), so the
-        # chunks reuse a handful of compiled programs.
-        limits = gcfg.max_new_tokens
-        longest = max(len(p) for p in prompts) + (max(limits) if isinstance(limits, tuple)
-                                                  else int(limits))
-        row_len = host.cfg.pack_row_len or length_bucket(max(longest, 64))
-        return ReferenceOverlap(prompts, row_len, score, min_rows=max(1, len(prompts) // 4),
-                                max_rows=host.rows_per_chunk(row_len))
+    def bind(self, args: BindArgs) -> SymBound:
+        return SymBound(self, args)
 
     def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
                      row_len: int | None, share_prompts: bool = False) -> Layout:
@@ -236,10 +247,62 @@ class SymSystem(System):
         build = shared_prefix_layout if share_prompts else packed_layout
         return build(prompts, responses, row_len=row_len)
 
-    def logits_fn(self, host: Host) -> LogitsFn:
-        fwd = host.engine.forward_fn()
-        return self.split_forward(host, lambda leaves, inputs: fwd(leaves, *inputs),
-                                  lambda: traced_features(host))
+
+class SymBound(Bound):
+    """The symbolic runtime for one policy: traced when bound (a model the runtime rejects fails
+    there), its weights replaced in place by ``set_params`` (no re-trace)."""
+
+    def __init__(self, system: System, args: BindArgs) -> None:
+        super().__init__(system, args)
+        kw: dict[str, Any] = dict(min_capacity=args.min_capacity, mesh=args.mesh,
+                                  max_pad_fraction=args.max_pad_fraction)
+        if args.speculate:
+            self.engine: SymbolicLM = SpeculativeLM(args.model, speculate=args.speculate,
+                                                    adaptive=args.speculate_adaptive, **kw)
+        else:
+            self.engine = SymbolicLM(args.model, **kw)
+        self.engine.cache.budget = args.budget  # generation programs are checked too
+
+    def set_params(self, leaves: list[jax.Array]) -> None:
+        super().set_params(leaves)
+        self.engine.set_params(leaves)
+
+    def generate(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> GenerationResult:
+        return self.engine.generate(prompts, gcfg, on_finished=None)
+
+    def generate_until(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                       stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
+                       ) -> GenerationResult:
+        """The host loop asks ``stop_when`` after every read-back (a tile of steps), in one
+        decode loop for all rows: with the step's own microbatch policy, the rows carried from
+        the last step (prompt + tokens so far: longer prompts, shorter limits) became a second
+        loop that ran after the new rows had all finished (measured: 13 dispatches and 5.3-6.4 s
+        per carried step against 1.3 s), and the stop rule could not end the first loop
+        while carried rows it waits for had not started."""
+        return self.engine.generate(prompts, gcfg, stop_when=stop_when, stop_live=stop_live,
+                                    max_pad_fraction=1.0)
+
+    def generate_scoring(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
+                         score: ScoreFn, *, row_len: int | None, rows_per_chunk: ChunkRows
+                         ) -> tuple[GenerationResult, ReferenceOverlap | None]:
+        """Finished rows are packed into chunks whose reference forward is dispatched while the
+        remaining rows still decode (see :mod:`jaxrl_sym.rl.overlap`): a row's reference
+        log-probs depend only on its own tokens, which exact-length stores make available the
+        moment it ends."""
+        # One row length for the whole step (the longest possible prompt + response), so the
+        # chunks reuse a handful of compiled programs.
+        limits = gcfg.max_new_tokens
+        longest = max(len(p) for p in prompts) + (max(limits) if isinstance(limits, tuple)
+                                                  else int(limits))
+        row_len = row_len or length_bucket(max(longest, 64))
+        overlap = ReferenceOverlap(prompts, row_len, score, min_rows=max(1, len(prompts) // 4),
+                                   max_rows=rows_per_chunk(row_len))
+        return self.engine.generate(prompts, gcfg, on_finished=overlap.on_finished), overlap
+
+    def logits_fn(self) -> LogitsFn:
+        fwd = self.engine.forward_fn()
+        return self.split_forward(lambda leaves, inputs: fwd(leaves, *inputs),
+                                  lambda: traced_features(self))
 
 
 class PaddedSystem(System):
@@ -249,17 +312,23 @@ class PaddedSystem(System):
     name: ClassVar[str] = "padded"
     input_fill: ClassVar[tuple[int, ...]] = (0, 0)  # tokens, lengths (0: every slot padding)
 
-    def generate(self, host: Host, prompts: list[np.ndarray], gcfg: GenerationConfig
-                 ) -> GenerationResult:
-        return padded_generate(host.model(), prompts, gcfg)
+    def bind(self, args: BindArgs) -> PaddedBound:
+        return PaddedBound(self, args)
 
     def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
                      row_len: int | None, share_prompts: bool = False) -> Layout:
         """One row per sample (a padded library repeats every prompt G times)."""
         return padded_layout(prompts, responses)
 
-    def logits_fn(self, host: Host) -> LogitsFn:
-        graphdef, treedef = host.graphdef, host.treedef
+
+class PaddedBound(Bound):
+    """The padded baseline for one policy: a model merged from the current weights per call."""
+
+    def generate(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> GenerationResult:
+        return padded_generate(self.model(), prompts, gcfg)
+
+    def logits_fn(self) -> LogitsFn:
+        graphdef, treedef = self.graphdef, self.treedef
 
         def padded_logits(leaves: list[jax.Array], inputs: tuple[jax.Array, ...]) -> jax.Array:
             model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
@@ -271,13 +340,14 @@ class PaddedSystem(System):
             # padded_forward calls its model with (tokens, positions, segment ids) only
             return padded_forward(model.features, inputs[0], inputs[1])
 
-        return self.split_forward(host, padded_logits, lambda: padded_features)
+        return self.split_forward(padded_logits, lambda: padded_features)
 
 
 def traced_features(host: Host) -> FeaturesFn:
     """The sym system's ``features`` forward: ``model.features`` traced into its own PDG (as
-    the runtime traces ``model``) and evaluated on packed rows like
-    ``StepBuilder.forward`` — the masked attention primitive, differentiable in the leaves.
+    the runtime traces ``model``) and evaluated on packed rows by the runtime's one evaluator
+    (:func:`jaxrl_sym.runtime.evaluate.evaluate`), as ``StepBuilder.forward`` is — the masked
+    attention primitive, differentiable in the leaves.
 
     Traced once per trainer (when its programs are built); the weights are the same leaves, in
     the same order, as the whole-logits program's.
@@ -289,14 +359,10 @@ def traced_features(host: Host) -> FeaturesFn:
         [SeqInput(r, "B, T") for r in role])
     pdg, consts = prog.pdg, constant_values(prog.consts)
     weight_ids = [nid for r, nid in pdg.inputs if r.startswith("weight:")]
-    bind = lambda node, args: node.prim.bind(*args, **node.params)
 
     def features(leaves: list[jax.Array], inputs: tuple[jax.Array, ...]) -> jax.Array:
-        vals = {nid: (x,) for nid, x in zip(weight_ids, leaves, strict=True)}
-        vals.update(consts)
-        vals.update({pdg.input_id(r): (x,) for r, x in zip(role, inputs, strict=True)})
-        rows, length = inputs[0].shape
-        out = evaluate(pdg, vals, {"B": rows, "T": length}, {"sym_attention": bind})
+        weights = {nid: (x,) for nid, x in zip(weight_ids, leaves, strict=True)}
+        out = evaluate(pdg, {**weights, **consts}, *inputs)
         return out[pdg.outputs[0]][0]
 
     return features

@@ -1,0 +1,128 @@
+"""What every stage of an RL step reads and never changes: the :class:`StepContext`.
+
+Why an object of its own: the stages used to take the trainer and read some eighteen of its
+attributes (config, system, engine, compiled programs, reward function, resident bytes...), so a
+stage's inputs were "the whole trainer" and partial rollouts reached back into it to swap the
+rollout buffer. A frozen context names exactly what a step needs; the evolving parts — the
+:class:`~jaxrl_sym.rl.state.TrainState` and the rows partial rollouts carry — are passed in and
+returned, and only the trainer's commit stores them.
+
+This module imports nothing that imports it back: the trainer (:mod:`jaxrl_sym.rl.step`) builds
+contexts, the stages (:mod:`jaxrl_sym.rl.stages`) and rollout sources
+(:mod:`jaxrl_sym.rl.partial`) only read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import optax
+
+from jaxrl_sym.rl.algorithms import RLConfig
+from jaxrl_sym.rl.layout import Layout
+from jaxrl_sym.rl.programs import Programs, build_fns
+from jaxrl_sym.rl.rollout import Drawn, RewardFn, Rollout
+from jaxrl_sym.rl.sampling import SamplingConfig
+from jaxrl_sym.rl.state import TrainState
+from jaxrl_sym.rl.systems import Bound
+
+__all__ = ["Forwards", "RolloutSource", "StepContext", "rows_per_chunk"]
+
+
+def rows_per_chunk(cfg: RLConfig, width: int, multiple: int = 1) -> int | None:
+    """Rows of ``width`` slots per forward so one program holds at most ``update_tokens`` slots
+    (None: no limit). Every whole-batch forward — reference, values, update — is cut to this:
+    the ``[slots × vocab]`` logits are what exhausts memory at real vocabularies (151,936 words:
+    0.6 MB per slot in fp32). On a mesh the count is a multiple of ``multiple`` (the data axes'
+    devices, at least one row each), so every chunk splits evenly."""
+    if cfg.update_tokens is None:
+        return None
+    per = max(1, cfg.update_tokens // width)
+    return max(multiple, per // multiple * multiple)
+
+
+class Forwards:
+    """Each layout system's bound forward and jitted step functions, built on first use.
+
+    A trainer trains on its own system, but a rollout may be laid out and scored on another
+    (``loss_and_grads(..., "padded")`` compares the two): every system name gets its own bound
+    system and programs, keyed by the name a :class:`~jaxrl_sym.rl.layout.Layout` carries.
+    """
+
+    def __init__(self, bind: Callable[[str], Bound], tx: optax.GradientTransformation,
+                 shardings: dict[str, Any] | None) -> None:
+        self._bind, self._tx, self._shardings = bind, tx, shardings
+        self._bound: dict[str, Bound] = {}
+        self._fns: dict[str, dict[str, Any]] = {}
+
+    def system(self, name: str) -> Bound:
+        """The system called ``name``, bound to this trainer's policy."""
+        if name not in self._bound:
+            self._bound[name] = self._bind(name)
+        return self._bound[name]
+
+    def fns(self, name: str, cfg: RLConfig) -> dict[str, Any]:
+        """Jitted reference / value / loss-grad / update functions of system ``name``'s layout
+        (:func:`~jaxrl_sym.rl.programs.build_fns`), built with ``cfg`` on first use."""
+        if name not in self._fns:
+            self._fns[name] = build_fns(cfg, self._tx, self.system(name).logits_fn(),
+                                        self._shardings)
+        return self._fns[name]
+
+    def set_params(self, leaves: Any) -> None:
+        """Every bound system gets the policy's new weights (the commit)."""
+        for bound in self._bound.values():
+            bound.set_params(leaves)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """The fixed machinery of a step (see the module docstring).
+
+    cfg / sampling: the algorithm and optimiser, and how samples are drawn (from ``cfg``).
+    system: the trainer's system, bound to its policy (generates; the default layout).
+    forwards: bound systems and their jitted functions, by layout system name.
+    programs: the compiled-program cache (peak-memory accounting; :class:`Programs`).
+    reward_fn / metric_fn: the optimised per-sample reward, and a reported-only one (or None).
+    vocab_size: the policy's vocabulary (prompts are checked against it).
+    row_multiple: rows of every training batch are a multiple of this (the mesh's data axes).
+    overlaps_reference: score the reference while generation runs (where the system can).
+    """
+
+    cfg: RLConfig
+    sampling: SamplingConfig
+    system: Bound
+    forwards: Forwards
+    programs: Programs
+    reward_fn: RewardFn
+    metric_fn: RewardFn | None
+    vocab_size: int
+    row_multiple: int
+    overlaps_reference: bool
+
+    def fns(self, name: str) -> dict[str, Any]:
+        """The jitted functions of layout system ``name`` (:class:`Forwards`)."""
+        return self.forwards.fns(name, self.cfg)
+
+    def rows_per_chunk(self, width: int) -> int | None:
+        """Rows of ``width`` slots per forward (:func:`rows_per_chunk`)."""
+        return rows_per_chunk(self.cfg, width, self.row_multiple)
+
+    def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
+        """The rollout in ``system``'s training layout (default: the trainer's system); on a
+        mesh its rows are padded to a multiple of the data axes with empty rows."""
+        bound = self.system if system is None else self.forwards.system(system)
+        lay = bound.layout(rollout.prompts, rollout.responses, row_len=self.cfg.pack_row_len,
+                           share_prompts=self.cfg.share_prompts)
+        return bound.pad_rows(lay, self.row_multiple)
+
+
+class RolloutSource(Protocol):
+    """Where a step's samples come from: fresh prompts (:class:`~jaxrl_sym.rl.stages.Fresh`) or
+    partial rollouts (:class:`~jaxrl_sym.rl.partial.Carried`). ``draw`` must not change anything
+    it was given: what it carries into the next step it returns in :class:`Drawn`, and the
+    trainer stores it only when the step commits."""
+
+    def draw(self, ctx: StepContext, state: TrainState) -> Drawn: ...
