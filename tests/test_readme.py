@@ -7,6 +7,7 @@ README cannot promise an import path or a file that no longer exists.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -99,6 +100,75 @@ def test_public_face_imports_no_jax() -> None:
     code = ("import sys, jaxrl_sym; dir(jaxrl_sym); from jaxrl_sym import GenerationConfig, "
             "InputError, systems; systems.names(); sys.exit('jax' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+# Upward imports the README's layout names as exceptions (importer, imported), and folders the
+# import graph does not cover (tests import everything).
+LAYOUT_EXCEPTIONS = {("jaxrl_sym/runtime/estimate.py", "jaxrl_sym/baselines/interpret.py")}
+NOT_IN_GRAPH = ("tests/", "scripts/")
+
+
+def layout_rows() -> list[list[str]]:
+    """The layout table's first column: per row, the paths it names (a bare file name lives in
+    the folder of the row's first path)."""
+    rows = []
+    for line in _section(README.read_text(), "Layout (data flows one way)").splitlines():
+        if not line.startswith("| `"):
+            continue
+        names = re.findall(r"`([^`]+)`", line.split("|")[1])
+        first = names[0].rstrip("/")
+        base = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
+        rows.append([n if "/" in n else base + n for n in names])
+    return rows
+
+
+def _row_of(path: str, rows: list[list[str]]) -> int | None:
+    for i, row in enumerate(rows):
+        if any(path == n or (n.endswith("/") and path.startswith(n)) for n in row):
+            return i
+    return None
+
+
+def _imported_files(source: Path) -> set[str]:
+    """Repository files ``source`` imports anywhere (functions included: a hidden import is
+    still an arrow)."""
+    found = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        for m in mods:
+            stem = m.replace(".", "/")
+            for cand in (f"{stem}.py", f"{stem}/__init__.py"):
+                if (ROOT / cand).exists() and cand != "jaxrl_sym/__init__.py":
+                    found.add(cand)
+    return found
+
+
+def test_layout_matches_the_import_graph() -> None:
+    """Every module has a row, and imports only from its row and the rows above (the package's
+    face, ``jaxrl_sym/__init__.py``, hands names down and is no row)."""
+    rows = [r for r in layout_rows() if not any(n.startswith(NOT_IN_GRAPH) for n in r)]
+    sources = [p for folder in ("jaxrl_sym", "kernels", "bench", "notebooks")
+               for p in sorted((ROOT / folder).rglob("*.py"))]
+    unplaced, upward = [], []
+    for src in sources:
+        rel = str(src.relative_to(ROOT))
+        if rel == "jaxrl_sym/__init__.py":
+            continue
+        row = _row_of(rel, rows)
+        if row is None:
+            unplaced.append(rel)
+            continue
+        for dep in _imported_files(src):
+            dep_row = _row_of(dep, rows)
+            if dep_row is not None and dep_row > row and (rel, dep) not in LAYOUT_EXCEPTIONS:
+                upward.append(f"{rel} -> {dep}")
+    assert not unplaced, f"modules the README's layout does not place: {unplaced}"
+    assert not upward, f"imports from a lower row of the README's layout: {upward}"
 
 
 @pytest.mark.parametrize("name", jaxrl_sym.__all__)
