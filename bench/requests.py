@@ -41,11 +41,13 @@ def realistic_request(grid: dict[str, Any], seed: int = 0) -> tuple[Any, list[np
     1..99 drawn after the lengths, from the same generator) and per-row limits."""
     from jaxrl_sym.decode_run import build_model
     from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.contract import check_model
 
     rng = np.random.default_rng(seed)
     step = realistic(**grid["realistic"], rng=rng)
     spec = {"preset": grid["preset"], "attention": "full", "window": grid["window"],
             "block": grid["block"], "seed": seed, "batch": 1, "prompt_len": [1, 1]}
     model, _ = build_model(spec)
-    prompts = [rng.integers(1, 100, n).astype(np.int32) for n in step.prompt_lens]
+    top = min(100, check_model(model).vocab_size)  # 1..99 unless the vocabulary is smaller
+    prompts = [rng.integers(1, top, n).astype(np.int32) for n in step.prompt_lens]
     return model, prompts, GenerationConfig(max_new_tokens=step.response_lens)
