@@ -34,6 +34,7 @@ from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read
     PROGRESS_PREFIX,
     build_model,
     compare_outputs,
+    estimate_child,
     prompts_for,
     run_system,
 )
@@ -41,6 +42,7 @@ from jaxrl_sym.generation import seed32
 from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
+from jaxrl_sym.report import decode_table
 from jaxrl_sym.sizes import parse_bytes
 
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
@@ -222,47 +224,6 @@ def _module_findable(module: str) -> bool:
             is not None)
 
 
-def _system_names(args: argparse.Namespace) -> list[str]:
-    return [s.strip() for s in args.systems.split(",") if s.strip()]
-
-
-def _having(capability: str) -> str:
-    """``sym and padded``: the registered systems with ``capability``, for a refusal."""
-    return " and ".join(systems.names(**{capability: True}))
-
-
-def _system_refusals(args: argparse.Namespace, specs: list[systems.SystemSpec]) -> list[str]:
-    """What stops the named systems from running this command line, from their specs alone
-    (JAX-free): a missing peer package (systems sharing a reason are named together), each
-    spec's own refusals, and options none or only some of them take."""
-    errors: list[str] = []
-    missing: dict[str, list[str]] = {}
-    for spec in specs:
-        why = spec.unavailable()
-        if why:
-            missing.setdefault(why, []).append(spec.name)
-    errors += [f"--systems {','.join(n)} {why}" for why, n in missing.items()]
-    options = systems.BindOptions(backend=args.backend, speculate=max(args.speculate, 0),
-                                  draft=args.draft)
-    for spec in specs:
-        errors += [e for e in spec.refusals(options, attention=args.attention,
-                                            user_model=bool(args.model)) if e not in errors]
-    caps = [s.capabilities for s in specs]
-    if args.mesh is not None and not any(c.shards for c in caps):
-        errors.append(f"--mesh shards the {_having('shards')} systems; --systems "
-                      f"{args.systems!r} has none")
-    if args.speculate > 0:
-        other = [s.name for s in specs if not s.capabilities.speculates]
-        if other:
-            errors.append(f"--speculate applies to {_having('speculates')}; --systems "
-                          f"names {other}")
-        if args.draft != "ngram" and not any(c.draft_models for c in caps):
-            errors.append(f"--draft {args.draft}: a draft model runs on the "
-                          f"{_having('draft_models')} systems; --systems "
-                          f"{args.systems!r} has none")
-    return errors
-
-
 def check_decode(args: argparse.Namespace) -> list[str]:
     """Every problem with a ``decode`` command line, each naming the flag as typed."""
     errors = _at_least(args, {"tokens": 1, "batch": 1, "window": 1, "block": 1})
@@ -270,16 +231,10 @@ def check_decode(args: argparse.Namespace) -> list[str]:
         parse_prompt_len(args.prompt_len)
     except ValueError as err:
         errors.append(str(err))
-    names = _system_names(args)
-    unknown = [s for s in names if s not in systems.names()]
-    if not names or unknown:
-        extra = f" (unknown: {', '.join(unknown)})" if unknown else ""
-        errors.append(f"--systems must name systems from {', '.join(systems.names())}, got "
-                      f"{args.systems!r}{extra}")
-    elif len(set(names)) != len(names):
-        errors.append(f"--systems names a system twice: {args.systems!r}")
-    else:
-        errors += _system_refusals(args, [systems.get(s) for s in names])
+    options = systems.BindOptions(backend=args.backend, mesh=args.mesh,
+                                  speculate=max(args.speculate, 0), draft=args.draft)
+    errors += systems.refusals(args.systems, options, attention=args.attention,
+                               user_model=bool(args.model))
     if args.model is not None:
         mod, _, fn = args.model.partition(":")
         if not mod or not fn or ":" in fn:
@@ -309,12 +264,14 @@ def check_decode(args: argparse.Namespace) -> list[str]:
 
 
 def check_train(args: argparse.Namespace) -> list[str]:
-    """Every problem with a ``train`` command line that can be seen without running it: sizes,
-    rates and output paths (a read-only ``--metrics`` path used to fail after the steps ran)."""
-    errors = _at_least(args, {"steps": 1, "prompts": 1, "group": 1, "epochs": 1,
-                              "checkpoint_every": 0, "keep": 1, "max_digits": 1,
-                              "eval_prompts": 0, "seed": 0})
-    for dest, positive in (("lr", True), ("beta", False), ("entropy_coef", False)):
+    """Every problem with a ``train`` command line that can be seen without running it: the
+    flags' own format (sizes, rates, output paths: a read-only ``--metrics`` path used to fail
+    after the steps ran), then — when those pass — the library's rules, by building the configs
+    ``train`` runs with (:func:`jaxrl_sym.rl.cli.check_configs`; JAX-free)."""
+    from jaxrl_sym.rl.cli import check_configs
+
+    errors = _at_least(args, {"steps": 1, "group": 1, "seed": 0})
+    for dest, positive in (("lr", True), ("beta", False)):
         value = getattr(args, dest, None)
         if value is not None and (not math.isfinite(value) or value < 0
                                   or (positive and value == 0)):
@@ -323,7 +280,7 @@ def check_train(args: argparse.Namespace) -> list[str]:
     errors += check_output_dir("--checkpoint-dir", getattr(args, "checkpoint_dir", None))
     errors += check_output_file("--metrics", getattr(args, "metrics", None))
     errors += check_output_file("--plot", getattr(args, "plot", None))
-    return errors
+    return errors or check_configs(args)
 
 
 def _spec(args: argparse.Namespace, system: str) -> dict[str, Any]:
@@ -367,7 +324,7 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     """Run every system of ``--systems`` (one child process each) and build the report."""
     from jaxrl_sym.report import verdict_lines
 
-    names = _system_names(args)
+    names = systems.split(args.systems)
     results: dict[str, Any] = {}
     arrays: dict[str, dict[str, np.ndarray]] = {}
     memory = memory_check(args, names)
@@ -433,41 +390,6 @@ def _checks(arrays: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
     return out
 
 
-def _table(report: dict[str, Any]) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    from jaxrl_sym.report import MEMORY_LEGEND
-
-    t = Table(title="jaxrl-sym decode " + " ".join(f"{k}={v}" for k, v in report["config"].items()))
-    cols = ("s_per_token", "s_per_token_with_compile", "peak_bytes", "peak_rss_bytes",
-            "xla_compiles", "dispatches")
-    t.add_column("system")
-    for c in cols:
-        t.add_column(c, justify="right")
-    for name, m in report["systems"].items():
-        if "error" in m or "skipped" in m:
-            t.add_row(name, *(["error" if "error" in m else "skipped (memory)"]
-                              + [""] * (len(cols) - 1)))
-            continue
-        t.add_row(name, *(f"{m[c]:.4g}" if isinstance(m[c], float) else f"{m[c]:,}"
-                          for c in cols))
-    console = Console(record=True, width=140)
-    with console.capture() as cap:
-        console.print(t)
-        console.print(MEMORY_LEGEND, highlight=False)
-        for name, m in report["systems"].items():
-            if "error" in m:
-                console.print(f"[red]{name} failed:[/red] {m['error']}")
-        for line in report.get("verdict", []):
-            console.print(f"[bold]{line}[/bold]", highlight=False)
-        for name, m in report["systems"].items():  # --speculate: drafts the model kept
-            if m.get("acceptance_rate") is not None:
-                console.print(f"{name}: acceptance rate {m['acceptance_rate']:.3f}",
-                              highlight=False)
-    return cap.get()
-
-
 def _child(argv: list[str]) -> int:
     """``_system SPEC OUT``: run one system from a spec file (the parent's child process)."""
     spec_path, out = argv
@@ -477,41 +399,6 @@ def _child(argv: list[str]) -> int:
     np.savez(out, **arrays)
     with open(out + ".json", "w") as f:
         json.dump(metrics, f)
-    return 0
-
-
-def _estimate_child(argv: list[str]) -> int:
-    """``_estimate SPEC OUT``: every system's memory estimate for the decode request (see
-    :func:`memory_check`). The model is built on the host CPU, so this process allocates no
-    device memory; only the device's limit is read."""
-    import jax
-
-    from jaxrl_sym.generation import GenerationConfig
-    from jaxrl_sym.models.contract import check_model
-    from jaxrl_sym.runtime.estimate import check_request
-
-    spec_path, out = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
-    specs = spec if isinstance(spec, list) else [spec]  # a list: the benchmark suite's jobs
-    models: dict[str, Any] = {}
-    results = []
-    with jax.default_device(jax.devices("cpu")[0]):
-        for s in specs:
-            key = json.dumps([s.get(k) for k in ("model", "preset", "attention", "window",
-                                                  "block", "seed")])
-            if key not in models:
-                models[key] = build_model(s)[0]
-            # The prompts build_model draws (same seed, same vocabulary: same lengths).
-            lens = [len(x) for x in prompts_for(s, check_model(models[key]).vocab_size)]
-            # The decode CLI's cold run keeps logits: the larger of its two runs.
-            gcfg = GenerationConfig(max_new_tokens=s["tokens"],
-                                    return_logits=s.get("return_logits", True))
-            bound = [systems.get(n).bind(models[key]) for n in s["systems"]]
-            estimates = [e for e in (b.estimate(lens, gcfg) for b in bound) if e is not None]
-            results.append(check_request(estimates, s["memory_limit"]))
-    with open(out, "w") as f:
-        json.dump(results if isinstance(spec, list) else results[0], f)
     return 0
 
 
@@ -562,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [INTERNAL]:
         return _child(argv[1:])
     if argv[:1] == [ESTIMATE]:
-        return _estimate_child(argv[1:])
+        return estimate_child(argv[1:])
     p = _parser(with_train=argv[:1] == ["train"])
     args = p.parse_args(argv)
     if args.cmd == "decode":
@@ -576,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
-        print(json.dumps(report) if args.json else _table(report))
+        print(json.dumps(report) if args.json else decode_table(report))
         return 0 if all("error" not in m and "skipped" not in m
                         for m in report["systems"].values()) else 1
     if args.cmd == "train":

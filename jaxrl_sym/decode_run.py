@@ -8,6 +8,7 @@ JAX is imported anyway.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -203,3 +204,37 @@ def compare_outputs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[
                     diff = max(diff, float(np.max(np.abs(la[:n] - lb[:n]))))
         out[name] = diff if seen else None
     return out
+
+
+def estimate_child(argv: list[str]) -> int:
+    """``_estimate SPEC OUT``: every system's memory estimate for the decode request (the
+    child of :func:`jaxrl_sym.cli.memory_check`). The model is built on the host CPU, so this
+    process allocates no device memory; only the device's limit is read."""
+    import jax
+
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.runtime.estimate import check_request
+
+    spec_path, out = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    specs = spec if isinstance(spec, list) else [spec]  # a list: the benchmark suite's jobs
+    models: dict[str, Any] = {}
+    results = []
+    with jax.default_device(jax.devices("cpu")[0]):
+        for s in specs:
+            key = json.dumps([s.get(k) for k in ("model", "preset", "attention", "window",
+                                                  "block", "seed")])
+            if key not in models:
+                models[key] = build_model(s)[0]
+            # The prompts build_model draws (same seed, same vocabulary: same lengths).
+            lens = [len(x) for x in prompts_for(s, check_vocab(models[key]))]
+            # The decode CLI's cold run keeps logits: the larger of its two runs.
+            gcfg = GenerationConfig(max_new_tokens=s["tokens"],
+                                    return_logits=s.get("return_logits", True))
+            bound = [systems.get(n).bind(models[key]) for n in s["systems"]]
+            estimates = [e for e in (b.estimate(lens, gcfg) for b in bound) if e is not None]
+            results.append(check_request(estimates, s["memory_limit"]))
+    with open(out, "w") as f:
+        json.dump(results if isinstance(spec, list) else results[0], f)
+    return 0

@@ -125,3 +125,38 @@ def _ratio(baseline: Any, sym: Any) -> float:
     except (TypeError, ValueError):
         return math.nan
     return b / s if s > 0 else math.nan
+
+
+def decode_table(report: dict[str, Any]) -> str:
+    """The decode report as the table the CLI prints: one row per system, the memory legend,
+    failures, the verdict lines and speculation's acceptance rates."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="jaxrl-sym decode " + " ".join(f"{k}={v}" for k, v in report["config"].items()))
+    cols = ("s_per_token", "s_per_token_with_compile", "peak_bytes", "peak_rss_bytes",
+            "xla_compiles", "dispatches")
+    t.add_column("system")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for name, m in report["systems"].items():
+        if "error" in m or "skipped" in m:
+            t.add_row(name, *(["error" if "error" in m else "skipped (memory)"]
+                              + [""] * (len(cols) - 1)))
+            continue
+        t.add_row(name, *(f"{m[c]:.4g}" if isinstance(m[c], float) else f"{m[c]:,}"
+                          for c in cols))
+    console = Console(record=True, width=140)
+    with console.capture() as cap:
+        console.print(t)
+        console.print(MEMORY_LEGEND, highlight=False)
+        for name, m in report["systems"].items():
+            if "error" in m:
+                console.print(f"[red]{name} failed:[/red] {m['error']}")
+        for line in report.get("verdict", []):
+            console.print(f"[bold]{line}[/bold]", highlight=False)
+        for name, m in report["systems"].items():  # --speculate: drafts the model kept
+            if m.get("acceptance_rate") is not None:
+                console.print(f"{name}: acceptance rate {m['acceptance_rate']:.3f}",
+                              highlight=False)
+    return cap.get()

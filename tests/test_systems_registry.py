@@ -23,6 +23,7 @@ from jaxrl_sym import systems
 from jaxrl_sym.decode_run import build_model, compare_outputs, run_system
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, row_limits
+from jaxrl_sym.systems import registry
 from jaxrl_sym.systems.bound import BoundSystem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,7 @@ NAIVE = systems.SystemSpec("naive", "greedy decoding re-running the model on eve
 @pytest.fixture
 def naive(monkeypatch) -> systems.SystemSpec:
     """The toy system registered for one test (the registry is restored after it)."""
-    monkeypatch.setattr(systems, "_REGISTRY", dict(systems._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     return systems.register(NAIVE)
 
 
@@ -228,3 +229,17 @@ def _name_compares(root: Path) -> list[str]:
 
 def test_no_module_outside_the_registry_compares_system_names() -> None:
     assert _name_compares(ROOT / "jaxrl_sym") == []
+
+
+def test_a_choice_of_systems_is_checked_from_the_specs() -> None:
+    opts = systems.BindOptions()
+    assert systems.refusals("sym, padded", opts, attention="full", user_model=False) == []
+    assert "unknown: nope" in systems.refusals("sym,nope", opts, attention="full",
+                                               user_model=False)[0]
+    assert systems.refusals("sym,sym", opts, attention="full", user_model=False) == [
+        "--systems names a system twice: 'sym,sym'"]
+    spec = systems.BindOptions(mesh="data=2", speculate=2, draft="tiny")
+    assert systems.refusals("pershape", spec, attention="full", user_model=False) == [
+        "--mesh shards the sym systems; --systems 'pershape' has none",
+        "--speculate applies to sym and padded; --systems names ['pershape']",
+        "--draft tiny: a draft model runs on the sym systems; --systems 'pershape' has none"]
