@@ -267,13 +267,13 @@ def test_the_feedback_edge_is_a_slot_store_the_step_program_reads() -> None:
     decode program reads: plant a token in it and the step's logits are the model's on the
     prompt followed by that token (not on the token the prefill sampled); the step's own sample
     is written back to it for the next step."""
-    from jaxrl_sym.runtime.stores import SlotStore
+    from jaxrl_sym.passes.stores import SLOT, SlotStore
 
     model = zoo()["gpt2"]
     lm = SymbolicLM(model, min_capacity=8, compact_min_rows=1)
     (tokens_id,) = lm.builder.slots
     assert tokens_id == lm.pdg.input_id("tokens")
-    assert [s.kind for s in lm.plan.stores].count("slot") == 1
+    assert [s.kind for s in lm.plan.stores].count(SLOT) == 1
     slot = lm.builder.slots[tokens_id]
     assert isinstance(slot.kind, SlotStore) and slot.lag == 1
     assert lm.pdg.node(slot.source).op == "sample"

@@ -132,26 +132,26 @@ def test_engine_dispatches_what_the_policy_replays(floor: int, early: bool) -> N
     res = lm.generate(prompts, cfg)
     assert [len(t) for t in res.tokens] == limits
     want = 0
-    for shape, ds in replay(lens, limits, min_capacity=8, tiling=lm.tiling,
-                            compaction=lm.compaction):
+    for shape, ds in replay(lens, limits, min_capacity=8, tiling=lm.plan.tiling,
+                            compaction=lm.plan.compaction):
         want += 2 + len(ds)  # init stores, prefill, one program per dispatch
         rows, cap = shape.rows, shape.capacity
         for d in ds:
-            want += (d.rows < rows) + (d.capacity > cap) * len(lm.growing)
+            want += (d.rows < rows) + (d.capacity > cap) * len(lm.plan.growing)
             rows, cap = d.rows, d.capacity
     assert lm.cache.dispatches - d0 == want
     # The engine's own log of work: every position it computed is needed or has one cause.
     st = res.stats
     assert st["needed_positions"] == sum(p + n - 1 for p, n in zip(lens, limits, strict=True))
-    groups = microbatches(lens, limits, max_rows=None, max_pad_fraction=lm.max_pad_fraction)
+    groups = microbatches(lens, limits, max_rows=None, max_pad_fraction=lm.options.max_pad_fraction)
     packed = [PackedPrompts.build([prompts[i] for i in g], 0, vocab=1, logits_bytes=1 << 40)
               for g in groups]
     decoded = lambda c: sum(d.rows * d.tile for _, ds in replay(
-        lens, limits, min_capacity=8, tiling=lm.tiling, compaction=c) for d in ds)
-    computed = sum(p.positions_computed for p in packed) + decoded(lm.compaction)
+        lens, limits, min_capacity=8, tiling=lm.plan.tiling, compaction=c) for d in ds)
+    computed = sum(p.positions_computed for p in packed) + decoded(lm.plan.compaction)
     assert st["token_positions"] == computed
     if early:
-        assert decoded(lm.compaction) < decoded(Compaction(lm.compaction.share, floor))
+        assert decoded(lm.plan.compaction) < decoded(Compaction(lm.plan.compaction.share, floor))
     by_cause = st["waste_by_cause"]
     assert abs(sum(by_cause.values()) - st["waste_fraction"]) < 1e-12
     assert by_cause["prompt_alignment"] == 0  # packed prefill: no prompt padding computed

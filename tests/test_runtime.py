@@ -20,6 +20,7 @@ from jaxrl_sym.baselines.padded import padded_generate
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import DecoderLM, LMConfig, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
+from jaxrl_sym.passes.stores import BLOCK, RING, SLOT
 from jaxrl_sym.runtime.engine import SymbolicLM
 
 PATTERNS = {
@@ -111,7 +112,7 @@ def test_property_window_and_block_sizes(window: int, block: int, n: int) -> Non
         assert np.array_equal(a, b)
         np.testing.assert_allclose(la, lb, atol=1e-4, rtol=0)
     kinds = {s.kind for s in engine.plan.stores}
-    assert {"ring", "block", "slot"} <= kinds
+    assert {RING, BLOCK, SLOT} <= kinds
 
 
 def test_stores_are_exact_size_not_max_len() -> None:
@@ -135,7 +136,7 @@ def test_growth_and_compaction_happen_and_compile_count_is_logarithmic() -> None
     # capacities 8,16,32,64 and batches 4,1: far fewer programs than the 40 steps
     assert r.stats["program_compiles"] <= 14
     # tiles of 8 decode steps: one dispatch (and one host sync) per tile, not per token
-    assert 40 // engine.decode_tile <= r.stats["dispatches"] < 40
+    assert 40 // engine.plan.tiling.base <= r.stats["dispatches"] < 40
 
 
 def test_decode_tiles_give_the_tokens_of_single_steps() -> None:
@@ -212,11 +213,12 @@ def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
     expect = {n: {k: np.array(a, copy=True) for k, a in s.items()} for n, s in stores.items()}
     one_old = max(tree_bytes(s) for s in stores.values())
     # the growing stores' arrays (the feedback edge's slot store does not grow)
-    refs = [weakref.ref(a) for n, s in stores.items() if n in engine.growing for a in s.values()]
+    refs = [weakref.ref(a) for n, s in stores.items() if n in engine.plan.growing
+            for a in s.values()]
     assert len(refs) == 4 * 3
     meter = MemoryMeter()
     prompts = [np.arange(3, dtype=np.int32)] * 2
-    group = DecodeGroup(engine, [0, 1], prompts, np.array([5, 5]),
+    group = DecodeGroup(engine.plan, engine.cache, [0, 1], prompts, np.array([5, 5]),
                         GenerationConfig(max_new_tokens=5), meter, weights_bytes=0)
     group.stores = stores
     meter.samples.clear()
@@ -225,12 +227,12 @@ def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
     group.grow(16)
     stores = group.stores
     gc.collect()
-    assert len(engine.growing) == 4 and group.capacity == 16
+    assert len(engine.plan.growing) == 4 and group.capacity == 16
     assert all(r() is None for r in refs)  # nothing keeps an old store alive
     temp = max(v for k, v in engine.cache.temp_bytes.items() if k[0] == "grow")
     assert meter.peak <= tree_bytes(stores) + one_old + temp
     assert len(meter.samples) == 4  # one observation per store program
-    for n in engine.growing:
+    for n in engine.plan.growing:
         s = stores[n]
         assert s["pos"].shape[1] == 16 and s["k"].shape[1] == 16
         np.testing.assert_array_equal(np.asarray(s["k"])[:, :8], expect[n]["k"])

@@ -1,14 +1,16 @@
 """Close the generation loop: ``tok[t] = sample(logits[t-1])``.
 
 The traced model maps tokens to logits over the domain (r, t). Generation adds a ``sample`` node
-over the same domain and a *feedback* edge from it back to the tokens input at index ``t-1``: the
-PDG becomes cyclic, and the storage planner sees a point access with lag 1 (a single slot).
+(:data:`~jaxrl_sym.ops.sampling.sample_p`) over the same domain and a *feedback* edge from it
+back to the tokens input at index ``t-1``: the PDG becomes cyclic, and the storage planner sees
+a point access with lag 1 (a single slot).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from jaxrl_sym.ops.sampling import sample_p
 from jaxrl_sym.pdg.ir import PDG, Edge, Node
 from jaxrl_sym.symbols import Point
 
@@ -22,7 +24,7 @@ def add_generation_loop(pdg: PDG) -> PDG:
     sample = Node(
         id=sid, op="sample", domain=logits.domain, shape=logits.shape[:-1],
         axes=logits.axes[:-1], dtype="int32", name="next_token", source="jaxrl_sym.generation",
-        n_inputs=1,
+        prim=sample_p, n_inputs=1,
     )
     tokens_id = pdg.input_id("tokens")
     edges = (

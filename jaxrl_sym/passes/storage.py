@@ -17,10 +17,18 @@ import sympy
 
 from jaxrl_sym.errors import SymbolError
 from jaxrl_sym.ops.attention import Linear, Pattern
+from jaxrl_sym.passes.stores import (
+    BLOCK,
+    FIXED,
+    GROWING,
+    RING,
+    SLOT,
+    STATE,
+    RingStore,
+    StoreKind,
+)
 from jaxrl_sym.pdg.ir import PDG
 from jaxrl_sym.symbols import IndexExpr, SymbolTable, classify_access, compile_int, compile_jax
-
-KINDS = ("growing", "ring", "block", "state", "slot", "fixed")
 
 
 @dataclass(frozen=True)
@@ -28,7 +36,7 @@ class StorePlan:
     """One store: which node reads it, how, and how big it is (symbolically)."""
 
     node: int  # the consumer (attention) or the feedback target
-    kind: str  # one of KINDS
+    kind: StoreKind  # one of jaxrl_sym.passes.stores.STORE_KINDS
     index: IndexExpr  # index over t of the edge that motivated it
     capacity: sympy.Expr | None  # None: grows geometrically with t
     pattern: Pattern | None
@@ -59,7 +67,7 @@ class StoragePlan:
 
     def to_text(self) -> str:
         return "\n".join(
-            f"%{s.node:<5} {s.kind:<8} index {s.index!s:<22} capacity "
+            f"%{s.node:<5} {s.kind.name:<8} index {s.index!s:<22} capacity "
             f"{'geometric' if s.capacity is None else s.capacity!s:<10} {s.reason}"
             for s in self.stores
         )
@@ -77,24 +85,24 @@ def plan_storage(pdg: PDG, *, max_len: int | None = None) -> StoragePlan:
         acc = classify_access(table, t_index, "t")
         pattern = node.params["pattern"]
         if acc.kind == "prefix" and isinstance(pattern, Linear):
-            plan = StorePlan(node.id, "state", t_index, sympy.Integer(1), pattern,
+            plan = StorePlan(node.id, STATE, t_index, sympy.Integer(1), pattern,
                              "prefix read consumed by a kernelised sum: keep (S, z)")
         elif acc.kind == "prefix":
             if max_len is not None:
-                plan = StorePlan(node.id, "fixed", t_index, sympy.Integer(max_len), pattern,
+                plan = StorePlan(node.id, FIXED, t_index, sympy.Integer(max_len), pattern,
                                  "prefix read; user asked for max_len")
             else:
-                plan = StorePlan(node.id, "growing", t_index, None, pattern,
+                plan = StorePlan(node.id, GROWING, t_index, None, pattern,
                                  "prefix read, length t+1 unbounded")
         elif acc.kind == "window":
-            plan = StorePlan(node.id, "ring", t_index, acc.bound, pattern,
+            plan = StorePlan(node.id, RING, t_index, acc.bound, pattern,
                              f"length bounded by {acc.bound}, start monotone")
         elif acc.kind == "block":
-            plan = StorePlan(node.id, "block", t_index, acc.bound, pattern,
+            plan = StorePlan(node.id, BLOCK, t_index, acc.bound, pattern,
                              f"length bounded by {acc.bound}, start resets")
         else:
             # Correct for any pattern (masking is by position), only not minimal.
-            plan = StorePlan(node.id, "growing", t_index, None, pattern,
+            plan = StorePlan(node.id, GROWING, t_index, None, pattern,
                              f"general access {t_index}: keep all keys")
         stores.append(plan)
     for e in pdg.edges:
@@ -104,7 +112,7 @@ def plan_storage(pdg: PDG, *, max_len: int | None = None) -> StoragePlan:
         acc = classify_access(table, t_index, "t")
         if acc.kind != "point":
             raise SymbolError(f"feedback edge %{e.src}->%{e.dst} reads {t_index}; need a point")
-        stores.append(StorePlan(e.dst, "slot", t_index, sympy.Integer(acc.lag or 1), None,
+        stores.append(StorePlan(e.dst, SLOT, t_index, sympy.Integer(acc.lag or 1), None,
                                 f"point access with lag {acc.lag}"))
     return StoragePlan(tuple(stores))
 
@@ -118,7 +126,7 @@ def live_count_fn(table: SymbolTable, plan: StorePlan, bindings: dict[str, int],
     runs over jax.numpy inside a step program (the slots a decode kernel reads).
     """
     t = table.sym("t")
-    if plan.kind in ("ring", "block"):
+    if isinstance(plan.kind, RingStore):  # ring and block
         expr = sympy.Min(t + 1, plan.capacity_value(bindings))
     else:
         expr = t + 1

@@ -1,4 +1,9 @@
-"""Exact-size stores for attention keys/values, chosen by the storage plan.
+"""The store kinds the storage plan chooses among: exact-size stores for attention keys/values.
+
+Why here, beside the storage pass (:mod:`jaxrl_sym.passes.storage`), and not in the runtime:
+the plan names a kind by the object itself (``StorePlan.kind`` is one of the singletons below),
+so the pass that chooses and the runtime that runs a store share one table and no kind name is
+compared as a string. Each kind owns its device behaviour; the runtime only calls it.
 
 Layouts (per attention node, pytrees of arrays; batch axis first so rows can be compacted):
 
@@ -13,9 +18,10 @@ Layouts (per attention node, pytrees of arrays; batch axis first so rows can be 
   next steps read as their input.
 
 Each kind is a :class:`StoreKind` that owns its behaviour (init, chunk read/write, growth, the
-slots one step reads); :data:`STORE_KINDS` maps the storage plan's kind names to them. Adding a
-store kind is one class here. Everything except ``StoreKind.slots`` runs inside a jitted step
-program.
+slots one step reads); :data:`GROWING`, :data:`FIXED`, :data:`RING`, :data:`BLOCK`, :data:`STATE`
+and :data:`SLOT` are the kinds (:data:`STORE_KINDS` lists them). Adding a store kind is one class
+here and the planner's rule for it. Everything except ``StoreKind.slots`` runs inside a jitted
+step program.
 """
 
 from __future__ import annotations
@@ -28,10 +34,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxrl_sym.backends import triton_ops
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.ops.attention import Pattern, phi, reference_attention
 
 Store = dict[str, jax.Array]
+
+
+class CannotSpeculate(InputError):
+    """A store kind that cannot take back a rejected draft (a recurrent state) was asked to
+    speculate; its own type, so that a draft model's refusal can name the draft."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,8 @@ class StoreKind:
 
     name: ClassVar[str]
     grows: ClassVar[bool] = False  # whether the host doubles it as rows get longer
+    prefix: ClassVar[bool] = False  # keeps every key from position 0 (growing, fixed)
+    keeps_keys: ClassVar[bool] = True  # False: folds keys into a state, or holds none (slot)
 
     def init(self, spec: StoreSpec, batch: int, capacity: int) -> Store:
         return _kv_arrays(spec, batch, capacity)
@@ -219,6 +233,23 @@ class StoreKind:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
+
+    def __eq__(self, other: object) -> bool:
+        """Kinds are singletons, equal by class. A plain name (``"ring"``) also compares equal:
+        a shim for code written when the plan's kinds were strings (``notebooks/``); the
+        library itself compares kinds by object or class."""
+        if isinstance(other, str):
+            return other == self.name
+        return type(other) is type(self)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
 
 class GrowingStore(StoreKind):
     """Full (prefix) attention: ``k, v [B, C, Hkv, D]``, ``pos [B, C]``; chunk written at slot
@@ -226,6 +257,7 @@ class GrowingStore(StoreKind):
 
     name = "growing"
     grows = True
+    prefix = True
 
     def attend(self, spec, store, args, write_index, *, fresh):
         q, k, v, q_pos, k_pos = args[:5]
@@ -319,6 +351,7 @@ class StateStore(StoreKind):
     prefix read is consumed by a kernelised sum, so no key is kept."""
 
     name = "state"
+    keeps_keys = False
 
     def init(self, spec, batch, capacity):
         return {"S": jnp.zeros((batch, spec.hkv, spec.d, spec.dv), jnp.float32),
@@ -327,8 +360,6 @@ class StateStore(StoreKind):
     def attend(self, spec, store, args, write_index, *, fresh):
         q, k, v, q_pos, k_pos = args[:5]
         if spec.backend == "triton" and q.shape[1] == 1 and not fresh:
-            from jaxrl_sym.backends import triton_ops  # imported only with this backend
-
             out, s_new, z_new = triton_ops.linear_decode(q[:, 0], k[:, 0], v[:, 0], store["S"],
                                                          store["z"])
             return out[:, None], {"S": s_new, "z": z_new}
@@ -351,7 +382,7 @@ class StateStore(StoreKind):
     def speculative_capacity(self, spec, k):
         """Refused: the state folds every key in, so a rejected draft cannot be taken out (a
         roll-back would need a copy of S, z per draft position)."""
-        raise InputError(
+        raise CannotSpeculate(
             f"speculate={k}: attention node %{spec.node} uses the {spec.pattern.name!r} pattern, "
             "whose recurrent state cannot roll back rejected draft tokens; use speculate=0 "
             "(plain decoding) for this model")
@@ -376,6 +407,7 @@ class SlotStore(StoreKind):
     rows like any store's, so the host never holds the fed-back token."""
 
     name = "slot"
+    keeps_keys = False
 
     def init(self, spec, batch, capacity):
         return {"tok": jnp.zeros((batch, spec.lag), jnp.int32)}
@@ -397,10 +429,10 @@ class SlotStore(StoreKind):
         return 0
 
 
-STORE_KINDS: dict[str, StoreKind] = {
-    k.name: k for k in (GrowingStore(), FixedStore(), RingStore(), BlockStore(), StateStore(),
-                        SlotStore())}
-"""The runtime's store table: the storage plan's kind name → its behaviour."""
+GROWING, FIXED, RING, BLOCK, STATE, SLOT = (GrowingStore(), FixedStore(), RingStore(),
+                                           BlockStore(), StateStore(), SlotStore())
+STORE_KINDS: tuple[StoreKind, ...] = (GROWING, FIXED, RING, BLOCK, STATE, SLOT)
+"""Every store kind, one instance each: what ``StorePlan.kind`` holds and the runtime runs."""
 
 
 def _triton_decode(spec: StoreSpec, new: Store, q: jax.Array, q_pos: jax.Array,
@@ -409,8 +441,6 @@ def _triton_decode(spec: StoreSpec, new: Store, q: jax.Array, q_pos: jax.Array,
     live-count expression (``spec.live``, compiled from sympy once) of the device-side
     ``write_index``, so one compiled program serves every step of a capacity bucket. ``new``
     already holds this step's entry."""
-    from jaxrl_sym.backends import triton_ops  # imported only when this backend is chosen
-
     if spec.live is None:
         raise ValueError(f"store of attention node %{spec.node}: no live-count function planned")
     (live,) = spec.live(write_index)

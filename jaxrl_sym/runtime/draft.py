@@ -16,48 +16,60 @@ the group starts — the draft is small, and no growth program is compiled for i
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 import jax
 from flax import nnx
 
 from jaxrl_sym.errors import InputError
-
-if TYPE_CHECKING:
-    from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.models.contract import check_model
+from jaxrl_sym.passes.stores import CannotSpeculate
+from jaxrl_sym.runtime.options import EngineOptions
+from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
+from jaxrl_sym.runtime.prefill import packed_prefill
+from jaxrl_sym.runtime.programs import ProgramCache
+from jaxrl_sym.tracer.trace import trace_model
 
 
 @dataclasses.dataclass
 class DraftModel:
-    """The draft's traced program and weights (a :class:`SymbolicLM` of its own, whose
-    ring/block stores are planned ``speculate`` slots larger, as the target's are)."""
+    """The draft's generation plan (planned for the target's speculation: its ring/block
+    stores ``speculate`` slots larger, as the target's are) and its weights."""
 
-    lm: SymbolicLM
+    plan: GenerationPlan
+    leaves: list[Any]
     name: str
+    cache: ProgramCache = dataclasses.field(default_factory=ProgramCache)  # its hoisting
+    _hoisted: tuple[jax.Array, ...] | None = None
 
     @staticmethod
-    def build(model: nnx.Module, target: SymbolicLM, speculate: int) -> DraftModel:
-        """Trace ``model`` as a draft for ``target``; refuse what cannot draft for it."""
-        from jaxrl_sym.runtime.engine import SymbolicLM
-
+    def build(model: nnx.Module, target: GenerationPlan) -> DraftModel:
+        """Trace and plan ``model`` as a draft for ``target`` (its mesh, its initial store
+        capacity, its speculation); refuse what cannot draft for it."""
         name = type(model).__name__
-        lm = SymbolicLM(model, mesh=target.mesh, min_capacity=target.min_capacity)
-        if lm.vocab_size != target.vocab_size:
+        check_model(model)
+        program, _, state = trace_model(model)
+        vocab = int(program.pdg.node(program.pdg.outputs[0]).shape[-1])
+        if vocab != target.vocab_size:
             raise InputError(
-                f"draft model {name} has a vocabulary of {lm.vocab_size} tokens, the target "
+                f"draft model {name} has a vocabulary of {vocab} tokens, the target "
                 f"{target.vocab_size}: a draft must share the target's tokenizer (same vocab)")
-        kinds = {s.kind.name for s in lm.specs.values()}
-        if "state" in kinds:
+        options = EngineOptions(min_capacity=target.options.min_capacity)
+        try:
+            plan = compile_generation(program, options, mesh=target.mesh,
+                                      speculation=target.speculation)
+        except CannotSpeculate:
             raise InputError(
                 f"draft model {name} has linear attention: its recurrent state cannot take "
-                "back a rejected draft; use a draft with softmax attention or draft='ngram'")
-        lm.specs = {n: dataclasses.replace(s, capacity=s.kind.speculative_capacity(s, speculate))
-                    for n, s in lm.specs.items()}
-        lm.builder = dataclasses.replace(lm.builder, specs=lm.specs)
-        return DraftModel(lm, name)
+                "back a rejected draft; use a draft with softmax attention or draft='ngram'"
+            ) from None
+        return DraftModel(plan, plan.place(jax.tree_util.tree_leaves(state)), name)
 
     def hoisted(self) -> tuple[jax.Array, ...]:
-        return self.lm._hoist()
+        if self._hoisted is None:
+            self._hoisted = self.plan.hoist(self.cache, self.leaves)[0]
+        return self._hoisted
 
     @staticmethod
     def capacity(total: int, speculate: int) -> int:
@@ -65,21 +77,17 @@ class DraftModel:
         writes up to ``speculate`` + 1 past the last emitted token (later writes drop)."""
         return total + speculate + 1
 
-    def init(self, cache: Any, rows: int, capacity: int) -> dict:
-        build = lambda: jax.jit(self.lm.builder.init_stores, static_argnums=(0, 1)).lower(
+    def init(self, cache: ProgramCache, rows: int, capacity: int) -> dict:
+        build = lambda: jax.jit(self.plan.builder.init_stores, static_argnums=(0, 1)).lower(
             rows, capacity).compile()
         return cache.run(("draft_init", self.name, rows, capacity), build)
 
-    def prefill(self, cache: Any, stores: dict, arrays: tuple[Any, ...], *, chunk_rows: int,
-                shared: bool) -> dict:
+    def prefill(self, cache: ProgramCache, stores: dict, arrays: tuple[Any, ...], *,
+                chunk_rows: int, shared: bool) -> dict:
         """Fill the draft's stores from the target group's packed prompts (``arrays``: tokens,
         positions, rows, slots, last, source, row ids, seed); its sampled token is unused."""
-        from functools import partial
-
-        from jaxrl_sym.runtime.prefill import packed_prefill
-
         args = (self.hoisted(), stores, *arrays)
-        fn = partial(packed_prefill, self.lm.builder, temperature=0.0, want_logits=False,
+        fn = partial(packed_prefill, self.plan.builder, temperature=0.0, want_logits=False,
                      chunk_rows=chunk_rows, shared=shared)
         key = ("draft_prefill", self.name, arrays[0].shape, len(arrays[4]), chunk_rows, shared,
                _caps(stores))
@@ -87,12 +95,12 @@ class DraftModel:
                         *args)
         return out[0]
 
-    def compact(self, cache: Any, stores: dict, keep: Any, filler: Any, pos0: Any,
+    def compact(self, cache: ProgramCache, stores: dict, keep: Any, filler: Any, pos0: Any,
                 row_ids: Any) -> dict:
         """The target's compaction, applied to the draft's stores (same rows kept)."""
         args = (stores, keep, filler, pos0, row_ids)
         key = ("draft_compact", self.name, len(pos0), len(keep), _caps(stores))
-        out = cache.run(key, lambda: jax.jit(self.lm.builder.compact).lower(*args).compile(),
+        out = cache.run(key, lambda: jax.jit(self.plan.builder.compact).lower(*args).compile(),
                         *args)
         return out[0]
 

@@ -9,7 +9,7 @@ touched here (the live-slot counts come from functions compiled once by the plan
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,7 @@ from jaxrl_sym.generation import (
     validate_prompts,
 )
 from jaxrl_sym.models.contract import check_model
-from jaxrl_sym.passes.generation import add_generation_loop
-from jaxrl_sym.passes.storage import StoragePlan, live_count_fn, plan_storage
-from jaxrl_sym.runtime.evaluate import constant_values
+from jaxrl_sym.passes.stores import StoreSpec
 from jaxrl_sym.runtime.group import DecodeGroup, Outputs
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
@@ -36,194 +34,115 @@ from jaxrl_sym.runtime.metrics import (
     device_peak_bytes,
     tree_bytes,
 )
-from jaxrl_sym.runtime.policy import (
-    COMPACT_AT,
-    COMPACT_MIN_ROWS,
-    DEFAULT_DECODE_TILE,
-    DEFAULT_MAX_DECODE_TILE,
-    DEFAULT_MAX_PAD_FRACTION,
-    DEFAULT_MIN_CAPACITY,
-    Compaction,
-    Tiling,
-    length_bucket,
-    microbatches,
-    next_pow2,
-)
-from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, slot_specs, store_specs
-from jaxrl_sym.sharding import data_size, global_args, make_mesh, to_host, tree_shardings
+from jaxrl_sym.runtime.options import EngineOptions
+from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation, resolve_backend
+from jaxrl_sym.runtime.policy import length_bucket, microbatches, next_pow2
+from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder
+from jaxrl_sym.sharding import to_host
 from jaxrl_sym.tracer.trace import trace_model
 
-
-def resolve_backend(backend: str) -> str:
-    """``xla`` everywhere; ``triton`` = jax-triton on a GPU, Triton's interpreter on CPU (slow,
-    for checking); ``auto`` = triton where it runs compiled (a GPU with jax-triton), else xla."""
-    from jaxrl_sym.backends.launch import backend_name
-
-    if backend == "auto":
-        return "triton" if backend_name() == "gpu" else "xla"
-    if backend == "xla":
-        return backend
-    if backend == "triton":
-        if backend_name() is None:
-            raise InputError(
-                "backend='triton' needs triton (pip install -e '.[interp]' on CPU, '.[gpu]' with "
-                "jax-triton on a GPU); use backend='xla' otherwise"
-            )
-        return backend
-    raise InputError(f"backend={backend!r}: choose 'xla', 'triton' or 'auto'")
+__all__ = ["PackedBatch", "SymbolicLM", "length_bucket", "microbatches", "resolve_backend"]
 
 
-def _tiling(decode_tile: int, max_decode_tile: int | None) -> Tiling:
-    """The engine's tile policy from its arguments, refused by name when it cannot be."""
-    if decode_tile < 1:
-        raise InputError(f"decode_tile={decode_tile} must be >= 1 (1: one dispatch per token)")
-    top = DEFAULT_MAX_DECODE_TILE if decode_tile > 1 else 1
-    top = max(top, int(decode_tile)) if max_decode_tile is None else int(max_decode_tile)
-    if top < decode_tile:
-        raise InputError(f"max_decode_tile={max_decode_tile} must be >= decode_tile="
-                         f"{decode_tile} (the tile only grows from decode_tile)")
-    return Tiling(int(decode_tile), top)
-
-
-def _compaction(compact_at: float, compact_min_rows: int, compact_early: bool) -> Compaction:
-    """The engine's compaction rule from its arguments, refused by name when it cannot be."""
-    if not 0 < compact_at <= 1:
-        raise InputError(f"compact_at={compact_at} must be in (0, 1]: the share of its row "
-                         "bucket a group's live rows must fit before it is compacted")
-    if compact_min_rows < 1:
-        raise InputError(f"compact_min_rows={compact_min_rows} must be >= 1 (1: compact "
-                         "down to single rows)")
-    return Compaction(float(compact_at), int(compact_min_rows), bool(compact_early))
-
+def engine_options(options: EngineOptions | None, knobs: dict[str, Any]) -> EngineOptions:
+    """``options`` with the old one-by-one keyword arguments applied (a shim: call sites that
+    still pass ``SymbolicLM(model, min_capacity=4, ...)`` keep working); an unknown keyword is
+    refused by name."""
+    unknown = sorted(set(knobs) - set(EngineOptions.knobs()))
+    if unknown:
+        raise InputError(f"SymbolicLM got unknown option(s) {', '.join(unknown)}; the options "
+                         f"are EngineOptions' fields: {', '.join(EngineOptions.knobs())}")
+    base = options if options is not None else EngineOptions()
+    return base.replace(**knobs) if knobs else base
 
 class SymbolicLM:
     """Generation and packed scoring for a Flax NNX LM without padding to a maximum length.
 
     Args:
       model: an NNX module called as ``model(tokens, positions, segment_ids) -> logits``.
-      min_capacity: initial slots of a growing store (it then doubles).
-      max_len: optional user cap; with it, full-attention stores are allocated at that size.
-      microbatch_rows / max_pad_fraction: aligned-microbatch policy (see :func:`microbatches`).
-      backend: ``xla``, ``triton`` (Triton kernels for decode steps; interpreted on CPU) or
-        ``auto``.
-      decode_tile: decode steps per dispatch while rows are ending (one device→host sync per
-        tile; a row that ends inside a tile wastes the tile's remaining steps). 1: a dispatch
-        per token.
-      max_decode_tile: the tile doubles up to this after a dispatch in which no row ended
-        (:class:`~jaxrl_sym.runtime.policy.Tiling`; one program serves every length). Kept at
-        ``decode_tile`` when logits are returned (the program's buffers hold a tile of them).
-      prefill: ``packed`` (default: prompts bin-packed into rows, so neither prompt padding nor
-        filler rows are computed; :mod:`jaxrl_sym.runtime.prefill`) or ``block`` (the
-        right-aligned ``[rows, prompt block]`` rectangle, in chunks).
+      options: the runtime's knobs (:class:`~jaxrl_sym.runtime.options.EngineOptions`: store
+        capacity, microbatching, backend, decode tiles, prefill, compaction, deferred
+        compiles); the old keyword arguments (``min_capacity=4``, ...) still work and override
+        its fields.
       mesh: a ``jax.sharding.Mesh`` (or ``"data=4"`` / a :class:`~jaxrl_sym.sharding.MeshConfig`):
         weights are placed by :mod:`jaxrl_sym.sharding`'s rule and every program keeps its
         stores' rows split over the data axes, so XLA partitions each step; the host loop is
         unchanged (it reads lengths and tokens back as before). Row buckets are rounded up to a
         multiple of the data axes (:attr:`row_multiple`, filler rows), so stores split evenly.
-      compact_at: compact finished rows away once the live rows fit this share of the row
-        bucket (:data:`~jaxrl_sym.runtime.policy.COMPACT_AT`); lower compiles fewer programs.
-      compact_min_rows: never compact below this many rows
-        (:data:`~jaxrl_sym.runtime.policy.COMPACT_MIN_ROWS`: where a decode step costs about
-        the same whatever its rows, a smaller bucket only adds a program to compile).
-      compact_early: a decode tile ends at the step its live rows fall to the compaction
-        share, so finished rows are dropped then, not at the tile's end
-        (:class:`~jaxrl_sym.runtime.policy.Compaction`: less waste, more row buckets).
-      defer_compiles: a compaction whose smaller bucket has no decode program yet does not
-        wait for one: the program is compiled on a background thread and the group decodes on
-        at its current bucket; a later compaction to that bucket (in a later call) waits for
-        it if it is still compiling. Which buckets a call uses depends only on what earlier
-        calls requested, never on compile timing, so runs stay reproducible. Off by default:
-        it moves compile time rather than removing it. On the CPU step benchmark (2 cores) the
-        first generation took 7.0 s instead of 18-21 s and the warm-up step 18.3 s instead of
-        29-31 s, but the second step waited 8 s for the background compiles, so two steps
-        took 28.7 s against about 32 s; steady state is the same. It pays where spare cores
-        compile while the step's reference and update run.
+
+    The model is traced once and its generation planned once (:attr:`plan`, a
+    :class:`~jaxrl_sym.runtime.plan.GenerationPlan`); the engine itself holds only what changes
+    between calls: the weights (:meth:`set_params`), their hoisted values and the compiled
+    programs (:attr:`cache`).
     """
 
-    group_class: type[DecodeGroup] = DecodeGroup  # a subclass runs groups its own way (speculative)
-
-    def __init__(
-        self,
-        model: nnx.Module,
-        *,
-        min_capacity: int = DEFAULT_MIN_CAPACITY,
-        max_len: int | None = None,
-        microbatch_rows: int | None = None,
-        max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION,
-        backend: str = "xla",
-        decode_tile: int = DEFAULT_DECODE_TILE,
-        max_decode_tile: int | None = None,
-        mesh: Any = None,
-        prefill: str = "packed",
-        compact_at: float = COMPACT_AT,
-        compact_min_rows: int = COMPACT_MIN_ROWS,
-        compact_early: bool = False,
-        defer_compiles: bool = False,
-    ) -> None:
-        self.tiling = _tiling(decode_tile, max_decode_tile)
-        self.decode_tile = self.tiling.base
-        self.compaction = _compaction(compact_at, compact_min_rows, compact_early)
-        self.defer_compiles = bool(defer_compiles)
-        if prefill not in ("packed", "block"):
-            raise InputError(f"prefill={prefill!r}: choose 'packed' (prompts bin-packed into "
-                             "rows) or 'block' (the right-aligned prompt rectangle)")
-        self.prefill = prefill
-        self.backend = resolve_backend(backend)
+    def __init__(self, model: nnx.Module, options: EngineOptions | None = None, *,
+                 mesh: Any = None, **knobs: Any) -> None:
+        self.options = engine_options(options, knobs)
+        resolve_backend(self.options.backend)  # refused before any tracing
         check_model(model)  # the contract, stated, before any symbolic-shape tracing
         self.program, self.graphdef, state = trace_model(model)
-        self.vocab_size = int(self.program.pdg.node(self.program.pdg.outputs[0]).shape[-1])
-        self.pdg = add_generation_loop(self.program.pdg)
-        self.plan: StoragePlan = plan_storage(self.pdg, max_len=max_len)
-        self.bindings = self.program.binding_dict
-        self.specs = store_specs(self.pdg, self.plan, self.bindings, self.backend)
-        self.builder = StepBuilder(self.pdg, self.specs,
-                                   slot_specs(self.pdg, self.plan, self.bindings),
-                                   constant_values(self.program.consts), self.backend,
-                                   mesh=make_mesh(mesh))
-        self.mesh = self.builder.mesh
-        self.leaves = self._place(jax.tree_util.tree_leaves(state))
-        self.min_capacity = min_capacity
-        self.max_len = max_len
-        self.microbatch_rows = microbatch_rows
-        self.max_pad_fraction = max_pad_fraction
+        self.plan: GenerationPlan = self._compile(mesh)
         self.cache = ProgramCache()
-        live_fns = {str(s.node): live_count_fn(self.pdg.symbols, s, self.bindings)
-                    for s in self.plan.stores if s.kind != "slot"}
-        self.growing = tuple(str(n) for n, s in self.specs.items() if s.kind.grows)
-        fns = [live_fns[g] for g in self.growing]
-        # live slots of the growing stores after writing slot t (None: nothing grows)
-        self.growing_need: Callable[[int], int] | None = (
-            (lambda t: max(int(f(t)[0]) for f in fns)) if fns else None)
+        self.leaves = self.plan.place(jax.tree_util.tree_leaves(state))
         self._hoisted: tuple[jax.Array, ...] | None = None
         self._hoisted_bytes = 0
 
-    # ------------------------------------------------------------------ parameters
-    def set_params(self, state: Any) -> None:
-        """Swap in new parameters (same structure); hoisted values are recomputed lazily."""
-        self.leaves = self._place(jax.tree_util.tree_leaves(state))
-        self._hoisted = None
+    def _compile(self, mesh: Any) -> GenerationPlan:
+        """The generation plan (a subclass adds planning inputs: speculation)."""
+        return compile_generation(self.program, self.options, mesh=mesh)
+
+    # ------------------------------------------------------------------ the plan, read-only
+    @property
+    def pdg(self) -> Any:
+        return self.plan.pdg
+
+    @property
+    def specs(self) -> Mapping[int, StoreSpec]:
+        return self.plan.specs
+
+    @property
+    def builder(self) -> StepBuilder:
+        return self.plan.builder
+
+    @property
+    def vocab_size(self) -> int:
+        return self.plan.vocab_size
+
+    @property
+    def mesh(self) -> Any:
+        return self.plan.mesh
 
     @property
     def row_multiple(self) -> int:
         """Row buckets this many rows apart split evenly over the mesh's data axes (1 without
         a mesh); a bucket that is not a multiple runs with replicated stores."""
-        return data_size(self.mesh)
+        return self.plan.row_multiple
 
-    def _place(self, leaves: list[Any]) -> list[Any]:
-        """On a mesh, weights go where the sharding rule puts them (a no-op when a trainer on
-        the same mesh already placed them); without one, untouched."""
-        if self.mesh is None:
-            return leaves
-        return jax.device_put(leaves, tree_shardings(leaves, self.mesh))
+    @property
+    def backend(self) -> str:
+        return self.plan.backend
+
+    @property
+    def bindings(self) -> dict[str, int]:
+        return self.program.binding_dict
+
+    # ------------------------------------------------------------------ parameters
+    def set_params(self, state: Any) -> None:
+        """Swap in new parameters (same structure); hoisted values are recomputed lazily."""
+        self.leaves = self.plan.place(jax.tree_util.tree_leaves(state))
+        self._hoisted = None
 
     def _hoist(self) -> tuple[jax.Array, ...]:
         if self._hoisted is None:
-            key = ("hoist",)
-            build = lambda: jax.jit(self.builder.hoist).lower(self.leaves).compile()
-            computed = self.cache.run(key, build, self.leaves)
-            self._hoisted_bytes = tree_bytes(computed)
-            self._hoisted = self.builder.assemble(self.leaves, computed)
+            self._hoisted, self._hoisted_bytes = self.plan.hoist(self.cache, self.leaves)
         return self._hoisted
+
+    def _group(self, group: list[int], prompts: list[np.ndarray], limits: np.ndarray,
+               cfg: GenerationConfig, meter: MemoryMeter, weights_bytes: int) -> DecodeGroup:
+        """The decode group that runs one microbatch (a subclass runs its own: speculative)."""
+        return DecodeGroup(self.plan, self.cache, group, prompts, limits, cfg, meter,
+                           weights_bytes)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], cfg: GenerationConfig, *,
@@ -261,82 +180,66 @@ class SymbolicLM:
         """
         prompts = validate_prompts(prompts, self.vocab_size, cfg)
         limits = row_limits(cfg, len(prompts))
-        lengths = [len(p) for p in prompts]
         meter = MemoryMeter()
-        toks: list[list[int]] = [[] for _ in prompts]
-        lps: list[list[float]] = [[] for _ in prompts]
-        logits: list[list[np.ndarray]] | None = [[] for _ in prompts] if cfg.return_logits else None
-        compiles0, disp0 = self.cache.compiles, self.cache.dispatches
+        out = Outputs([[] for _ in prompts], [[] for _ in prompts],
+                      [[] for _ in prompts] if cfg.return_logits else None,
+                      on_progress, stop_when)
+        since = (self.cache.compiles, self.cache.dispatches, time.perf_counter())
         self.cache.begin_call()
-        t0 = time.perf_counter()
         with CompileCounter() as cc:
-            hoisted = self._hoist()
-            weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
-            out = Outputs(toks, lps, logits, on_progress, stop_when)
-            work = WorkLog()
-            groups = microbatches(lengths, limits, max_rows=self.microbatch_rows,
-                                  max_pad_fraction=(self.max_pad_fraction
-                                                    if max_pad_fraction is None
-                                                    else max_pad_fraction))
-            for k, group in enumerate(groups):
-                if out.stopped:
-                    break
-                if stop_live is not None:  # rows of later groups are unfinished as well
-                    out.stop_live = max(0, stop_live - sum(len(g) for g in groups[k + 1:]))
-                dg = self.group_class(self, group, prompts, limits, cfg, meter, weights_bytes)
-                dg.run(hoisted, out, on_finished)
-                work.merge(dg.work)
-        elapsed = time.perf_counter() - t0
+            groups, work = self._run_groups(prompts, limits, cfg, meter, out, on_finished,
+                                            stop_live, max_pad_fraction)
+        return self._result(out, self._stats(cc, meter, since, groups, work, out))
+
+    def _stats(self, cc: CompileCounter, meter: MemoryMeter, since: tuple[int, int, float],
+               groups: int, work: WorkLog, out: Outputs) -> dict[str, Any]:
+        """A call's stats; ``since``: the cache's compiles and dispatches and the clock when
+        it began."""
+        elapsed = time.perf_counter() - since[2]
         dev_peak = device_peak_bytes()
-        stats = {
+        return {
             "xla_compiles": cc.count, "compile_cache_hits": cc.cache_hits,
-            "program_compiles": self.cache.compiles - compiles0,
+            "program_compiles": self.cache.compiles - since[0],
             "compile_seconds": cc.seconds,
-            "dispatches": self.cache.dispatches - disp0,
+            "dispatches": self.cache.dispatches - since[1],
             "peak_bytes": dev_peak if dev_peak is not None else meter.peak,
             "accounted_peak_bytes": meter.peak,
             "run_seconds": elapsed,
-            "generated_tokens": int(sum(len(t) for t in toks)),
-            "groups": len(groups),
+            "generated_tokens": int(sum(len(t) for t in out.toks)),
+            "groups": groups,
             "stopped_early": out.stopped,
             "unfinished_rows": int((~out.finished).sum()),
             **work.report(),
         }
+
+    def _run_groups(self, prompts: list[np.ndarray], limits: np.ndarray, cfg: GenerationConfig,
+                    meter: MemoryMeter, out: Outputs, on_finished: Any, stop_live: int | None,
+                    max_pad_fraction: float | None) -> tuple[int, WorkLog]:
+        """Run the request's aligned microbatches one after another (until ``stop_when``
+        says stop); returns how many groups it planned and their work, by cause."""
+        hoisted = self._hoist()
+        weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
+        work = WorkLog()
+        groups = self.plan.microbatches([len(p) for p in prompts], limits, max_pad_fraction)
+        for k, group in enumerate(groups):
+            if out.stopped:
+                break
+            if stop_live is not None:  # rows of later groups are unfinished as well
+                out.stop_live = max(0, stop_live - sum(len(g) for g in groups[k + 1:]))
+            dg = self._group(group, prompts, limits, cfg, meter, weights_bytes)
+            dg.run(hoisted, out, on_finished)
+            work.merge(dg.work)
+        return len(groups), work
+
+    def _result(self, out: Outputs, stats: dict[str, Any]) -> GenerationResult:
         return GenerationResult(
-            tokens=[np.asarray(t, np.int32) for t in toks],
-            logprobs=[np.asarray(lp, np.float32) for lp in lps],
-            logits=None if logits is None else [
-                np.stack(x) if x else np.zeros((0, self.vocab_size), np.float32) for x in logits],
+            tokens=[np.asarray(t, np.int32) for t in out.toks],
+            logprobs=[np.asarray(lp, np.float32) for lp in out.lps],
+            logits=None if out.logits is None else [
+                np.stack(x) if x else np.zeros((0, self.vocab_size), np.float32)
+                for x in out.logits],
             stats=stats,
         )
-
-    def run_program(self, name: str, cfg: GenerationConfig, *args: Any, **static: int
-                    ) -> tuple[Any, tuple]:
-        """Run the prefill/decode(-tile) program for these shapes, compiling it on first use."""
-        if self.mesh is not None:  # a compiled program takes only the shardings it was built for
-            args = (args[0], self.builder.place_stores(args[1]), *args[2:])
-        key, build = self.program_for(name, cfg, *args, **static)
-        exe = self.cache.get(key, build)
-        self.cache.dispatches += 1
-        return exe(*global_args(exe, args)), key
-
-    def program_for(self, name: str, cfg: GenerationConfig, *args: Any, **static: int
-                    ) -> tuple[tuple, Callable[[], Any]]:
-        """The cache key of the prefill/decode(-tile) program for these arguments (arrays or
-        ``jax.ShapeDtypeStruct``s) and the function that compiles it."""
-        stores = args[1]
-        caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
-        key = (name, args[2].shape, caps, cfg.temperature, cfg.return_logits,
-               *sorted(static.items()))
-        fn = getattr(self.builder, name)
-
-        def build() -> Any:
-            jitted = jax.jit(fn, static_argnames=("temperature", "want_logits", *static),
-                             donate_argnums=(1,))
-            return jitted.lower(*args, temperature=cfg.temperature,
-                                want_logits=cfg.return_logits, **static).compile()
-
-        return key, build
 
     # ------------------------------------------------------------------ packed forward
     def pack(self, sequences: Sequence[np.ndarray]) -> PackedBatch:

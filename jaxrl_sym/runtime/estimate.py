@@ -43,8 +43,11 @@ from jaxrl_sym.baselines.interpret import trace_forward
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.cache import PaddedKVCache
 from jaxrl_sym.ops.attention import attention_p
+from jaxrl_sym.runtime.metrics import device_memory_limit
+from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import GroupShape, replay
 from jaxrl_sym.tracer.flatten import eval_jaxpr
+from jaxrl_sym.tracer.trace import trace_model
 
 F32 = 4  # logits and attention scores are computed in float32 by every system
 
@@ -201,31 +204,61 @@ def _baseline(model: nnx.Module, padded: bool, b: int, p: int, n: int,
 
 def _sym(model: nnx.Module, system: str, b: int, p: int, n: int,
          cfg: GenerationConfig) -> Estimate:
-    """The symbolic runtime: stores as the planner and the host policy size them."""
-    from jaxrl_sym.runtime.engine import SymbolicLM  # the trace + plan; no program compiled
+    """The symbolic runtime with its default options: the model traced and planned (no
+    program compiled), then :func:`plan_estimate`."""
+    program, _, state = trace_model(model)
+    return plan_estimate(compile_generation(program), _nbytes(state), b, p, n, cfg,
+                         system=system)
 
-    lm = SymbolicLM(model)
-    lens, limits = [p] * b, [n] * b
-    shape = GroupShape.plan(lens, limits, min_capacity=lm.min_capacity, max_len=lm.max_len)
-    (_, dispatches), = replay(lens, limits, min_capacity=lm.min_capacity, tiling=lm.tiling,
-                              need=lm.growing_need, max_pad_fraction=lm.max_pad_fraction,
-                              microbatch_rows=None, compaction=lm.compaction)
-    caps = [shape.capacity, *(d.capacity for d in dispatches)]
-    final, rows = max(caps), shape.rows
-    previous = max((c for c in caps if c < final), default=0)
-    stores = jax.eval_shape(lambda: lm.builder.init_stores(rows, final))
+
+def plan_estimate(plan: GenerationPlan, weights_bytes: int, b: int, p: int, n: int,
+                  cfg: GenerationConfig, *, system: str = "sym") -> Estimate:
+    """The symbolic runtime's bytes for ``b`` prompts of ``p`` tokens generating ``n``: the
+    stores as the plan and its host policy size them (:func:`replay`), ``weights_bytes`` of
+    weights plus the values the plan hoists."""
+    shape, final, previous = _capacities(plan, b, p, n)
+    rows = shape.rows
+    stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, final))
     growth = max((_nbytes(jax.eval_shape(lambda s=s: s.kind.init(s, rows, previous)))
-                  for s in lm.specs.values() if s.kind.grows and previous), default=0)
-    hoisted = sum(_nbytes(_node_struct(lm.pdg.node(i))) for i in lm.builder.computed_boundary())
-    vocab, pcap = lm.vocab_size, shape.prompt_slots
-    chunk = cfg.prefill_chunk(rows, pcap, vocab)
-    tile = lm.decode_tile if cfg.return_logits else lm.tiling.max  # the tile's output buffers
+                  for s in plan.specs.values() if s.kind.grows and previous), default=0)
+    hoisted = sum(_nbytes(_node_struct(plan.pdg.node(i)))
+                  for i in plan.builder.computed_boundary())
+    vocab, pcap = plan.vocab_size, shape.prompt_slots
+    tile = plan.tile_buffer(cfg)  # the tile's output buffers
     per_token = 8 + (vocab * F32 if cfg.return_logits else 0)
+    what, temp = _largest(_sym_temporaries(plan, shape, final, cfg))
+    kinds = ", ".join(sorted({s.kind.name for s in plan.specs.values()}))
+    geometry = f"{len(plan.specs)} stores ({kinds}) × {rows} rows"
+    return Estimate(system, weights_bytes + hoisted, _nbytes(stores), growth,
+                    tile * rows * per_token + rows * pcap * 8, temp, what,
+                    f"{geometry}, growing capacity {final}" if plan.growing else geometry)
+
+
+def _capacities(plan: GenerationPlan, b: int, p: int, n: int) -> tuple[GroupShape, int, int]:
+    """The group's shape, and the growing stores' final and previous capacity (0: none), as
+    the engine's policy reaches them (every row at its limit)."""
+    lens, limits = [p] * b, [n] * b
+    opts = plan.options
+    shape = GroupShape.plan(lens, limits, min_capacity=opts.min_capacity, max_len=opts.max_len)
+    (_, dispatches), = replay(lens, limits, min_capacity=opts.min_capacity, tiling=plan.tiling,
+                              need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,
+                              microbatch_rows=None, compaction=plan.compaction)
+    caps = [shape.capacity, *(d.capacity for d in dispatches)]
+    final = max(caps)
+    return shape, final, max((c for c in caps if c < final), default=0)
+
+
+def _sym_temporaries(plan: GenerationPlan, shape: GroupShape, final: int,
+                     cfg: GenerationConfig) -> list[tuple[str, int]]:
+    """The symbolic runtime's candidate largest temporaries: logits, and per store the
+    attention scores of a prefill chunk and of a decode step."""
+    rows, vocab, pcap = shape.rows, plan.vocab_size, shape.prompt_slots
+    chunk = cfg.prefill_chunk(rows, pcap, vocab)
     temps = [(f"prefill logits {rows}×{chunk}×{vocab} fp32", rows * chunk * vocab * F32),
              (f"decode logits {rows}×{vocab} fp32", rows * vocab * F32)]
-    for nid, spec in lm.specs.items():
-        hq = int(_q_node(lm, nid).shape[2])
-        if spec.kind.name == "state":
+    for nid, spec in plan.specs.items():
+        hq = int(_q_node(plan, nid).shape[2])
+        if not spec.kind.keeps_keys:
             temps.append(("linear-attention chunk weights", _scores(rows, hq, chunk, chunk)))
             continue
         keys = _prefill_keys(spec, chunk, single=chunk == pcap, initial=shape.capacity)
@@ -233,13 +266,7 @@ def _sym(model: nnx.Module, system: str, b: int, p: int, n: int,
         temps += [(f"prefill attention scores over {keys} keys", _scores(rows, hq, chunk, keys)),
                   (f"decode attention scores over {decode_keys} keys",
                    _scores(rows, hq, 1, decode_keys))]
-    what, temp = _largest(temps)
-    kinds = sorted({s.kind.name for s in lm.specs.values()})
-    return Estimate(system, _nbytes(lm.leaves) + hoisted, _nbytes(stores), growth,
-                    tile * rows * per_token + rows * pcap * 8, temp, what,
-                    f"{len(lm.specs)} stores ({', '.join(kinds)}) × {rows} rows, growing "
-                    f"capacity {final}" if lm.growing else
-                    f"{len(lm.specs)} stores ({', '.join(kinds)}) × {rows} rows")
+    return temps
 
 
 def _prefill_keys(spec: Any, chunk: int, *, single: bool, initial: int) -> int:
@@ -247,7 +274,7 @@ def _prefill_keys(spec: Any, chunk: int, *, single: bool, initial: int) -> int:
     the only one and fits (a fresh store), else the store (growing: its initial capacity) plus,
     for rings, the chunk joined to it."""
     cap = spec.capacity or initial
-    if spec.kind.grows or spec.kind.name == "fixed":
+    if spec.kind.prefix:
         return chunk if single else cap
     return chunk if single and chunk <= cap else cap + chunk
 
@@ -256,16 +283,14 @@ def _node_struct(node: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(int(d) for d in node.shape), node.dtype)
 
 
-def _q_node(lm: Any, nid: int) -> Any:
+def _q_node(plan: GenerationPlan, nid: int) -> Any:
     """The query operand of attention node ``nid`` in the generation PDG (its head count)."""
-    return next(lm.pdg.node(e.src) for e in lm.pdg.in_edges(nid) if e.port == 0)
+    return next(plan.pdg.node(e.src) for e in plan.pdg.in_edges(nid) if e.port == 0)
 
 
 def memory_limit() -> tuple[int | None, str]:
     """The memory a run may use and where the number comes from: the device's limit where the
     backend reports one (GPU), else the host's physical memory (CPU arrays live there)."""
-    from jaxrl_sym.runtime.metrics import device_memory_limit
-
     limit = device_memory_limit()
     if limit is not None:
         return limit, "device memory limit"

@@ -4,9 +4,12 @@ This runs only while JAX traces a jitted program (once per compiled shape), neve
 resulting XLA program is the fused region. The sequence extent ``T`` is instantiated with the
 *chunk* length (1 for a decode step, the prompt bucket for prefill, the packed row length for a
 parallel forward) and ``B`` with the batch bucket. Nodes the runtime executes itself — attention
-(against its store, or a packed kernel) and ``sample`` (token selection) — are delegated to
-handlers keyed by op, so the same evaluator serves store-backed decoding and the packed forward;
-a ``sample`` node without a handler is not evaluated (the packed forward samples nothing).
+(against its store, or a packed kernel) and ``sample`` (token selection with the runtime's seed
+and row ids) — are delegated to handlers keyed by their primitive, so one evaluator serves every
+program that runs a model (:func:`evaluate`): a prefill chunk or decode step against the
+stores, the packed prefill, a speculative verify or draft step, the packed training forward and
+the RL features forward. A ``sample`` node without a handler is not evaluated (a forward samples
+nothing).
 """
 
 from __future__ import annotations
@@ -14,13 +17,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import sympy
 
+from jaxrl_sym.ops.attention import attention_p
+from jaxrl_sym.ops.sampling import sample_p
 from jaxrl_sym.pdg.ir import PDG, Node
 
 Handler = Callable[[Node, list[Any]], Any]
 """Runs one node: its array, or a tuple of outputs."""
+
+
+def bind(node: Node, args: list[Any]) -> Any:
+    """A node's own primitive on its operands (attention: the masked primitive, differentiable;
+    the handler of a forward over whole sequences)."""
+    return node.prim.bind(*args, **node.params)
 
 
 def instantiate(obj: Any, env: Mapping[sympy.Symbol, int]) -> Any:
@@ -45,7 +57,7 @@ def static_nodes(pdg: PDG) -> frozenset[int]:
     return frozenset(n.id for n in pdg.nodes if not n.domain)
 
 
-def evaluate(
+def evaluate_nodes(
     pdg: PDG,
     values: dict[int, tuple[Any, ...]],
     extents: Mapping[str, int],
@@ -57,8 +69,8 @@ def evaluate(
     """Compute every node not already in ``values`` (restricted to ``only`` if given).
 
     ``values`` maps node id → tuple of outputs and must hold the inputs (and, for a step program,
-    the hoisted static nodes). ``extents`` binds ``B`` and ``T``. ``handlers`` maps an op name
-    (``sym_attention``, ``sample``) to the runtime's implementation of that node.
+    the hoisted static nodes). ``extents`` binds ``B`` and ``T``. ``handlers`` maps a primitive
+    (``attention_p``, ``sample_p``) to the runtime's implementation of its nodes.
     """
     env = {pdg.symbols.sym(k): v for k, v in extents.items()}
     vals = dict(values)
@@ -67,9 +79,9 @@ def evaluate(
         if nid in vals or (only is not None and nid not in only):
             continue
         node = pdg.node(nid)
-        handler = handlers.get(node.op)
-        if node.op in ("input", "weight") or (node.op == "sample" and handler is None):
-            continue
+        handler = handlers.get(node.prim) if node.prim is not None else None
+        if node.prim is None or (node.prim is sample_p and handler is None):
+            continue  # an input or weight (given), or a sample no program asked for
         args: list[Any] = [None] * node.n_inputs
         for port, lit in node.literals:
             args[port] = lit
@@ -80,13 +92,45 @@ def evaluate(
             out = handler(node, args)
             vals[nid] = out if isinstance(out, tuple) else (out,)
             continue
-        if node.op == "sym_attention":
-            raise ValueError(f"attention node %{nid} ({node.source}) reached evaluate() without "
-                             "a 'sym_attention' handler")
+        if node.prim is attention_p:
+            raise ValueError(f"attention node %{nid} ({node.source}) reached evaluate_nodes() "
+                             "without an attention handler")
         params = instantiate(node.params, env)
         out = node.prim.bind(*args, **params)
         vals[nid] = tuple(out) if node.prim.multiple_results else (out,)
     return vals
+
+
+def dynamic_nodes(pdg: PDG) -> frozenset[int]:
+    """Nodes with a domain (per row and position): what a step program computes."""
+    static = static_nodes(pdg)
+    return frozenset(n.id for n in pdg.nodes if n.id not in static)
+
+
+def evaluate(pdg: PDG, static: Mapping[int, tuple[Any, ...]], tokens: Any, positions: Any,
+                   segment_ids: Any = None, *, attention: Handler = bind,
+                   sample: Handler | None = None, dynamic_only: bool = False
+                   ) -> dict[int, tuple[Any, ...]]:
+    """A model's PDG on one batch of sequence inputs ``[B, T]``: the one evaluator behind every
+    program that runs a model (see the module docstring). What differs between those programs
+    is only how an attention node meets its store (``attention``; default: the primitive
+    itself) and whether the ``sample`` node picks tokens (``sample``; None: not evaluated).
+
+    static: node id → values of the weights and constants (then every node is computed: a
+    forward), or of the hoisted boundary with ``dynamic_only`` (only per-position nodes are
+    computed: a step program). ``segment_ids`` None: one segment per row. Returns every value
+    computed, by node id.
+    """
+    vals = dict(static)
+    vals[pdg.input_id("tokens")] = (tokens,)
+    vals[pdg.input_id("positions")] = (positions,)
+    vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions) if segment_ids is None
+                                         else segment_ids,)
+    handlers: dict[Any, Handler] = {attention_p: attention}
+    if sample is not None:
+        handlers[sample_p] = sample
+    return evaluate_nodes(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]}, handlers,
+                    only=dynamic_nodes(pdg) if dynamic_only else None)
 
 
 def constant_values(consts: tuple[tuple[int, Any], ...]) -> dict[int, tuple[Any, ...]]:

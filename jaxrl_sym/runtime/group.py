@@ -13,23 +13,21 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
 from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.passes.stores import GrowingStore
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
-from jaxrl_sym.runtime.policy import Compaction, Dispatch, GroupShape, Tiling, next_dispatch
+from jaxrl_sym.runtime.plan import GenerationPlan
+from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch
 from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
-from jaxrl_sym.runtime.programs import DEAD_POSITION
-from jaxrl_sym.runtime.stores import GrowingStore
+from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache
 from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
-
-if TYPE_CHECKING:
-    from jaxrl_sym.runtime.engine import SymbolicLM
 
 OnFinished = Callable[[list[int], list[np.ndarray]], None]
 
@@ -59,20 +57,21 @@ class Outputs:
 
 
 class DecodeGroup:
-    """A microbatch from prefill to its last row's end (see the module docstring)."""
+    """A microbatch from prefill to its last row's end (see the module docstring).
 
-    def __init__(self, lm: SymbolicLM, group: list[int], prompts: list[np.ndarray],
-                 limits: np.ndarray, cfg: GenerationConfig, meter: MemoryMeter,
-                 weights_bytes: int) -> None:
-        self.lm, self.cfg, self.meter, self.weights_bytes = lm, cfg, meter, weights_bytes
-        self.shape = GroupShape.plan([len(prompts[i]) for i in group], [limits[i] for i in group],
-                                     min_capacity=lm.min_capacity, max_len=lm.max_len,
-                                     row_multiple=lm.row_multiple)
+    plan: the model's generation plan (what every decision reads); cache: the engine's compiled
+    programs (shared by its groups, so a program compiles once per engine)."""
+
+    def __init__(self, plan: GenerationPlan, cache: ProgramCache, group: list[int],
+                 prompts: list[np.ndarray], limits: np.ndarray, cfg: GenerationConfig,
+                 meter: MemoryMeter, weights_bytes: int) -> None:
+        self.plan, self.cache = plan, cache
+        self.cfg, self.meter, self.weights_bytes = cfg, meter, weights_bytes
+        self.shape = plan.group_shape([len(prompts[i]) for i in group],
+                                      [limits[i] for i in group])
         self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
-        # steps the tile program's output buffers hold: returned logits fill a tile of them,
-        # not max_decode_tile's
-        self.buffer = lm.decode_tile if cfg.return_logits else lm.tiling.max
-        self.tiling = Tiling(lm.decode_tile, self.buffer)
+        self.buffer = plan.tile_buffer(cfg)  # steps the tile program's output buffers hold
+        self.tiling = Tiling(plan.tiling.base, self.buffer)
         self.tile = self.tiling.first()  # steps the next dispatch asks for
         b = self.shape.rows
         self.ids = np.full((b,), -1, np.int64)
@@ -90,8 +89,8 @@ class DecodeGroup:
         pos0 = np.full((b,), DEAD_POSITION, np.int32)
         pos0[:len(group)] = [len(prompts[i]) for i in group]
         self.pos0 = jax.device_put(pos0)
-        self.stores = lm.cache.run(("init", b, self.capacity), lambda: jax.jit(
-            lm.builder.init_stores, static_argnums=(0, 1)).lower(b, self.capacity).compile())
+        self.stores = cache.run(("init", b, self.capacity), lambda: jax.jit(
+            plan.builder.init_stores, static_argnums=(0, 1)).lower(b, self.capacity).compile())
 
     # ------------------------------------------------------------------ the loop
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
@@ -115,47 +114,58 @@ class DecodeGroup:
                 return
             live = np.nonzero(~self.done)[0]
             remaining = max(int(self.limits[s]) - len(out.toks[int(self.ids[s])]) for s in live)
-            d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
-                              capacity=self.capacity, live=len(live), remaining=remaining,
-                              tile=self.tile, need=self.lm.growing_need,
-                              row_multiple=self.lm.row_multiple,
-                              compaction=self.lm.compaction)
+            ask = partial(self.next_dispatch, live, steps_done=self.steps_done,
+                          remaining=remaining, tile=self.tile)
+            d = ask()
             if d.rows < self.rows and self._defer(d, hoisted):
-                d = next_dispatch(self.shape, steps_done=self.steps_done, rows=self.rows,
-                                  capacity=self.capacity, live=len(live), remaining=remaining,
-                                  tile=self.tile, need=self.lm.growing_need,
-                                  row_multiple=self.lm.row_multiple, compaction=NEVER)
-            if d.rows < self.rows:
-                self.compact(live, d.rows)
-            if d.capacity > self.capacity:
-                self.grow(d.capacity)
+                d = ask(compaction=NEVER)
+            self.carry_out(d, live)
             last = self.decode(hoisted, d)
 
+    def next_dispatch(self, live: np.ndarray, *, steps_done: int, remaining: int, tile: int,
+                      compaction: Compaction | None = None, grow_with_compaction: bool = True
+                      ) -> Dispatch:
+        """The policy's next dispatch for this group (:func:`next_dispatch`): the group
+        asks, it does not decide."""
+        return next_dispatch(self.shape, steps_done=steps_done, rows=self.rows,
+                             capacity=self.capacity, live=len(live), remaining=remaining,
+                             tile=tile, need=self.plan.growing_need,
+                             row_multiple=self.plan.row_multiple,
+                             compaction=compaction or self.plan.compaction,
+                             grow_with_compaction=grow_with_compaction)
+
+    def carry_out(self, d: Dispatch, live: np.ndarray) -> None:
+        """The compaction and growth ``d`` decided, before its program runs."""
+        if d.rows < self.rows:
+            self.compact(live, d.rows)
+        if d.capacity > self.capacity:
+            self.grow(d.capacity)
+
     def _defer(self, d: Dispatch, hoisted: tuple[jax.Array, ...]) -> bool:
-        """Whether the compaction ``d`` asks for waits (``SymbolicLM(defer_compiles=...)``):
+        """Whether the compaction ``d`` asks for waits (``EngineOptions.defer_compiles``):
         its decode program was not requested before this generate call, so it compiles in the
         background (if it is not already) and this dispatch runs at the current bucket. A
         program requested by an earlier call is waited for, so the buckets a call uses never
         depend on how fast a compile ran. On a mesh programs are built for placed stores, so
         nothing is deferred there."""
-        if not self.lm.defer_compiles or self.lm.mesh is not None:
+        if not self.plan.options.defer_compiles or self.plan.mesh is not None:
             return False
-        stores = jax.eval_shape(lambda: self.lm.builder.init_stores(d.rows, d.capacity))
+        stores = jax.eval_shape(lambda: self.plan.builder.init_stores(d.rows, d.capacity))
         i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
         args = (hoisted, stores, i32(d.rows), i32(), i32(), i32(d.rows),
                 jax.ShapeDtypeStruct((), np.uint32))
         name, tiled, static = self._program()
         if tiled:
             args = (*args, i32(), i32(d.rows), i32())
-        key, build = self.lm.program_for(name, self.cfg, *args, **static)
-        if key in self.lm.cache.settled:
+        key, build = self.plan.program(name, self.cfg, *args, **static)
+        if key in self.cache.settled:
             return False
-        self.lm.cache.prefetch(key, build)
+        self.cache.prefetch(key, build)
         return True
 
     def prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
         """Fill the stores from the prompts (packed, or as the right-aligned block)."""
-        if self.lm.prefill == "packed":
+        if self.plan.options.prefill == "packed":
             return self.packed_prefill(hoisted)
         return self.block_prefill(hoisted)
 
@@ -164,15 +174,15 @@ class DecodeGroup:
         padding and no filler row is computed, only the packing's tail."""
         b, pcap = self.shape.rows, self.shape.prompt_slots
         prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
-        pk = PackedPrompts.build(prompts, pcap, vocab=self.lm.vocab_size,
+        pk = PackedPrompts.build(prompts, pcap, vocab=self.plan.vocab_size,
                                  logits_bytes=self.cfg.prefill_logits_bytes)
         self.work.computed += pk.positions_computed  # a repeated prompt is needed once
         self.work.needed += pk.prompt_tokens
         self.work.add("packing", pk.positions_computed - pk.prompt_tokens)
         self._tile = 0
         chunk_rows = pk.chunk_rows
-        if self.lm.mesh is not None:  # as SymbolicLM.run_program: stores in their shardings
-            self.stores = self.lm.builder.place_stores(self.stores)
+        if self.plan.mesh is not None:  # as GenerationPlan.run: stores in their shardings
+            self.stores = self.plan.builder.place_stores(self.stores)
         args = (hoisted, self.stores, *(jax.device_put(x) for x in (
             pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.source)), self.row_ids,
                 self.seed)
@@ -180,10 +190,10 @@ class DecodeGroup:
                self.cfg.return_logits,
                tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items()
                             if "pos" in s)))
-        fn = partial(packed_prefill, self.lm.builder, temperature=self.cfg.temperature,
+        fn = partial(packed_prefill, self.plan.builder, temperature=self.cfg.temperature,
                      want_logits=self.cfg.return_logits, chunk_rows=chunk_rows,
                      shared=pk.shared)
-        self.stores, tok, lp, lg = self.lm.cache.run(
+        self.stores, tok, lp, lg = self.cache.run(
             key, lambda a=args: jax.jit(fn, donate_argnums=(1,)).lower(*a).compile(), *args)
         del args  # holds the empty stores, donated
         self._observe(key, step=0)
@@ -205,8 +215,8 @@ class DecodeGroup:
         self.work.add("prompt_alignment", sum(pcap - n for n in lens))
         self.work.add("row_bucket", (b - len(lens)) * pcap)
         self._tile = 0
-        chunk = self.cfg.prefill_chunk(b, pcap, self.lm.vocab_size)
-        (self.stores, tok, lp, lg), key = self.lm.run_program(
+        chunk = self.cfg.prefill_chunk(b, pcap, self.plan.vocab_size)
+        (self.stores, tok, lp, lg), key = self.plan.run(self.cache,
             "prefill", self.cfg, hoisted, self.stores, jax.device_put(tok_in),
             jax.device_put(pos_in), self.row_ids, self.seed, chunk=chunk)
         self._observe(key, step=0)
@@ -228,10 +238,10 @@ class DecodeGroup:
         if tiled:  # each row's last response index; -1: finished or filler (already ended)
             last = np.where(self.done, -1, self.limits - 1).astype(np.int32)
             args = (*args, np.int32(d.tile), last, np.int32(max(d.stop, self._stop_live)))
-            (self.stores, tok, lp, lg, ran), key = self.lm.run_program(name, self.cfg, *args,
-                                                                       **static)
+            (self.stores, tok, lp, lg, ran), key = self.plan.run(self.cache, name, self.cfg,
+                                                                 *args, **static)
         else:
-            (self.stores, tok, lp, lg), key = self.lm.run_program(name, self.cfg, *args)
+            (self.stores, tok, lp, lg), key = self.plan.run(self.cache, name, self.cfg, *args)
         self._ran = ran
         self.steps_done = d.step + d.tile - 1
         self._observe(key, step=self.steps_done)
@@ -295,7 +305,7 @@ class DecodeGroup:
         each row live before it emitted in it. Stores of one kind and size count together."""
         sizes = Counter((isinstance(sp.kind, GrowingStore),
                          sp.kind.slots(sp, sp.kind.capacity(sp, d.capacity)))
-                        for sp in self.lm.specs.values())
+                        for sp in self.plan.specs.values())
         per_step = sum(n * size for (_, size), n in sizes.items())
         filler = int((self.ids < 0).sum())
         self.work.add_keys("row_bucket", filler * d.tile * per_step)
@@ -325,9 +335,9 @@ class DecodeGroup:
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items() if "pos" in s))
         cargs = (self.stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
                  self.pos0, self.row_ids)
-        self.stores, self.pos0, self.row_ids = self.lm.cache.run(
+        self.stores, self.pos0, self.row_ids = self.cache.run(
             ("compact", self.rows, rows, caps),
-            lambda a=cargs: jax.jit(self.lm.builder.compact).lower(*a).compile(), *cargs)
+            lambda a=cargs: jax.jit(self.plan.builder.compact).lower(*a).compile(), *cargs)
         del cargs  # holds the pre-compaction stores: free them now, not at the next compaction
         self.ids = np.where(filler, -1, self.ids[keep])
         self.limits, self.done, self.rows = self.limits[keep], filler.copy(), rows
@@ -342,18 +352,18 @@ class DecodeGroup:
         dict as soon as its copy exists, so its old buffers are freed before the next one grows.
         Stores of equal shape share one compiled program.
         """
-        for g in self.lm.growing:
+        for g in self.plan.growing:
             old_bytes = tree_bytes(self.stores[g])
             key = ("grow", self.rows, capacity,
                    tuple((n, a.shape, str(a.dtype)) for n, a in sorted(self.stores[g].items())))
-            grow = self.lm.specs[int(g)].kind.grow
-            self.stores[g] = self.lm.cache.run(key, lambda o=self.stores[g], f=grow: jax.jit(
+            grow = self.plan.specs[int(g)].kind.grow
+            self.stores[g] = self.cache.run(key, lambda o=self.stores[g], f=grow: jax.jit(
                 f, static_argnums=1).lower(o, capacity).compile(), self.stores[g])
             self.meter.observe(self.weights_bytes + tree_bytes(self.stores) + old_bytes,
-                               self.lm.cache.temp_bytes[key], step=self.steps_done)
+                               self.cache.temp_bytes[key], step=self.steps_done)
         self.capacity = capacity
 
     def _observe(self, key: tuple, step: int) -> None:
         self.meter.observe(self.weights_bytes + tree_bytes(self.stores),
-                           self.lm.cache.temp_bytes[key], step=step)
+                           self.cache.temp_bytes[key], step=step)
 

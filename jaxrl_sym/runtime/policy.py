@@ -227,7 +227,8 @@ class Dispatch:
 
 def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: int, live: int,
                   remaining: int, tile: int, need: Callable[[int], int] | None,
-                  row_multiple: int = 1, compaction: Compaction = Compaction()) -> Dispatch:
+                  row_multiple: int = 1, compaction: Compaction = Compaction(),
+                  grow_with_compaction: bool = True) -> Dispatch:
     """Decide the next decode dispatch of a group.
 
     steps_done: decode steps dispatched so far; rows / capacity: the current row bucket and
@@ -244,14 +245,20 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
 
     A compaction compiles a decode program for the new bucket anyway, so the growing stores
     grow to ``total`` with it when that holds no more slots than the stores did before it:
-    a later growth would compile one more decode program, for the same rows.
+    a later growth would compile one more decode program, for the same rows
+    (``grow_with_compaction=False``: not; the speculative group's stores grow only as its
+    verify tiles need, as they were measured — ``bench/speculative.py``).
+
+    Speculative verify tiles ask in the same terms: ``steps_done`` is the longest live row's
+    last response index, ``tile`` (= ``remaining``) the slots a tile may write past it.
     """
     step = steps_done + 1
     write = shape.prompt_slots + step - 1
     k = max(1, min(tile, remaining))
     new = compaction.target(rows, live, row_multiple)
     if new < rows:
-        if need is not None and capacity < shape.total and new * shape.total <= rows * capacity:
+        if grow_with_compaction and need is not None and capacity < shape.total \
+                and new * shape.total <= rows * capacity:
             capacity = shape.total
         rows = new
     if need is not None:

@@ -33,10 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxrl_sym.generation import select_tokens
-from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
+from jaxrl_sym.ops.sampling import sample
+from jaxrl_sym.passes.stores import take_rows
+from jaxrl_sym.runtime.evaluate import bind, evaluate
 from jaxrl_sym.runtime.policy import length_bucket
-from jaxrl_sym.runtime.stores import take_rows
 
 PACK_ROW: int | None = None
 """Target packed row length; None: the longest prompt's (on the length grid). Why that short:
@@ -217,8 +217,7 @@ def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[st
     if shared:
         stores = {k: take_rows(s, source) for k, s in stores.items()}
     steps = jnp.zeros((batch,), jnp.int32)
-    tok, lp = select_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
-                            temperature=temperature)
+    tok, lp = sample(logits, seed=seed, steps=steps, row_ids=row_ids, temperature=temperature)
     zero = jnp.zeros((), jnp.int32)
     for nid, sp in builder.slots.items():
         stores = {**stores, str(nid): sp.kind.write(sp, stores[str(nid)], tok, zero)}
@@ -231,12 +230,6 @@ def _evaluate_chunk(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[s
                     batch: int) -> tuple[dict[str, Any], jax.Array]:
     """The model on packed rows; each attention node attends within them (masked primitive)
     and its store takes the rows' keys/values (``StoreKind.fill``)."""
-    pdg = builder.pdg
-    vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
-                                         zip(builder.boundary, hoisted, strict=True)}
-    vals[pdg.input_id("tokens")] = (tokens,)
-    vals[pdg.input_id("positions")] = (positions,)
-    vals[pdg.input_id("segment_ids")] = (jnp.where(rows >= 0, rows, batch),)
     new = dict(stores)
     target = jnp.where(rows >= 0, rows, batch).reshape(-1)  # out of range: dropped
     flat_slots = slots.reshape(-1)
@@ -247,9 +240,9 @@ def _evaluate_chunk(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[s
         new[str(node.id)] = spec.kind.fill(
             spec, stores[str(node.id)], k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
             k_pos.reshape(-1), target, flat_slots)
-        return node.prim.bind(*args, **node.params)
+        return bind(node, args)  # attention within the packed rows: the masked primitive
 
-    dynamic = frozenset(n.id for n in pdg.nodes if n.id not in static_nodes(pdg))
-    out = evaluate(pdg, vals, {"B": tokens.shape[0], "T": tokens.shape[1]},
-                   {"sym_attention": attn}, only=dynamic)
-    return new, out[pdg.outputs[0]][0]
+    segments = jnp.where(rows >= 0, rows, batch)
+    out = evaluate(builder.pdg, builder.static_values(hoisted), tokens, positions, segments,
+                   attention=attn, dynamic_only=True)
+    return new, out[builder.pdg.outputs[0]][0]

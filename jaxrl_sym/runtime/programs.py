@@ -18,18 +18,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_sym.generation import select_tokens
+from jaxrl_sym.backends import triton_ops
+from jaxrl_sym.ops.attention import attention_p
+from jaxrl_sym.ops.sampling import sample as sample_tokens
 from jaxrl_sym.passes.storage import StoragePlan, live_count_fn
+from jaxrl_sym.passes.stores import SlotSpec, SlotStore, StoreSpec, take_rows
 from jaxrl_sym.pdg.ir import PDG
-from jaxrl_sym.runtime.evaluate import evaluate, static_nodes
+from jaxrl_sym.runtime.evaluate import bind, evaluate, evaluate_nodes, static_nodes
 from jaxrl_sym.runtime.metrics import executable_temp_bytes
-from jaxrl_sym.runtime.stores import (
-    STORE_KINDS,
-    SlotSpec,
-    SlotStore,
-    StoreSpec,
-    take_rows,
-)
 from jaxrl_sym.sharding import data_size, global_args, replicated, rows_sharding
 
 
@@ -96,13 +92,13 @@ def store_specs(
     """Concrete layouts for every attention node's store."""
     out: dict[int, StoreSpec] = {}
     for sp in plan.stores:
-        if sp.kind == "slot":  # the feedback edge: see slot_specs
+        if isinstance(sp.kind, SlotStore):  # the feedback edge: see slot_specs
             continue
         node = pdg.node(sp.node)
         ins = {e.port: pdg.node(e.src) for e in pdg.in_edges(node.id)}
         k, v = ins[1], ins[2]
         out[sp.node] = StoreSpec(
-            node=sp.node, kind=STORE_KINDS[sp.kind], capacity=sp.capacity_value(bindings),
+            node=sp.node, kind=sp.kind, capacity=sp.capacity_value(bindings),
             hkv=int(k.shape[2]), d=int(k.shape[3]), dv=int(v.shape[3]),
             dtype=jnp.dtype(k.dtype), pattern=node.params["pattern"],
             scale=float(node.params["scale"]), softcap=float(node.params["softcap"]),
@@ -115,13 +111,11 @@ def slot_specs(pdg: PDG, plan: StoragePlan, bindings: dict[str, int]) -> dict[in
     """The feedback edges' stores, keyed by the input each one feeds."""
     out: dict[int, SlotSpec] = {}
     for sp in plan.stores:
-        if sp.kind != "slot":
+        if not isinstance(sp.kind, SlotStore):
             continue
         (edge,) = (e for e in pdg.edges if e.kind == "feedback" and e.dst == sp.node)
-        kind = STORE_KINDS["slot"]
-        assert isinstance(kind, SlotStore)
         out[sp.node] = SlotSpec(node=sp.node, source=edge.src,
-                                lag=int(sp.capacity_value(bindings) or 1), kind=kind)
+                                lag=int(sp.capacity_value(bindings) or 1), kind=sp.kind)
     return out
 
 
@@ -176,6 +170,11 @@ class StepBuilder:
         return tuple(sorted({e.src for e in self.pdg.edges
                              if e.src in static and e.dst not in static and e.kind == "data"}))
 
+    def static_values(self, hoisted: tuple[jax.Array, ...]) -> dict[int, tuple[jax.Array]]:
+        """The hoisted boundary values by node id: what a step program's evaluation starts
+        from (:func:`evaluate` with ``dynamic_only``)."""
+        return {nid: (x,) for nid, x in zip(self.boundary, hoisted, strict=True)}
+
     def weight_ids(self) -> tuple[int, ...]:
         return tuple(nid for role, nid in self.pdg.inputs if role.startswith("weight:"))
 
@@ -188,7 +187,7 @@ class StepBuilder:
         vals = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
         vals.update(self.consts)
         static = static_nodes(self.pdg)
-        vals = evaluate(self.pdg, vals, {}, {"sym_attention": _no_attention}, only=static)
+        vals = evaluate_nodes(self.pdg, vals, {}, {attention_p: _no_attention}, only=static)
         return tuple(vals[nid][0] for nid in self.computed_boundary())
 
     def assemble(self, leaves: list[jax.Array], hoisted: tuple[jax.Array, ...]):
@@ -307,12 +306,9 @@ class StepBuilder:
         its last position — earlier positions' samples would be replaced by the prompt.
         """
         pdg = self.pdg
-        vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
-                                             zip(self.boundary, hoisted, strict=True)}
-        for nid, sp in self.slots.items():
-            vals[nid] = (sp.kind.read(sp, stores[str(nid)], step) if tokens is None else tokens,)
-        vals[pdg.input_id("positions")] = (positions,)
-        vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions),)
+        if tokens is None:  # the feedback edge's slot store feeds the tokens input
+            ((nid, sp),) = self.slots.items()
+            tokens = sp.kind.read(sp, stores[str(nid)], step)
         new_stores: dict[str, dict[str, jax.Array]] = {}
 
         def attn(node: Any, args: list[jax.Array]) -> jax.Array:
@@ -325,12 +321,12 @@ class StepBuilder:
         def sample(node: Any, args: list[jax.Array]) -> tuple[jax.Array, ...]:
             logits = args[0][:, -1].astype(jnp.float32)
             steps = jnp.full(logits.shape[:1], step, jnp.int32)
-            tok, lp = select_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
+            tok, lp = sample_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
                                     temperature=temperature)
             return tok, lp, logits
 
-        out = evaluate(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]},
-                       {"sym_attention": attn, "sample": sample}, only=_dynamic(pdg))
+        out = evaluate(pdg, self.static_values(hoisted), tokens, positions,
+                             attention=attn, sample=sample, dynamic_only=True)
         for nid, sp in self.slots.items():
             new_stores[str(nid)] = sp.kind.write(sp, stores[str(nid)], out[sp.source][0], step)
         tok, lp, logits = out[pdg.outputs[1]]
@@ -351,31 +347,24 @@ class StepBuilder:
         attention runs in the packed variable-length kernel (forward + backward kernels via
         custom_vjp) over the rows flattened end to end; otherwise the masked primitive.
         """
-        pdg = self.pdg
-        vals = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
-        vals.update(self.consts)
-        vals[pdg.input_id("tokens")] = (tokens,)
-        vals[pdg.input_id("positions")] = (positions,)
-        vals[pdg.input_id("segment_ids")] = (segment_ids,)
         r, length = tokens.shape
 
         def attn(node: Any, args: list[jax.Array]) -> jax.Array:
             pattern = node.params["pattern"]
             if self.backend == "triton" and cu_seqlens is not None and \
                     pattern.kernel_mask() is not None:
-                from jaxrl_sym.backends import triton_ops
-
                 q, k, v = args[:3]
                 flat = lambda x: x.reshape(r * length, *x.shape[2:])
                 out = triton_ops.packed_attention(flat(q), flat(k), flat(v), cu_seqlens,
                                                   pattern=pattern, scale=node.params["scale"],
                                                   softcap=node.params["softcap"])
                 return out.reshape(r, length, *out.shape[1:])
-            # The primitive itself: masked by positions and segments, differentiable.
-            return node.prim.bind(*args, **node.params)
+            return bind(node, args)  # the primitive itself: masked, differentiable
 
-        out = evaluate(pdg, vals, {"B": r, "T": length}, {"sym_attention": attn})
-        return out[pdg.outputs[0]][0]
+        statics = {nid: (x,) for nid, x in zip(self.weight_ids(), leaves, strict=True)}
+        out = evaluate(self.pdg, {**statics, **self.consts}, tokens, positions,
+                             segment_ids, attention=attn)
+        return out[self.pdg.outputs[0]][0]
 
 
 DEAD_POSITION = -(1 << 30)  # position offset of filler rows: their positions stay negative (masked)
@@ -385,6 +374,3 @@ def _no_attention(node: Any, args: list[jax.Array]) -> jax.Array:  # pragma: no 
     raise AssertionError("static region contains attention")
 
 
-def _dynamic(pdg: PDG) -> frozenset[int]:
-    static = static_nodes(pdg)
-    return frozenset(n.id for n in pdg.nodes if n.id not in static)

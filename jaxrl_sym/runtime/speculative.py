@@ -22,7 +22,6 @@ Compiles: one verify program per (row bucket, store capacity, k); k comes from a
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from functools import partial
 from typing import Any
@@ -36,8 +35,12 @@ from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.runtime.draft import DraftModel
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
+from jaxrl_sym.runtime.metrics import MemoryMeter
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
+from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import next_pow2
 from jaxrl_sym.runtime.prefill import PackedPrompts
+from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.runtime.speculative_tile import verify_tile
 from jaxrl_sym.sharding import to_host
 from jaxrl_sym.speculation import SpecLog
@@ -84,77 +87,70 @@ class SpeculativeGroup(DecodeGroup):
 
     Row s's token j (response index) is fed at position ``len(prompt) + j`` and written at slot
     ``prompt_slots + j`` — the plain decode layout — so prefill, compaction and growth are
-    inherited unchanged; only the write offsets now differ per row.
+    inherited unchanged; only the write offsets now differ per row. Compaction and growth are
+    the policy's (:meth:`DecodeGroup.next_dispatch`), as for plain decoding.
+
+    draft: the draft model (None: prompt lookup); log: this call's speculation log (its cost
+    table carries over calls: :class:`SpeculativeLM`).
     """
 
-    lm: SpeculativeLM
-
-    def __init__(self, lm: SpeculativeLM, *args: Any, **kwargs: Any) -> None:
-        super().__init__(lm, *args, **kwargs)
+    def __init__(self, plan: GenerationPlan, cache: ProgramCache, *args: Any,
+                 draft: DraftModel | None, log: SpecLog, **kwargs: Any) -> None:
+        super().__init__(plan, cache, *args, **kwargs)
+        assert plan.speculation is not None, "a speculative group needs a speculative plan"
+        self.speculation, self.draft, self.log = plan.speculation, draft, log
         self.draft_stores: dict = {}
-        if lm.draft_model is not None:
-            self.draft_stores = lm.draft_model.init(
-                lm.cache, self.rows, DraftModel.capacity(self.shape.total, lm.speculate))
+        if draft is not None:
+            self.draft_stores = draft.init(
+                cache, self.rows, DraftModel.capacity(self.shape.total, self.speculation.k))
 
     def prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
         """The target's prefill, then the draft model's from the same packed prompts."""
         out = super().prefill(hoisted)
-        dm = self.lm.draft_model
-        if dm is not None:
+        if self.draft is not None:
             prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
-            pk = PackedPrompts.build(prompts, self.shape.prompt_slots, vocab=self.lm.vocab_size,
+            pk = PackedPrompts.build(prompts, self.shape.prompt_slots,
+                                     vocab=self.plan.vocab_size,
                                      logits_bytes=self.cfg.prefill_logits_bytes)
             arrays = tuple(jax.device_put(x) for x in (pk.tokens, pk.positions, pk.rows,
                                                         pk.slots, pk.last, pk.source))
-            self.draft_stores = dm.prefill(self.lm.cache, self.draft_stores,
-                                           (*arrays, self.row_ids, self.seed),
-                                           chunk_rows=pk.chunk_rows, shared=pk.shared)
+            self.draft_stores = self.draft.prefill(self.cache, self.draft_stores,
+                                                   (*arrays, self.row_ids, self.seed),
+                                                   chunk_rows=pk.chunk_rows, shared=pk.shared)
         return out
 
     def compact(self, live: np.ndarray, rows: int) -> None:
         """The target's compaction; the draft's stores keep the same rows."""
-        dm = self.lm.draft_model
-        if dm is not None:
+        if self.draft is not None:
             keep, filler = self.kept(live, rows)
-            self.draft_stores = dm.compact(self.lm.cache, self.draft_stores,
-                                           jax.device_put(keep.astype(np.int32)),
-                                           jax.device_put(filler), self.pos0, self.row_ids)
+            self.draft_stores = self.draft.compact(self.cache, self.draft_stores,
+                                                   jax.device_put(keep.astype(np.int32)),
+                                                   jax.device_put(filler), self.pos0,
+                                                   self.row_ids)
         super().compact(live, rows)
 
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
             on_finished: OnFinished | None) -> None:
         self.collect(self.prefill(hoisted), out, on_finished)
-        log, m = self.lm.spec_log, self.lm.verify_tile
+        log, m = self.log, self.speculation.verify_tile
         while not self.done.all() and not out.should_stop():
-            live = self._maybe_compact(np.nonzero(~self.done)[0])
-            k = choose_k(log, self.lm.ks, self.rows)
+            live = np.nonzero(~self.done)[0]
+            k = choose_k(log, self.speculation.ks, self.rows)
+            top = max(len(out.toks[int(self.ids[s])]) for s in live)
+            # a tile writes up to m (k + 1) slots past the longest row's last token
+            span = m * (k + 1) + 1
+            d = self.next_dispatch(live, steps_done=top - 1, remaining=span, tile=span,
+                                   grow_with_compaction=False)
+            self.carry_out(d, live)
+            live = np.nonzero(~self.done)[0]
             emitted = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
-            self._grow_for(max(emitted.values()) - 1 + m * (k + 1))
-            t0, compiles = time.perf_counter(), self.lm.cache.compiles
+            t0, compiles = time.perf_counter(), self.cache.compiles
             res = self._verify(hoisted, self._inputs(out, emitted, k), k, m)
             self._collect_verified(res, out, on_finished, emitted, k)
             log.verifies[k] = log.verifies.get(k, 0) + m
-            if self.lm.cache.compiles == compiles:
+            if self.cache.compiles == compiles:
                 log.verify_seconds[k] = log.verify_seconds.get(k, 0.0) + time.perf_counter() - t0
                 log.timed[k] = log.timed.get(k, 0) + m
-
-    def _maybe_compact(self, live: np.ndarray) -> np.ndarray:
-        """Drop finished rows by the engine's rule (``compaction``); the live slots after."""
-        rows = self.lm.compaction.target(self.rows, len(live), self.lm.row_multiple)
-        if rows < self.rows:
-            self.compact(live, rows)
-            return np.nonzero(~self.done)[0]
-        return live
-
-    def _grow_for(self, last: int) -> None:
-        """Grow the growing stores so response index ``last`` (slot prompt_slots + last) fits,
-        capped at the slots the group can ever need (later writes are dropped: past a limit)."""
-        need = self.lm.growing_need
-        if need is None:
-            return
-        n = need(self.shape.prompt_slots + last)
-        if n > self.capacity and self.capacity < self.shape.total:
-            self.grow(min(max(2 * self.capacity, n), self.shape.total))
 
     def _inputs(self, out: Outputs, emitted: dict[int, int], k: int) -> tuple[np.ndarray, ...]:
         """Host arrays for one verify tile, per row: token history (prompt + response, the
@@ -174,20 +170,19 @@ class SpeculativeGroup(DecodeGroup):
 
     def _verify(self, hoisted: tuple[jax.Array, ...], inputs: tuple[np.ndarray, ...], k: int,
                 m: int) -> tuple[Any, ...]:
-        lm, cfg = self.lm, self.cfg
-        if lm.mesh is not None:
-            self.stores = lm.builder.place_stores(self.stores)
-        dm = lm.draft_model
+        plan, cfg, dm = self.plan, self.cfg, self.draft
+        if plan.mesh is not None:
+            self.stores = plan.builder.place_stores(self.stores)
         args = (hoisted, self.stores, *(jax.device_put(x) for x in inputs), self.row_ids,
                 self.seed, () if dm is None else dm.hoisted(), self.draft_stores)
         caps = lambda st: tuple(sorted((n, s["pos"].shape[1]) for n, s in st.items()
                                        if "pos" in s))
         key = ("verify_tile", self.rows, k, m, inputs[0].shape[1], caps(self.stores),
                caps(self.draft_stores), cfg.temperature, cfg.return_logits, cfg.eos_ids)
-        fn = partial(verify_tile, lm.builder, temperature=cfg.temperature,
+        fn = partial(verify_tile, plan.builder, temperature=cfg.temperature,
                      want_logits=cfg.return_logits, k=k, m=m, eos=cfg.eos_ids,
-                     draft=None if dm is None else dm.lm.builder)
-        self.stores, self.draft_stores, *res = lm.cache.run(
+                     draft=None if dm is None else dm.plan.builder)
+        self.stores, self.draft_stores, *res = self.cache.run(
             key, lambda a=args: jax.jit(fn, donate_argnums=(1, 11)).lower(*a).compile(), *args)
         del args
         self.work.computed += self.rows * (k + 1) * m
@@ -198,7 +193,7 @@ class SpeculativeGroup(DecodeGroup):
                           emitted: dict[int, int], k: int) -> None:
         """Append each step's kept tokens per row (the device already cut at EOS/limit)."""
         tok, lp, keep, acc, lg = (to_host(x) for x in res)
-        log, finished = self.lm.spec_log, []
+        log, finished = self.log, []
         for j in range(tok.shape[0]):
             for s in emitted:
                 n = int(keep[j, s])
@@ -237,35 +232,37 @@ class SpeculativeLM(SymbolicLM):
       verify_tile: draft + verify steps per dispatch (:mod:`jaxrl_sym.runtime.speculative_tile`:
         the draft runs on device, so m verifies cost one device→host sync).
 
-    Ring and block stores are planned ``K`` slots larger (:meth:`StoreKind.speculative_capacity`);
-    a model with a recurrent-state (linear attention) store is refused.
+    Speculation is a planning input (:class:`~jaxrl_sym.runtime.options.Speculation`): ring and
+    block stores are planned ``K`` slots larger (:meth:`StoreKind.speculative_capacity`); a
+    model with a recurrent-state (linear attention) store is refused.
     """
 
-    group_class = SpeculativeGroup
-
-    def __init__(self, model: nnx.Module, *, speculate: int, draft: str | nnx.Module = "ngram",
-                 adaptive: bool = False, verify_tile: int = 4, **kwargs: Any) -> None:
-        if isinstance(speculate, bool) or not isinstance(speculate, int) or speculate < 1:
-            raise InputError(f"speculate={speculate!r}: give the most draft tokens per verify "
-                             "step, an int >= 1 (0/None: use SymbolicLM, plain decoding)")
+    def __init__(self, model: nnx.Module, options: EngineOptions | None = None, *,
+                 speculate: int, draft: str | nnx.Module = "ngram", adaptive: bool = False,
+                 verify_tile: int = 4, mesh: Any = None, **knobs: Any) -> None:
+        self.speculation = Speculation(speculate, adaptive, verify_tile)
         if not isinstance(draft, nnx.Module) and draft not in DRAFTS:
             raise InputError(f"draft={draft!r}: choose one of {DRAFTS} (prompt lookup) or pass "
                              "a draft model (an NNX module with the target's vocabulary)")
-        if isinstance(verify_tile, bool) or not isinstance(verify_tile, int) or verify_tile < 1:
-            raise InputError(f"verify_tile={verify_tile!r}: verify steps per dispatch, an int "
-                             ">= 1")
-        self.verify_tile = verify_tile
-        super().__init__(model, **kwargs)
-        self.speculate = speculate
-        self.draft_model = None if isinstance(draft, str) else DraftModel.build(draft, self,
-                                                                               speculate)
+        super().__init__(model, options, mesh=mesh, **knobs)
+        self.draft_model = (None if isinstance(draft, str)
+                            else DraftModel.build(draft, self.plan))
         self.draft_name = draft if isinstance(draft, str) else self.draft_model.name
-        self.specs = {n: dataclasses.replace(s, capacity=s.kind.speculative_capacity(s, speculate))
-                      for n, s in self.specs.items()}
-        self.builder = dataclasses.replace(self.builder, specs=self.specs)
-        smaller = [k for k in (1, 2, 4, 8, 16, 32) if k < speculate] if adaptive else []
-        self.ks = (*smaller, speculate)
         self.spec_log = SpecLog()
+
+    def _compile(self, mesh: Any) -> GenerationPlan:
+        return compile_generation(self.program, self.options, mesh=mesh,
+                                  speculation=self.speculation)
+
+    @property
+    def speculate(self) -> int:
+        return self.speculation.k
+
+    def _group(self, group: list[int], prompts: list[np.ndarray], limits: np.ndarray,
+               cfg: GenerationConfig, meter: MemoryMeter, weights_bytes: int
+               ) -> SpeculativeGroup:
+        return SpeculativeGroup(self.plan, self.cache, group, prompts, limits, cfg, meter,
+                                weights_bytes, draft=self.draft_model, log=self.spec_log)
 
     def generate(self, prompts: Any, cfg: GenerationConfig, **kwargs: Any) -> GenerationResult:
         """As :meth:`SymbolicLM.generate`; stats add the speculation report (acceptance rate

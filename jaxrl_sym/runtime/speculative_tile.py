@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_sym.runtime.evaluate import evaluate
-from jaxrl_sym.runtime.programs import StepBuilder, _dynamic
+from jaxrl_sym.runtime.programs import StepBuilder
 from jaxrl_sym.speculation import accept, device_ngram_draft
 
 
@@ -31,13 +31,6 @@ def forward_at(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dic
     entries at its own ``slots[b]`` first (-1: none; :meth:`StoreKind.verify`). The slot store
     (feedback edge) is not read: the tokens are given. Returns (stores, fp32 logits
     ``[B, c, V]``): a verify's (the target's) or a draft step's."""
-    pdg = builder.pdg
-    vals: dict[int, tuple[Any, ...]] = {nid: (x,) for nid, x in
-                                         zip(builder.boundary, hoisted, strict=True)}
-    for nid in builder.slots:
-        vals[nid] = (tokens,)
-    vals[pdg.input_id("positions")] = (positions,)
-    vals[pdg.input_id("segment_ids")] = (jnp.zeros_like(positions),)
     new_stores = dict(stores)
 
     def attn(node: Any, args: list[jax.Array]) -> jax.Array:
@@ -45,13 +38,10 @@ def forward_at(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dic
         out, new_stores[str(node.id)] = spec.kind.verify(spec, stores[str(node.id)], args, slots)
         return out
 
-    def sample(node: Any, args: list[jax.Array]) -> tuple[jax.Array, ...]:
-        lg = args[0].astype(jnp.float32)  # every position: the acceptance rule reads them all
-        return lg, lg, lg
-
-    out = evaluate(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]},
-                   {"sym_attention": attn, "sample": sample}, only=_dynamic(pdg))
-    return builder.rows(new_stores), out[pdg.outputs[1]][2]
+    out = evaluate(builder.pdg, builder.static_values(hoisted), tokens, positions,
+                   attention=attn, dynamic_only=True)
+    # every position's logits (the acceptance rule reads them all); nothing is sampled here
+    return builder.rows(new_stores), out[builder.pdg.outputs[0]][0].astype(jnp.float32)
 
 
 def verify_program(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,

@@ -213,6 +213,14 @@ def _attention(view: EqnView) -> None:
         )
 
 
+def _sample(view: EqnView) -> None:
+    # sample_p (jaxrl_sym.ops.sampling): per row (and position), it reduces only the logits'
+    # vocabulary axis; the seed, steps and row ids are per-row operands.
+    labels = view.in_labels[0]
+    if labels and labels[-1] is not None:
+        raise _mix(view, labels[-1], "samples along (the vocabulary must be the last axis)")
+
+
 ELEMENTWISE = frozenset(
     [
         "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2",
@@ -261,6 +269,7 @@ RULES.update(
         "iota": _iota,
         "dim_as_value": _dim_as_value,
         "sym_attention": _attention,
+        "sample": _sample,
     }
 )
 
