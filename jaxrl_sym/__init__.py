@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
     from jaxrl_sym.rl.train import train
     from jaxrl_sym.runtime.engine import SymbolicLM
+    from jaxrl_sym.runtime.options import EngineOptions
     from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 _HOME = {
@@ -55,6 +56,7 @@ _HOME = {
     **dict.fromkeys(("DecoderLM", "LMConfig", "init_model", "preset"), "jaxrl_sym.models.lm"),
     **dict.fromkeys(("export_pretrained", "load_pretrained"), "jaxrl_sym.models.hf"),
     "SymbolicLM": "jaxrl_sym.runtime.engine",
+    "EngineOptions": "jaxrl_sym.runtime.options",
     "SpeculativeLM": "jaxrl_sym.runtime.speculative",
     "padded_generate": "jaxrl_sym.baselines.padded",
     **dict.fromkeys(("RLConfig", "RLTrainer", "get_task"), "jaxrl_sym.rl"),
@@ -68,6 +70,7 @@ __all__ = [
     "Block",
     "Causal",
     "DecoderLM",
+    "EngineOptions",
     "GenerationConfig",
     "GenerationResult",
     "InputError",
