@@ -1,5 +1,5 @@
 # Two entry points; both set up .venv first (scripts/bootstrap.sh).
-.PHONY: setup demo test lint
+.PHONY: setup demo test test-fast lint
 
 setup:
 	@scripts/bootstrap.sh
@@ -15,6 +15,12 @@ test: setup
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
 		--durations=20 tests
+
+# The inner loop: everything but the tests marked slow (each is redundant with a faster test of
+# the same property, or a long end-to-end run); CI runs them all with `make test`.
+test-fast: setup
+	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		-m "not slow" --durations=10 tests
 
 lint: setup
 	.venv/bin/ruff check .
