@@ -10,17 +10,20 @@ demo: setup
 
 # Two pytest workers (CI has 2 cores; most tests are compile-bound, one core each); whole files
 # go to one worker so module fixtures are built once. TEST_WORKERS=0 runs in one process.
+# --no-loadscope-reorder keeps tests/conftest.py's longest-files-first order: by default xdist
+# hands out files with the most tests first, which left the one-test 2-minute learning run and
+# the two-test prefill file to start last, alone on one worker.
 TEST_WORKERS ?= 2
+PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-		--durations=20 tests
+	.venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) --durations=20 tests
 
 # The inner loop: everything but the tests marked slow (each is redundant with a faster test of
 # the same property, or a long end-to-end run); CI runs them all with `make test`.
 test-fast: setup
-	.venv/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
-		-m "not slow" --durations=10 tests
+	.venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) -m "not slow" \
+		--durations=10 tests
 
 lint: setup
 	.venv/bin/ruff check .
