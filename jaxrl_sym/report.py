@@ -70,6 +70,8 @@ def _times(ratio: float, verb: str, better: str, worse: str, missing: str) -> st
 def _tokens_phrase(check: dict[str, Any] | None) -> str:
     if check is None:
         return "tokens not compared (no arrays from one of the runs)"
+    if "not_compared" in check:
+        return f"tokens not compared: {check['not_compared']}"
     if check.get("tokens_equal"):
         return "tokens identical"
     n, rows = check.get("rows_differ"), check.get("rows")

@@ -243,3 +243,20 @@ def test_a_choice_of_systems_is_checked_from_the_specs() -> None:
         "--mesh shards the sym systems; --systems 'pershape' has none",
         "--speculate applies to sym and padded; --systems names ['pershape']",
         "--draft tiny: a draft model runs on the sym systems; --systems 'pershape' has none"]
+
+
+def test_a_system_computing_another_function_is_not_compared() -> None:
+    """Tunix's Gemma 4 runs its own weights: the decode report says so instead of 'tokens
+    differ'; the peers that run our weights are also checked against the padded baseline."""
+    from jaxrl_sym.cli import _checks
+    from jaxrl_sym.report import verdict_lines
+
+    same, other = {"tok0": np.array([1, 2])}, {"tok0": np.array([3, 3])}
+    checks = _checks({"sym": same, "padded": same, "tunix": same, "tunix-gemma4": other})
+    assert checks["checks"]["padded"]["tokens_equal"] and checks["check"]["tokens_equal"]
+    assert "not_compared" in checks["checks"]["tunix-gemma4"]
+    assert list(checks["checks_vs_padded"]) == ["tunix"]
+    m = {"s_per_token": 1.0, "peak_bytes": 1}
+    lines = verdict_lines({"systems": {"sym": m, "tunix-gemma4": m}, **checks})
+    assert lines[0].endswith("tokens not compared: it computes another function (its own "
+                             "weights)")
