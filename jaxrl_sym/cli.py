@@ -43,13 +43,13 @@ from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
 from jaxrl_sym.report import decode_table
+from jaxrl_sym.runtime.options import BACKENDS  # JAX-free: the runtime's own list
 from jaxrl_sym.sizes import parse_bytes
 
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
 # checked without importing the model code (JAX); a test keeps the two lists equal.
 PRESETS = ("decode-cpu", "tiny", "small", "gpt2-small", "qwen2.5-0.5b")
 ATTENTIONS = ("full", "window", "block", "linear", "mixed")
-BACKENDS = ("xla", "triton", "auto")
 INTERNAL = "_system"  # the child-process sub-command; not part of the user-facing parser
 ESTIMATE = "_estimate"  # the child that estimates memory per system before any system runs
 
