@@ -1,10 +1,10 @@
 """``jaxrl-sym generate`` and ``jaxrl-sym export``: Hugging Face checkpoints from the command line.
 
 ``generate`` runs a batch of prompts (text through the checkpoint's tokenizer, optionally its chat
-template, or raw ids) on one system (sym or padded) and prints each row's tokens, log-probs and
-text; with ``--json`` the last stdout line is one JSON object. ``export`` writes a checkpoint
-directory transformers loads: from a directory (e.g. to cast the dtype) or from an RL training
-checkpoint that started from one.
+template, or raw ids) on one system (a non-peer system of :mod:`jaxrl_sym.systems`: sym, padded
+or pershape) and prints each row's tokens, log-probs and text; with ``--json`` the last stdout
+line is one JSON object. ``export`` writes a checkpoint directory transformers loads: from a
+directory (e.g. to cast the dtype) or from an RL training checkpoint that started from one.
 
 Like :mod:`jaxrl_sym.cli`, this module is JAX-free at import: every flag that can be checked from
 the file system and JSON alone (directories, ids against ``config.json``'s vocabulary, numbers,
