@@ -107,6 +107,37 @@ def _num_splits(batch: int, kv_heads: int, capacity: int, block_n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
+def _check_decode_args(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_pos: jax.Array,
+                       q_pos: jax.Array, n_live: jax.Array, block_n: int,
+                       num_splits: int | None) -> int:
+    """:func:`decode_attention`'s operands, refused by name when they cannot be; returns the
+    split count (``num_splits``, or the default for these shapes)."""
+    op = "decode_attention"
+    _check_float(op, q=q, k_store=k_store, v_store=v_store)
+    _check_int32(op, kv_pos=kv_pos, q_pos=q_pos, n_live=n_live)
+    if q.ndim != 3 or k_store.ndim != 4 or v_store.ndim != 4:
+        raise InputError(f"{op}(): want q [B,Hq,D], stores [B,C,Hkv,D]; got {q.shape}, "
+                         f"{k_store.shape}, {v_store.shape}")
+    b, hq, d = q.shape
+    _, cap, hkv, dk = k_store.shape
+    if k_store.shape[:3] != v_store.shape[:3] or dk != d or k_store.shape[0] != b:
+        raise InputError(f"{op}(): shapes q{q.shape} k{k_store.shape} v{v_store.shape} disagree")
+    if hq % hkv:
+        raise InputError(f"{op}(): {hq} query heads is not a multiple of {hkv} kv heads")
+    if kv_pos.shape != (b, cap) or q_pos.shape != (b,) or n_live.shape != (b,):
+        raise InputError(f"{op}(): want kv_pos [B,C], q_pos [B], n_live [B]; got "
+                         f"{kv_pos.shape}, {q_pos.shape}, {n_live.shape}")
+    if block_n < 16 or block_n & (block_n - 1):
+        raise InputError(f"{op}(): block_n must be a power of two >= 16, got {block_n}")
+    # Per row: the kernel offsets rows in int64 (b64), so only one row's slots must fit int32.
+    _check_size(op, k_store.shape[1:], v_store.shape[1:])
+    if num_splits is None:
+        num_splits = _num_splits(b, hkv, cap, block_n)
+    if num_splits < 1 or num_splits & (num_splits - 1):
+        raise InputError(f"{op}(): num_splits must be a power of two >= 1, got {num_splits}")
+    return num_splits
+
+
 def decode_attention(
     q: jax.Array,
     k_store: jax.Array,
@@ -140,73 +171,46 @@ def decode_attention(
     """
     op = "decode_attention"
     mask = _kernel_mask(pattern, op)
-    _check_float(op, q=q, k_store=k_store, v_store=v_store)
-    _check_int32(op, kv_pos=kv_pos, q_pos=q_pos, n_live=n_live)
-    if q.ndim != 3 or k_store.ndim != 4 or v_store.ndim != 4:
-        raise InputError(f"{op}(): want q [B,Hq,D], stores [B,C,Hkv,D]; got {q.shape}, "
-                         f"{k_store.shape}, {v_store.shape}")
     b, hq, d = q.shape
-    _, cap, hkv, dk = k_store.shape
+    _, cap, hkv, _ = k_store.shape
     dv = v_store.shape[-1]
-    if k_store.shape[:3] != v_store.shape[:3] or dk != d or k_store.shape[0] != b:
-        raise InputError(f"{op}(): shapes q{q.shape} k{k_store.shape} v{v_store.shape} disagree")
-    if hq % hkv:
-        raise InputError(f"{op}(): {hq} query heads is not a multiple of {hkv} kv heads")
-    if kv_pos.shape != (b, cap) or q_pos.shape != (b,) or n_live.shape != (b,):
-        raise InputError(f"{op}(): want kv_pos [B,C], q_pos [B], n_live [B]; got "
-                         f"{kv_pos.shape}, {q_pos.shape}, {n_live.shape}")
-    if block_n < 16 or block_n & (block_n - 1):
-        raise InputError(f"{op}(): block_n must be a power of two >= 16, got {block_n}")
-    # Per row: the kernel offsets rows in int64 (b64), so only one row's slots must fit int32.
-    _check_size(op, k_store.shape[1:], v_store.shape[1:])
-    if num_splits is None:
-        num_splits = _num_splits(b, hkv, cap, block_n)
-    if num_splits < 1 or num_splits & (num_splits - 1):
-        raise InputError(f"{op}(): num_splits must be a power of two >= 1, got {num_splits}")
+    num_splits = _check_decode_args(q, k_store, v_store, kv_pos, q_pos, n_live, block_n,
+                                    num_splits)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     kmod = _launch.import_kernels("decode_attention")
-    g = hq // hkv
     block_dv = _block(dv)
     consts = dict(
         CAP=cap, HQ=hq, HKV=hkv, D=d, DV=dv, NUM_SPLITS=num_splits, **mask.constexprs(),
         QK_SCALE=scale * LOG2E, SCALE=scale, SOFTCAP=float(softcap),
-        BLOCK_H=max(16, _pow2(g)), BLOCK_N=block_n, BLOCK_D=_block(d),
+        BLOCK_H=max(16, _pow2(hq // hkv)), BLOCK_N=block_n, BLOCK_D=_block(d),
         BLOCK_DV=block_dv, F32_DOT=_f32_dot(q.dtype),
     )
-    f32 = jnp.float32
-    if num_splits == 1:
-        out_shapes = [
-            jax.ShapeDtypeStruct((1,), f32),
-            jax.ShapeDtypeStruct((1,), f32),
-            jax.ShapeDtypeStruct((b, hq, 1, dv), q.dtype),
-        ]
-    else:
-        out_shapes = [
-            jax.ShapeDtypeStruct((b, hq, num_splits), f32),
-            jax.ShapeDtypeStruct((b, hq, num_splits), f32),
-            jax.ShapeDtypeStruct((b, hq, num_splits, dv), f32),
-        ]
     m_part, l_part, acc = _launch.launch(
-        kmod.decode_split_kernel,
-        grid=(b, hkv, num_splits),
+        kmod.decode_split_kernel, grid=(b, hkv, num_splits),
         inputs=(q, k_store, v_store, kv_pos, q_pos, n_live),
-        out_shapes=out_shapes,
-        constexprs=consts,
-        num_warps=4,
-        num_stages=2,
-    )
+        out_shapes=_split_outputs(b, hq, dv, num_splits, q.dtype), constexprs=consts,
+        num_warps=4, num_stages=2)
     if num_splits == 1:
         return acc.reshape(b, hq, dv)
     (out,) = _launch.launch(
-        kmod.decode_reduce_kernel,
-        grid=(b, hq),
-        inputs=(m_part, l_part, acc),
+        kmod.decode_reduce_kernel, grid=(b, hq), inputs=(m_part, l_part, acc),
         out_shapes=[jax.ShapeDtypeStruct((b, hq, dv), q.dtype)],
         constexprs=dict(HQ=hq, DV=dv, NUM_SPLITS=num_splits, BLOCK_DV=block_dv),
-        num_warps=4,
-        num_stages=1,
-    )
+        num_warps=4, num_stages=1)
     return out
+
+
+def _split_outputs(b: int, hq: int, dv: int, num_splits: int, dtype: Any
+                   ) -> list[jax.ShapeDtypeStruct]:
+    """The split kernel's outputs: per split the running max, sum and partial output (fp32),
+    or with one split placeholders and the output itself (in q's dtype)."""
+    f32 = jnp.float32
+    if num_splits == 1:
+        return [jax.ShapeDtypeStruct((1,), f32), jax.ShapeDtypeStruct((1,), f32),
+                jax.ShapeDtypeStruct((b, hq, 1, dv), dtype)]
+    return [jax.ShapeDtypeStruct((b, hq, num_splits), f32),
+            jax.ShapeDtypeStruct((b, hq, num_splits), f32),
+            jax.ShapeDtypeStruct((b, hq, num_splits, dv), f32)]
 
 
 def linear_decode(

@@ -134,6 +134,39 @@ def row_lengths(tokens: np.ndarray, limits: np.ndarray,
 # --------------------------------------------------------------------------- generation
 
 
+def _fill_prompt(first: TracedForward, prefill: TracedForward, state: Any, tokens: jax.Array,
+                 positions: jax.Array, c: int, new_cache: Callable[..., Any]
+                 ) -> tuple[Any, jax.Array]:
+    """The prompt's P slots into new MAX_LEN caches: ``first`` (its own width) from empty
+    caches, then a scan of ``prefill`` chunks of ``c`` slots. Returns (caches, logits at slot
+    P-1, every row's last prompt token under left padding)."""
+    p = tokens.shape[1]
+    f = int(first.jaxpr.in_avals[-1].shape[1])  # slots of the first chunk
+    seg = jnp.zeros_like(positions)
+    logits, caches = first(state, tokens[:, :f], positions[:, :f], seg[:, :f], None,
+                           new_cache=new_cache, cache_index=0)
+    if f == p:
+        return caches, logits[:, -1]
+
+    def fill(caches, start):
+        sl = lambda x: lax.dynamic_slice_in_dim(x, start, c, axis=1)
+        lg, caches = prefill(state, sl(tokens), sl(positions), sl(seg), caches,
+                             new_cache=new_cache, cache_index=start)
+        return caches, lg[:, -1]
+
+    caches, lasts = lax.scan(fill, caches, jnp.arange(f, p, c, dtype=jnp.int32))
+    return caches, lasts[-1]
+
+
+def _ended(tok: jax.Array, step: jax.Array, limits: jax.Array, eos: tuple[int, ...]
+           ) -> jax.Array:
+    """Rows whose token ``step`` ends them: their limit, or an EOS token."""
+    hit = step + 1 >= limits
+    for e in eos:
+        hit = hit | (tok == e)
+    return hit
+
+
 def _build_program(
     prefill: TracedForward,
     decode: TracedForward,
@@ -153,16 +186,12 @@ def _build_program(
     b, p, n = batch.batch, batch.prompt_len, batch.steps
     c = int(prefill.jaxpr.in_avals[-1].shape[1])
     first = head if head is not None else prefill
-    f = int(first.jaxpr.in_avals[-1].shape[1])  # slots of the first chunk
-    eos = gen.eos_ids
-    temperature = float(gen.temperature)
-    seed = int(gen.seed)
-    want_logits = gen.return_logits
+    eos, want_logits = gen.eos_ids, gen.return_logits
+    temperature, seed = float(gen.temperature), int(gen.seed)
     new_cache = lambda k, v: PaddedKVCache.like(k, v, max_len)
 
     def program(state, tokens, positions, prompt_lens, limits):
         row_ids = jnp.arange(b, dtype=jnp.int32)
-        seg = jnp.zeros_like(positions)
 
         def choose(logits_last: jax.Array, step: jax.Array):
             steps = jnp.full((b,), step, jnp.int32)
@@ -170,25 +199,9 @@ def _build_program(
                 logits_last, seed=seed, steps=steps, row_ids=row_ids, temperature=temperature
             )
 
-        def finished(tok: jax.Array, step: jax.Array) -> jax.Array:
-            hit = step + 1 >= limits
-            for e in eos:
-                hit = hit | (tok == e)
-            return hit
+        finished = lambda tok, step: _ended(tok, step, limits, eos)
 
-        logits, caches = first(state, tokens[:, :f], positions[:, :f], seg[:, :f], None,
-                               new_cache=new_cache, cache_index=0)
-        if f < p:
-            def fill(caches, start):
-                sl = lambda x: lax.dynamic_slice_in_dim(x, start, c, axis=1)
-                lg, caches = prefill(state, sl(tokens), sl(positions), sl(seg), caches,
-                                     new_cache=new_cache, cache_index=start)
-                return caches, lg[:, -1]
-
-            caches, lasts = lax.scan(fill, caches, jnp.arange(f, p, c, dtype=jnp.int32))
-            last = lasts[-1]
-        else:
-            last = logits[:, -1]  # left padding: slot P-1 is every row's last prompt token
+        caches, last = _fill_prompt(first, prefill, state, tokens, positions, c, new_cache)
         tok0, lp0 = choose(last, jnp.int32(0))
         done0 = finished(tok0, jnp.int32(0))
 
@@ -205,9 +218,7 @@ def _build_program(
             return (caches, tok, done, length), out
 
         init = (caches, tok0, done0, jnp.ones((b,), jnp.int32))
-        (caches, _, _, lengths), outs = lax.scan(
-            body, init, jnp.arange(1, n, dtype=jnp.int32)
-        )
+        (caches, _, _, lengths), outs = lax.scan(body, init, jnp.arange(1, n, dtype=jnp.int32))
         toks = jnp.concatenate([tok0[None], outs[0]], axis=0)
         lps = jnp.concatenate([lp0[None], outs[1]], axis=0)
         result = {"tokens": toks, "logprobs": lps, "lengths": lengths}

@@ -266,19 +266,10 @@ class TracedProgram:
         return dict(self.bindings)
 
 
-def trace_function(
-    fn: Callable[..., Any],
-    weights: Any,
-    seq_inputs: Sequence[SeqInput],
-    patterns: Sequence[Pattern] = (),
-) -> TracedProgram:
-    """Trace ``fn(weights, *seq_inputs)`` with symbolic B, T and build its PDG.
-
-    The attention patterns are read from the traced ``attend`` calls (after loops over layers
-    are unrolled, :mod:`jaxrl_sym.tracer.flatten`); each distinct window/block size gets its own
-    symbol (w, b, w0, w1, …). ``patterns`` may add more (symbols for patterns not traced).
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(weights)
+def _symbolic_jaxpr(fn: Callable[..., Any], leaves: list[Any], treedef: Any,
+                    seq_inputs: Sequence[SeqInput]) -> Any:
+    """``fn``'s closed jaxpr with the sequence inputs at symbolic ``B, T`` (shape errors
+    explained: every sequence input and intermediate must keep the same B and T)."""
     symdims = dict(zip(("B", "T"), jax.export.symbolic_shape("B, T"), strict=True))
     specs = []
     for s in seq_inputs:
@@ -305,6 +296,23 @@ def trace_function(
             f"symbolic expressions (e.g. T and T - 1) were combined; every sequence input and "
             f"intermediate must keep the same B and T."
         ) from err
+    return closed
+
+
+def trace_function(
+    fn: Callable[..., Any],
+    weights: Any,
+    seq_inputs: Sequence[SeqInput],
+    patterns: Sequence[Pattern] = (),
+) -> TracedProgram:
+    """Trace ``fn(weights, *seq_inputs)`` with symbolic B, T and build its PDG.
+
+    The attention patterns are read from the traced ``attend`` calls (after loops over layers
+    are unrolled, :mod:`jaxrl_sym.tracer.flatten`); each distinct window/block size gets its own
+    symbol (w, b, w0, w1, …). ``patterns`` may add more (symbols for patterns not traced).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(weights)
+    closed = _symbolic_jaxpr(fn, leaves, treedef, seq_inputs)
     # Loops over layers become one attention equation per layer; the patterns are read from
     # those equations (the model declares nothing).
     closed = flatten(closed)
