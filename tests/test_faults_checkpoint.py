@@ -33,6 +33,7 @@ from jaxrl_sym.rl.checkpoint import (
     tree_sha256,
 )
 from jaxrl_sym.rl.cli import add_train_parser
+from jaxrl_sym.rl.config import CheckpointConfig
 from jaxrl_sym.rl.tasks import EOS
 from jaxrl_sym.rl.train import (
     TASK_MODEL,
@@ -305,10 +306,10 @@ def test_resume_on_a_missing_or_empty_directory_is_an_error(
         train("grpo", "reverse", steps=1, resume=True, **RUN)
     # --resume-or-start: a new run where there is nothing yet, the old one where there is
     with caplog.at_level(logging.WARNING):
-        ckpt, resuming = open_checkpoints(str(typo), False, True, 3)
+        ckpt, resuming = open_checkpoints(CheckpointConfig(str(typo), resume_or_start=True))
     assert ckpt is not None and not resuming and typo.is_dir()
     assert "starting a new run" in warnings_text(caplog)
-    assert open_checkpoints(str(finished[0]), False, True, 3)[1]
+    assert open_checkpoints(CheckpointConfig(str(finished[0]), resume_or_start=True))[1]
 
 
 def test_unwritable_outputs_fail_before_the_first_step(

@@ -122,9 +122,9 @@ def test_cli_train_json_metrics_and_plot(tmp_path, capsys) -> None:
 
 
 def test_progress_line_shows_the_mean_step_time_and_what_is_left() -> None:
-    from jaxrl_sym.rl.train import _Bar
+    from jaxrl_sym.rl.progress import Bar
 
-    with _Bar(True, total=6, done=1, title="t") as bar:  # resumed after step 1
+    with Bar(True, total=6, done=1, title="t") as bar:  # resumed after step 1
         for sec in (3.0, 1.0):  # a compile-heavy first step, then a fast one
             bar.advance({"reward": 0.5, "seconds": {"total": sec}})
         info = bar.progress.tasks[0].fields["info"]
@@ -132,7 +132,7 @@ def test_progress_line_shows_the_mean_step_time_and_what_is_left() -> None:
 
 
 def test_health_flags_entropy_collapse_with_flat_reward_and_non_finite() -> None:
-    from jaxrl_sym.rl.train import RunHealth
+    from jaxrl_sym.rl.progress import RunHealth
 
     h = RunHealth()
     flags = [h.check({"reward": 0.46, "entropy": 0.02, "loss": 0.0, "grad_norm": 0.1})
@@ -150,8 +150,8 @@ def test_health_flags_entropy_collapse_with_flat_reward_and_non_finite() -> None
 
 
 def test_a_diverging_run_stops_and_says_so(tmp_path) -> None:
+    from jaxrl_sym.rl.progress import Bar
     from jaxrl_sym.rl.stages import DivergedError
-    from jaxrl_sym.rl.train import _Bar
 
     # an absurd learning rate overflows the weights on the first update; the next update's
     # loss is non-finite, is not applied, and the run stops naming the step
@@ -160,7 +160,7 @@ def test_a_diverging_run_stops_and_says_so(tmp_path) -> None:
         train("grpo", "reverse", steps=4, seed=0, lr=1e38, eval_prompts=0,
               config={"max_grad_norm": None}, **RUN)
     assert e.value.step == 2
-    with _Bar(True, total=4, done=0, title="t") as bar:
+    with Bar(True, total=4, done=0, title="t") as bar:
         bar.alert(f"DIVERGED at step {e.value.step}: {e.value}")
         assert "DIVERGED at step 2" in bar.progress.tasks[0].fields["info"]
         bar.advance({"reward": 0.4, "entropy": 0.01, "seconds": {"total": 1.0},

@@ -13,14 +13,22 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from jaxrl_sym.rl.algorithms import RLConfig
+    from jaxrl_sym.rl.config import (
+        CheckpointConfig,
+        PartialConfig,
+        RLConfig,
+        RunConfig,
+    )
     from jaxrl_sym.rl.errors import CheckpointError, RewardError
     from jaxrl_sym.rl.names import TASK_NAMES
+    from jaxrl_sym.rl.sampling import SamplingConfig
     from jaxrl_sym.rl.step import RLTrainer, Rollout, compute_rewards, params_sha256
     from jaxrl_sym.rl.tasks import Task, get_task
 
 _HOME = {
-    "RLConfig": "jaxrl_sym.rl.algorithms",
+    **dict.fromkeys(("CheckpointConfig", "PartialConfig", "RLConfig", "RunConfig"),
+                    "jaxrl_sym.rl.config"),
+    "SamplingConfig": "jaxrl_sym.rl.sampling",
     "CheckpointError": "jaxrl_sym.rl.errors",
     "RewardError": "jaxrl_sym.rl.errors",
     "TASK_NAMES": "jaxrl_sym.rl.names",
@@ -31,11 +39,15 @@ _HOME = {
 
 __all__ = [
     "TASK_NAMES",
+    "CheckpointConfig",
     "CheckpointError",
+    "PartialConfig",
     "RLConfig",
     "RLTrainer",
     "RewardError",
     "Rollout",
+    "RunConfig",
+    "SamplingConfig",
     "Task",
     "compute_rewards",
     "get_task",

@@ -17,7 +17,14 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_NAMES
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.config import (
+    CheckpointConfig,
+    PartialConfig,
+    RunConfig,
+    task_rl_config,
+)
+from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_HELP
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 
 
@@ -25,7 +32,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to an ``argparse`` sub-parser group."""
     t = subparsers.add_parser("train", help="RL fine-tuning (GRPO/RLOO/PPO) on an offline task")
     t.add_argument("--algo", choices=ALGOS, default="grpo")
-    t.add_argument("--task", default="reverse", help=f"one of {', '.join(TASK_NAMES)}")
+    t.add_argument("--task", default="reverse", help=TASK_HELP)
     t.add_argument("--steps", type=int, default=400)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--checkpoint-dir", default=None, help="orbax checkpoints go here")
@@ -49,6 +56,14 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="PNG of the run (default: next to --metrics, same name .png)")
     t.add_argument("--json", action="store_true",
                    help="print one JSON object (final_exact_match, params_sha256, ...) last")
+    _add_step_flags(t)
+    _add_run_flags(t)
+    t.add_argument("--no-progress", action="store_true")
+    return t
+
+
+def _add_step_flags(t: argparse.ArgumentParser) -> None:
+    """The step's flags: RLConfig fields (default: the task recipe's, see README "Learning")."""
     t.add_argument("--prompts", type=int, default=32, help="prompts per step")
     t.add_argument("--group", type=int, default=8, help="generations per prompt")
     t.add_argument("--lr", type=float, default=1e-3)
@@ -76,6 +91,10 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="sym's training rows hold a group's prompt once, its G responses "
                         "attending to it (default on; --no-share-prompts packs every sample "
                         "whole)")
+
+
+def _add_run_flags(t: argparse.ArgumentParser) -> None:
+    """The run's flags: system, task size, model, devices, partial rollouts, speculation."""
     t.add_argument("--system", choices=SYSTEMS, default="sym")
     t.add_argument("--max-digits", type=int, default=3)
     t.add_argument("--model", default=None, metavar="DIR",
@@ -112,8 +131,6 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--speculate-adaptive", action="store_true", default=None,
                    help="with --speculate: k per verify from {1, 2, 4, ..., K} by measured "
                         "acceptance and verify cost")
-    t.add_argument("--no-progress", action="store_true")
-    return t
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -139,37 +156,15 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from jaxrl_sym.rl.plot import plot_run, read_metrics
-    from jaxrl_sym.rl.train import check_output_file, train
+    from jaxrl_sym.rl.train import check_output_file, train_run
 
-    config = {k: v for k, v in (("max_new_tokens", args.max_new_tokens),
-                                ("loss_agg", args.loss_agg),
-                                ("entropy_coef", args.entropy_coef),
-                                ("clip_eps", args.clip_low), ("clip_eps_high", args.clip_high),
-                                ("adv_norm", args.adv_norm), ("drop_zero_var", args.drop_zero_var),
-                                ("warmup_steps", args.warmup_steps),
-                                ("lr_schedule", args.lr_schedule),
-                                ("speculate", args.speculate),
-                                ("speculate_adaptive", args.speculate_adaptive),
-                                ("share_prompts", args.share_prompts))
-              if v is not None}
     try:
         with _warnings_to_stderr():
             if args.plot:
                 check_output_file(args.plot, "--plot")
-            summary = train(
-                args.algo, args.task, args.steps, args.seed, args.checkpoint_dir,
-                args.checkpoint_every, args.metrics, prompts_per_step=args.prompts,
-                group_size=args.group, lr=args.lr, beta=args.beta, epochs=args.epochs,
-                system=args.system, max_digits=args.max_digits, config=config or None,
-                model_dir=args.model,
-                partial_weight=args.partial_weight,
-                progress=not args.no_progress, resume=args.resume,
-                resume_or_start=args.resume_or_start, resume_anyway=args.resume_anyway,
-                keep=args.keep, eval_prompts=args.eval_prompts, mesh=args.mesh,
-                device_memory=args.device_memory,
-                partial=None if args.partial_rollout is None else {
-                    "fraction": args.partial_rollout, "segment": args.partial_segment,
-                    "max_carry": args.partial_max_carry})
+            run, rl, checkpoints = train_configs(args)
+            summary = train_run(run, rl, checkpoints, metrics_file=args.metrics,
+                                progress=not args.no_progress)
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -178,11 +173,7 @@ def run_train(args: argparse.Namespace) -> int:
     plot = args.plot or (os.path.splitext(args.metrics)[0] + ".png" if args.metrics else None)
     if plot and rows:
         summary["plot"] = plot_run(rows, plot, f"{args.algo} on {args.task}, seed {args.seed}")
-    for k in ("reward", "exact_match", "kl"):
-        vals = [m[k] for m in rows if m.get(k) is not None]
-        if vals:
-            summary[f"first20_{k}"] = sum(vals[:20]) / len(vals[:20])
-            summary[f"last20_{k}"] = sum(vals[-20:]) / len(vals[-20:])
+    summary.update(_first_last(rows))
     summary.update(algo=args.algo, task=args.task, seed=args.seed, system=args.system)
     if not reports:
         print(f"{summary['steps']} steps done; process 0 reports",
@@ -199,6 +190,56 @@ def run_train(args: argparse.Namespace) -> int:
             if summary.get(k) is not None:
                 print(f"  {k}: {summary[k]}")
     return 0
+
+
+def _first_last(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Means of reward, exact match and KL over the run's first and last 20 steps."""
+    out = {}
+    for k in ("reward", "exact_match", "kl"):
+        vals = [m[k] for m in rows if m.get(k) is not None]
+        if vals:
+            out[f"first20_{k}"] = sum(vals[:20]) / len(vals[:20])
+            out[f"last20_{k}"] = sum(vals[-20:]) / len(vals[-20:])
+    return out
+
+
+def train_configs(args: argparse.Namespace
+                  ) -> tuple[RunConfig, dict[str, Any], CheckpointConfig]:
+    """The run, the step's RLConfig fields (over the task's recipe) and the checkpoint policy
+    the flags ask for — the objects ``train`` runs with, so building them checks the flags by
+    the library's own rules (JAX-free: before JAX's import)."""
+    partial = None if args.partial_rollout is None else PartialConfig(
+        args.partial_rollout, args.partial_segment, args.partial_max_carry)
+    run = RunConfig(task=args.task, steps=args.steps, seed=args.seed,
+                    prompts_per_step=args.prompts, system=args.system,
+                    max_digits=args.max_digits, partial_weight=args.partial_weight,
+                    model_dir=args.model, eval_prompts=args.eval_prompts, mesh=args.mesh,
+                    device_memory=args.device_memory, partial=partial)
+    checkpoints = CheckpointConfig(args.checkpoint_dir, args.checkpoint_every, args.keep,
+                                   args.resume, args.resume_or_start, args.resume_anyway)
+    flags = (("max_new_tokens", args.max_new_tokens), ("loss_agg", args.loss_agg),
+             ("entropy_coef", args.entropy_coef), ("clip_eps", args.clip_low),
+             ("clip_eps_high", args.clip_high), ("adv_norm", args.adv_norm),
+             ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
+             ("lr_schedule", args.lr_schedule), ("speculate", args.speculate),
+             ("speculate_adaptive", args.speculate_adaptive),
+             ("share_prompts", args.share_prompts))
+    rl = {"algo": args.algo, "group_size": args.group, "lr": args.lr, "beta": args.beta,
+          "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
+    return run, rl, checkpoints
+
+
+def check_configs(args: argparse.Namespace) -> list[str]:
+    """The library's objection to the flags' configs (empty: none), without JAX: the run, the
+    checkpoint policy, partial rollouts and the step's RLConfig (on a text task its response
+    limit and EOS come from the checkpoint's tokenizer later; a placeholder stands in here)."""
+    try:
+        run, rl, _ = train_configs(args)
+        limit = run.task_of().max_new_tokens if run.model_dir is None else 1
+        task_rl_config(run.steps, limit, None, rl)
+    except InputError as e:
+        return [str(e)]
+    return []
 
 
 def _join(dist: Any, args: argparse.Namespace) -> bool:

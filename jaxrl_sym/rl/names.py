@@ -12,4 +12,8 @@ LOSS_AGGS = ("token_mean", "seq_mean", "token_sum")
 ADV_NORMS = ("group_std", "batch_std", "none")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 SYSTEMS = systems.names(trains=True)  # the registry's trainable systems (jaxrl_sym.systems)
-TASK_NAMES = ("reverse", "copy", "sort", "add")
+TASK_NAMES = ("reverse", "copy", "sort", "add")  # token tasks of the built-in model
+TEXT_TASK_NAMES = ("word-problems",)  # text tasks of a --model checkpoint, plus "jsonl:PATH"
+TASK_HELP = (f"one of {', '.join(TASK_NAMES)} (the built-in model); with --model a text task: "
+             f"{', '.join(TEXT_TASK_NAMES)} or jsonl:FILE ({{prompt, answer}} lines)")
+"""The ``--task`` help: every task name, from this one place."""

@@ -50,34 +50,12 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.config import PartialConfig
 from jaxrl_sym.rl.context import StepContext
 from jaxrl_sym.rl.rollout import Drawn, Rollout, sampling_batch
 from jaxrl_sym.rl.state import TrainState
 
-
-@dataclass(frozen=True)
-class PartialConfig:
-    """fraction: share of the step's generating rows that must finish before it stops (in
-    (0, 1]; 1 stops only when all have). segment: tokens per row per generation call (the stopping
-    granularity). max_carry: steps a row may be carried (>= 1)."""
-
-    fraction: float
-    segment: int = 4  # used only by systems that cannot stop mid-generation
-    max_carry: int = 1
-
-    def __post_init__(self) -> None:
-        if not 0.0 < float(self.fraction) <= 1.0:
-            raise InputError(f"partial rollout fraction={self.fraction} (--partial-rollout) must "
-                             "be in (0, 1]: the share of rows that must finish before a step "
-                             "stops generating")
-        for name, flag in (("segment", "--partial-segment"), ("max_carry", "--partial-max-carry")):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"partial rollout {name}={v!r} ({flag}) must be an integer >= 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"fraction": float(self.fraction), "segment": self.segment,
-                "max_carry": self.max_carry}
+__all__ = ["Carried", "PartialBuffer", "PartialConfig", "Row", "partial_generate"]
 
 
 @dataclass

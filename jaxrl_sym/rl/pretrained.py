@@ -151,7 +151,7 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
 
 def _rl_config(hparams: dict[str, Any]) -> Any:
     """The run's RLConfig from a checkpoint's hyper-parameters (fields this version knows)."""
-    from jaxrl_sym.rl.algorithms import RLConfig
+    from jaxrl_sym.rl.config import RLConfig
 
     names = {f.name for f in dataclasses.fields(RLConfig)}
     return RLConfig(**{k: v for k, v in hparams.items() if k in names})

@@ -28,8 +28,8 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.jsonl import parse_object
+from jaxrl_sym.rl.names import TEXT_TASK_NAMES
 
-TEXT_TASK_NAMES = ("word-problems",)  # plus "jsonl:PATH"
 CORRECT_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
 FORMAT_CREDIT = {"hash": 1.0, "boxed": 0.5, "last": 0.0, None: 0.0}
 INSTRUCTION = "Solve the problem. Give the final answer as '#### <number>'."

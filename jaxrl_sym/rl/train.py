@@ -20,32 +20,29 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
-from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
+from jaxrl_sym.rl.config import (
+    TASK_RECIPE,
+    TASK_REWARD,
+    CheckpointConfig,
+    PartialConfig,
+    RLConfig,
+    RunConfig,
+    task_rl_config,
+)
 from jaxrl_sym.rl.errors import CheckpointError
-from jaxrl_sym.rl.partial import PartialConfig
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
+from jaxrl_sym.rl.progress import Bar, RunHealth
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task, get_task
+from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task
 from jaxrl_sym.sharding import MeshConfig, describe
 
 # FIELD_NOTES §5: ~100K parameters (d=64, 2 layers, 4 heads) learns digit reversal on a CPU.
 TASK_MODEL: dict[str, Any] = dict(vocab_size=VOCAB_SIZE, d_model=64, n_layers=2, n_heads=4,
                                   n_kv_heads=4, head_dim=16, ffn_dim=192)
-# The recipe that learns here (issue 12; bench/learning.py measures it over seeds and
-# algorithms). FIELD_NOTES' Adam 3e-3 with plain GRPO collapsed this model (tied embeddings,
-# RMSNorm) within ~10 steps; lr 1e-3, a 0.01 entropy bonus and per-sequence averaging learned on
-# some seeds only: on seed 11 the entropy fell 2.2 -> 0.19 nats/token in 50 steps, 63% -> 97%
-# of groups became zero-variance, and the policy settled on partial credit (reward 0.46, greedy
-# exact match 0.047). Group-std advantages scale a group's near-equal partial-credit rewards up to
-# unit size, so the policy sharpens on noise at full speed whatever the entropy bonus (0.05 still
-# collapsed; lower lr or a warm-up only delayed it). Advantages at reward scale (Dr. GRPO) let the
-# policy gradient shrink as a group's rewards converge, leaving the entropy bonus to keep sampling
-# alive; halving partial credit makes the exact answer dominate the advantage.
-TASK_RECIPE: dict[str, Any] = dict(entropy_coef=0.01, loss_agg="seq_mean", adv_norm="none")
-TASK_REWARD: dict[str, Any] = dict(partial_weight=0.5)
-
+__all__ = ["TASK_MODEL", "TASK_RECIPE", "TASK_REWARD", "ResumeMismatchError", "RunHealth",
+           "evaluate", "hparam_diffs", "run_hparams", "train", "train_run"]
 
 EVAL_STREAM = 2**31 - 1  # the held-out prompt stream (steps use 1, 2, ...)
 
@@ -119,19 +116,6 @@ def hparam_diffs(saved: dict[str, Any], given: dict[str, Any]) -> list[tuple[str
     return out
 
 
-def _check_counts(steps: int, every: int, keep: int, resuming: bool, anyway: bool) -> None:
-    if steps < 1:
-        raise InputError(f"steps={steps} (--steps) must be >= 1")
-    if every < 0:
-        raise InputError(f"checkpoint_every={every} (--checkpoint-every) must be >= 0")
-    if keep < 1:
-        raise InputError(f"keep={keep} (--keep): at least the newest checkpoint must be kept; "
-                         "pass 1 or more")
-    if anyway and not resuming:
-        raise InputError("--resume-anyway (resume_anyway=True) only applies when resuming; add "
-                         "--resume or --resume-or-start")
-
-
 def _probe_writable(directory: str, what: str) -> None:
     """Create and delete a file: permission bits alone say nothing for root or read-only mounts."""
     try:
@@ -180,15 +164,12 @@ def check_output_file(path: str, what: str) -> None:
             raise InputError(f"{what} {path} cannot be written ({e.strerror or e})") from e
 
 
-def open_checkpoints(directory: str | None, resume: bool, resume_or_start: bool, keep: int
-                     ) -> tuple[Checkpointer | None, bool]:
-    """Open ``directory`` for this run — before the (slow) model set-up, so a wrong path costs
-    nothing. Returns the checkpointer and whether to resume from it."""
-    wants = resume or resume_or_start
-    if directory is None:
-        if wants:
-            raise InputError("--resume / --resume-or-start need --checkpoint-dir (the directory "
-                             "holding the run's checkpoints)")
+def open_checkpoints(cc: CheckpointConfig) -> tuple[Checkpointer | None, bool]:
+    """Open ``cc.directory`` for this run — before the (slow) model set-up, so a wrong path
+    costs nothing. Returns the checkpointer and whether to resume from it."""
+    directory, resume, resume_or_start, keep = cc.directory, cc.resume, cc.resume_or_start, cc.keep
+    wants = cc.resuming
+    if directory is None:  # CheckpointConfig refuses resuming without a directory
         return None, False
     flag = "--checkpoint-dir (checkpoint_dir)"
     exists = check_output_dir(directory, flag)
@@ -272,89 +253,99 @@ def train(
     device_memory: str | int | None = None,
     partial: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train a fresh model (seeded) on an offline task, or resume one from ``checkpoint_dir``.
+    """:func:`train_run` from keyword arguments: each one is a field of :class:`RunConfig`,
+    :class:`CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume*``)
+    or :class:`RLConfig` (``algo``, ``group_size``, ``lr``, ``beta``, ``epochs`` and every
+    field in ``config``, over :data:`TASK_RECIPE`); ``partial`` holds
+    :class:`PartialConfig` fields (``{"fraction": 0.75}``; None: off). The summary is
+    :func:`train_run`'s.
+    """
+    run = RunConfig(task=task, steps=steps, seed=seed, prompts_per_step=prompts_per_step,
+                    system=system, max_digits=max_digits, partial_weight=partial_weight,
+                    model=model, model_dir=model_dir, eval_prompts=eval_prompts, mesh=mesh,
+                    device_memory=device_memory,
+                    partial=None if partial is None else PartialConfig(**partial))
+    checkpoints = CheckpointConfig(checkpoint_dir, checkpoint_every, keep, resume,
+                                   resume_or_start, resume_anyway)
+    rl = {"algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
+          **(config or {})}
+    return train_run(run, rl, checkpoints, metrics_file=metrics_file, progress=progress,
+                     on_step=on_step)
 
-    Args:
-      algo: ``grpo`` | ``rloo`` | ``ppo``.   task: ``reverse`` | ``copy`` | ``sort`` | ``add``.
-      steps: total steps of the run (a resumed run continues up to this count).
-      checkpoint_dir / checkpoint_every: save every this many steps and at the end (0: only at
-        the end, when a directory is given). Its parent must exist and it must be writable
-        (checked before any work).
-      keep: how many of the newest checkpoints to keep (older ones are deleted).
-      metrics_file: JSON lines, one per step (appended on resume, after dropping lines of steps
-        that will be re-run).
-      partial_weight: the task reward's weight on partial credit (None: :data:`TASK_REWARD`'s).
-      model: overrides of :data:`TASK_MODEL` (LMConfig fields).
-      model_dir: fine-tune this Hugging Face checkpoint directory instead, on a text task
-        (``word-problems`` or ``jsonl:PATH``; see :mod:`jaxrl_sym.rl.pretrained`).
-      config: RLConfig fields overriding :data:`TASK_RECIPE` and the arguments above.
-      on_step: called with each step's metrics (after its checkpoint, if any).
-      resume: continue from the newest *good* checkpoint in ``checkpoint_dir`` (corrupt newer
-        ones are skipped with a warning and moved aside). A missing directory or one without a
-        checkpoint is an error; without ``resume``, a directory that already holds a checkpoint
-        is an error (a new run must not silently continue an old one, nor overwrite it).
-      resume_or_start: resume when ``checkpoint_dir`` holds a checkpoint, else start a new run
-        there (logged).
-      resume_anyway: accept hyper-parameters that differ from the checkpoint's (by default a
-        difference is refused: the run would no longer be the one that was checkpointed).
-      eval_prompts: held-out prompts for the final greedy evaluation (0: skip).
-      mesh: ``"data=4,model=2"``: train on a device mesh (:mod:`jaxrl_sym.sharding`); not part
-        of the checkpoint's identity, so a run may resume on another mesh.
-      device_memory: bytes one device may hold (``"16GB"``): see :class:`RLTrainer`.
-      partial: partial rollouts, :class:`~jaxrl_sym.rl.partial.PartialConfig` fields
-        (``{"fraction": 0.75, "segment": 4, "max_carry": 1}``; None: off). Rows still carried
-        when the run ends are not trained (``partial_left_rows`` counts them); the buffer is not
-        checkpointed, so a resumed run starts without carried rows.
+
+def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
+              checkpoints: CheckpointConfig | None = None, *,
+              metrics_file: str | None = None, progress: bool = True,
+              on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train a fresh model (seeded) on an offline task, or resume one from the checkpoint
+    directory.
+
+    run: the task, prompt stream, system and model (:class:`RunConfig`; ``model_dir``
+      fine-tunes a Hugging Face checkpoint on a text task, :mod:`jaxrl_sym.rl.pretrained`).
+    rl: the step's :class:`RLConfig`, or its fields over the task's recipe, response limit and
+      EOS (:func:`~jaxrl_sym.rl.config.task_rl_config`).
+    checkpoints: save every ``every`` steps and at the end (:class:`CheckpointConfig`); its
+      directory's parent must exist and be writable (checked before any work). ``resume``
+      continues from the newest *good* checkpoint (corrupt newer ones are skipped with a
+      warning and moved aside); without it, a directory that already holds a checkpoint is an
+      error. Hyper-parameters that differ from the checkpoint's are refused unless
+      ``resume_anyway``. The mesh is not part of a run's identity (a run may resume on another).
+    metrics_file: JSON lines, one per step (appended on resume, after dropping lines of steps
+      that will be re-run). on_step: called with each step's metrics (after its checkpoint).
+
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` (greedy decoding of the final policy on
     ``eval_prompts`` held-out prompts; a function of the parameters alone, so an interrupted and
     resumed run reports the same value as an uninterrupted one), ``skipped_checkpoints`` (steps
-    rejected on resume, with reasons) and ``changed_on_resume`` (hyper-parameters overridden by
-    ``resume_anyway``).
+    rejected on resume, with reasons), ``changed_on_resume`` (hyper-parameters overridden by
+    ``resume_anyway``) and ``partial_left_rows`` (carried rows never trained; not checkpointed).
     """
-    if partial_weight is None:
-        partial_weight = TASK_REWARD["partial_weight"]
-    # --model DIR: a text task on a Hugging Face checkpoint (None: the built-in model)
-    hf = setup_pretrained(model_dir, task, max_new_tokens=(config or {}).get("max_new_tokens"))
-    # unknown task → InputError, before any work
-    task_obj = hf.task if hf else get_task(task, max_digits=max_digits,
-                                           partial_weight=partial_weight)
-    _check_counts(steps, checkpoint_every, keep, resume or resume_or_start, resume_anyway)
+    checkpoints = checkpoints or CheckpointConfig()
+    user_limit = rl.max_new_tokens if isinstance(rl, RLConfig) else rl.get("max_new_tokens")
+    hf = setup_pretrained(run.model_dir, run.task, max_new_tokens=user_limit)
+    task_obj = hf.task if hf else run.task_of()
     if metrics_file:
         check_output_file(metrics_file, "--metrics (metrics_file)")
-    ckpt, resuming = open_checkpoints(checkpoint_dir, resume, resume_or_start, keep)
-    if hf is not None:
-        config = {**hf.rl_config, **(config or {})}
-    fields = {"algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
-              "max_new_tokens": task_obj.max_new_tokens, "eos_id": EOS, **TASK_RECIPE,
-              **(config or {})}
-    if fields.get("lr_schedule", "constant") != "constant" and fields.get("total_steps") is None:
-        fields["total_steps"] = steps  # a decaying schedule ends with the run
-    rl_cfg = RLConfig(**fields)
-    partial_cfg = None if partial is None else PartialConfig(**partial)
-    lm_cfg = preset("tiny", **{**TASK_MODEL, **(model or {})})
-    policy = hf.load_model() if hf else init_model(lm_cfg, seed)
-    trainer = RLTrainer(policy, task_obj.reward, rl_cfg, system=system,
-                        metric_fn=task_obj.exact_match,
-                        mesh=None if mesh is None else MeshConfig.parse(mesh, flag="--mesh"),
-                        device_memory=device_memory, partial=partial_cfg)
-    hparams = run_hparams(rl_cfg, task=task, max_digits=max_digits, seed=seed, system=system,
-                          prompts_per_step=prompts_per_step, partial_weight=partial_weight,
-                          partial=None if partial_cfg is None else partial_cfg.to_dict())
+    ckpt, resuming = open_checkpoints(checkpoints)
+    rl_cfg = rl if isinstance(rl, RLConfig) else task_rl_config(
+        run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
+    trainer = _trainer(run, rl_cfg, task_obj, hf)
+    hparams = run_hparams(rl_cfg, task=run.task, max_digits=run.max_digits, seed=run.seed,
+                          system=run.system, prompts_per_step=run.prompts_per_step,
+                          partial_weight=run.reward_weight,
+                          partial=None if run.partial is None else run.partial.to_dict())
     if hf is not None:  # the source model: a resume compares it, export reads it
         hparams.update(hf.hparams)
     meta = {"fingerprint": fingerprint(trainer), "hparams": hparams, "lineage": []}
     resumed_from, changed = None, []
     if resuming:
         assert ckpt is not None
-        resumed_from, changed, meta["lineage"] = _resume(ckpt, trainer, meta, resume_anyway)
+        resumed_from, changed, meta["lineage"] = _resume(ckpt, trainer, meta,
+                                                         checkpoints.resume_anyway)
     if metrics_file:
         _prepare_metrics(metrics_file, resumed_from)
     t_run = time.perf_counter()
-    with _progress(progress, steps, trainer.steps_done, f"{algo} {task}") as bar:
-        history = _run_steps(trainer, task_obj, seed, steps, prompts_per_step, ckpt,
-                             checkpoint_every, meta, metrics_file, bar, on_step)
-    final = evaluate(trainer, task_obj, eval_prompts, seed) if eval_prompts else None
+    with Bar(progress, run.steps, trainer.steps_done, f"{rl_cfg.algo} {run.task}") as bar:
+        history = _run_steps(trainer, task_obj, run, ckpt, checkpoints.every, meta,
+                             metrics_file, bar, on_step)
+    final = (evaluate(trainer, task_obj, run.eval_prompts, run.seed) if run.eval_prompts
+             else None)
+    return _summary(trainer, ckpt, resumed_from, changed, history, time.perf_counter() - t_run,
+                    final)
+
+
+def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any) -> RLTrainer:
+    """The run's trainer: the task's model (seeded) or the Hugging Face one."""
+    policy = hf.load_model() if hf else init_model(
+        preset("tiny", **{**TASK_MODEL, **(run.model or {})}), run.seed)
+    return RLTrainer(policy, task.reward, cfg, system=run.system, metric_fn=task.exact_match,
+                     mesh=None if run.mesh is None else MeshConfig.parse(run.mesh, flag="--mesh"),
+                     device_memory=run.device_memory, partial=run.partial)
+
+
+def _summary(trainer: RLTrainer, ckpt: Checkpointer | None, resumed_from: int | None,
+             changed: list[tuple[str, Any, Any]], history: list[dict[str, Any]],
+             seconds: float, final: float | None) -> dict[str, Any]:
     return {
         "params_sha256": trainer.params_sha256(),
         "final_exact_match": final,
@@ -367,23 +358,23 @@ def train(
         # the first step the health check flagged (None: never), e.g. an entropy collapse
         "health": next(({"step": m["step"], "message": m["health"]} for m in history
                         if m.get("health")), None),
-        "seconds": time.perf_counter() - t_run,
+        "seconds": seconds,
         "mesh": describe(trainer.mesh),
         "partial_left_rows": len(trainer.rollouts.rows) if trainer.rollouts is not None else 0,
     }
 
 
-def _run_steps(trainer: RLTrainer, task: Task, seed: int, steps: int, prompts_per_step: int,
-               ckpt: Checkpointer | None, every: int, meta: dict[str, Any],
-               metrics_file: str | None, bar: _Bar,
+def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointer | None,
+               every: int, meta: dict[str, Any], metrics_file: str | None, bar: Bar,
                on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
-    """Steps ``steps_done + 1 .. steps``: prompts and seed from ``(seed, k)`` only (resume
+    """Steps ``steps_done + 1 .. run.steps``: prompts and seed from ``(seed, k)`` only (resume
     replays), one metrics line each, a checkpoint every ``every`` steps and at the end."""
+    seed, steps = run.seed, run.steps
     history: list[dict[str, Any]] = []
     health = RunHealth()
     while trainer.steps_done < steps:
         k = trainer.steps_done + 1
-        prompts = task.sample(step_rng(seed, k), prompts_per_step)
+        prompts = task.sample(step_rng(seed, k), run.prompts_per_step)
         try:
             m = trainer.step(prompts, seed=step_seed(seed, k))
         except DivergedError as e:
@@ -432,99 +423,3 @@ def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> float:
     responses = trainer.greedy(prompts, task.max_new_tokens)
     return float(np.mean([task.exact_match(p, r) for p, r in zip(prompts, responses,
                                                                    strict=True)]))
-
-
-class RunHealth:
-    """Flags a run that has stopped learning, from its per-step metrics (``health`` per line).
-
-    ``non-finite``: a reported metric is NaN/inf. ``entropy collapse``: the policy's entropy
-    fell below :attr:`entropy_floor` nats/token while the reward moved less than
-    :attr:`flat_tol` between the two halves of the last :attr:`window` steps — every group
-    then samples (nearly) the same answer, its advantages are 0, and nothing changes any more.
-    A run that converged to the right answers also ends with low entropy and a flat reward;
-    the flag says the run has stopped moving, the reward says at what level.
-    """
-
-    entropy_floor = 0.05
-    window = 50
-    flat_tol = 0.01
-
-    def __init__(self) -> None:
-        self.rewards: list[float] = []
-
-    def check(self, m: dict[str, Any]) -> str | None:
-        bad = [k for k in ("reward", "loss", "entropy", "grad_norm")
-               if m.get(k) is not None and not np.isfinite(m[k])]
-        if bad:
-            return f"diverged: non-finite {', '.join(bad)}"
-        self.rewards.append(float(m["reward"]))
-        if len(self.rewards) < self.window or m.get("entropy") is None:
-            return None
-        last = self.rewards[-self.window:]
-        half = self.window // 2
-        a, b = float(np.mean(last[:half])), float(np.mean(last[half:]))
-        if m["entropy"] < self.entropy_floor and abs(b - a) < self.flat_tol:
-            return (f"entropy collapse: entropy {m['entropy']:.3f} < {self.entropy_floor}, "
-                    f"reward flat ({a:.3f} -> {b:.3f} over {self.window} steps)")
-        return None
-
-
-class _Bar:
-    """Rich progress bar with the latest reward / exact match; a no-op when disabled."""
-
-    def __init__(self, enabled: bool, total: int, done: int, title: str) -> None:
-        self.enabled = enabled
-        self.total, self.done, self.title = total, done, title
-        self.progress: Any = None
-        self.seconds: list[float] = []  # per step of this run (a resumed run starts afresh)
-
-    def __enter__(self) -> _Bar:
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            # stderr: stdout stays machine-readable (``--json`` prints one object there)
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                     MofNCompleteColumn(), TimeElapsedColumn(),
-                                     TextColumn("{task.fields[info]}"),
-                                     console=Console(stderr=True))
-            self.progress.__enter__()
-            self.task = self.progress.add_task(self.title, total=self.total,
-                                               completed=self.done, info="")
-        return self
-
-    def advance(self, m: dict[str, Any]) -> None:
-        if self.progress is not None:
-            info = f"reward {m['reward']:.3f}"
-            if "exact_match" in m:
-                info += f"  exact {m['exact_match']:.3f}"
-            # the mean over this run's steps (the last step alone jumps with compiles and with
-            # response lengths), plus the remaining time it implies
-            self.seconds.append(m["seconds"]["total"])
-            mean = sum(self.seconds) / len(self.seconds)
-            left = (self.total - self.done - len(self.seconds)) * mean
-            info += f"  {mean:.2f}s/step (mean of {len(self.seconds)}), ~{left:.0f}s left"
-            if m.get("entropy") is not None:
-                info += f"  entropy {m['entropy']:.3f}"
-            if m.get("health"):
-                info += f"  [red]{m['health'].upper()}[/red]"
-            self.progress.update(self.task, advance=1, info=info)
-
-    def alert(self, text: str) -> None:
-        """Show ``text`` in the progress line (the run is about to stop)."""
-        if self.progress is not None:
-            self.progress.update(self.task, info=f"[red]{text}[/red]")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-
-
-def _progress(enabled: bool, total: int, done: int, title: str) -> _Bar:
-    return _Bar(enabled, total, done, title)
