@@ -40,7 +40,7 @@ if TYPE_CHECKING:
         attend,
         parse_pattern,
     )
-    from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
+    from jaxrl_sym.rl import PartialConfig, RLConfig, RLTrainer, SamplingConfig, get_task
     from jaxrl_sym.rl.train import train
     from jaxrl_sym.runtime.engine import SymbolicLM
     from jaxrl_sym.runtime.options import EngineOptions
@@ -59,7 +59,8 @@ _HOME = {
     "EngineOptions": "jaxrl_sym.runtime.options",
     "SpeculativeLM": "jaxrl_sym.runtime.speculative",
     "padded_generate": "jaxrl_sym.baselines.padded",
-    **dict.fromkeys(("RLConfig", "RLTrainer", "get_task"), "jaxrl_sym.rl"),
+    **dict.fromkeys(("PartialConfig", "RLConfig", "RLTrainer", "SamplingConfig", "get_task"),
+                    "jaxrl_sym.rl"),
     "train": "jaxrl_sym.rl.train",
 }
 # Public subpackages, also loaded on first use: ``jaxrl_sym.systems`` is the registry of
@@ -77,10 +78,12 @@ __all__ = [
     "LMConfig",
     "Linear",
     "NonCausalMixingError",
+    "PartialConfig",
     "Pattern",
     "PatternError",
     "RLConfig",
     "RLTrainer",
+    "SamplingConfig",
     "SpeculativeLM",
     "SymError",
     "SymbolError",
