@@ -20,6 +20,13 @@ os.environ.setdefault("JAXRL_SYM_COMPILE_CACHE", "off")
 
 import jax
 import pytest
+from hypothesis import settings
+
+# Hypothesis' 200 ms deadline measures wall time, which a loaded 2-core CI machine (two workers
+# compiling at once) blows through on tests that never set their own; the example counts stay
+# the tests' own (an explicit @settings wins over a profile).
+settings.register_profile("ci", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config: object) -> None:
@@ -45,9 +52,13 @@ def unwritable_dir(tmp_path: Path) -> Path:
 
 
 # The longest files first: `make test` gives whole files to two workers (pytest-xdist
-# --dist loadfile), and a long file started last would run alone at the end. Measured with
-# --durations on the CI machine; the order only changes scheduling, never what runs.
-LONGEST_FIRST = ("test_sharding.py", "test_learning.py", "test_hf_families.py", "test_tunix.py",
+# --dist loadfile --no-loadscope-reorder), and a long file started last would run alone at the
+# end. Without --no-loadscope-reorder xdist sorts files by their number of tests instead, which
+# put the one-test learning run last. Measured with --durations on the CI machine, except the
+# notebooks (each a kernel of its own) and the plain-model oracle (~90 s of CPU on its own),
+# placed by estimate; the order only changes scheduling, never what runs.
+LONGEST_FIRST = ("test_sharding.py", "test_learning.py", "test_notebooks.py",
+                 "test_hf_families.py", "test_tunix.py", "test_oracle_plain_model.py",
                  "test_prefill.py", "test_rl_train.py", "test_hf_train.py")
 
 
