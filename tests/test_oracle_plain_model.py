@@ -11,9 +11,10 @@ Two kinds of models, on ragged prompts drawn by hypothesis:
 
 * ``PlainLM`` (this file): sliding-window + full layers (GQA, soft-capped logits), and
   linear-attention (a recurrent state) + window layers. The instance the systems run calls
-  :func:`jaxrl_sym.attend`; its twin with the same weights calls :func:`plain_attention` below — dense masked softmax by token
-  index, and linear attention as an explicit running state (S_t = sum phi(k) v^T, z_t = sum
-  phi(k)) — so the oracle shares no code with the library at all.
+  :func:`jaxrl_sym.attend`; its twin with the same weights calls :func:`plain_attention`
+  below — dense masked softmax by token index, and linear attention as an explicit running
+  state (S_t = sum phi(k) v^T, z_t = sum phi(k)) — so the oracle shares no code with the
+  library at all.
 * the zoo's Gemma-2-like model (``tests/zoo.py``), re-run with its own
   ``__call__`` (whose ``attend`` evaluates the library's reference attention; that one is
   checked against Python loops in ``test_pattern_extension.py``).
