@@ -25,6 +25,7 @@ from jaxrl_sym.rl.config import (
     task_rl_config,
 )
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_HELP
+from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 
 
@@ -235,7 +236,10 @@ def check_configs(args: argparse.Namespace) -> list[str]:
     limit and EOS come from the checkpoint's tokenizer later; a placeholder stands in here)."""
     try:
         run, rl, _ = train_configs(args)
-        limit = run.task_of().max_new_tokens if run.model_dir is None else 1
+        limit = 1  # a text task's limit and EOS come from its checkpoint (read by train)
+        if run.model_dir is None:
+            setup_pretrained(None, run.task)  # a text task needs --model
+            limit = run.task_of().max_new_tokens
         task_rl_config(run.steps, limit, None, rl)
     except InputError as e:
         return [str(e)]

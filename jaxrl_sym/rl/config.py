@@ -20,6 +20,7 @@ import numpy as np
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
 from jaxrl_sym.rl.tasks import Task, get_task
+from jaxrl_sym.rl.text_tasks import is_text_task
 
 __all__ = ["TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig", "RLConfig",
            "RunConfig", "task_rl_config"]
@@ -272,8 +273,8 @@ class RunConfig:
         _at_least(self.prompts_per_step, 1, f"prompts_per_step={self.prompts_per_step} "
                   "(--prompts)")
         _at_least(self.eval_prompts, 0, f"eval_prompts={self.eval_prompts} (--eval-prompts)")
-        if self.model_dir is None:  # the task's own rules: its name, digits, reward weight
-            self.task_of()
+        if self.model_dir is None and not is_text_task(self.task):
+            self.task_of()  # the task's own rules: its name, digits, reward weight
 
     @property
     def reward_weight(self) -> float:
