@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig, ScanLM, StackedConfig
 
+from jaxrl_sym import systems
 from jaxrl_sym.cli import main, parse_bytes
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.estimate import (
@@ -30,10 +31,8 @@ from jaxrl_sym.runtime.estimate import (
     Estimate,
     _kv_cache_bytes,
     attend_calls,
-    estimate_bytes,
     gb,
 )
-from jaxrl_sym.systems import generator
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTOR = 2.0  # estimate / measured within [1/FACTOR, FACTOR]
@@ -48,10 +47,17 @@ def _model(name: str) -> nnx.Module:
     return GPT2Like(GPTConfig(), rngs=nnx.Rngs(0))
 
 
+def _estimate(model: nnx.Module, system: str, b: int, p: int, n: int,
+              cfg: GenerationConfig | None = None) -> Estimate:
+    """The bound system's estimate for ``b`` prompts of ``p`` tokens generating ``n``."""
+    cfg = cfg if cfg is not None else GenerationConfig(max_new_tokens=n)
+    return systems.get(system).bind(model).estimate([p] * b, cfg)
+
+
 def _measured(model: nnx.Module, system: str, b: int, p: int, n: int, logits: bool) -> int:
     prompts = [(np.arange(p, dtype=np.int32) * (i + 3)) % 40 + 1 for i in range(b)]
     cfg = GenerationConfig(max_new_tokens=n, return_logits=logits)
-    stats = generator(system, model)(prompts, cfg).stats
+    stats = systems.get(system).bind(model).generate(prompts, cfg).stats
     return int(stats.get("accounted_bytes", stats.get("accounted_peak_bytes")))
 
 
@@ -65,7 +71,7 @@ def _measured(model: nnx.Module, system: str, b: int, p: int, n: int, logits: bo
 def test_estimate_is_within_a_factor_of_the_measured_peak(name, system, b, p, n, logits) -> None:
     model = _model(name)
     cfg = GenerationConfig(max_new_tokens=n, return_logits=logits)
-    est = estimate_bytes(model, system, b, p, n, cfg)
+    est = _estimate(model, system, b, p, n, cfg)
     measured = _measured(model, system, b, p, n, logits)
     assert 1 / FACTOR <= est.total / measured <= FACTOR, (est.breakdown(), measured)
 
@@ -85,11 +91,11 @@ def test_padded_grows_linearly_with_tokens_sym_window_does_not() -> None:
     calls, _ = attend_calls(model)
     per_slot = sum(_kv_cache_bytes(c, 1, 1) for c in calls)
     for n in (16, 64, 256, 1024):
-        pad = estimate_bytes(model, "padded", 2, 9, n)
+        pad = _estimate(model, "padded", 2, 9, n)
         assert pad.caches == 2 * (9 + n) * per_slot  # MAX_LEN = P + N slots per call
-    sym = {n: estimate_bytes(model, "sym", 2, 9, n).caches for n in (16, 256, 1024)}
+    sym = {n: _estimate(model, "sym", 2, 9, n).caches for n in (16, 256, 1024)}
     assert len(set(sym.values())) == 1, sym  # rings of w slots, whatever N
-    gem = {n: estimate_bytes(_model("gemma"), "sym", 2, 9, n).caches for n in (64, 1024)}
+    gem = {n: _estimate(_model("gemma"), "sym", 2, 9, n).caches for n in (64, 1024)}
     assert gem[1024] > gem[64]  # the full layers' growing stores do grow
 
 
@@ -97,7 +103,7 @@ def test_sym_growing_store_reaches_the_policy_capacity() -> None:
     """Full attention: the final capacity holds every slot the group writes (bucketed prompt
     block + the N decode slots: the last tile is cut at the rows' limit, so none past it) and
     is the policy's doubling of its initial capacity, capped at that total."""
-    est = estimate_bytes(_model("gpt2"), "sym", 3, 20, 300)
+    est = _estimate(_model("gpt2"), "sym", 3, 20, 300)
     assert "growing capacity 320" in est.caches_what  # 128 → 256 → min(512, 20 + 300)
     assert est.growth > 0  # one store at 256 slots alive while it is copied to 320
 
