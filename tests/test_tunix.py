@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxrl_sym import systems
 from jaxrl_sym.baselines.padded import padded_generate
 from jaxrl_sym.baselines.tunix import (
     PeerMissingError,
@@ -237,8 +238,11 @@ def no_tunix(monkeypatch):
 
 
 def test_missing_tunix_names_the_extra(no_tunix):
-    with pytest.raises(PeerMissingError, match=r"jaxrl_sym\[peers\]"):
+    with pytest.raises(PeerMissingError, match="google-tunix"):
         load_tunix()
+    for name in ("tunix", "tunix-defaults", "tunix-gemma4"):  # the spec adds how to install
+        with pytest.raises(PeerMissingError, match=r"jaxrl_sym\[peers\]"):
+            systems.get(name).bind(None)
 
 
 def test_cli_refuses_tunix_before_any_work(no_tunix, capsys):
