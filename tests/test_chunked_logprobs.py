@@ -106,7 +106,7 @@ def _programs(model: nnx.Module, system: str, chunks: tuple[int, ...]
               ) -> tuple[RLTrainer, list[dict[str, Any]]]:
     """One trainer, and its programs built unchunked and for each chunk size (same forward)."""
     tr = RLTrainer(model, lambda p, r: 0.0, CFG, system=system)
-    fwd = get_system(system).logits_fn(tr)
+    fwd = tr.forwards.system(system).logits_fn()
     assert isinstance(fwd, SplitForward)
     cfgs = [replace(CFG, logprob_chunk=None)] + [replace(CFG, logprob_chunk=c) for c in chunks]
     return tr, [build_fns(c, tr.tx, fwd) for c in cfgs]
