@@ -22,6 +22,7 @@ from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window, attend, parse_pattern
 from jaxrl_sym.passes.generation import add_generation_loop
 from jaxrl_sym.passes.storage import plan_storage
+from jaxrl_sym.passes.stores import FIXED, GROWING, SLOT, STATE
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.symbols import Point
 from jaxrl_sym.tracer.trace import SeqInput, trace_function, trace_model
@@ -60,11 +61,10 @@ def test_generation_loop_is_a_cycle_with_lag_one_and_plan_is_per_pattern() -> No
     assert len(fb) == 1 and str(fb[0].index[1]) == "t-1"
     assert gen.topo_order()  # feedback edges do not block scheduling
     plan = plan_storage(gen)
-    kinds = sorted(s.kind for s in plan.stores)
-    assert kinds == ["growing", "slot", "state"]
+    assert [s.kind for s in plan.stores] == [GROWING, STATE, SLOT]
     assert "geometric" in plan.to_text()
     fixed = plan_storage(gen, max_len=64)
-    assert {s.kind for s in fixed.stores} == {"fixed", "slot", "state"}
+    assert [s.kind for s in fixed.stores] == [FIXED, STATE, SLOT]
 
 
 def test_text_and_dot_outputs() -> None:
