@@ -21,21 +21,6 @@ def prompt_tokens(seed: int, lengths: list[int], vocab: int) -> list[np.ndarray]
     return [rng.integers(0, vocab, size=int(p), dtype=np.int32) for p in lengths]
 
 
-def suite_request(grid: dict[str, Any], scenario: str = "realistic"
-                  ) -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
-    """The suite's ``scenario`` request at ``grid`` (a suite preset): model, prompts, config
-    and the job's configuration, exactly as the suite's child runs it."""
-    from bench.suite_jobs import plan
-    from jaxrl_sym.decode_run import build_model
-    from jaxrl_sym.generation import GenerationConfig
-
-    job = next(j for j in plan(grid, systems=("padded",), scenarios=(scenario,)))
-    model, _ = build_model({**job.config, "system": "padded", "batch": 1, "prompt_len": [1, 1]})
-    prompts = prompt_tokens(job.config["seed"], job.prompt_lens, model.cfg.vocab_size)
-    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in job.limits))
-    return model, prompts, cfg, job.config
-
-
 def realistic_request(grid: dict[str, Any], seed: int = 0) -> tuple[Any, list[np.ndarray], Any]:
     """The realistic request of a suite preset with full attention: model, prompts (tokens
     1..99 drawn after the lengths, from the same generator) and per-row limits."""

@@ -42,6 +42,7 @@ import numpy as np
 
 from bench import child, suite_child
 from bench.record import git_commit
+from bench.requests import prompt_tokens
 from bench.roles import rank
 from bench.suite_padding import layers_for, work_for
 from bench.suite_report import render_markdown, render_summary
@@ -460,3 +461,17 @@ def write_outputs(rows: dict[str, dict[str, Any]], out_dir: Path, *, plots: bool
 
         plotting.plot_all(data, out_dir)
     (out_dir.parent / "SUITE.md").write_text(render_summary(data, out_dir.name))
+
+
+def suite_request(grid: dict[str, Any], scenario: str = "realistic"
+                  ) -> tuple[Any, list[np.ndarray], Any, dict[str, Any]]:
+    """The suite's ``scenario`` request at ``grid`` (a suite preset): model, prompts, config
+    and the job's configuration, exactly as the suite's child runs it."""
+    from jaxrl_sym.decode_run import build_model
+    from jaxrl_sym.generation import GenerationConfig
+
+    job = next(j for j in plan(grid, systems=("padded",), scenarios=(scenario,)))
+    model, _ = build_model({**job.config, "system": "padded", "batch": 1, "prompt_len": [1, 1]})
+    prompts = prompt_tokens(job.config["seed"], job.prompt_lens, model.cfg.vocab_size)
+    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in job.limits))
+    return model, prompts, cfg, job.config

@@ -24,8 +24,8 @@ from bench import presets
 from bench.experiments import rlft_step
 from bench.experiments.suite import grid
 from bench.record import peer_report
-from bench.requests import suite_request
 from bench.roles import BASELINE, reference
+from bench.suite_jobs import suite_request
 
 SYSTEMS = ("sym-xla", "padded", "tunix", "tunix-defaults")
 PRESETS: dict[str, dict[str, Any]] = {

@@ -15,12 +15,9 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jaxrl_sym.errors import InputError
-
-if TYPE_CHECKING:
-    from jaxrl_sym.systems.bound import BoundSystem
 
 
 @dataclass(frozen=True)
@@ -115,8 +112,10 @@ class SystemSpec:
         """``options`` with what this spec's variant fixes (``sym-triton``: the backend)."""
         return dataclasses.replace(options or BindOptions(), **dict(self.fixed))
 
-    def bind(self, model: Any, options: BindOptions | None = None) -> BoundSystem:
-        """This system on ``model``: imports its binder (JAX and the system's code load here)."""
+    def bind(self, model: Any, options: BindOptions | None = None) -> Any:
+        """This system on ``model``, a :class:`~jaxrl_sym.systems.bound.BoundSystem`: imports its
+        binder (JAX and the system's code load here). Typed ``Any`` because the bound class
+        imports this module (the spec stays JAX-free and below it)."""
         options = self.options(options)
         if options.mesh is not None and not self.capabilities.shards:
             raise InputError(f"mesh={options.mesh!r} applies to systems that shard, not "
