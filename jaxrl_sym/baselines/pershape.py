@@ -75,6 +75,64 @@ def _build_steps(
     return prefill, step
 
 
+class _Timed:
+    """AOT-compiles through a jit (so its cache is shared) and runs, timing compile and run
+    apart: the per-shape baseline's cost is its compiles, so they are reported on their own."""
+
+    def __init__(self, trace_seconds: float) -> None:
+        self.compile_seconds, self.run_seconds = trace_seconds, 0.0
+
+    def __call__(self, jitted: Any, *args: Any) -> tuple[Any, Any]:
+        t0 = time.perf_counter()
+        compiled = jitted.lower(*args).compile()
+        t1 = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        self.run_seconds += time.perf_counter() - t1
+        self.compile_seconds += t1 - t0
+        return compiled, out
+
+
+def _decode(step: Any, run: _Timed, meter: MemoryMeter, state: Any, batch: Any,
+            first: tuple[Any, ...], params_bytes: int, cfg: GenerationConfig
+            ) -> tuple[list[Any], list[Any], list[Any], int]:
+    """The host loop: one step program per length until every row ended (a host sync per
+    step decides it); returns the per-step tokens, log-probs, logits and the dispatch count."""
+    caches, tok, lp, lg = first
+    held_out: list[Any] = [tok, lp] + ([lg] if cfg.return_logits else [])
+    toks, lps, lgs = [tok], [lp], [lg]
+    tok_host = np.asarray(tok)
+    done = np.zeros(batch.batch, bool)
+    dispatches = 1
+    for s in range(1, batch.steps + 1):
+        done |= s >= batch.limits
+        if cfg.eos_ids:
+            done |= np.isin(tok_host, cfg.eos_ids)
+        if done.all() or s == batch.steps:
+            break
+        if s % _RELEASE_EVERY == 0:
+            # Lengths only grow, so no earlier executable is reused within this run. Release
+            # them: XLA:CPU otherwise runs out of JIT code memory after several hundred
+            # executables ("LLVM ERROR: Unable to allocate section memory", seen at 1024
+            # tokens). Every length is still compiled exactly once.
+            jax.clear_caches()
+        pos = (batch.prompt_lens + s - 1).astype(np.int32)
+        compiled, (new_caches, tok, lp, lg) = run(step, state, caches, tok, jax.device_put(pos),
+                                                  np.int32(s))
+        dispatches += 1
+        held_out += [tok, lp] + ([lg] if cfg.return_logits else [])
+        meter.observe(
+            params_bytes + tree_bytes(caches) + tree_bytes(new_caches) + tree_bytes(held_out),
+            executable_temp_bytes(compiled), step=s)
+        caches = new_caches
+        toks.append(tok)
+        lps.append(lp)
+        lgs.append(lg)
+        t0 = time.perf_counter()
+        tok_host = np.asarray(tok)  # the per-step host sync that decides early stopping
+        run.run_seconds += time.perf_counter() - t0
+    return toks, lps, lgs, dispatches
+
+
 def pershape_generate(
     model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig
 ) -> GenerationResult:
@@ -86,82 +144,34 @@ def pershape_generate(
     """
     with CompileCounter() as counter:
         batch = left_pad_prompts(model, prompts, cfg)
-        b, n = batch.batch, batch.steps
+        b = batch.batch
         _, state = nnx.split(model)
         t0 = time.perf_counter()
         prefill, step = _build_steps(trace_forward(model, b, batch.prompt_len),
                                      trace_forward(model, b, 1), b, cfg)
-        trace_seconds = time.perf_counter() - t0
+        run = _Timed(time.perf_counter() - t0)
         params_bytes = tree_bytes(state)
         meter = MemoryMeter()
-        compile_seconds, run_seconds = trace_seconds, 0.0
-
-        def run(jitted, *args):
-            # AOT-compile through the jit (so its cache is shared), timing compile and run apart.
-            nonlocal compile_seconds, run_seconds
-            t0 = time.perf_counter()
-            compiled = jitted.lower(*args).compile()
-            t1 = time.perf_counter()
-            out = jax.block_until_ready(compiled(*args))
-            run_seconds += time.perf_counter() - t1
-            compile_seconds += t1 - t0
-            return compiled, out
-
         tokens, positions = jax.device_put((batch.tokens, batch.positions))
-        compiled, (caches, tok, lp, lg) = run(prefill, state, tokens, positions)
-        held_out: list[Any] = [tok, lp] + ([lg] if cfg.return_logits else [])
-        meter.observe(
-            params_bytes + tree_bytes((tokens, positions, caches)) + tree_bytes(held_out),
-            executable_temp_bytes(compiled),
-            step=0,
-        )
-        toks, lps, lgs = [tok], [lp], [lg]
-        tok_host = np.asarray(tok)
-        done = np.zeros(b, bool)
-        limits = batch.limits
-        dispatches = 1
-        for s in range(1, n + 1):
-            done |= s >= limits
-            if cfg.eos_ids:
-                done |= np.isin(tok_host, cfg.eos_ids)
-            if done.all() or s == n:
-                break
-            if s % _RELEASE_EVERY == 0:
-                # Lengths only grow, so no earlier executable is reused within this run. Release
-                # them: XLA:CPU otherwise runs out of JIT code memory after several hundred
-                # executables ("LLVM ERROR: Unable to allocate section memory", seen at 1024
-                # tokens). Every length is still compiled exactly once.
-                jax.clear_caches()
-            pos = (batch.prompt_lens + s - 1).astype(np.int32)
-            args = (state, caches, tok, jax.device_put(pos), np.int32(s))
-            compiled, (new_caches, tok, lp, lg) = run(step, *args)
-            dispatches += 1
-            held_out += [tok, lp] + ([lg] if cfg.return_logits else [])
-            meter.observe(
-                params_bytes + tree_bytes(caches) + tree_bytes(new_caches) + tree_bytes(held_out),
-                executable_temp_bytes(compiled),
-                step=s,
-            )
-            caches = new_caches
-            toks.append(tok)
-            lps.append(lp)
-            lgs.append(lg)
-            t0 = time.perf_counter()
-            tok_host = np.asarray(tok)  # the per-step host sync that decides early stopping
-            run_seconds += time.perf_counter() - t0
-
+        compiled, first = run(prefill, state, tokens, positions)
+        caches, tok, lp, lg = first
+        meter.observe(params_bytes + tree_bytes((tokens, positions, caches))
+                      + tree_bytes([tok, lp] + ([lg] if cfg.return_logits else [])),
+                      executable_temp_bytes(compiled), step=0)
+        toks, lps, lgs, dispatches = _decode(step, run, meter, state, batch, first,
+                                             params_bytes, cfg)
         tok_np = np.stack([np.asarray(t) for t in toks])
         lp_np = np.stack([np.asarray(x) for x in lps])
         lg_np = np.stack([np.asarray(x) for x in lgs]) if cfg.return_logits else None
-    lengths = row_lengths(tok_np, limits, cfg.eos_ids)
+    lengths = row_lengths(tok_np, batch.limits, cfg.eos_ids)
     out_toks, out_lps, out_lgs = trim_rows(tok_np, lp_np, lg_np, lengths)
     dev_peak = device_peak_bytes()
     stats = {
         "xla_compiles": counter.count, "compile_cache_hits": counter.cache_hits,
         "peak_bytes": dev_peak if dev_peak is not None else meter.peak,
         "accounted_bytes": meter.peak,
-        "compile_seconds": compile_seconds,
-        "run_seconds": run_seconds,
+        "compile_seconds": run.compile_seconds,
+        "run_seconds": run.run_seconds,
         "dispatches": dispatches,
         "prompt_len": batch.prompt_len,
         "decode_steps": len(toks),
