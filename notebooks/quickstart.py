@@ -44,6 +44,7 @@ from jaxrl_sym import (
     padded_generate,
 )
 from jaxrl_sym.passes.storage import live_count_fn
+from jaxrl_sym.passes.stores import RING
 from jaxrl_sym.symbols import classify_access, compile_index, evaluate_index
 
 QUICK = os.environ.get("JAXRL_SYM_NB_QUICK") == "1"
@@ -162,7 +163,7 @@ for store in engine.plan.stores:
     print(f"%{store.node}: {store.index!s:<22} → {acc.kind:<7} bound {acc.bound}  "
           f"⇒ {store.kind} store, capacity {store.capacity_value(engine.bindings)}")
 
-window_store = next(s for s in engine.plan.stores if s.kind == "ring")
+window_store = next(s for s in engine.plan.stores if s.kind == RING)
 fn = compile_index(table, window_store.index, ["t", "w"])
 print("\ngenerated code:\n" + fn.source)
 ts = np.arange(0, 24 if QUICK else 64)

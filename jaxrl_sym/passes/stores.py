@@ -240,11 +240,8 @@ class StoreKind:
         return format(self.name, spec)
 
     def __eq__(self, other: object) -> bool:
-        """Kinds are singletons, equal by class. A plain name (``"ring"``) also compares equal:
-        a shim for code written when the plan's kinds were strings (``notebooks/``); the
-        library itself compares kinds by object or class."""
-        if isinstance(other, str):
-            return other == self.name
+        """Kinds are singletons, equal by class; never equal to a name (compare objects: a
+        string compare is how the plan's kinds drifted apart before)."""
         return type(other) is type(self)
 
     def __hash__(self) -> int:
