@@ -46,13 +46,17 @@ def sample_advantages(rewards: np.ndarray, group_size: int, algo: str, eps: floa
     if algo == "grpo":
         centred = g - mean
         std = g.std(axis=1, keepdims=True)
+        # Tied by value, not by std > 0: three equal rewards of 0.047 have a float64 std of
+        # 6.9e-18, which gave every sample an advantage of -7e-12 whose sign flipped the clip
+        # diagnostics (found by tests/test_oracle_rl_loss.py).
+        varies = g.max(axis=1, keepdims=True) > g.min(axis=1, keepdims=True)
         if adv_norm == "group_std":
             with np.errstate(invalid="ignore", divide="ignore"):
-                adv = np.where(std > 0, centred / (std + eps), 0.0)
+                adv = np.where(varies, centred / (std + eps), 0.0)
         elif adv_norm == "batch_std":
-            adv = np.where(std > 0, centred / (centred.std() + eps), 0.0)
+            adv = np.where(varies, centred / (centred.std() + eps), 0.0)
         else:
-            adv = np.where(std > 0, centred, 0.0)
+            adv = np.where(varies, centred, 0.0)
     elif algo == "rloo":
         adv = g - (g.sum(axis=1, keepdims=True) - g) / (group_size - 1)
     else:
