@@ -79,3 +79,58 @@ def last_query(seg_end, last, lpos, LOOKBACK: tl.constexpr, PERIOD: tl.constexpr
     if PERIOD > 0:
         q_hi = tl.minimum(q_hi, last - lpos % PERIOD + PERIOD)
     return q_hi
+
+
+# --------------------------------------------------------------------------- shared tile steps
+# Written once here and inlined by Triton into each kernel that calls them (a ``@triton.jit``
+# callee is compiled into its caller), so splitting a kernel into these costs nothing at run time.
+
+
+@triton.jit
+def load_heads(ptr, idx, idx_mask, h, H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows ``idx`` of head ``h`` of a ``[rows, H, D]`` array as a ``[len(idx), BLOCK_D]`` tile;
+    masked rows and the columns past ``D`` read 0 (and are never fetched)."""
+    offs = tl.arange(0, BLOCK_D)
+    return tl.load(
+        ptr + idx[:, None] * (H * D) + h * D + offs[None, :],
+        mask=idx_mask[:, None] & (offs < D)[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
+def store_heads(ptr, x, idx, idx_mask, h, H: tl.constexpr, D: tl.constexpr,
+                BLOCK_D: tl.constexpr):
+    """:func:`load_heads`' inverse: the tile ``x`` into rows ``idx`` of head ``h``, cast to the
+    output's dtype; masked rows and the columns past ``D`` are not written."""
+    offs = tl.arange(0, BLOCK_D)
+    tl.store(
+        ptr + idx[:, None] * (H * D) + h * D + offs[None, :],
+        x.to(ptr.dtype.element_ty),
+        mask=idx_mask[:, None] & (offs < D)[None, :],
+    )
+
+
+@triton.jit
+def online_softmax(q, k, v, valid, m_i, l_i, acc, QK_SCALE: tl.constexpr, SCALE: tl.constexpr,
+                   SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr):
+    """One key tile of the flash-attention forward: scores of ``q`` against ``k`` (masked by
+    ``valid``, broadcast to ``[rows, keys]``), then the running max ``m_i``, normaliser ``l_i``
+    and unnormalised output ``acc`` rescaled and advanced by ``v``. Returns the new three."""
+    if F32_DOT:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid, log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row with no valid key so far keeps m = -inf; shift by 0 instead to avoid inf - inf.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if F32_DOT:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.common import log2_logits, visible
+from kernels.common import online_softmax, visible
 
 
 @triton.jit
@@ -69,72 +69,90 @@ def decode_split_kernel(
     sp = tl.program_id(2)
     G = HQ // HKV
     b64 = b.to(tl.int64)
-
-    n_live = tl.minimum(tl.load(nlive_ptr + b), CAP)
+    lo, hi = _split_range(nlive_ptr, b, sp, CAP, NUM_SPLITS, BLOCK_N)
     qpos = tl.load(qpos_ptr + b)
-    # Chunk of the live prefix owned by this split, rounded to whole blocks.
+    offs_h = tl.arange(0, BLOCK_H)
+    h_mask = offs_h < G
+    heads = hk * G + offs_h
+    q = _load_query_group(q_ptr, b64, heads, h_mask, HQ, D, BLOCK_D, F32_DOT)
+    m_i, l_i, acc = _attend_chunk(
+        q, k_ptr + b64 * (CAP * HKV * D) + hk * D, v_ptr + b64 * (CAP * HKV * DV) + hk * DV,
+        kvpos_ptr + b64 * CAP, qpos, lo, hi, HKV, D, DV, LOOKBACK, PERIOD, QK_SCALE, SCALE,
+        SOFTCAP, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT)
+    _store_split(m_ptr, l_ptr, acc_ptr, m_i, l_i, acc, b64 * HQ + heads, h_mask, sp, DV,
+                 NUM_SPLITS, BLOCK_DV)
+
+
+@triton.jit
+def _split_range(nlive_ptr, b, sp, CAP: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Slots ``[lo, hi)``: the chunk of row b's live prefix owned by split ``sp``, rounded to
+    whole blocks (empty for the splits past the live prefix)."""
+    n_live = tl.minimum(tl.load(nlive_ptr + b), CAP)
     chunk = tl.cdiv(tl.cdiv(n_live, NUM_SPLITS), BLOCK_N) * BLOCK_N
     lo = sp * chunk
     hi = tl.minimum(lo + chunk, n_live)
+    return lo, hi
 
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_n = tl.arange(0, BLOCK_N)
+
+@triton.jit
+def _load_query_group(q_ptr, b64, heads, h_mask, HQ: tl.constexpr, D: tl.constexpr,
+                      BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr):
+    """Row b's query heads ``heads`` (one kv head's group, padded to BLOCK_H rows) as a
+    ``[BLOCK_H, BLOCK_D]`` tile; padded rows read 0."""
     offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    h_mask = offs_h < G
-    d_mask = offs_d < D
-    dv_mask = offs_dv < DV
-    heads = hk * G + offs_h
-
     q = tl.load(
         q_ptr + b64 * (HQ * D) + heads[:, None] * D + offs_d[None, :],
-        mask=h_mask[:, None] & d_mask[None, :],
+        mask=h_mask[:, None] & (offs_d < D)[None, :],
         other=0.0,
     )
     if F32_DOT:
         q = q.to(tl.float32)
+    return q
 
+
+@triton.jit
+def _attend_chunk(q, k_base, v_base, kvpos_row, qpos, lo, hi, HKV: tl.constexpr,
+                  D: tl.constexpr, DV: tl.constexpr, LOOKBACK: tl.constexpr,
+                  PERIOD: tl.constexpr, QK_SCALE: tl.constexpr, SCALE: tl.constexpr,
+                  SOFTCAP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr):
+    """The partial softmax state ``(m, l, acc)`` of the query group over slots ``[lo, hi)`` of
+    one row and kv head (``k_base`` / ``v_base`` / ``kvpos_row``: that row's and head's start)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-
-    k_base = k_ptr + b64 * (CAP * HKV * D) + hk * D
-    v_base = v_ptr + b64 * (CAP * HKV * DV) + hk * DV
     for start in range(lo, hi, BLOCK_N):
         n = start + offs_n
-        kpos = tl.load(kvpos_ptr + b64 * CAP + n, mask=n < hi, other=-1)
+        kpos = tl.load(kvpos_row + n, mask=n < hi, other=-1)
         valid = visible(qpos, kpos, LOOKBACK, PERIOD)
         # Masked-off slots (empty, outside the window/block) are not fetched: a predicated-off
         # load moves no bytes, so a window over a long append-only store reads ~w slots of K/V.
         k = tl.load(
             k_base + n[:, None] * (HKV * D) + offs_d[None, :],
-            mask=valid[:, None] & d_mask[None, :],
+            mask=valid[:, None] & (offs_d < D)[None, :],
             other=0.0,
         )
         v = tl.load(
             v_base + n[:, None] * (HKV * DV) + offs_dv[None, :],
-            mask=valid[:, None] & dv_mask[None, :],
+            mask=valid[:, None] & (offs_dv < DV)[None, :],
             other=0.0,
         )
-        if F32_DOT:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with no valid key so far keeps m = -inf; shift by 0 instead to avoid inf - inf.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if F32_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax(q, k, v, valid[None, :], m_i, l_i, acc, QK_SCALE, SCALE,
+                                       SOFTCAP, F32_DOT)
+    return m_i, l_i, acc
 
-    row = b64 * HQ + heads
+
+@triton.jit
+def _store_split(m_ptr, l_ptr, acc_ptr, m_i, l_i, acc, row, h_mask, sp, DV: tl.constexpr,
+                 NUM_SPLITS: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Write one split's state for the (row, query head) indices ``row``: normalised output
+    when it is the only split, else ``m``, ``l`` and ``acc`` for the reduce kernel."""
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_mask = offs_dv < DV
     if NUM_SPLITS == 1:
         # No valid key (empty query, nothing live) leaves l = 0 and acc = 0: output 0.
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]

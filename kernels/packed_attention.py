@@ -26,7 +26,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.common import first_key, last_query, log2_logits, softcap_slope, visible
+from kernels.common import (
+    first_key,
+    last_query,
+    load_heads,
+    log2_logits,
+    online_softmax,
+    softcap_slope,
+    store_heads,
+    visible,
+)
 
 
 @triton.jit
@@ -61,80 +70,75 @@ def packed_fwd_kernel(
     pm = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // (HQ // HKV)
-    m0 = pm * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     r_mask = rows < N
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    d_mask = offs_d < D
-    dv_mask = offs_dv < DV
-
     qpos = tl.load(pos_ptr + rows, mask=r_mask, other=-1)
     qseg = tl.load(seg_ptr + rows, mask=r_mask, other=-1)
-    # Key range: from the pattern's lower bound for the first valid row (monotone in the row)
-    # to the last valid row (causal). No valid row: empty range.
-    first = tl.min(tl.where(qpos >= 0, rows, N), 0)
-    last = tl.max(tl.where(qpos >= 0, rows, -1), 0)
-    fpos = tl.load(pos_ptr + first, mask=first < N, other=0)
-    lo = first_key(first, fpos, LOOKBACK, PERIOD)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    hi = last + 1
-
-    q = tl.load(
-        q_ptr + rows[:, None] * (HQ * D) + h * D + offs_d[None, :],
-        mask=r_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+    lo, hi = _key_range(pos_ptr, rows, qpos, N, LOOKBACK, PERIOD, BLOCK_N)
+    q = load_heads(q_ptr, rows, r_mask, h, HQ, D, BLOCK_D)
     if F32_DOT:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        cols = start + offs_n
-        c_mask = cols < hi
-        kpos = tl.load(pos_ptr + cols, mask=c_mask, other=-1)
-        kseg = tl.load(seg_ptr + cols, mask=c_mask, other=-2)
-        k = tl.load(
-            k_ptr + cols[:, None] * (HKV * D) + hk * D + offs_d[None, :],
-            mask=c_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            v_ptr + cols[:, None] * (HKV * DV) + hk * DV + offs_dv[None, :],
-            mask=c_mask[:, None] & dv_mask[None, :],
-            other=0.0,
-        )
+        cols = start + tl.arange(0, BLOCK_N)
+        kpos, kseg, k, v = _load_keys(k_ptr, v_ptr, seg_ptr, pos_ptr, cols, cols < hi, hk, HKV,
+                                      D, DV, BLOCK_D, BLOCK_DV)
         valid = (qseg[:, None] == kseg[None, :]) & visible(qpos[:, None], kpos[None, :],
                                                            LOOKBACK, PERIOD)
-        if F32_DOT:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid, log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if F32_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax(q, k, v, valid, m_i, l_i, acc, QK_SCALE, SCALE, SOFTCAP,
+                                       F32_DOT)
 
     has = l_i > 0.0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453,
                    float("-inf"))
-    tl.store(
-        o_ptr + rows[:, None] * (HQ * DV) + h * DV + offs_dv[None, :],
-        out.to(o_ptr.dtype.element_ty),
-        mask=r_mask[:, None] & dv_mask[None, :],
-    )
+    store_heads(o_ptr, out, rows, r_mask, h, HQ, DV, BLOCK_DV)
     tl.store(lse_ptr + h * N + rows, lse, mask=r_mask)
+
+
+@triton.jit
+def _key_range(pos_ptr, rows, qpos, N: tl.constexpr, LOOKBACK: tl.constexpr,
+               PERIOD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys ``[lo, hi)`` a query block may see: from the pattern's lower bound for its first
+    valid row (monotone in the row), block-aligned, to its last valid row (causal). No valid
+    row: an empty range."""
+    first = tl.min(tl.where(qpos >= 0, rows, N), 0)
+    last = tl.max(tl.where(qpos >= 0, rows, -1), 0)
+    fpos = tl.load(pos_ptr + first, mask=first < N, other=0)
+    lo = first_key(first, fpos, LOOKBACK, PERIOD)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    return lo, last + 1
+
+
+@triton.jit
+def _load_keys(k_ptr, v_ptr, seg_ptr, pos_ptr, cols, c_mask, hk, HKV: tl.constexpr,
+               D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """A key block of kv head ``hk``: positions (-1 masked), segments (-2 masked, matching no
+    query), and the K and V tiles (0 masked)."""
+    kpos = tl.load(pos_ptr + cols, mask=c_mask, other=-1)
+    kseg = tl.load(seg_ptr + cols, mask=c_mask, other=-2)
+    k = load_heads(k_ptr, cols, c_mask, hk, HKV, D, BLOCK_D)
+    v = load_heads(v_ptr, cols, c_mask, hk, HKV, DV, BLOCK_DV)
+    return kpos, kseg, k, v
+
+
+@triton.jit
+def _load_queries(q_ptr, do_ptr, lse_ptr, delta_ptr, rows, r_mask, h, N: tl.constexpr,
+                  HQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr,
+                  BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr):
+    """A query block of head ``h`` for the backward: q, dO, the logsumexp in log2 units (0 for
+    rows without keys, whose p must come out 0 from their -inf scores) and delta."""
+    q = load_heads(q_ptr, rows, r_mask, h, HQ, D, BLOCK_D)
+    do = load_heads(do_ptr, rows, r_mask, h, HQ, DV, BLOCK_DV)
+    if F32_DOT:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(lse_ptr + h * N + rows, mask=r_mask, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
+    delta = tl.load(delta_ptr + h * N + rows, mask=r_mask, other=0.0)
+    return q, do, lse2, delta
 
 
 @triton.jit
@@ -171,81 +175,47 @@ def packed_bwd_dq_kernel(
     pm = tl.program_id(0)
     h = tl.program_id(1)
     hk = h // (HQ // HKV)
-    m0 = pm * BLOCK_M
-    rows = m0 + tl.arange(0, BLOCK_M)
+    rows = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     r_mask = rows < N
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    d_mask = offs_d < D
-    dv_mask = offs_dv < DV
-
     qpos = tl.load(pos_ptr + rows, mask=r_mask, other=-1)
     qseg = tl.load(seg_ptr + rows, mask=r_mask, other=-1)
-    first = tl.min(tl.where(qpos >= 0, rows, N), 0)
-    last = tl.max(tl.where(qpos >= 0, rows, -1), 0)
-    fpos = tl.load(pos_ptr + first, mask=first < N, other=0)
-    lo = first_key(first, fpos, LOOKBACK, PERIOD)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    hi = last + 1
-
-    q = tl.load(
-        q_ptr + rows[:, None] * (HQ * D) + h * D + offs_d[None, :],
-        mask=r_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    do = tl.load(
-        do_ptr + rows[:, None] * (HQ * DV) + h * DV + offs_dv[None, :],
-        mask=r_mask[:, None] & dv_mask[None, :],
-        other=0.0,
-    )
-    if F32_DOT:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    lse = tl.load(lse_ptr + h * N + rows, mask=r_mask, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
-    delta = tl.load(delta_ptr + h * N + rows, mask=r_mask, other=0.0)
+    lo, hi = _key_range(pos_ptr, rows, qpos, N, LOOKBACK, PERIOD, BLOCK_N)
+    q, do, lse2, delta = _load_queries(q_ptr, do_ptr, lse_ptr, delta_ptr, rows, r_mask, h, N,
+                                       HQ, D, DV, BLOCK_D, BLOCK_DV, F32_DOT)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(lo, hi, BLOCK_N):
-        cols = start + offs_n
-        c_mask = cols < hi
-        kpos = tl.load(pos_ptr + cols, mask=c_mask, other=-1)
-        kseg = tl.load(seg_ptr + cols, mask=c_mask, other=-2)
-        k = tl.load(
-            k_ptr + cols[:, None] * (HKV * D) + hk * D + offs_d[None, :],
-            mask=c_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        v = tl.load(
-            v_ptr + cols[:, None] * (HKV * DV) + hk * DV + offs_dv[None, :],
-            mask=c_mask[:, None] & dv_mask[None, :],
-            other=0.0,
-        )
+        cols = start + tl.arange(0, BLOCK_N)
+        kpos, kseg, k, v = _load_keys(k_ptr, v_ptr, seg_ptr, pos_ptr, cols, cols < hi, hk, HKV,
+                                      D, DV, BLOCK_D, BLOCK_DV)
         if F32_DOT:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         valid = (qseg[:, None] == kseg[None, :]) & visible(qpos[:, None], kpos[None, :],
                                                            LOOKBACK, PERIOD)
-        if F32_DOT:
-            s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
-            dp = tl.dot(do, tl.trans(v), input_precision="tf32x3")
-        else:
-            s = tl.dot(q, tl.trans(k))
-            dp = tl.dot(do, tl.trans(v))
-        slope = softcap_slope(s, SCALE, SOFTCAP)  # d capped / d uncapped logit
-        s = tl.where(valid, log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
-        p = tl.exp2(s - lse2[:, None])
-        ds = p * (dp - delta[:, None]) * slope
-        if F32_DOT:
-            dq += tl.dot(ds, k, input_precision="tf32x3")
-        else:
-            dq += tl.dot(ds.to(k.dtype), k)
+        dq += _dq_block(q, do, k, v, valid, lse2, delta, QK_SCALE, SCALE, SOFTCAP, F32_DOT)
     dq = dq * SCALE
-    tl.store(
-        dq_ptr + rows[:, None] * (HQ * D) + h * D + offs_d[None, :],
-        dq.to(dq_ptr.dtype.element_ty),
-        mask=r_mask[:, None] & d_mask[None, :],
-    )
+    store_heads(dq_ptr, dq, rows, r_mask, h, HQ, D, BLOCK_D)
+
+
+@triton.jit
+def _dq_block(q, do, k, v, valid, lse2, delta, QK_SCALE: tl.constexpr, SCALE: tl.constexpr,
+              SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr):
+    """One key block's term of dq (before the final scale): ``sum_j p_ij (dp_ij - delta_i)
+    slope_ij k_j`` over the block's keys j."""
+    if F32_DOT:
+        s = tl.dot(q, tl.trans(k), input_precision="tf32x3")
+        dp = tl.dot(do, tl.trans(v), input_precision="tf32x3")
+    else:
+        s = tl.dot(q, tl.trans(k))
+        dp = tl.dot(do, tl.trans(v))
+    slope = softcap_slope(s, SCALE, SOFTCAP)  # d capped / d uncapped logit
+    s = tl.where(valid, log2_logits(s, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
+    p = tl.exp2(s - lse2[:, None])
+    ds = p * (dp - delta[:, None]) * slope
+    if F32_DOT:
+        return tl.dot(ds, k, input_precision="tf32x3")
+    else:
+        return tl.dot(ds.to(k.dtype), k)
 
 
 @triton.jit
@@ -286,18 +256,33 @@ def packed_bwd_dkdv_kernel(
     """
     pn = tl.program_id(0)
     hk = tl.program_id(1)
-    G = HQ // HKV
-    n0 = pn * BLOCK_N
-    cols = n0 + tl.arange(0, BLOCK_N)
+    cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     c_mask = cols < N
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    d_mask = offs_d < D
-    dv_mask = offs_dv < DV
+    kpos, kseg, k, v = _load_keys(k_ptr, v_ptr, seg_ptr, pos_ptr, cols, c_mask, hk, HKV, D, DV,
+                                  BLOCK_D, BLOCK_DV)
+    q_lo, q_hi = _query_range(seg_ptr, pos_ptr, cu_ptr, cols, kpos, N, LOOKBACK, PERIOD,
+                              BLOCK_M)
+    if F32_DOT:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    for g in range(0, HQ // HKV):
+        h = hk * (HQ // HKV) + g
+        for start in range(q_lo, q_hi, BLOCK_M):
+            dk, dv = _dkdv_block(q_ptr, do_ptr, lse_ptr, delta_ptr, seg_ptr, pos_ptr, k, v, kpos,
+                                 kseg, dk, dv, start, q_hi, h, N, HQ, D, DV, LOOKBACK, PERIOD,
+                                 QK_SCALE, SCALE, SOFTCAP, BLOCK_M, BLOCK_D, BLOCK_DV, F32_DOT)
+    dk = dk * SCALE
+    store_heads(dk_ptr, dk, cols, c_mask, hk, HKV, D, BLOCK_D)
+    store_heads(dv_ptr, dv, cols, c_mask, hk, HKV, DV, BLOCK_DV)
 
-    kpos = tl.load(pos_ptr + cols, mask=c_mask, other=-1)
-    kseg = tl.load(seg_ptr + cols, mask=c_mask, other=-2)
+
+@triton.jit
+def _query_range(seg_ptr, pos_ptr, cu_ptr, cols, kpos, N: tl.constexpr,
+                 LOOKBACK: tl.constexpr, PERIOD: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Queries ``[q_lo, q_hi)`` that may see a key block: from its first valid key,
+    block-aligned, to the end of its last valid key's visible range; no valid key: empty."""
     first = tl.min(tl.where(kpos >= 0, cols, N), 0)
     last = tl.max(tl.where(kpos >= 0, cols, -1), 0)
     has = last >= 0
@@ -307,72 +292,40 @@ def packed_bwd_dkdv_kernel(
     q_hi = last_query(seg_end, last, lpos, LOOKBACK, PERIOD)
     q_hi = tl.where(has, q_hi, 0)
     q_lo = (first // BLOCK_M) * BLOCK_M
+    return q_lo, q_hi
 
-    k = tl.load(
-        k_ptr + cols[:, None] * (HKV * D) + hk * D + offs_d[None, :],
-        mask=c_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    v = tl.load(
-        v_ptr + cols[:, None] * (HKV * DV) + hk * DV + offs_dv[None, :],
-        mask=c_mask[:, None] & dv_mask[None, :],
-        other=0.0,
-    )
+
+@triton.jit
+def _dkdv_block(q_ptr, do_ptr, lse_ptr, delta_ptr, seg_ptr, pos_ptr, k, v, kpos, kseg, dk, dv,
+                start, q_hi, h, N: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr,
+                DV: tl.constexpr, LOOKBACK: tl.constexpr, PERIOD: tl.constexpr,
+                QK_SCALE: tl.constexpr, SCALE: tl.constexpr, SOFTCAP: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                F32_DOT: tl.constexpr):
+    """dk, dv advanced by the query block at ``start`` of head ``h``."""
+    rows = start + tl.arange(0, BLOCK_M)
+    r_mask = rows < q_hi
+    qpos = tl.load(pos_ptr + rows, mask=r_mask, other=-1)
+    qseg = tl.load(seg_ptr + rows, mask=r_mask, other=-1)
+    q, do, lse2, delta = _load_queries(q_ptr, do_ptr, lse_ptr, delta_ptr, rows, r_mask, h, N,
+                                       HQ, D, DV, BLOCK_D, BLOCK_DV, F32_DOT)
+    valid = (kseg[:, None] == qseg[None, :]) & visible(qpos[None, :], kpos[:, None],
+                                                       LOOKBACK, PERIOD)
+    # Transposed scores [BLOCK_N, BLOCK_M] so dk/dv accumulate without transposes.
     if F32_DOT:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    for g in range(0, G):
-        h = hk * G + g
-        for start in range(q_lo, q_hi, BLOCK_M):
-            rows = start + offs_m
-            r_mask = rows < q_hi
-            qpos = tl.load(pos_ptr + rows, mask=r_mask, other=-1)
-            qseg = tl.load(seg_ptr + rows, mask=r_mask, other=-1)
-            q = tl.load(
-                q_ptr + rows[:, None] * (HQ * D) + h * D + offs_d[None, :],
-                mask=r_mask[:, None] & d_mask[None, :],
-                other=0.0,
-            )
-            do = tl.load(
-                do_ptr + rows[:, None] * (HQ * DV) + h * DV + offs_dv[None, :],
-                mask=r_mask[:, None] & dv_mask[None, :],
-                other=0.0,
-            )
-            if F32_DOT:
-                q = q.to(tl.float32)
-                do = do.to(tl.float32)
-            lse = tl.load(lse_ptr + h * N + rows, mask=r_mask, other=float("-inf"))
-            lse2 = tl.where(lse == float("-inf"), 0.0, lse * 1.4426950408889634)
-            delta = tl.load(delta_ptr + h * N + rows, mask=r_mask, other=0.0)
-            valid = (kseg[:, None] == qseg[None, :]) & visible(qpos[None, :], kpos[:, None],
-                                                               LOOKBACK, PERIOD)
-            # Transposed scores [BLOCK_N, BLOCK_M] so dk/dv accumulate without transposes.
-            if F32_DOT:
-                st = tl.dot(k, tl.trans(q), input_precision="tf32x3")
-                dpt = tl.dot(v, tl.trans(do), input_precision="tf32x3")
-            else:
-                st = tl.dot(k, tl.trans(q))
-                dpt = tl.dot(v, tl.trans(do))
-            slope = softcap_slope(st, SCALE, SOFTCAP)
-            st = tl.where(valid, log2_logits(st, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
-            pt = tl.exp2(st - lse2[None, :])
-            dst = pt * (dpt - delta[None, :]) * slope
-            if F32_DOT:
-                dv += tl.dot(pt, do, input_precision="tf32x3")
-                dk += tl.dot(dst, q, input_precision="tf32x3")
-            else:
-                dv += tl.dot(pt.to(do.dtype), do)
-                dk += tl.dot(dst.to(q.dtype), q)
-    dk = dk * SCALE
-    tl.store(
-        dk_ptr + cols[:, None] * (HKV * D) + hk * D + offs_d[None, :],
-        dk.to(dk_ptr.dtype.element_ty),
-        mask=c_mask[:, None] & d_mask[None, :],
-    )
-    tl.store(
-        dv_ptr + cols[:, None] * (HKV * DV) + hk * DV + offs_dv[None, :],
-        dv.to(dv_ptr.dtype.element_ty),
-        mask=c_mask[:, None] & dv_mask[None, :],
-    )
+        st = tl.dot(k, tl.trans(q), input_precision="tf32x3")
+        dpt = tl.dot(v, tl.trans(do), input_precision="tf32x3")
+    else:
+        st = tl.dot(k, tl.trans(q))
+        dpt = tl.dot(v, tl.trans(do))
+    slope = softcap_slope(st, SCALE, SOFTCAP)
+    st = tl.where(valid, log2_logits(st, QK_SCALE, SCALE, SOFTCAP), float("-inf"))
+    pt = tl.exp2(st - lse2[None, :])
+    dst = pt * (dpt - delta[None, :]) * slope
+    if F32_DOT:
+        dv += tl.dot(pt, do, input_precision="tf32x3")
+        dk += tl.dot(dst, q, input_precision="tf32x3")
+    else:
+        dv += tl.dot(pt.to(do.dtype), do)
+        dk += tl.dot(dst.to(q.dtype), q)
+    return dk, dv
