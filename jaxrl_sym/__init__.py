@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from jaxrl_sym.rl import PartialConfig, RLConfig, RLTrainer, SamplingConfig, get_task
     from jaxrl_sym.rl.train import train
     from jaxrl_sym.runtime.engine import SymbolicLM
-    from jaxrl_sym.runtime.options import EngineOptions
+    from jaxrl_sym.runtime.options import EngineOptions, Speculation
     from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 _HOME = {
@@ -56,7 +56,7 @@ _HOME = {
     **dict.fromkeys(("DecoderLM", "LMConfig", "init_model", "preset"), "jaxrl_sym.models.lm"),
     **dict.fromkeys(("export_pretrained", "load_pretrained"), "jaxrl_sym.models.hf"),
     "SymbolicLM": "jaxrl_sym.runtime.engine",
-    "EngineOptions": "jaxrl_sym.runtime.options",
+    **dict.fromkeys(("EngineOptions", "Speculation"), "jaxrl_sym.runtime.options"),
     "SpeculativeLM": "jaxrl_sym.runtime.speculative",
     "padded_generate": "jaxrl_sym.baselines.padded",
     **dict.fromkeys(("PartialConfig", "RLConfig", "RLTrainer", "SamplingConfig", "get_task"),
@@ -84,6 +84,7 @@ __all__ = [
     "RLConfig",
     "RLTrainer",
     "SamplingConfig",
+    "Speculation",
     "SpeculativeLM",
     "SymError",
     "SymbolError",

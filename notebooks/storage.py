@@ -42,6 +42,7 @@ from jaxrl_sym import (
     Block,
     Causal,
     DecoderLM,
+    EngineOptions,
     GenerationConfig,
     Linear,
     LMConfig,
@@ -66,7 +67,7 @@ base = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head
 engines = {}
 for name, pat in PATTERNS.items():
     model = DecoderLM(LMConfig(**base, patterns=(pat, pat)), rngs=nnx.Rngs(0))
-    eng = engines[name] = (model, SymbolicLM(model, min_capacity=32))
+    eng = engines[name] = (model, SymbolicLM(model, EngineOptions(min_capacity=32)))
     print(f"== {name}")
     print(eng[1].plan.to_text())
     layouts = jax.eval_shape(lambda e=eng[1]: e.builder.init_stores(8, 128))

@@ -36,6 +36,7 @@ from jaxrl_sym.rl import RLTrainer, compute_rewards  # noqa: E402
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint  # noqa: E402
 from jaxrl_sym.rl.state import params_sha256  # noqa: E402
 from jaxrl_sym.runtime.engine import SymbolicLM  # noqa: E402
+from jaxrl_sym.runtime.options import EngineOptions  # noqa: E402
 from jaxrl_sym.sharding import MeshConfig, to_host  # noqa: E402
 
 MESHES = ("data={n}", "data={h},model=2")  # every device of every process
@@ -57,9 +58,9 @@ def generation() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for spec, temp in zip(meshes(), (0.0, 1.0), strict=True):
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
-        want = SymbolicLM(model, max_pad_fraction=1.0, compact_min_rows=1).generate(prompts, gen)
-        lm = SymbolicLM(model, max_pad_fraction=1.0, compact_min_rows=1,
-                        mesh=MeshConfig.parse(spec).build())
+        options = EngineOptions(max_pad_fraction=1.0, compact_min_rows=1)
+        want = SymbolicLM(model, options).generate(prompts, gen)
+        lm = SymbolicLM(model, options, mesh=MeshConfig.parse(spec).build())
         got = lm.generate(prompts, gen)
         assert all(np.array_equal(a, b) for a, b in zip(want.tokens, got.tokens, strict=True))
         for a, b in zip(want.logprobs, got.logprobs, strict=True):

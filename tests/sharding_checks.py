@@ -21,6 +21,7 @@ from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.sharding import MeshConfig, per_device_bytes
 
 TASK = get_task("reverse", max_digits=3)
@@ -54,14 +55,15 @@ def generation() -> dict[str, Any]:
     out: dict[str, Any] = {}
     # one group; compact_min_rows=1: compaction to small buckets is exercised on the mesh. The
     # single-device reference is one engine, its run per temperature computed once.
-    single = SymbolicLM(model, max_pad_fraction=1.0, compact_min_rows=1)
+    single = SymbolicLM(model, EngineOptions(max_pad_fraction=1.0, compact_min_rows=1))
     wants: dict[float, Any] = {}
     for spec, temp in (("data=2", 0.0), ("data=8", 1.0), ("data=4,model=2", 0.0)):
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
         if temp not in wants:
             wants[temp] = single.generate(prompts, gen)
         want = wants[temp]
-        lm = SymbolicLM(model, max_pad_fraction=1.0, mesh=mesh_of(spec), compact_min_rows=1)
+        lm = SymbolicLM(model, EngineOptions(max_pad_fraction=1.0, compact_min_rows=1),
+                        mesh=mesh_of(spec))
         got = lm.generate(prompts, gen)
         assert all(np.array_equal(a, b) for a, b in zip(want.tokens, got.tokens, strict=True))
         for a, b in zip(want.logprobs, got.logprobs, strict=True):

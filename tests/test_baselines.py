@@ -170,6 +170,7 @@ def test_several_eos_ids_end_a_row_at_the_first_of_any_in_every_system(model) ->
     """Instruct checkpoints end turns at two or three ids (Llama 3: <|eot_id|>, <|end_of_text|>).
     Oracle: the no-EOS greedy rows cut by hand at the first position holding either id."""
     from jaxrl_sym.runtime.engine import SymbolicLM
+    from jaxrl_sym.runtime.options import EngineOptions
 
     prompts = _prompts((3, 7, 5, 1), 4)
     free = padded_generate(model, prompts, GenerationConfig(max_new_tokens=12)).tokens
@@ -184,7 +185,7 @@ def test_several_eos_ids_end_a_row_at_the_first_of_any_in_every_system(model) ->
     assert any(len(w) < 12 for w in want) and len({len(w) for w in want}) > 1
     runs = {"padded": padded_generate(model, prompts, cfg),
             "pershape": pershape_generate(model, prompts, cfg),
-            "sym": SymbolicLM(model, min_capacity=4).generate(prompts, cfg)}
+            "sym": SymbolicLM(model, EngineOptions(min_capacity=4)).generate(prompts, cfg)}
     for name, res in runs.items():
         for i, w in enumerate(want):
             np.testing.assert_array_equal(res.tokens[i], w, err_msg=f"{name} row {i}")

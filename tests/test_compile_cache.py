@@ -45,7 +45,8 @@ _RUN = textwrap.dedent("""
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models import init_model, preset
     from jaxrl_sym.runtime.engine import SymbolicLM
-    lm = SymbolicLM(init_model(preset("tiny"), seed=0), min_capacity=4)
+    from jaxrl_sym.runtime.options import EngineOptions
+    lm = SymbolicLM(init_model(preset("tiny"), seed=0), EngineOptions(min_capacity=4))
     r = lm.generate([np.array([1, 2, 3], np.int32), np.array([4, 5], np.int32)],
                     GenerationConfig(max_new_tokens=(9, 5)))
     print(json.dumps({"compiles": r.stats["xla_compiles"], "hits": r.stats["compile_cache_hits"],

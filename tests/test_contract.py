@@ -24,6 +24,7 @@ from jaxrl_sym.errors import InputError, UnsupportedPrimitiveError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 
 NAMES = ("gpt2", "scan", "shared", "gemmaish")
 
@@ -32,7 +33,7 @@ NAMES = ("gpt2", "scan", "shared", "gemmaish")
 def engine(name: str) -> tuple[nnx.Module, SymbolicLM]:
     model = zoo()[name]
     # compact_min_rows=1: these batches are small, and compaction must still be exercised
-    return model, SymbolicLM(model, min_capacity=4, compact_min_rows=1)
+    return model, SymbolicLM(model, EngineOptions(min_capacity=4, compact_min_rows=1))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -180,7 +181,7 @@ def test_soft_capped_model_on_the_triton_backend_equals_rerunning_it() -> None:
     """The Gemma-2-like model caps attention logits: the runtime's Triton decode kernel (the
     interpreter on CPU) must apply the cap exactly as the model's own forward does."""
     model = zoo()["gemmaish"]
-    eng = SymbolicLM(model, min_capacity=4, backend="triton", compact_min_rows=1)
+    eng = SymbolicLM(model, EngineOptions(min_capacity=4, backend="triton", compact_min_rows=1))
     assert {s.softcap for s in eng.specs.values()} == {0.5}
     prompt = np.array([3, 1, 4, 1, 5], np.int32)
     res = eng.generate([prompt], GenerationConfig(max_new_tokens=6, return_logits=True))
@@ -210,7 +211,7 @@ class _ScannedMLPs(nnx.Module):
 
 def test_a_static_scan_without_attend_applies_every_iteration() -> None:
     model = _ScannedMLPs()
-    res = SymbolicLM(model, min_capacity=4, compact_min_rows=1).generate(
+    res = SymbolicLM(model, EngineOptions(min_capacity=4, compact_min_rows=1)).generate(
         [np.array([1, 2, 3], np.int32)], GenerationConfig(max_new_tokens=6, return_logits=True))
     want, want_logits = naive_generate(model, np.array([1, 2, 3], np.int32), 6)
     np.testing.assert_array_equal(res.tokens[0], want)
@@ -241,7 +242,7 @@ class _VmappedRows(nnx.Module):
 def test_vmap_over_attend_keeps_the_primitive_and_generates_exactly() -> None:
     model = _VmappedRows()
     prompts = [np.array([1, 2, 3], np.int32), np.array([5, 9], np.int32)]
-    res = SymbolicLM(model, min_capacity=4, compact_min_rows=1).generate(
+    res = SymbolicLM(model, EngineOptions(min_capacity=4, compact_min_rows=1)).generate(
         prompts, GenerationConfig(max_new_tokens=(7, 4), return_logits=True))
     for p, toks, logits, n in zip(prompts, res.tokens, res.logits, (7, 4), strict=True):
         want, want_logits = naive_generate(model, p, n)
@@ -270,7 +271,7 @@ def test_the_feedback_edge_is_a_slot_store_the_step_program_reads() -> None:
     from jaxrl_sym.passes.stores import SLOT, SlotStore
 
     model = zoo()["gpt2"]
-    lm = SymbolicLM(model, min_capacity=8, compact_min_rows=1)
+    lm = SymbolicLM(model, EngineOptions(min_capacity=8, compact_min_rows=1))
     (tokens_id,) = lm.builder.slots
     assert tokens_id == lm.pdg.input_id("tokens")
     assert [s.kind for s in lm.plan.stores].count(SLOT) == 1

@@ -23,6 +23,7 @@ from flax import nnx
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -46,9 +47,9 @@ def models() -> dict[str, nnx.Module]:
 def engines(target: str, draft: str, k: int = 3) -> tuple[SymbolicLM, SpeculativeLM]:
     m = models()
     # compact_min_rows=1: compaction (of the draft's stores too) runs at these small batches
-    return (SymbolicLM(m[target], min_capacity=4, compact_min_rows=1),
-            SpeculativeLM(m[target], speculate=k, draft=m[draft], min_capacity=4,
-                          compact_min_rows=1))
+    return (SymbolicLM(m[target], EngineOptions(min_capacity=4, compact_min_rows=1)),
+            SpeculativeLM(m[target], EngineOptions(min_capacity=4, compact_min_rows=1),
+                          speculation=Speculation(k), draft=m[draft]))
 
 
 def _prompts(n: tuple[int, ...], seed: int) -> list[np.ndarray]:
@@ -82,8 +83,8 @@ def test_the_target_as_its_own_draft_is_always_accepted() -> None:
     never fed back) or kept a rejected one. Near-ties between the draft's one-token forwards and
     the verify's (k+1)-token forward may flip a rare argmax, hence not exactly 1."""
     m = models()["gpt2"]
-    plain = SymbolicLM(m, min_capacity=4)
-    spec = SpeculativeLM(m, speculate=4, draft=m, min_capacity=4)
+    plain = SymbolicLM(m, EngineOptions(min_capacity=4))
+    spec = SpeculativeLM(m, EngineOptions(min_capacity=4), speculation=Speculation(4), draft=m)
     prompts = _prompts((5, 9, 2), seed=1)
     cfg = GenerationConfig(max_new_tokens=(30, 22, 26))
     out, ref = spec.generate(prompts, cfg), plain.generate(prompts, cfg)
@@ -114,14 +115,14 @@ def test_a_draft_that_cannot_draft_is_refused_by_name() -> None:
     target = models()["gemmaish"]
     with pytest.raises(InputError, match="SharedBlockLM has a vocabulary of 47 tokens, the "
                                          "target 67"):
-        SpeculativeLM(target, speculate=2, draft=SharedBlockLM(rngs=nnx.Rngs(0)))
+        SpeculativeLM(target, speculation=Speculation(2), draft=SharedBlockLM(rngs=nnx.Rngs(0)))
     tiny = preset("tiny")
     window = DecoderLM(replace(tiny, patterns=(Window(3),) * tiny.n_layers), rngs=nnx.Rngs(0))
     linear = DecoderLM(replace(tiny, patterns=(Linear(),) * tiny.n_layers), rngs=nnx.Rngs(1))
     with pytest.raises(InputError, match="DecoderLM has linear attention"):
-        SpeculativeLM(window, speculate=2, draft=linear)
+        SpeculativeLM(window, speculation=Speculation(2), draft=linear)
     with pytest.raises(InputError, match="draft='medusa'"):
-        SpeculativeLM(window, speculate=2, draft="medusa")
+        SpeculativeLM(window, speculation=Speculation(2), draft="medusa")
 
 
 def test_decode_cli_refuses_a_draft_without_speculation_or_sym(capsys) -> None:

@@ -132,9 +132,10 @@ def _tiny():
     its programs compile once (the padded baseline's seed is static: one compile per seed)."""
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.runtime.engine import SymbolicLM
+    from jaxrl_sym.runtime.options import EngineOptions
 
     model = init_model(preset("tiny"), 0)
-    return model, SymbolicLM(model, min_capacity=4)
+    return model, SymbolicLM(model, EngineOptions(min_capacity=4))
 
 
 def _sample(system: str, seed: object) -> list[np.ndarray]:

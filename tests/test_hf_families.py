@@ -87,12 +87,13 @@ def test_greedy_tokens_and_logprobs_match_transformers(case: str) -> None:
     case's window (4 or 5 keys), so the runtimes' window stores are exercised while decoding."""
     from jaxrl_sym.baselines.padded import padded_generate
     from jaxrl_sym.runtime.engine import SymbolicLM
+    from jaxrl_sym.runtime.options import EngineOptions
 
     model, _, _ = load_pretrained(FIXTURES / case, dtype="float32")
     exp = expected(case)
     prompts = [exp[f"prompt{i}"] for i in range(n_prompts(exp))]
     gen = GenerationConfig(max_new_tokens=len(exp["greedy0"]), eos_id=None)
-    results = {"sym": SymbolicLM(model, compact_min_rows=1).generate(prompts, gen),
+    results = {"sym": SymbolicLM(model, EngineOptions(compact_min_rows=1)).generate(prompts, gen),
                "padded": padded_generate(model, prompts, gen)}
     for name, res in results.items():
         for i in range(len(prompts)):

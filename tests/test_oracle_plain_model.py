@@ -40,6 +40,7 @@ from zoo import zoo
 from jaxrl_sym import Causal, GenerationConfig, GenerationResult, Linear, Window, attend
 from jaxrl_sym.baselines.padded import padded_generate
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 
 ROWS, WIDTH = 4, 32  # the oracle's buffer: up to 4 prompts of <= 14 tokens + <= 8 new ones
 TOL = 1e-4
@@ -157,7 +158,7 @@ def models(name: str) -> tuple[nnx.Module, nnx.Module, SymbolicLM]:
             assert np.array_equal(a, b)  # same weights, only the attention code differs
     else:
         model = twin = zoo()[name]
-    return model, twin, SymbolicLM(model, min_capacity=4, compact_min_rows=1)
+    return model, twin, SymbolicLM(model, EngineOptions(min_capacity=4, compact_min_rows=1))
 
 
 @cache

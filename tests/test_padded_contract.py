@@ -29,6 +29,7 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import LMConfig, init_model, preset
 from jaxrl_sym.ops.attention import Causal
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 
 TOL = 1e-4
 NAMES = ("gpt2", "scan", "shared", "gemmaish", "decoderlm")
@@ -71,7 +72,7 @@ def test_sampled_equals_symbolic_runtime(name: str) -> None:
     m, prompts = model(name), _prompts(name, seed=1)
     cfg = GenerationConfig(max_new_tokens=LIMITS, temperature=1.0, seed=5)
     pad = padded_generate(m, prompts, cfg)
-    sym = SymbolicLM(m, min_capacity=4, compact_min_rows=1).generate(prompts, cfg)
+    sym = SymbolicLM(m, EngineOptions(min_capacity=4, compact_min_rows=1)).generate(prompts, cfg)
     for i, (a, b) in enumerate(zip(pad.tokens, sym.tokens, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"{name} row {i}")
         np.testing.assert_allclose(pad.logprobs[i], sym.logprobs[i], atol=TOL, rtol=TOL)
@@ -177,7 +178,7 @@ def test_symbolic_chunked_prefill_equals_padded(name: str) -> None:
     prompts = [rng.integers(0, _vocab(name), n).astype(np.int32) for n in (21, 40, 7)]
     cfg = GenerationConfig(max_new_tokens=(4, 3, 5), temperature=1.0, seed=3)
     pad = padded_generate(m, prompts, cfg)
-    sym = SymbolicLM(m, min_capacity=4, compact_min_rows=1).generate(
+    sym = SymbolicLM(m, EngineOptions(min_capacity=4, compact_min_rows=1)).generate(
         prompts, replace(cfg, prefill_logits_bytes=1))
     for i, (a, b) in enumerate(zip(pad.tokens, sym.tokens, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"{name} row {i}")

@@ -38,6 +38,7 @@ from jaxrl_sym.errors import PatternError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.ops.attention import KernelMask, Pattern, reference_attention
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def _model() -> TinyLM:
 
 
 def test_the_planner_derives_stores_from_the_new_patterns() -> None:
-    lm = SymbolicLM(_model(), min_capacity=4, compact_min_rows=1)
+    lm = SymbolicLM(_model(), EngineOptions(min_capacity=4, compact_min_rows=1))
     kinds = {type(s.pattern).__name__: s.kind.name for s in lm.specs.values()}
     assert kinds == {"Chunked": "block", "Strided": "growing", "Causal": "growing"}
     assert {s.capacity for s in lm.specs.values() if isinstance(s.pattern, Chunked)} == {4}
@@ -202,7 +203,7 @@ def test_generation_with_new_patterns_equals_rerunning_the_model(backend: str) -
     if backend == "triton" and importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
     model = _model()
-    lm = SymbolicLM(model, min_capacity=4, backend=backend, compact_min_rows=1)
+    lm = SymbolicLM(model, EngineOptions(min_capacity=4, backend=backend, compact_min_rows=1))
     cfg = GenerationConfig(max_new_tokens=LIMITS, return_logits=True)
     res = lm.generate(PROMPTS, cfg)
     padded = padded_generate(model, PROMPTS, cfg)

@@ -19,6 +19,7 @@ from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import Compaction, Tiling
+from jaxrl_sym.runtime.speculative import SpeculativeLM
 from jaxrl_sym.tracer.trace import trace_model
 
 
@@ -57,15 +58,22 @@ def test_options_make_the_policies() -> None:
     assert Speculation(5).ks == (5,)
 
 
-def test_keyword_arguments_build_the_options() -> None:
+def test_knobs_come_only_in_an_options_object() -> None:
     m = _model(Causal())
-    lm = SymbolicLM(m, min_capacity=4, decode_tile=2)
-    assert lm.options == EngineOptions(min_capacity=4, decode_tile=2)
-    lm = SymbolicLM(m, EngineOptions(min_capacity=4), decode_tile=2)  # kwargs override
+    lm = SymbolicLM(m, EngineOptions(min_capacity=4, decode_tile=2))
     assert lm.options == EngineOptions(min_capacity=4, decode_tile=2)
     assert isinstance(lm.plan, GenerationPlan) and lm.plan.options is lm.options
-    with pytest.raises(InputError, match="min_capcity"):
-        SymbolicLM(m, min_capcity=4)
+    assert SymbolicLM(m).options == EngineOptions()
+    with pytest.raises(TypeError, match="min_capacity"):  # no knob one by one
+        SymbolicLM(m, min_capacity=4)
+    with pytest.raises(TypeError, match="min_capcity"):  # a misspelled knob, by name
+        EngineOptions(min_capcity=4)
+    with pytest.raises(InputError, match=r"options=.*EngineOptions"):
+        SymbolicLM(m, {"min_capacity": 4})
+    spec = SpeculativeLM(m, EngineOptions(min_capacity=4), speculation=Speculation(2, True))
+    assert spec.plan.speculation == Speculation(2, True) and spec.options.min_capacity == 4
+    with pytest.raises(InputError, match="speculation=2: give a Speculation"):
+        SpeculativeLM(m, speculation=2)
 
 
 def test_the_plan_names_store_kinds_as_objects() -> None:

@@ -16,6 +16,7 @@ from zoo import zoo
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.runtime.policy import (
     Compaction,
     GroupShape,
@@ -124,8 +125,8 @@ def test_engine_dispatches_what_the_policy_replays(floor: int, early: bool) -> N
     rng = np.random.default_rng(0)
     lens, limits = [3, 9, 5, 12, 4], [2, 30, 7, 19, 11]
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
-    lm = SymbolicLM(m, min_capacity=8, decode_tile=4, compact_min_rows=floor,
-                    compact_early=early)
+    lm = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=4, compact_min_rows=floor,
+                                     compact_early=early))
     cfg = GenerationConfig(max_new_tokens=tuple(limits))
     lm.generate(prompts, cfg)  # warm: hoist and programs compiled
     d0 = lm.cache.dispatches
@@ -166,10 +167,10 @@ def test_work_log_counts_rows_that_end_at_eos_inside_a_tile() -> None:
     m = zoo()["gpt2"]
     prompts = [np.array([1, 2, 3], np.int32), np.array([4, 5], np.int32),
                np.array([6], np.int32), np.array([7, 8, 9, 10], np.int32)]
-    free = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(
+    free = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=4)).generate(
         prompts, GenerationConfig(max_new_tokens=24)).tokens
     eos = int(free[0][5])  # row 0 ends at its 6th token; others wherever it appears
-    res = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(
+    res = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=4)).generate(
         prompts, GenerationConfig(max_new_tokens=24, eos_id=eos))
     st = res.stats
     assert len(res.tokens[0]) == 6 <= min(len(t) for t in free)
@@ -191,7 +192,7 @@ def test_max_len_stores_hold_the_prompt_blocks_padding() -> None:
     rng = np.random.default_rng(3)
     prompts = [rng.integers(0, 50, 5).astype(np.int32)]
     cfg = GenerationConfig(max_new_tokens=11, max_len=16, return_logits=True)
-    lm = SymbolicLM(m, max_len=16, min_capacity=4, decode_tile=1)
+    lm = SymbolicLM(m, EngineOptions(max_len=16, min_capacity=4, decode_tile=1))
     sym, pad = lm.generate(prompts, cfg), padded_generate(m, prompts, cfg)
     np.testing.assert_array_equal(sym.tokens[0], pad.tokens[0])
     np.testing.assert_allclose(sym.logits[0], pad.logits[0], atol=1e-4, rtol=1e-4)
@@ -205,7 +206,7 @@ def test_generate_reports_progress_after_every_read_back(capsys) -> None:
     m = zoo()["gpt2"]
     prompts = [np.arange(1, 4, dtype=np.int32), np.arange(1, 8, dtype=np.int32)]
     seen: list[int] = []
-    res = SymbolicLM(m, min_capacity=8, decode_tile=4).generate(
+    res = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=4)).generate(
         prompts, GenerationConfig(max_new_tokens=(3, 13)), on_progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == sum(len(t) for t in res.tokens) == 16
     # one report per read-back: each group's prefill and each of its decode dispatches
@@ -226,7 +227,7 @@ def test_rl_steps_with_drifting_prompt_lengths_compile_nothing_after_the_first()
     step's tokens are checked against a fresh engine decoding one step per dispatch (no tiles,
     so no full-tile tail)."""
     m = zoo()["gpt2"]
-    lm = SymbolicLM(m, min_capacity=8, decode_tile=4)
+    lm = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=4))
     cfg = GenerationConfig(max_new_tokens=6)
     rng = np.random.default_rng(1)
     totals = set()
@@ -238,7 +239,8 @@ def test_rl_steps_with_drifting_prompt_lengths_compile_nothing_after_the_first()
         res = lm.generate(prompts, cfg)
         if step == 0:
             assert res.stats["program_compiles"] > 0
-            fresh = SymbolicLM(m, min_capacity=8, decode_tile=1).generate(prompts, cfg)
+            fresh = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=1)).generate(
+                prompts, cfg)
             for a, b in zip(res.tokens, fresh.tokens, strict=True):
                 np.testing.assert_array_equal(a, b)
         else:
@@ -267,9 +269,9 @@ def test_compact_at_trades_row_buckets_for_finished_rows() -> None:
     assert seen[0.75][0] > seen[0.5][0] > seen[0.25][0]
     assert seen[0.75][1] < seen[0.5][1] < seen[0.25][1]
     with pytest.raises(InputError, match="compact_at=0"):
-        SymbolicLM(zoo()["gpt2"], compact_at=0)
+        SymbolicLM(zoo()["gpt2"], EngineOptions(compact_at=0))
     with pytest.raises(InputError, match="compact_min_rows=0"):
-        SymbolicLM(zoo()["gpt2"], compact_min_rows=0)
+        SymbolicLM(zoo()["gpt2"], EngineOptions(compact_min_rows=0))
 
 
 def test_work_log_books_decode_key_slots_by_cause() -> None:
@@ -282,7 +284,8 @@ def test_work_log_books_decode_key_slots_by_cause() -> None:
     lens, limits = [3, 7, 5], [4, 9, 8]
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
-    lm = SymbolicLM(m, min_capacity=8, decode_tile=1, compact_at=0.5, compact_min_rows=1)
+    lm = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=1, compact_at=0.5,
+                                     compact_min_rows=1))
     st = lm.generate(prompts, GenerationConfig(max_new_tokens=tuple(limits))).stats
     (shape, ds), = replay(lens, limits, min_capacity=8, tiling=Tiling(1, 1),
                           compaction=Compaction(0.5, min_rows=1))
@@ -311,8 +314,9 @@ def test_deferred_compaction_compiles_in_the_background_and_keeps_the_tokens() -
     lens, limits = [3, 9, 5, 12, 4, 6, 2, 7], [2, 30, 7, 19, 11, 3, 2, 5]
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
     cfg = GenerationConfig(max_new_tokens=tuple(limits), temperature=1.0, seed=5)
-    want = SymbolicLM(m, min_capacity=8, decode_tile=4, compact_min_rows=1).generate(prompts, cfg)
-    lm = SymbolicLM(m, min_capacity=8, decode_tile=4, compact_min_rows=1, defer_compiles=True)
+    options = EngineOptions(min_capacity=8, decode_tile=4, compact_min_rows=1)
+    want = SymbolicLM(m, options).generate(prompts, cfg)
+    lm = SymbolicLM(m, options.replace(defer_compiles=True))
     first = lm.generate(prompts, cfg)
     assert not any(k[0] == "compact" for k in lm.cache.compiled) and lm.cache.pending
     second = lm.generate(prompts, cfg)
@@ -339,7 +343,8 @@ def test_growing_tiles_keep_the_tokens_and_cut_the_syncs() -> None:
     m = zoo()["gemmaish"]
     rng = np.random.default_rng(4)
     prompts = [rng.integers(1, 50, n).astype(np.int32) for n in (5, 11, 3, 8)]
-    engines = {name: SymbolicLM(m, min_capacity=8, decode_tile=tile, max_decode_tile=top)
+    engines = {name: SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=tile,
+                                                 max_decode_tile=top))
                for name, tile, top in (("one", 1, None), ("flat", 4, 4), ("grown", 4, 64))}
     cfg = GenerationConfig(max_new_tokens=(40, 3, 25, 33), temperature=1.0, seed=3, eos_id=None)
     runs = {name: lm.generate(prompts, cfg) for name, lm in engines.items()}
@@ -360,4 +365,4 @@ def test_growing_tiles_keep_the_tokens_and_cut_the_syncs() -> None:
     st = ended["grown"].stats
     assert abs(sum(st["waste_by_cause"].values()) - st["waste_fraction"]) < 1e-12
     with pytest.raises(InputError, match="max_decode_tile=4"):
-        SymbolicLM(m, decode_tile=8, max_decode_tile=4)
+        SymbolicLM(m, EngineOptions(decode_tile=8, max_decode_tile=4))

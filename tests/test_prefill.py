@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.runtime.policy import GroupShape
 from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
 
@@ -33,7 +34,7 @@ PATTERNS = {"full": (Causal(), Causal()), "window": (Window(3), Causal()),
 @cache
 def engine(kind: str) -> SymbolicLM:
     cfg = replace(preset("tiny"), patterns=PATTERNS[kind])
-    return SymbolicLM(DecoderLM(cfg, rngs=nnx.Rngs(1)), min_capacity=4)
+    return SymbolicLM(DecoderLM(cfg, rngs=nnx.Rngs(1)), EngineOptions(min_capacity=4))
 
 
 @settings(max_examples=8, deadline=None, derandomize=True,
@@ -110,7 +111,7 @@ def test_engine_packed_and_block_prefill_generate_the_same_and_log_their_waste()
 
     lm = engine("window")
     model = DecoderLM(replace(preset("tiny"), patterns=PATTERNS["window"]), rngs=nnx.Rngs(1))
-    block = SymbolicLM(model, min_capacity=4, prefill="block")
+    block = SymbolicLM(model, EngineOptions(min_capacity=4, prefill="block"))
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, 60, n).astype(np.int32) for n in (2, 9, 5, 7, 3)]
     cfg = GenerationConfig(max_new_tokens=(6, 3, 9, 4, 7), return_logits=True)
@@ -123,4 +124,4 @@ def test_engine_packed_and_block_prefill_generate_the_same_and_log_their_waste()
     assert a.stats["needed_positions"] == b.stats["needed_positions"]
     assert a.stats["token_positions"] < b.stats["token_positions"]
     with pytest.raises(InputError, match="prefill='rect'"):
-        SymbolicLM(model, prefill="rect")
+        SymbolicLM(model, EngineOptions(prefill="rect"))

@@ -22,6 +22,7 @@ from jaxrl_sym.models.lm import DecoderLM, LMConfig, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.passes.stores import BLOCK, RING, SLOT
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 
 PATTERNS = {
     "full": (Causal(),) * 2,
@@ -37,7 +38,7 @@ def model_and_engine(kind: str, seed: int = 0) -> tuple[DecoderLM, SymbolicLM]:
     cfg = replace(preset("tiny"), patterns=PATTERNS[kind])
     model = DecoderLM(cfg, rngs=nnx.Rngs(seed))
     # compact_min_rows=1: these batches are small, and compaction must still be exercised
-    return model, SymbolicLM(model, min_capacity=4, compact_min_rows=1)
+    return model, SymbolicLM(model, EngineOptions(min_capacity=4, compact_min_rows=1))
 
 
 def _compare(kind: str, prompts, cfg: GenerationConfig):
@@ -103,7 +104,7 @@ def test_property_sym_equals_padded(kind, lens, limit, seed, temperature) -> Non
 def test_property_window_and_block_sizes(window: int, block: int, n: int) -> None:
     cfg = replace(preset("tiny"), n_layers=2, patterns=(Window(window), Block(block)))
     model = DecoderLM(cfg, rngs=nnx.Rngs(3))
-    engine = SymbolicLM(model, min_capacity=2, compact_min_rows=1)
+    engine = SymbolicLM(model, EngineOptions(min_capacity=2, compact_min_rows=1))
     prompts = [np.arange(n, dtype=np.int32) % 64, (np.arange(n + 2, dtype=np.int32) * 7) % 64]
     gcfg = GenerationConfig(max_new_tokens=8, return_logits=True)
     sym = engine.generate(prompts, gcfg)
@@ -147,7 +148,7 @@ def test_decode_tiles_give_the_tokens_of_single_steps() -> None:
                np.arange(5, 7, dtype=np.int32)]
     cfg = GenerationConfig(max_new_tokens=(37, 11, 5), eos_id=7, temperature=1.0, seed=3,
                            return_logits=True)
-    runs = [SymbolicLM(model, min_capacity=8, decode_tile=t, compact_min_rows=1)
+    runs = [SymbolicLM(model, EngineOptions(min_capacity=8, decode_tile=t, compact_min_rows=1))
             .generate(prompts, cfg) for t in (1, 8)]
     assert runs[1].stats["dispatches"] < runs[0].stats["dispatches"]
     for a, b, la, lb, ga, gb in zip(runs[0].tokens, runs[1].tokens, runs[0].logprobs,
@@ -206,7 +207,8 @@ def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
     from jaxrl_sym.runtime.metrics import MemoryMeter, tree_bytes
 
     cfg = replace(preset("tiny"), n_layers=4, patterns=(Causal(),) * 4)
-    engine = SymbolicLM(DecoderLM(cfg, rngs=nnx.Rngs(3)), min_capacity=4, compact_min_rows=1)
+    engine = SymbolicLM(DecoderLM(cfg, rngs=nnx.Rngs(3)),
+                        EngineOptions(min_capacity=4, compact_min_rows=1))
     stores = jax.jit(engine.builder.init_stores, static_argnums=(0, 1))(2, 8)
     stores = {n: {k: (a + 1 if k != "pos" else a.at[:, :3].set(np.arange(3)))
                   for k, a in s.items()} for n, s in stores.items()}

@@ -24,12 +24,13 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.runtime.engine import SymbolicLM, resolve_backend
+from jaxrl_sym.runtime.options import EngineOptions
 
 
 def test_triton_backend_matches_padded_on_every_store_kind() -> None:
     cfg = replace(preset("tiny"), n_layers=4, patterns=(Causal(), Window(3), Block(4), Linear()))
     model = DecoderLM(cfg, rngs=nnx.Rngs(5))
-    engine = SymbolicLM(model, min_capacity=4, backend="triton", compact_min_rows=1)
+    engine = SymbolicLM(model, EngineOptions(min_capacity=4, backend="triton", compact_min_rows=1))
     assert {s.backend for s in engine.specs.values()} == {"triton"}
     prompts = [np.arange(n, dtype=np.int32) * 5 % 64 for n in (2, 6, 3)]
     gcfg = GenerationConfig(max_new_tokens=(12, 4, 6), return_logits=True)
@@ -58,7 +59,7 @@ def test_triton_packed_forward_logits_and_gradients_match_padded() -> None:
 
     cfg = replace(preset("tiny"), patterns=(Window(3), Causal()))
     model = DecoderLM(cfg, rngs=nnx.Rngs(2))
-    engine = SymbolicLM(model, backend="triton", compact_min_rows=1)
+    engine = SymbolicLM(model, EngineOptions(backend="triton", compact_min_rows=1))
     seqs = [np.arange(n, dtype=np.int32) * 3 % 64 for n in (5, 2, 7)]
     packed = engine.packed_logits(seqs)
     lens = np.array([len(s) for s in seqs])

@@ -27,6 +27,7 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.speculative import SpeculativeLM, choose_k
 from jaxrl_sym.speculation import SpecLog, accept, device_ngram_draft, ngram_draft
 
@@ -45,8 +46,8 @@ def engines(kind: str, k: int = 3) -> tuple[SymbolicLM, SpeculativeLM]:
     else:
         model = DecoderLM(replace(preset("tiny"), patterns=PATTERNS[kind]), rngs=nnx.Rngs(0))
     # compact_min_rows=1: compaction runs at these small batches too
-    return (SymbolicLM(model, min_capacity=4, compact_min_rows=1),
-            SpeculativeLM(model, speculate=k, min_capacity=4, compact_min_rows=1))
+    options = EngineOptions(min_capacity=4, compact_min_rows=1)
+    return SymbolicLM(model, options), SpeculativeLM(model, options, speculation=Speculation(k))
 
 
 def test_ngram_draft_proposes_what_followed_the_latest_match() -> None:
@@ -206,6 +207,6 @@ def test_choose_k_prefers_long_drafts_when_they_are_accepted() -> None:
 def test_linear_attention_is_refused_by_name() -> None:
     model = DecoderLM(replace(preset("tiny"), patterns=(Linear(), Causal())), rngs=nnx.Rngs(0))
     with pytest.raises(InputError, match=r"speculate=2.*'linear'"):
-        SpeculativeLM(model, speculate=2)
+        SpeculativeLM(model, speculation=Speculation(2))
     with pytest.raises(InputError, match="speculate=0"):
-        SpeculativeLM(model, speculate=0)
+        SpeculativeLM(model, speculation=Speculation(0))

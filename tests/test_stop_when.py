@@ -18,6 +18,7 @@ from zoo import zoo
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import Speculation
 from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 LIMITS = (3, 5, 9, 17, 30, 40)  # rows end tiles apart (decode tiles of 8 steps)
@@ -32,7 +33,9 @@ def _prompts(vocab: int, seed: int = 0) -> list[np.ndarray]:
 def _engine(name: str) -> SymbolicLM:
     """Traced once per worker, and only by a worker that runs these tests."""
     model = zoo(0)[name.split("-")[0]]
-    return SpeculativeLM(model, speculate=2) if name.endswith("speculative") else SymbolicLM(model)
+    if name.endswith("speculative"):
+        return SpeculativeLM(model, speculation=Speculation(2))
+    return SymbolicLM(model)
 
 
 ENGINES = ("scan", "shared", "shared-speculative")

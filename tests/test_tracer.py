@@ -24,6 +24,7 @@ from jaxrl_sym.passes.generation import add_generation_loop
 from jaxrl_sym.passes.storage import plan_storage
 from jaxrl_sym.passes.stores import FIXED, GROWING, SLOT, STATE
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.symbols import Point
 from jaxrl_sym.tracer.trace import SeqInput, trace_function, trace_model
 
@@ -147,7 +148,7 @@ def test_symbol_values_checked_against_constraints() -> None:
 
 
 def test_generation_input_errors() -> None:
-    engine = SymbolicLM(_tiny((Window(2), Window(2))), min_capacity=4)
+    engine = SymbolicLM(_tiny((Window(2), Window(2))), EngineOptions(min_capacity=4))
     ok = np.arange(3, dtype=np.int32)
     with pytest.raises(InputError, match="prompt 1 is empty"):
         engine.generate([ok, np.zeros(0, np.int32)], GenerationConfig(max_new_tokens=2))

@@ -30,6 +30,7 @@ from bench.child import ROOT
 from bench.experiments.suite import grid
 from bench.record import git_commit
 from bench.requests import realistic_request
+from jaxrl_sym.runtime.options import Speculation
 from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -59,10 +60,10 @@ def systems(model: Any, ks: list[int], drafts: list[str] = (), tunix: bool = Fal
     for k in ks:
         out[f"{sym} spec k={k}"] = bound(sym, speculate=k)
     # runtime knobs the registry's options do not carry: the speculative runtime itself
-    out[f"{sym} spec k={top} verify_tile=1"] = SpeculativeLM(model, speculate=top,
-                                                             verify_tile=1).generate
-    out[f"{sym} spec adaptive<={top}"] = SpeculativeLM(model, speculate=top,
-                                                       adaptive=True).generate
+    out[f"{sym} spec k={top} verify_tile=1"] = SpeculativeLM(
+        model, speculation=Speculation(top, verify_tile=1)).generate
+    out[f"{sym} spec adaptive<={top}"] = SpeculativeLM(
+        model, speculation=Speculation(top, adaptive=True)).generate
     for d in drafts:
         dm = model if d == "self" else draft_model(d, check_vocab(model), 0)
         out[f"{sym} spec k={top} draft={d}"] = bound(sym, speculate=top, draft=dm)

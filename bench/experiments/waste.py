@@ -31,6 +31,7 @@ from bench.requests import realistic_request as request
 from jaxrl_sym import systems
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.metrics import KEY_CAUSES, WASTE_CAUSES
+from jaxrl_sym.runtime.options import EngineOptions
 
 # (prefill, max_pad_fraction, compact_at); the default is ("packed", 1.0, 0.75)
 CONFIGS = (("block", 0.1, 0.75), ("packed", 0.1, 0.75), ("packed", 1.0, 0.75),
@@ -58,8 +59,8 @@ def padded_first_call(preset: dict) -> tuple[float, int, int]:
 def run(preset: dict, prefill: str, max_pad_fraction: float, compact_at: float) -> dict:
     r = preset["realistic"]
     model, prompts, cfg = request(preset)
-    lm = SymbolicLM(model, prefill=prefill, max_pad_fraction=max_pad_fraction,
-                    compact_at=compact_at)
+    lm = SymbolicLM(model, EngineOptions(prefill=prefill, max_pad_fraction=max_pad_fraction,
+                                         compact_at=compact_at))
     t0 = time.perf_counter()
     cold = lm.generate(prompts, cfg)
     first = time.perf_counter() - t0

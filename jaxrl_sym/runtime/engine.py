@@ -44,26 +44,27 @@ from jaxrl_sym.tracer.trace import trace_model
 __all__ = ["PackedBatch", "SymbolicLM", "length_bucket", "microbatches", "resolve_backend"]
 
 
-def engine_options(options: EngineOptions | None, knobs: dict[str, Any]) -> EngineOptions:
-    """``options`` with the old one-by-one keyword arguments applied (a shim: call sites that
-    still pass ``SymbolicLM(model, min_capacity=4, ...)`` keep working); an unknown keyword is
-    refused by name."""
-    unknown = sorted(set(knobs) - set(EngineOptions.knobs()))
-    if unknown:
-        raise InputError(f"SymbolicLM got unknown option(s) {', '.join(unknown)}; the options "
-                         f"are EngineOptions' fields: {', '.join(EngineOptions.knobs())}")
-    base = options if options is not None else EngineOptions()
-    return base.replace(**knobs) if knobs else base
+def engine_options(options: EngineOptions | None) -> EngineOptions:
+    """``options``, or the defaults; anything else is refused by name (the knobs come in one
+    :class:`EngineOptions`, never one by one)."""
+    if options is None:
+        return EngineOptions()
+    if not isinstance(options, EngineOptions):
+        raise InputError(f"options={options!r}: give the engine's knobs as an EngineOptions, "
+                         "e.g. SymbolicLM(model, EngineOptions(min_capacity=16)), or None for "
+                         "the defaults")
+    return options
+
 
 class SymbolicLM:
     """Generation and packed scoring for a Flax NNX LM without padding to a maximum length.
 
     Args:
       model: an NNX module called as ``model(tokens, positions, segment_ids) -> logits``.
-      options: the runtime's knobs (:class:`~jaxrl_sym.runtime.options.EngineOptions`: store
-        capacity, microbatching, backend, decode tiles, prefill, compaction, deferred
-        compiles); the old keyword arguments (``min_capacity=4``, ...) still work and override
-        its fields.
+      options: the runtime's knobs, all in one :class:`~jaxrl_sym.runtime.options.EngineOptions`
+        (store capacity, microbatching, backend, decode tiles, prefill, compaction, deferred
+        compiles), e.g. ``SymbolicLM(model, EngineOptions(min_capacity=16))``; None: the
+        defaults.
       mesh: a ``jax.sharding.Mesh`` (or ``"data=4"`` / a :class:`~jaxrl_sym.sharding.MeshConfig`):
         weights are placed by :mod:`jaxrl_sym.sharding`'s rule and every program keeps its
         stores' rows split over the data axes, so XLA partitions each step; the host loop is
@@ -77,8 +78,8 @@ class SymbolicLM:
     """
 
     def __init__(self, model: nnx.Module, options: EngineOptions | None = None, *,
-                 mesh: Any = None, **knobs: Any) -> None:
-        self.options = engine_options(options, knobs)
+                 mesh: Any = None) -> None:
+        self.options = engine_options(options)
         resolve_backend(self.options.backend)  # refused before any tracing
         check_model(model)  # the contract, stated, before any symbolic-shape tracing
         self.program, self.graphdef, state = trace_model(model)

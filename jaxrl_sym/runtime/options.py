@@ -111,7 +111,8 @@ class EngineOptions:
 
     @staticmethod
     def knobs() -> tuple[str, ...]:
-        """The knob names (the keyword arguments ``SymbolicLM`` still accepts one by one)."""
+        """The knob names (the fields a caller may set, e.g. from a system variant's fixed
+        options)."""
         return tuple(f.name for f in dataclasses.fields(EngineOptions))
 
 

@@ -62,9 +62,9 @@ def row_bucket(n: int, multiple: int = 1) -> int:
 COMPACT_AT = 0.75
 """Compact finished rows away once the live rows fit a bucket at most this share of the current
 one: each compaction costs a program (and a new decode program per bucket), so it must pay.
-Lower (``SymbolicLM(compact_at=0.5)``, ``0.25``) compiles fewer programs and computes more
-finished rows: on the suite's realistic request, 0.75 / 0.5 / 0.25 trade compiles against
-waste (table in the README, ``bench/waste.py``)."""
+Lower (``SymbolicLM(model, EngineOptions(compact_at=0.5))``, ``0.25``) compiles fewer programs
+and computes more finished rows: on the suite's realistic request, 0.75 / 0.5 / 0.25 trade
+compiles against waste (table in ``bench/results/waste.md``, ``python -m bench waste``)."""
 
 COMPACT_MIN_ROWS = 8
 """No compaction goes below this many rows. Why: below it a decode step costs about the same
@@ -73,7 +73,7 @@ CPU step model (``small``, 2 cores, ms per decode step by rows): 1: 0.40, 2: 0.4
 4: 0.67, 8: 0.90, 48: 3.7, 128: 8.6; each decode program took 1.7-2.2 s to compile, and the
 first GRPO generation went on from 8 to buckets 4, 3 and 1 — 6 s of compiles to save under
 0.5 ms per step of its tail. On a GPU decode is bound by reading the weights and the flat
-range is wider; raise it there (``SymbolicLM(compact_min_rows=...)``)."""
+range is wider; raise it there (``SymbolicLM(model, EngineOptions(compact_min_rows=...))``)."""
 
 
 @dataclass(frozen=True)

@@ -223,28 +223,38 @@ class SpeculativeLM(SymbolicLM):
     """A :class:`SymbolicLM` that generates by speculative decoding.
 
     Args (beyond :class:`SymbolicLM`'s):
-      speculate: K, the most draft tokens per verify (>= 1).
+      speculation: how to speculate (:class:`~jaxrl_sym.runtime.options.Speculation`): ``k``,
+        the most draft tokens per verify; ``adaptive``, pick k per verify tile from
+        {1, 2, 4, …, k} by measured acceptance and verify cost (:func:`choose_k`; False: always
+        k, one verify program per shape); ``verify_tile``, draft + verify steps per dispatch
+        (:mod:`jaxrl_sym.runtime.speculative_tile`: the draft runs on device, so m verifies cost
+        one device→host sync).
       draft: ``"ngram"`` (prompt lookup, no model) or a draft model: an NNX module following
         the same contract with the target's vocabulary (:mod:`jaxrl_sym.runtime.draft`;
         proposes greedily on device, its own stores in the target's row layout).
-      adaptive: pick k per verify tile from {1, 2, 4, …, K} by measured acceptance and verify
-        cost (:func:`choose_k`); False: always K (one verify program per shape).
-      verify_tile: draft + verify steps per dispatch (:mod:`jaxrl_sym.runtime.speculative_tile`:
-        the draft runs on device, so m verifies cost one device→host sync).
 
-    Speculation is a planning input (:class:`~jaxrl_sym.runtime.options.Speculation`): ring and
-    block stores are planned ``K`` slots larger (:meth:`StoreKind.speculative_capacity`); a
-    model with a recurrent-state (linear attention) store is refused.
+    ``SpeculativeLM(model, EngineOptions(min_capacity=16), speculation=Speculation(4))``.
+    Speculation is a planning input, as in :func:`~jaxrl_sym.runtime.plan.compile_generation`:
+    ring and block stores are planned ``k`` slots larger
+    (:meth:`StoreKind.speculative_capacity`); a model with a recurrent-state (linear attention)
+    store is refused.
     """
 
     def __init__(self, model: nnx.Module, options: EngineOptions | None = None, *,
-                 speculate: int, draft: str | nnx.Module = "ngram", adaptive: bool = False,
-                 verify_tile: int = 4, mesh: Any = None, **knobs: Any) -> None:
-        self.speculation = Speculation(speculate, adaptive, verify_tile)
+                 speculation: Speculation | None = None, draft: str | nnx.Module = "ngram",
+                 mesh: Any = None, **legacy: Any) -> None:
+        # TEMPORARY (issue 26): ``speculate=``/``adaptive=``/``verify_tile=`` until the last
+        # caller (jaxrl_sym/rl/systems.py) passes a Speculation; then ``speculation`` is required.
+        speculation = _legacy_speculation(speculation, legacy)
+        if not isinstance(speculation, Speculation):
+            raise InputError(f"speculation={speculation!r}: give a Speculation, e.g. "
+                             "SpeculativeLM(model, speculation=Speculation(4)) (plain decoding: "
+                             "SymbolicLM)")
         if not isinstance(draft, nnx.Module) and draft not in DRAFTS:
             raise InputError(f"draft={draft!r}: choose one of {DRAFTS} (prompt lookup) or pass "
                              "a draft model (an NNX module with the target's vocabulary)")
-        super().__init__(model, options, mesh=mesh, **knobs)
+        self.speculation = speculation
+        super().__init__(model, options, mesh=mesh)
         self.draft_model = (None if isinstance(draft, str)
                             else DraftModel.build(draft, self.plan))
         self.draft_name = draft if isinstance(draft, str) else self.draft_model.name
@@ -274,3 +284,16 @@ class SpeculativeLM(SymbolicLM):
         res.stats["draft"] = self.draft_name
         return res
 
+
+
+def _legacy_speculation(speculation: Speculation | None, legacy: dict[str, Any]
+                        ) -> Speculation | None:
+    """TEMPORARY (issue 26): the old ``speculate=K, adaptive=, verify_tile=`` keywords as a
+    :class:`Speculation`; removed once no caller passes them."""
+    unknown = sorted(set(legacy) - {"speculate", "adaptive", "verify_tile"})
+    if unknown:
+        raise TypeError(f"SpeculativeLM() got unexpected keyword argument(s) {unknown}")
+    if not legacy:
+        return speculation
+    return Speculation(legacy["speculate"], legacy.get("adaptive", False),
+                       legacy.get("verify_tile", 4))
