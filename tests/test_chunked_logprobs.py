@@ -31,7 +31,6 @@ from jaxrl_sym.rl import RLConfig, RLTrainer
 from jaxrl_sym.rl.algorithms import loss_from_terms, slot_terms
 from jaxrl_sym.rl.logprobs import SplitForward, chunked_terms
 from jaxrl_sym.rl.programs import build_fns
-from jaxrl_sym.rl.systems import get_system
 
 TOL = 1e-5
 CFG = RLConfig(algo="ppo", group_size=1, beta=0.1, entropy_coef=0.01, temperature=0.8)
@@ -106,7 +105,7 @@ def _programs(model: nnx.Module, system: str, chunks: tuple[int, ...]
               ) -> tuple[RLTrainer, list[dict[str, Any]]]:
     """One trainer, and its programs built unchunked and for each chunk size (same forward)."""
     tr = RLTrainer(model, lambda p, r: 0.0, CFG, system=system)
-    fwd = tr.forwards.system(system).logits_fn()
+    fwd = tr.forwards.bound(tr.system).logits_fn()
     assert isinstance(fwd, SplitForward)
     cfgs = [replace(CFG, logprob_chunk=None)] + [replace(CFG, logprob_chunk=c) for c in chunks]
     return tr, [build_fns(c, tr.tx, fwd) for c in cfgs]
@@ -127,7 +126,7 @@ def test_programs_chunked_equal_unchunked(make, system: str, chunks: tuple[int, 
     vocab = tr.vocab_size
     prompts = [rng.integers(1, vocab, n).astype(np.int32) for n in (3, 6, 2)]
     responses = [rng.integers(1, vocab, n).astype(np.int32) for n in (5, 2, 7)]
-    lay = get_system(system).layout(prompts, responses, row_len=None)
+    lay = tr.system.layout(prompts, responses, row_len=None)
     params = {**tr.params, "value": {"w": jnp.asarray(rng.normal(size=vocab), jnp.float32),
                                      "b": jnp.float32(0.1)}}
     arrays = _arrays(rng, lay.shape, lay.targets)

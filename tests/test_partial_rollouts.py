@@ -6,8 +6,6 @@ Gemma-like zoo model, and on padded, which generates in segments, with a GPT-2-l
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +19,7 @@ from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
 from jaxrl_sym.rl.partial import PartialBuffer, PartialConfig
 from jaxrl_sym.rl.state import params_sha256
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.runtime.options import EngineOptions
 
 TASK = get_task("reverse", max_digits=2)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
@@ -31,9 +30,9 @@ CFG = RLConfig(algo="grpo", group_size=2, eos_id=EOS, max_new_tokens=8, lr=1e-2,
 
 
 def _trainer(partial: PartialConfig | None, model: object = None,
-             system: str = "sym", cfg: RLConfig = CFG) -> RLTrainer:
-    return RLTrainer(init_model(MODEL, 0) if model is None else model, TASK.reward, cfg,
-                     metric_fn=TASK.exact_match, partial=partial, system=system)
+             system: str = "sym", engine: EngineOptions | None = None) -> RLTrainer:
+    return RLTrainer(init_model(MODEL, 0) if model is None else model, TASK.reward, CFG,
+                     metric_fn=TASK.exact_match, partial=partial, system=system, engine=engine)
 
 
 def test_config_is_checked() -> None:
@@ -81,8 +80,8 @@ def test_carried_rows_finish_once_with_behaviour_logprobs(system: str) -> None:
         model, limits = GPT2Like(GPTConfig(), rngs=nnx.Rngs(0)), [2, 6, 8]
     # a microbatch policy that splits rows by prompt length (carried rows' prompts are longer):
     # the stopping call must still decode every row in one loop
-    cfg = replace(CFG, gen_max_pad_fraction=0.02)
-    tr = _trainer(PartialConfig(0.5, segment=2, max_carry=1), model, system, cfg)
+    engine = EngineOptions(max_pad_fraction=0.02)
+    tr = _trainer(PartialConfig(0.5, segment=2, max_carry=1), model, system, engine)
     rng = np.random.default_rng(1)
     snapshots: dict[int, tuple[list[int], list[float]]] = {}
     trained: dict[int, np.ndarray] = {}

@@ -1,4 +1,5 @@
-"""Speculative decoding inside the RL step (``RLConfig.speculate``), on models unlike DecoderLM.
+"""Speculative decoding inside the RL step (``RLTrainer(speculation=...)``, ``--speculate``), on
+models unlike DecoderLM, on sym and on the padded baseline (its fixed-k speculative decoding).
 
 Oracle: the step's own first-epoch importance ratio. Its "old" log-probs are the ones the
 rollout reported; its new ones come from the packed training forward of the same weights. A
@@ -10,8 +11,6 @@ EOS or the limit says, and the drafts must have been exercised (drafted and acce
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 from flax import nnx
@@ -20,11 +19,14 @@ from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
 from jaxrl_sym.rl.cli import main as train_main
+from jaxrl_sym.rl.config import speculation_of, task_rl_config
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.rl.train import hparam_diffs, run_hparams
+from jaxrl_sym.runtime.options import Speculation
 
 TASK = get_task("reverse", max_digits=3)
 CFG = RLConfig(algo="grpo", group_size=4, epochs=1, eos_id=EOS, lr=1e-2,
-               max_new_tokens=TASK.max_new_tokens, speculate=3)
+               max_new_tokens=TASK.max_new_tokens)
 
 
 def _models() -> dict[str, nnx.Module]:
@@ -32,9 +34,12 @@ def _models() -> dict[str, nnx.Module]:
             "gemmaish": GemmaishLM(GemmaishConfig(num_embed=VOCAB_SIZE), rngs=nnx.Rngs(0))}
 
 
-@pytest.mark.parametrize(("name", "adaptive"), [("gpt2", False), ("gemmaish", True)])
-def test_speculative_rollouts_carry_the_policys_logprobs(name: str, adaptive: bool) -> None:
-    trainer = RLTrainer(_models()[name], TASK.reward, replace(CFG, speculate_adaptive=adaptive))
+@pytest.mark.parametrize(("name", "system", "adaptive"), [
+    ("gpt2", "sym", False), ("gemmaish", "sym", True), ("gpt2", "padded", False)])
+def test_speculative_rollouts_carry_the_policys_logprobs(name: str, system: str,
+                                                         adaptive: bool) -> None:
+    trainer = RLTrainer(_models()[name], TASK.reward, CFG, system=system,
+                        speculation=Speculation(3, adaptive))
     for step in range(2):  # the second step decodes with updated weights (set_params)
         m = trainer.step(TASK.sample(np.random.default_rng(step), 4), seed=10 + step)
         assert m["ratio_min"] == pytest.approx(1.0, abs=1e-4)
@@ -51,10 +56,36 @@ def test_speculative_rollouts_carry_the_policys_logprobs(name: str, adaptive: bo
 
 def test_speculation_is_refused_where_it_cannot_run() -> None:
     model = _models()["gpt2"]
-    with pytest.raises(InputError, match=r"--speculate.*system 'padded'"):
-        RLTrainer(model, TASK.reward, CFG, system="padded")
+    with pytest.raises(InputError, match=r"--speculate-adaptive.*system 'padded'"):
+        RLTrainer(model, TASK.reward, CFG, system="padded", speculation=Speculation(2, True))
+    with pytest.raises(InputError, match=r"speculation=3 \(--speculate\)"):
+        RLTrainer(model, TASK.reward, CFG, speculation=3)
     with pytest.raises(InputError, match=r"speculate=-1 \(--speculate\)"):
-        replace(CFG, speculate=-1)
+        speculation_of(-1)
+    with pytest.raises(InputError, match=r"--speculate-adaptive.*give --speculate K"):
+        speculation_of(0, True)
+    assert speculation_of(0) is None and speculation_of(2, True) == Speculation(2, True)
+
+
+def test_former_rlconfig_fields_are_refused_naming_their_new_home() -> None:
+    """Speculation and the engine's padding knob left RLConfig (the algorithm and optimiser):
+    a caller's config naming them is told where they went."""
+    for key, home in (("speculate", r"train\(speculate=K\)"),
+                      ("speculate_adaptive", "--speculate-adaptive"),
+                      ("gen_max_pad_fraction", r"EngineOptions\(max_pad_fraction")):
+        with pytest.raises(InputError, match=rf"config\['{key}'\] is no longer.*{home}"):
+            task_rl_config(10, 8, EOS, {key: 1})
+
+
+def test_a_checkpoint_written_with_the_former_fields_still_resumes() -> None:
+    """A resume compares the checkpoint's hyper-parameters with the run's: ``speculate`` and
+    ``speculate_adaptive`` keep their keys (now the run's, not RLConfig's), so a changed value
+    is still refused by its flag; ``gen_max_pad_fraction`` only the old checkpoint has, so it
+    is not a difference (the engine's options decide grouping, not the sampled tokens)."""
+    now = run_hparams(CFG, task="reverse", seed=0, speculate=0, speculate_adaptive=False)
+    old = {**now, "gen_max_pad_fraction": 0.3}  # what RLConfig.to_dict() stored before
+    assert hparam_diffs(old, now) == []
+    assert hparam_diffs({**old, "speculate": 4}, now) == [("--speculate (speculate)", 4, 0)]
 
 
 def test_train_cli_reports_acceptance(tmp_path, capsys) -> None:

@@ -113,6 +113,19 @@ def test_a_variant_is_its_base_with_an_option_fixed() -> None:
         backend="triton", speculate=2)
 
 
+def test_a_system_trains_exactly_when_it_names_its_rl_half() -> None:
+    """``trainer="module:Class"`` is the RL half ``RLTrainer(system=name)`` runs; the RL package
+    sits above this one, so the registry names it by string and never imports it itself."""
+    with pytest.raises(InputError, match="trains exactly when"):
+        systems.SystemSpec("x", "", systems.Capabilities(trains=True), "m")
+    with pytest.raises(InputError, match="trains exactly when"):
+        systems.SystemSpec("x", "", systems.Capabilities(), "m", trainer="m:Class")
+    assert [systems.get(n).trainer for n in systems.names(trains=True)] == [
+        "jaxrl_sym.rl.systems:SymSystem", "jaxrl_sym.rl.systems:PaddedSystem"]
+    for path in (ROOT / "jaxrl_sym" / "systems").glob("*.py"):
+        assert not re.search(r"^\s*(from|import) jaxrl_sym\.rl\b", path.read_text(), re.M), path
+
+
 def test_importing_the_registry_does_not_import_jax() -> None:
     code = ("import sys; from jaxrl_sym import systems; systems.get('tunix').unavailable(); "
             "systems.get('padded').refusals(systems.BindOptions(), attention='full', "

@@ -33,7 +33,6 @@ from bench.child import ROOT
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer
 from jaxrl_sym.rl.stages import micro_batches, update_once
-from jaxrl_sym.rl.systems import get_system
 from jaxrl_sym.runtime.metrics import tree_bytes
 
 VOCAB = 151_936
@@ -55,7 +54,7 @@ def batch(tr: RLTrainer, tokens: int, seed: int = 0) -> tuple[Any, dict[str, np.
     n = tokens // SEQ
     prompts = [rng.integers(1, VOCAB, PROMPT).astype(np.int32) for _ in range(n)]
     responses = [rng.integers(1, VOCAB, SEQ - PROMPT).astype(np.int32) for _ in range(n)]
-    lay = get_system("sym").layout(prompts, responses, row_len=ROW)
+    lay = tr.system.layout(prompts, responses, row_len=ROW)  # the trainer's system: sym
     mask = lay.mask()
     arrays = {"targets": lay.targets, "mask": mask,
               "weight": (mask / mask.sum()).astype(np.float32),
@@ -69,7 +68,7 @@ def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int
     """What ``Programs.run`` would record for the update, from the compiled executable alone."""
     (inputs, arr), = micro_batches(tr.cfg, lay, arrays)
     args = (tr.params, tr.opt_state, inputs, arr)
-    exe = tr.fns("sym")["update"].lower(*args).compile()
+    exe = tr.context.fns(tr.system)["update"].lower(*args).compile()
     ma = exe.memory_analysis()
     held = sum(int(np.asarray(x).nbytes) for x in jax.tree_util.tree_leaves(args))
     return held + int(ma.temp_size_in_bytes) + int(ma.output_size_in_bytes)
@@ -88,14 +87,14 @@ def measure(tokens: int, chunk: int, run_limit: float, run_max_tokens: int) -> d
                            "logits_bytes_fp32": int(np.prod(lay.shape)) * VOCAB * 4,
                            "state_bytes": tree_bytes(tr.state.params)
                            + tree_bytes(tr.state.opt_state),
-                           "chunking": tr.fns("sym")["logprob_chunking"]}
+                           "chunking": tr.context.fns(tr.system)["logprob_chunking"]}
     if peak > run_limit or tokens > run_max_tokens:
         return {**row, "ran": False}
-    params, opt = tr.params, tr.opt_state
-    update_once(tr, params, opt, None, lay, arrays)  # compile (cached) + first run
+    params, opt, ctx = tr.params, tr.opt_state, tr.context
+    update_once(ctx, params, opt, None, lay, arrays)  # compile (cached) + first run
     tr.programs.peak = 0
     t = time.perf_counter()
-    _, _, aux = update_once(tr, params, opt, None, lay, arrays)
+    _, _, aux = update_once(ctx, params, opt, None, lay, arrays)
     return {**row, "ran": True, "run_s": time.perf_counter() - t,
             "programs_peak_bytes": tr.programs.peak, "loss": aux["loss"]}
 

@@ -42,7 +42,8 @@ from jaxrl_sym.workloads import grpo_rollout
 QWEN_CPU: dict[str, Any] = dict(vocab_size=2048, d_model=112, n_layers=4, n_heads=7,
                                 n_kv_heads=1, head_dim=16, ffn_dim=608, rope_theta=1e6)
 STAGES = ("generation", "pack", "reference", "reward", "advantage", "update")
-_SIZES = {"sigma": 0.6, "beta": 0.04, "seed": 0, "systems": "sym,padded", "memory_budget": None}
+_SIZES = {"sigma": 0.6, "beta": 0.04, "seed": 0, "systems": "sym,padded", "memory_budget": None,
+          "engine": None}
 PRESETS: dict[str, dict[str, Any]] = {
     # model: "cpu" (QWEN_CPU) or "gpu" (Qwen2.5-0.5B's shape); lengths divided by scale
     "quick": {**_SIZES, "model": "cpu", "scale": 16, "prompts": 4, "group": 2, "steps": 1,
@@ -83,13 +84,15 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer
     from jaxrl_sym.runtime.metrics import device_memory_limit, peak_rss_bytes, tree_bytes
+    from jaxrl_sym.runtime.options import EngineOptions
 
     prompts, limits = workload(args)
     cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
                    max_new_tokens=max(limits), eos_id=None, lr=1e-4,
                    update_tokens=args.update_tokens or None)
+    engine = EngineOptions(**json.loads(args.engine)) if args.engine else None
     trainer = RLTrainer(init_model(preset("small", **model_config(args)), args.seed), reward_fn,
-                        cfg, system=args.system, min_capacity=32)
+                        cfg, system=args.system, engine=engine)
     warm = trainer.step(prompts, seed=1, limits=limits)
     steps = [trainer.step(prompts, seed=2 + k, limits=limits) for k in range(args.steps)]
 
@@ -102,7 +105,7 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
     total = sum(stage.values())
     m0 = steps[0]
     peak = max(m["peak_bytes"] for m in [warm, *steps])
-    fixed = trainer._resident() + tree_bytes(trainer.params)
+    fixed = trainer.state.resident_bytes() + tree_bytes(trainer.params)
     per_sample = max(1.0, (peak - fixed) / len(limits))
     budget = args.memory_budget or device_memory_limit() or 16 * 2**30
     return {
@@ -204,6 +207,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="measured steps after the warm-up")
     p.add_argument("--sigma", type=float, default=None, help="log-normal sigma of lengths")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--engine", default=None, metavar="JSON",
+                   help="EngineOptions fields for the trainer's generation, e.g. "
+                        "'{\"min_capacity\": 16}' (default: the RL trainer's own)")
     p.add_argument("--out", default=None,
                    help="write the report here (default bench/results/<device>/rlft_step_"
                         "<model>.json)")
@@ -239,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     # "preset" in the report: the model (cpu/gpu), as the committed reports have it
     config = {"preset": args.model, **{k: getattr(args, k) for k in (
         "scale", "prompts", "group", "sigma", "beta", "steps", "seed")}}
-    for k in ("memory_budget", "update_tokens"):
+    for k in ("memory_budget", "update_tokens", "engine"):
         if getattr(args, k):
             config[k] = getattr(args, k)
     _, limits = workload(args)

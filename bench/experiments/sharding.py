@@ -49,6 +49,7 @@ def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
 
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
+    from jaxrl_sym.rl.stages import update_once
     from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
 
     task = get_task("reverse", max_digits=3)
@@ -63,7 +64,8 @@ def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
         rollout = tr.generate(batch, seed=0)  # warm-up: compiles generation
         rewards = compute_rewards(task.reward, rollout.prompts, rollout.responses)
         layout, arrays = tr.prepare(rollout, rewards)
-        tr._update(tr.params, tr.opt_state, layout, arrays)  # warm-up: compiles the update
+        # warm-up: compiles the update (one optimiser update, as the step's; not committed)
+        update_once(tr.context, tr.params, tr.opt_state, tr.ref_leaves, layout, arrays)
         runs.append({"tr": tr, "mesh": mesh, "layout": layout, "arrays": arrays, "gen": [],
                      "upd": [], "tokens": 0, "samples": len(rollout.responses)})
     for _ in range(repeats):
@@ -74,7 +76,8 @@ def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
             r["gen"].append(time.perf_counter() - t)
             r["tokens"] += sum(len(x) for x in ro.responses)
             t = time.perf_counter()
-            out = tr._update(tr.params, tr.opt_state, r["layout"], r["arrays"])
+            out = update_once(tr.context, tr.params, tr.opt_state, tr.ref_leaves, r["layout"],
+                              r["arrays"])
             jax.block_until_ready(out[0])
             r["upd"].append(time.perf_counter() - t)
     return [_row(n, r, repeats) for r in runs]

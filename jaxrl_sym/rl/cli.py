@@ -17,11 +17,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import (
     CheckpointConfig,
     PartialConfig,
     RunConfig,
+    speculation_of,
     task_rl_config,
 )
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_HELP
@@ -96,7 +98,7 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
 
 def _add_run_flags(t: argparse.ArgumentParser) -> None:
     """The run's flags: system, task size, model, devices, partial rollouts, speculation."""
-    t.add_argument("--system", choices=SYSTEMS, default="sym")
+    t.add_argument("--system", choices=SYSTEMS, default=systems.REFERENCE)
     t.add_argument("--max-digits", type=int, default=3)
     t.add_argument("--model", default=None, metavar="DIR",
                    help="fine-tune this Hugging Face checkpoint directory on a text task: "
@@ -126,12 +128,12 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--partial-max-carry", type=int, default=1, metavar="K",
                    help="with --partial-rollout: steps a row may be carried")
     t.add_argument("--speculate", type=int, default=None, metavar="K",
-                   help="sym system: speculative decoding, a prompt-lookup draft proposes up to "
+                   help="speculative decoding, a prompt-lookup draft proposes up to "
                         "K tokens per row and the policy verifies them (same sampling "
                         "distribution; the metrics report acceptance_rate). Default 0: off")
     t.add_argument("--speculate-adaptive", action="store_true", default=None,
-                   help="with --speculate: k per verify from {1, 2, 4, ..., K} by measured "
-                        "acceptance and verify cost")
+                   help="with --speculate (sym): k per verify from {1, 2, 4, ..., K} by "
+                        "measured acceptance and verify cost")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -206,25 +208,25 @@ def _first_last(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def train_configs(args: argparse.Namespace
                   ) -> tuple[RunConfig, dict[str, Any], CheckpointConfig]:
-    """The run, the step's RLConfig fields (over the task's recipe) and the checkpoint policy
-    the flags ask for — the objects ``train`` runs with, so building them checks the flags by
-    the library's own rules (JAX-free: before JAX's import)."""
+    """The run (with its speculation, from ``--speculate``), the step's RLConfig fields (over
+    the task's recipe) and the checkpoint policy the flags ask for — the objects ``train`` runs
+    with, so building them checks the flags by the library's own rules (JAX-free: before JAX's
+    import)."""
     partial = None if args.partial_rollout is None else PartialConfig(
         args.partial_rollout, args.partial_segment, args.partial_max_carry)
     run = RunConfig(task=args.task, steps=args.steps, seed=args.seed,
                     prompts_per_step=args.prompts, system=args.system,
                     max_digits=args.max_digits, partial_weight=args.partial_weight,
                     model_dir=args.model, eval_prompts=args.eval_prompts, mesh=args.mesh,
-                    device_memory=args.device_memory, partial=partial)
+                    device_memory=args.device_memory, partial=partial,
+                    speculation=speculation_of(args.speculate, args.speculate_adaptive))
     checkpoints = CheckpointConfig(args.checkpoint_dir, args.checkpoint_every, args.keep,
                                    args.resume, args.resume_or_start, args.resume_anyway)
     flags = (("max_new_tokens", args.max_new_tokens), ("loss_agg", args.loss_agg),
              ("entropy_coef", args.entropy_coef), ("clip_eps", args.clip_low),
              ("clip_eps_high", args.clip_high), ("adv_norm", args.adv_norm),
              ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
-             ("lr_schedule", args.lr_schedule), ("speculate", args.speculate),
-             ("speculate_adaptive", args.speculate_adaptive),
-             ("share_prompts", args.share_prompts))
+             ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts))
     rl = {"algo": args.algo, "group_size": args.group, "lr": args.lr, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints

@@ -5,7 +5,9 @@ flags before paying JAX's import, with the same rules the library applies.
   :class:`~jaxrl_sym.rl.sampling.SamplingConfig`, derived with ``SamplingConfig.of``).
 * :class:`PartialConfig`: partial rollouts (:mod:`jaxrl_sym.rl.partial`).
 * :class:`RunConfig`: a training run on a task — the task, the prompt stream, the system, the
-  model — and :class:`CheckpointConfig`: where it is saved and whether it resumes.
+  model, how rollouts are generated (:class:`~jaxrl_sym.runtime.options.EngineOptions`,
+  :class:`~jaxrl_sym.runtime.options.Speculation`) — and :class:`CheckpointConfig`: where it is
+  saved and whether it resumes.
 * :func:`task_rl_config`: the :class:`RLConfig` of a run on a task (the task's recipe, its
   response limit, the caller's fields).
 """
@@ -17,13 +19,26 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
 from jaxrl_sym.rl.tasks import Task, get_task
 from jaxrl_sym.rl.text_tasks import is_text_task
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
 
-__all__ = ["TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig", "RLConfig",
-           "RunConfig", "task_rl_config"]
+__all__ = ["TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig",
+           "RLConfig", "RunConfig", "speculation_of", "task_rl_config"]
+
+MOVED: dict[str, str] = {
+    "speculate": "the run's speculation: train(speculate=K), --speculate K, "
+                 "RLTrainer(speculation=Speculation(K))",
+    "speculate_adaptive": "the run's speculation: train(speculate_adaptive=True), "
+                          "--speculate-adaptive, RLTrainer(speculation=Speculation(K, "
+                          "adaptive=True))",
+    "gen_max_pad_fraction": "the engine's max_pad_fraction: train(engine=EngineOptions("
+                            "max_pad_fraction=...)), RLTrainer(engine=...)",
+}
+"""Former RLConfig fields (generation, not the algorithm) and where each is set now."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +88,6 @@ class RLConfig:
       while the rest still generate (False: one reference pass after generation). None (auto):
       on an accelerator only — on a CPU the scoring competes with decoding for the same cores
       (``RLTrainer.overlaps_reference``).
-    gen_max_pad_fraction: the symbolic runtime's aligned-microbatch policy (``SymbolicLM``
-      ``max_pad_fraction``): prompt padding a generation microbatch may carry, as a share of its
-      work. Each extra microbatch is another sequential decode loop (one dispatch per token), so
-      RL batches with widely spread prompt lengths prefer fewer, fuller microbatches: on the step
-      benchmark's workload (prompts 8-64, responses median 34) 0.1 split 128 rows into 4 loops
-      (442 dispatches, 2.6 s) where 0.3 keeps one (132 dispatches, 1.7 s) on a 2-core CPU.
     update_tokens: token slots per training micro-batch (gradient accumulation: one optimiser
       update per epoch from the summed gradients, the same update as the whole batch at once up
       to float rounding). Bounds the update's peak memory — at Qwen2.5's 151,936-word vocabulary
@@ -94,15 +103,6 @@ class RLConfig:
       at a 151,936 vocabulary: its update ran 62 s where 256 took 100 s (4,096 slots, loaded
       2-core CPU), and its peak at 16,384 slots is 4.4 GB against 23.0 GB unchunked (256:
       3.5 GB).
-    speculate / speculate_adaptive: on the symbolic runtime, decode by speculative decoding: a
-      prompt-lookup draft proposes up to ``speculate`` tokens per row, the policy verifies them in
-      one forward and each row keeps its own number (:mod:`jaxrl_sym.runtime.speculative`).
-      Rejection sampling leaves every sampled token distributed as the policy's and the "old"
-      log-probs are the policy's own, so the step optimises the same objective; whether it is
-      faster depends on how often drafts are accepted (the step's ``acceptance_rate`` stat;
-      ``bench/speculative.py``). Adaptive: k per verify tile from {1, 2, 4, ..., speculate} by
-      measured acceptance and verify cost. 0: plain decoding. Models with a recurrent-state
-      store are refused (a rejected draft cannot be rolled back out of the state).
     """
 
     algo: str = "grpo"
@@ -132,11 +132,8 @@ class RLConfig:
     pack_row_len: int | None = None
     share_prompts: bool = True
     overlap_reference: bool | None = None
-    gen_max_pad_fraction: float = 0.3
     update_tokens: int | None = None
     logprob_chunk: int | None = 1024
-    speculate: int = 0
-    speculate_adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -157,15 +154,11 @@ class RLConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InputError(f"RLConfig.{name}={v!r} must be an integer >= 1 or None")
-        if isinstance(self.speculate, bool) or not isinstance(self.speculate, int) \
-                or self.speculate < 0:
-            raise InputError(f"RLConfig.speculate={self.speculate!r} (--speculate): draft "
-                             "tokens per verify, an integer >= 0 (0: plain decoding)")
         for name in ("max_new_tokens", "epochs"):
             if getattr(self, name) < 1:
                 raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 1")
         for name in ("lr", "clip_eps", "beta", "vf_coef", "vf_clip", "adv_eps", "entropy_coef",
-                     "gen_max_pad_fraction", "clip_eps_high"):
+                     "clip_eps_high"):
             v = getattr(self, name)
             if v is not None and not (np.isfinite(v) and v >= 0):
                 raise InputError(f"RLConfig.{name}={v} must be finite and >= 0")
@@ -252,13 +245,16 @@ class RunConfig:
     fields; model_dir: a Hugging Face checkpoint to fine-tune instead. eval_prompts: held-out
     prompts for the final greedy evaluation (0: skip). mesh / device_memory: see
     :class:`~jaxrl_sym.rl.step.RLTrainer`. partial: partial rollouts (None: off).
+    speculation: speculative decoding of the rollouts (None: plain; :func:`speculation_of`
+    builds it from ``--speculate``). engine: the generation engine's options (None: the
+    runtime's defaults, ``EngineOptions()``).
     """
 
     task: str = "reverse"
     steps: int = 400
     seed: int = 0
     prompts_per_step: int = 32
-    system: str = "sym"
+    system: str = systems.REFERENCE
     max_digits: int = 3
     partial_weight: float | None = None
     model: dict[str, Any] | None = None
@@ -267,8 +263,16 @@ class RunConfig:
     mesh: str | None = None
     device_memory: str | int | None = None
     partial: PartialConfig | None = None
+    speculation: Speculation | None = None
+    engine: EngineOptions | None = None
 
     def __post_init__(self) -> None:
+        _check_trains(self.system)
+        if self.engine is not None and not isinstance(self.engine, EngineOptions):
+            raise InputError(f"engine={self.engine!r}: give an EngineOptions or None")
+        if self.speculation is not None and not isinstance(self.speculation, Speculation):
+            raise InputError(f"speculation={self.speculation!r}: give a Speculation or None "
+                             "(speculation_of builds one from --speculate)")
         _at_least(self.steps, 1, f"steps={self.steps} (--steps)")
         _at_least(self.prompts_per_step, 1, f"prompts_per_step={self.prompts_per_step} "
                   "(--prompts)")
@@ -321,11 +325,42 @@ class CheckpointConfig:
         return self.resume or self.resume_or_start
 
 
+def _check_trains(name: Any) -> None:
+    """``name`` is a registered system that trains (JAX-free: the spec says so, its RL half is
+    not imported); else an :class:`InputError` naming those that do."""
+    try:
+        trains = isinstance(name, str) and systems.get(name).capabilities.trains
+    except InputError:
+        trains = False
+    if not trains:
+        raise InputError(f"system={name!r} (--system): choose one of "
+                         f"{', '.join(systems.names(trains=True))} (the systems that train)")
+
+
+def speculation_of(k: int | None, adaptive: bool | None = False) -> Speculation | None:
+    """``--speculate K`` / ``--speculate-adaptive`` as the run's :class:`Speculation` (None:
+    K None or 0, plain decoding); errors name the flags."""
+    if isinstance(k, bool) or not isinstance(k, int | type(None)) or (k or 0) < 0:
+        raise InputError(f"speculate={k!r} (--speculate): draft tokens per verify, an integer "
+                         ">= 0 (0: plain decoding)")
+    if not k:
+        if adaptive:
+            raise InputError("speculate_adaptive (--speculate-adaptive) picks k per verify up to "
+                             "--speculate K; give --speculate K >= 1 too")
+        return None
+    return Speculation(int(k), bool(adaptive))
+
+
 def task_rl_config(steps: int, max_new_tokens: int, eos_id: Any,
                    fields_: dict[str, Any]) -> RLConfig:
     """The :class:`RLConfig` of a run on a task: :data:`TASK_RECIPE`, the task's response
     limit and EOS, then ``fields_`` (the caller's: algorithm, rates, ``--max-new-tokens``...);
-    a decaying learning-rate schedule without ``total_steps`` ends with the run."""
+    a decaying learning-rate schedule without ``total_steps`` ends with the run. A former
+    field (:data:`MOVED`) is refused naming where it is set now."""
+    moved = sorted(set(fields_) & set(MOVED))
+    if moved:
+        raise InputError(f"config[{moved[0]!r}] is no longer an RLConfig field (RLConfig is the "
+                         f"algorithm and optimiser): it is {MOVED[moved[0]]}")
     merged = {"max_new_tokens": max_new_tokens, "eos_id": eos_id, **TASK_RECIPE, **fields_}
     if merged.get("lr_schedule", "constant") != "constant" and merged.get("total_steps") is None:
         merged["total_steps"] = steps

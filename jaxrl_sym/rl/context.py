@@ -26,7 +26,7 @@ from jaxrl_sym.rl.programs import Programs, build_fns
 from jaxrl_sym.rl.rollout import Drawn, RewardFn, Rollout
 from jaxrl_sym.rl.sampling import SamplingConfig
 from jaxrl_sym.rl.state import TrainState
-from jaxrl_sym.rl.systems import Bound
+from jaxrl_sym.rl.systems import Bound, System
 
 __all__ = ["Forwards", "RolloutSource", "StepContext", "rows_per_chunk"]
 
@@ -47,29 +47,30 @@ class Forwards:
     """Each layout system's bound forward and jitted step functions, built on first use.
 
     A trainer trains on its own system, but a rollout may be laid out and scored on another
-    (``loss_and_grads(..., "padded")`` compares the two): every system name gets its own bound
-    system and programs, keyed by the name a :class:`~jaxrl_sym.rl.layout.Layout` carries.
+    (``loss_and_grads(..., "padded")`` compares the two): every system gets its own bound
+    system and programs, keyed by the :class:`~jaxrl_sym.rl.systems.System` a
+    :class:`~jaxrl_sym.rl.layout.Layout` carries.
     """
 
-    def __init__(self, bind: Callable[[str], Bound], tx: optax.GradientTransformation,
+    def __init__(self, bind: Callable[[System], Bound], tx: optax.GradientTransformation,
                  shardings: dict[str, Any] | None) -> None:
         self._bind, self._tx, self._shardings = bind, tx, shardings
-        self._bound: dict[str, Bound] = {}
-        self._fns: dict[str, dict[str, Any]] = {}
+        self._bound: dict[System, Bound] = {}
+        self._fns: dict[System, dict[str, Any]] = {}
 
-    def system(self, name: str) -> Bound:
-        """The system called ``name``, bound to this trainer's policy."""
-        if name not in self._bound:
-            self._bound[name] = self._bind(name)
-        return self._bound[name]
+    def bound(self, system: System) -> Bound:
+        """``system`` bound to this trainer's policy."""
+        if system not in self._bound:
+            self._bound[system] = self._bind(system)
+        return self._bound[system]
 
-    def fns(self, name: str, cfg: RLConfig) -> dict[str, Any]:
-        """Jitted reference / value / loss-grad / update functions of system ``name``'s layout
+    def fns(self, system: System, cfg: RLConfig) -> dict[str, Any]:
+        """Jitted reference / value / loss-grad / update functions of ``system``'s layout
         (:func:`~jaxrl_sym.rl.programs.build_fns`), built with ``cfg`` on first use."""
-        if name not in self._fns:
-            self._fns[name] = build_fns(cfg, self._tx, self.system(name).logits_fn(),
-                                        self._shardings)
-        return self._fns[name]
+        if system not in self._fns:
+            self._fns[system] = build_fns(cfg, self._tx, self.bound(system).logits_fn(),
+                                          self._shardings)
+        return self._fns[system]
 
     def set_params(self, leaves: Any) -> None:
         """Every bound system gets the policy's new weights (the commit)."""
@@ -83,7 +84,7 @@ class StepContext:
 
     cfg / sampling: the algorithm and optimiser, and how samples are drawn (from ``cfg``).
     system: the trainer's system, bound to its policy (generates; the default layout).
-    forwards: bound systems and their jitted functions, by layout system name.
+    forwards: bound systems and their jitted functions, by the system a layout carries.
     programs: the compiled-program cache (peak-memory accounting; :class:`Programs`).
     reward_fn / metric_fn: the optimised per-sample reward, and a reported-only one (or None).
     vocab_size: the policy's vocabulary (prompts are checked against it).
@@ -102,18 +103,18 @@ class StepContext:
     row_multiple: int
     overlaps_reference: bool
 
-    def fns(self, name: str) -> dict[str, Any]:
-        """The jitted functions of layout system ``name`` (:class:`Forwards`)."""
-        return self.forwards.fns(name, self.cfg)
+    def fns(self, system: System) -> dict[str, Any]:
+        """The jitted functions of ``system``'s layout (:class:`Forwards`)."""
+        return self.forwards.fns(system, self.cfg)
 
     def rows_per_chunk(self, width: int) -> int | None:
         """Rows of ``width`` slots per forward (:func:`rows_per_chunk`)."""
         return rows_per_chunk(self.cfg, width, self.row_multiple)
 
-    def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
+    def layout(self, rollout: Rollout, system: System | None = None) -> Layout:
         """The rollout in ``system``'s training layout (default: the trainer's system); on a
         mesh its rows are padded to a multiple of the data axes with empty rows."""
-        bound = self.system if system is None else self.forwards.system(system)
+        bound = self.system if system is None else self.forwards.bound(system)
         lay = bound.layout(rollout.prompts, rollout.responses, row_len=self.cfg.pack_row_len,
                            share_prompts=self.cfg.share_prompts)
         return bound.pad_rows(lay, self.row_multiple)

@@ -26,29 +26,30 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.ops.attention import child_segment
-from jaxrl_sym.rl.names import SYSTEMS  # noqa: F401 - re-exported
 from jaxrl_sym.runtime.engine import PackedBatch, length_bucket
-
-"""The built-in systems' names (the CLI's choices). Which layout a system uses is the system's
-own choice (:mod:`jaxrl_sym.rl.systems`), so nothing here dispatches on these names."""
 
 
 @dataclass(frozen=True)
 class Layout:
     """A training batch in one system's layout.
 
+    system: the trainable system that laid it out (a :class:`jaxrl_sym.rl.systems.System`,
+      typed ``Any`` because that module builds layouts from this one); its forward and compiled
+      programs run the batch. The functions here leave it None: which layout a system uses is
+      its own choice, and ``System.layout`` tags what it builds.
     inputs: ``(tokens, positions, segment_ids)`` for ``sym``; ``(tokens, lengths)`` for ``padded``.
     targets: [rows, L] the token each slot predicts (only meaningful on response spans).
     spans: per sample ``(row, first, n)`` as described in the module docstring.
     useful_tokens: prompt + response tokens actually needed (the rest of the rows is padding).
     """
 
-    system: str
+    system: Any
     inputs: tuple[np.ndarray, ...]
     targets: np.ndarray
     spans: tuple[tuple[int, int, int], ...]
@@ -126,7 +127,7 @@ def packed_layout(
     for (r, s, n), p, resp in zip(pb.where, prompts, responses, strict=True):
         targets[r, s:s + n - 1] = pb.tokens[r, s + 1:s + n]
         spans.append((r, s + len(p) - 1, len(resp)))
-    return Layout("sym", (pb.tokens, pb.positions, pb.segment_ids), targets, tuple(spans),
+    return Layout(None, (pb.tokens, pb.positions, pb.segment_ids), targets, tuple(spans),
                   sum(len(s) for s in seqs))
 
 
@@ -178,7 +179,7 @@ def shared_prefix_layout(
     targets = np.zeros_like(tokens)
     for (r, s, n), resp in zip(spans, responses, strict=True):
         targets[r, s:s + n] = resp
-    return Layout("sym", (tokens, positions, segs), targets, tuple(spans), sum(fill))
+    return Layout(None, (tokens, positions, segs), targets, tuple(spans), sum(fill))
 
 
 def _write_units(units: list[list[int]], where: list[int], shape: tuple[int, int],
@@ -269,5 +270,5 @@ def padded_layout(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
         lengths[i] = n
         targets[i, :n - 1] = tokens[i, 1:n]
         spans.append((i, len(p) - 1, len(r)))
-    return Layout("padded", (tokens, lengths), targets, tuple(spans), int(lengths.sum()))
+    return Layout(None, (tokens, lengths), targets, tuple(spans), int(lengths.sum()))
 

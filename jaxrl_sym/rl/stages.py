@@ -95,7 +95,7 @@ def generate(ctx: StepContext, state: TrainState, prompts: Sequence[np.ndarray |
     expanded, gcfg = sampling_batch(ctx.sampling, prompts, seed, limits, ctx.vocab_size)
     if state.ref is not None and ctx.overlaps_reference:
         name = ctx.system.name
-        ref_fn = ctx.fns(name)["ref"]
+        ref_fn = ctx.fns(ctx.system.system)["ref"]  # the bound system's own programs
 
         def score(lay: Layout) -> Any:
             lay = ctx.system.pad_rows(lay, ctx.row_multiple)  # ReferenceOverlap reads spans
@@ -137,7 +137,7 @@ def reference_logprobs(ctx: StepContext, state: TrainState, layout: Layout) -> n
     if state.ref is None:
         return np.zeros(layout.shape, np.float32)
     fn = ctx.fns(layout.system)["ref"]
-    outs = [ctx.programs.run(f"ref-{layout.system}", fn, state.ref,
+    outs = [ctx.programs.run(f"ref-{layout.system.name}", fn, state.ref,
                             tuple(x[sl] for x in layout.inputs), layout.targets[sl],
                             resident=tree_bytes(state.params) + state.resident_bytes())
             for sl in row_chunks(ctx.cfg, layout, ctx.row_multiple)]
@@ -164,7 +164,7 @@ def rewards(ctx: StepContext, rollout: Rollout) -> tuple[np.ndarray, np.ndarray 
 def value_estimates(ctx: StepContext, state: TrainState, layout: Layout) -> np.ndarray:
     """[rows, L] PPO value estimates of the state's policy (before the update)."""
     fn = ctx.fns(layout.system)["values"]
-    outs = [ctx.programs.run(f"values-{layout.system}", fn, state.params,
+    outs = [ctx.programs.run(f"values-{layout.system.name}", fn, state.params,
                              tuple(x[sl] for x in layout.inputs),
                              resident=state.resident_bytes())
             for sl in row_chunks(ctx.cfg, layout, ctx.row_multiple)]
@@ -224,8 +224,7 @@ def update_once(ctx: StepContext, params: Any, opt_state: Any, ref: Any, layout:
                 arrays: Arrays) -> tuple[Any, Any, dict[str, float]]:
     """One optimiser update from the whole batch: fused loss-grad-update when it is one
     micro-batch, else gradients summed over micro-batches, then one optax update."""
-    ctx = getattr(ctx, "context", ctx)  # bench/ passes the trainer (its ``context``)
-    fns, sys_ = ctx.fns(layout.system), layout.system
+    fns, sys_ = ctx.fns(layout.system), layout.system.name
     resident = tree_bytes(ref) if ref else 0
     chunks = micro_batches(ctx.cfg, layout, arrays, ctx.row_multiple)
     if len(chunks) == 1:
@@ -340,7 +339,7 @@ def metrics(ctx: StepContext, state: TrainState, rollout: Rollout, layout: Layou
     }
     if metric is not None:
         out["exact_match"] = float(metric.mean())
-    if "acceptance_rate" in rollout.stats:  # RLConfig.speculate: drafts the policy kept
+    if "acceptance_rate" in rollout.stats:  # speculative rollouts: drafts the policy kept
         out.update({k: rollout.stats[k] for k in ("acceptance_rate", "drafted_tokens",
                                                   "accepted_tokens", "verify_steps")})
     if "v_loss" in auxes[0]:

@@ -6,9 +6,9 @@ reward, and one jitted loss-gradient-optimiser program per epoch. Each compiled 
 by shape, so a steady-state step compiles nothing.
 
 :class:`RLTrainer` holds a :class:`~jaxrl_sym.rl.state.TrainState` (policy parameters, optimiser
-state, frozen reference when ``beta > 0``, step count) and runs the step on one of the systems in
-:data:`jaxrl_sym.rl.systems.REGISTRY`, which share everything except generation, the layout and
-the forward:
+state, frozen reference when ``beta > 0``, step count) and runs the step on one of the systems of
+:mod:`jaxrl_sym.systems` that train (their RL halves, :mod:`jaxrl_sym.rl.systems`), which share
+everything except generation, the layout and the forward:
 
 * ``sym``: :class:`~jaxrl_sym.runtime.engine.SymbolicLM` generates on exact-size stores; the
   reference, value and training forwards run on exact-length sequences bin-packed into rows
@@ -43,6 +43,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.contract import check_model, model_fingerprint
 from jaxrl_sym.rl import stages
@@ -61,8 +62,9 @@ from jaxrl_sym.rl.state import (
     place_state,
     state_shardings,
 )
-from jaxrl_sym.rl.systems import BindArgs, Bound, System, get_system
+from jaxrl_sym.rl.systems import BindArgs, Bound, System, trainable
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes
 
@@ -77,10 +79,21 @@ class RLTrainer:
         reference).
       reward_fn: ``(prompt, response) -> float`` per sample.
       cfg: algorithm and hyper-parameters (:class:`RLConfig`).
-      system: a name in :data:`jaxrl_sym.rl.systems.REGISTRY` — ``sym`` (exact lengths) or
-        ``padded`` (baseline), or one added with :func:`~jaxrl_sym.rl.systems.register_system`.
+      system: the name of a registered system that trains (``jaxrl_sym.systems.names(
+        trains=True)``) — ``sym`` (exact lengths) or ``padded`` (baseline), or one added with
+        :func:`jaxrl_sym.systems.register` (``docs/extending.md``).
       metric_fn: optional second per-sample function reported as ``exact_match`` (not optimised).
-      min_capacity: initial slots of the symbolic runtime's growing stores.
+      engine: how the symbolic runtime generates (:class:`~jaxrl_sym.runtime.options.
+        EngineOptions`; None: its defaults, the same as ``SymbolicLM``'s). RL used its own
+        (stores from 16 slots, microbatches split above 0.3 padding); on the step benchmark's
+        full workload (``python -m bench rlft_step``, loaded 2-core CPU) the defaults sampled
+        the same tokens in the same 27 dispatches and 15 compiles (quick preset: 8 dispatches
+        and 4 compiles against 12 and 6), with median generation 1.23 / 1.47 / 1.22 s against
+        1.09 / 1.40 / 1.21 s in three interleaved runs, whose own spread was 28%.
+      speculation: speculative decoding of the rollouts (:class:`~jaxrl_sym.runtime.options.
+        Speculation`: a prompt-lookup draft proposes up to ``k`` tokens per row, the policy
+        verifies them; the sampled tokens stay distributed as the policy's and the "old"
+        log-probs are its own). None: plain decoding. Systems that speculate only.
       mesh: a ``jax.sharding.Mesh``, a ``"data=4,model=2"`` string or a
         :class:`~jaxrl_sym.sharding.MeshConfig` (None: one device). Parameters, optimiser state
         and reference are placed by :mod:`jaxrl_sym.sharding`'s rule, every training batch's rows
@@ -106,23 +119,20 @@ class RLTrainer:
         reward_fn: RewardFn,
         cfg: RLConfig,
         *,
-        system: str = "sym",
+        system: str = systems.REFERENCE,
         metric_fn: RewardFn | None = None,
-        min_capacity: int = 16,
+        engine: EngineOptions | None = None,
+        speculation: Speculation | None = None,
         mesh: Any = None,
         device_memory: int | str | None = None,
         partial: PartialConfig | None = None,
     ) -> None:
-        self.system_impl: System = get_system(system)
-        if cfg.speculate and not self.system_impl.speculates:
-            raise InputError(f"RLConfig.speculate={cfg.speculate} (--speculate) runs on the "
-                             f"symbolic runtime; system {system!r} decodes without it. Use "
-                             "system='sym' or speculate=0")
+        self.system: System = trainable(system)
+        _check_options(self.system, engine, speculation)
         if not callable(reward_fn):
             raise InputError(f"reward_fn must be callable (prompt, response) -> float, got "
                              f"{type(reward_fn).__name__}")
         self.cfg = cfg
-        self.system = system
         self.reward_fn = reward_fn
         self.metric_fn = metric_fn
         info = check_model(model)  # any model that follows the contract; fails early otherwise
@@ -146,18 +156,16 @@ class RLTrainer:
         self.programs = Programs(self.budget)
         self.partial = partial
         self.rollouts = PartialBuffer(partial) if partial is not None else None
-        bind_args = BindArgs(model, mesh=self.mesh, budget=self.budget, min_capacity=min_capacity,
-                             max_pad_fraction=cfg.gen_max_pad_fraction, speculate=cfg.speculate,
-                             speculate_adaptive=cfg.speculate_adaptive,
-                             logprob_chunk=cfg.logprob_chunk)
+        bind_args = BindArgs(model, engine or EngineOptions(), speculation,
+                             mesh=self.mesh, budget=self.budget, logprob_chunk=cfg.logprob_chunk)
 
-        def bind(name: str) -> Bound:
-            bound = get_system(name).bind(bind_args)  # traces now: a bad model fails here
+        def bind(system: System) -> Bound:
+            bound = system.bind(bind_args)  # traces now: a bad model fails here
             bound.set_params(self.state.params["lm"])
             return bound
 
         self.forwards = Forwards(bind, self.tx, self.shardings)
-        self.forwards.system(system)
+        self.forwards.bound(self.system)
 
     # ------------------------------------------------------------------ state
     def commit(self, state: TrainState, carried: PartialBuffer | None = None) -> None:
@@ -211,16 +219,20 @@ class RLTrainer:
         """What the stages read (:class:`StepContext`), from the trainer's current settings."""
         return StepContext(
             cfg=self.cfg, sampling=SamplingConfig.of(self.cfg),
-            system=self.forwards.system(self.system), forwards=self.forwards,
+            system=self.forwards.bound(self.system), forwards=self.forwards,
             programs=self.programs, reward_fn=self.reward_fn, metric_fn=self.metric_fn,
             vocab_size=self.vocab_size, row_multiple=data_size(self.mesh),
             overlaps_reference=self.overlaps_reference)
 
     @property
     def engine(self) -> SymbolicLM:
-        """The symbolic runtime generating for this trainer (the sym system's; shares the
-        trainer's weights)."""
-        return self.forwards.system("sym").engine  # type: ignore[attr-defined]
+        """The symbolic runtime generating for this trainer (shares the trainer's weights); an
+        :class:`InputError` on a system that generates without it."""
+        engine = getattr(self.forwards.bound(self.system), "engine", None)
+        if engine is None:
+            raise InputError(f"system {self.system.name!r} generates without the symbolic "
+                             "runtime: it has no engine")
+        return engine
 
     def model(self) -> nnx.Module:
         """An NNX model holding the current policy weights."""
@@ -228,8 +240,9 @@ class RLTrainer:
                                                                      self.params["lm"]))
 
     def fns(self, system: str) -> dict[str, Any]:
-        """Jitted reference / value / loss-grad / update functions for one system's layout."""
-        return self.context.fns(system)
+        """Jitted reference / value / loss-grad / update functions for the layout of the
+        registered system ``system``."""
+        return self.context.fns(trainable(system))
 
     @property
     def overlaps_reference(self) -> bool:
@@ -253,18 +266,19 @@ class RLTrainer:
     def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
         """Greedy responses of the current policy (evaluation; nothing is trained)."""
         gcfg = SamplingConfig.of(self.cfg).greedy(max_new_tokens)
-        return self.forwards.system(self.system).greedy(list(prompts), gcfg)
+        return self.forwards.bound(self.system).greedy(list(prompts), gcfg)
 
     def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
-        """The rollout in ``system``'s training layout (default: the trainer's system)."""
-        return self.context.layout(rollout, system)
+        """The rollout in the training layout of the registered system ``system`` (default:
+        the trainer's system)."""
+        return self.context.layout(rollout, None if system is None else trainable(system))
 
     def prepare(self, rollout: Rollout, rewards: np.ndarray, system: str | None = None
                 ) -> tuple[Layout, dict[str, np.ndarray]]:
         """Layout + loss arrays for a rollout on ``system`` at the current state (reference and
         values via that system's forward)."""
         ctx, state = self.context, self.state
-        layout = ctx.layout(rollout, system)
+        layout = ctx.layout(rollout, None if system is None else trainable(system))
         ref = stages.reference_logprobs(ctx, state, layout)
         return layout, stages.advantages(ctx, state, layout, rollout, rewards, ref)[0]
 
@@ -272,21 +286,10 @@ class RLTrainer:
                        ) -> tuple[float, dict[str, float], Any]:
         """(loss, aux, grads) at the current parameters, without updating (tests, debugging)."""
         layout, arrays = self.prepare(rollout, rewards, system)
-        (loss, aux), grads = self.programs.run(f"grad-{layout.system}", self.fns(layout.system)[
-            "grad"], self.params, layout.inputs, arrays)
+        (loss, aux), grads = self.programs.run(
+            f"grad-{layout.system.name}", self.context.fns(layout.system)["grad"], self.params,
+            layout.inputs, arrays)
         return float(loss), {k: float(v) for k, v in aux.items()}, grads
-
-    # ------------------------------------------------------------------ bench compatibility
-    # bench/experiments/{sharding,rlft_step}.py (the bench helper's files) still call these two;
-    # drop them once they call stages.update_once(trainer.context, ...) and
-    # trainer.state.resident_bytes().
-    def _update(self, params: Any, opt_state: Any, layout: Layout,
-                arrays: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, float]]:
-        return stages.update_once(self.context, params, opt_state, self.ref_leaves, layout,
-                                  arrays)
-
-    def _resident(self) -> int:
-        return self.state.resident_bytes()
 
     # ------------------------------------------------------------------ the step
     def step(self, prompts: Sequence[np.ndarray | Sequence[int]], *, seed: int,
@@ -303,3 +306,21 @@ class RLTrainer:
         outcome = stages.run_step(self.context, self.state, source)
         self.commit(outcome.state, outcome.carried)
         return outcome.metrics
+
+
+def _check_options(system: System, engine: EngineOptions | None,
+                   speculation: Speculation | None) -> None:
+    """The trainer's generation options, checked against what ``system`` can do (its spec's
+    capabilities) before any tracing."""
+    if engine is not None and not isinstance(engine, EngineOptions):
+        raise InputError(f"engine={engine!r}: give an EngineOptions (jaxrl_sym.runtime.options) "
+                         "or None for the RL default")
+    if speculation is None:
+        return
+    if not isinstance(speculation, Speculation):
+        raise InputError(f"speculation={speculation!r} (--speculate): give a Speculation(k) "
+                         "(jaxrl_sym.runtime.options) or None for plain decoding")
+    if not system.spec.capabilities.speculates:
+        raise InputError(f"speculation (--speculate {speculation.k}): system "
+                         f"{system.name!r} decodes without it; choose one of "
+                         f"{', '.join(systems.names(trains=True, speculates=True))} or drop it")

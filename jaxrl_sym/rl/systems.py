@@ -1,4 +1,4 @@
-"""The systems an RL step can run on, one class each, and the registry the trainer picks from.
+"""The RL half of each trainable system: what an RL step runs on, one class per system.
 
 A *system* owns exactly what differs between the symbolic runtime and the padded baseline:
 
@@ -8,29 +8,34 @@ A *system* owns exactly what differs between the symbolic runtime and the padded
 * optional capabilities — here, scoring the reference while generation still runs (sym only).
 
 Everything else — rewards, advantages, the loss, micro-batching, the optimiser, commit — is shared
-and lives in :mod:`jaxrl_sym.rl.stages`. Why a registry of objects rather than ``if system ==``
-branches: the branches were spread over half a dozen trainer methods, so adding a system (or
-changing one) meant editing all of them in step; now a system is one class, and
-:func:`register_system` makes it available to :class:`~jaxrl_sym.rl.step.RLTrainer` by name
-without touching the trainer.
+and lives in :mod:`jaxrl_sym.rl.stages`. Why objects rather than ``if system ==`` branches: the
+branches were spread over half a dozen trainer methods, so adding a system (or changing one) meant
+editing all of them in step; now a system is one class.
 
-A registered :class:`System` is stateless (its layout code needs nothing else); ``bind`` makes a
-:class:`Bound` system for one policy — the model's structure, its current weights (``set_params``,
-called by the step's commit) and, for sym, the traced runtime. A bound system never reads the
-trainer: what it needs is given when it is bound, or passed to the call.
+There is one list of systems, :mod:`jaxrl_sym.systems`: a spec that trains names its class here
+(``SystemSpec.trainer``) and :func:`trainable` builds it from the spec, so
+:class:`~jaxrl_sym.rl.step.RLTrainer` takes any registered name that trains. A :class:`System`
+is a frozen value (its class and spec): it tags the layouts it builds, and equal systems share
+the step's compiled programs while a subclass registered under another name gets its own.
+``bind`` makes a :class:`Bound` system for one policy — the model's structure, its current
+weights (``set_params``, called by the step's commit) and, for sym, the traced runtime. A bound
+system never reads the trainer: what it needs is given when it is bound, or passed to the call.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import jax
 import numpy as np
 from flax import nnx
 
+from jaxrl_sym import systems
 from jaxrl_sym.baselines.padded import padded_forward, padded_generate
+from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.models.contract import check_features
@@ -45,7 +50,9 @@ from jaxrl_sym.rl.logprobs import (
 from jaxrl_sym.rl.overlap import ReferenceOverlap
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
 from jaxrl_sym.runtime.evaluate import constant_values, evaluate
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.speculative import SpeculativeLM
+from jaxrl_sym.systems.spec import SystemSpec
 from jaxrl_sym.tracer.trace import SeqInput, trace_function
 
 ScoreFn = Callable[[Layout], Any]
@@ -56,40 +63,42 @@ ChunkRows = Callable[[int], "int | None"]
 """``rows_per_chunk(row_len)``: rows of that length one forward may hold (None: no limit)."""
 
 
-class Host(Protocol):
-    """The policy a bound system runs (what :func:`traced_features` reads): the model with its
-    current weights. Not the trainer: a system never sees it."""
-
-    def model(self) -> nnx.Module: ...
-
-
 @dataclass(frozen=True)
 class BindArgs:
     """What binding a system to one trainer's policy takes.
 
     model: the policy as given (the runtime traces it; its weights are replaced by
-      ``set_params``). mesh / budget: the trainer's device mesh and
-      :class:`~jaxrl_sym.sharding.MemoryBudget` (None: one device, no check). The rest are the
-      generation engine's knobs (``SymbolicLM``'s ``min_capacity`` / ``max_pad_fraction``,
-      speculative decoding) and the forward's ``logprob_chunk`` (None: whole logits).
+      ``set_params``). engine / speculation: how the symbolic runtime generates
+      (:class:`~jaxrl_sym.runtime.options.EngineOptions`; a
+      :class:`~jaxrl_sym.runtime.options.Speculation` or None: plain decoding). mesh / budget:
+      the trainer's device mesh and :class:`~jaxrl_sym.sharding.MemoryBudget` (None: one device,
+      no check). logprob_chunk: the forward's logits chunk (None: whole logits).
     """
 
     model: nnx.Module
+    engine: EngineOptions
+    speculation: Speculation | None = None
     mesh: Any = None
     budget: Any = None
-    min_capacity: int = 16
-    max_pad_fraction: float = 0.3
-    speculate: int = 0
-    speculate_adaptive: bool = False
     logprob_chunk: int | None = 1024
 
 
+@dataclass(frozen=True)
 class System:
-    """Base class of a registered system; subclasses set ``name``, ``bound`` and the layout."""
+    """The RL half of a registered system (its :class:`SystemSpec` names the class:
+    ``trainer="module:Class"``); subclasses implement ``bind`` and ``build_layout``.
 
-    name: ClassVar[str]
+    A frozen value of its class and spec: it is the key the step's programs are cached under
+    (a :class:`~jaxrl_sym.rl.layout.Layout` carries the system that built it), and its name,
+    the spec's, names those programs in stats and logs.
+    """
+
+    spec: SystemSpec
     input_fill: ClassVar[tuple[int, ...]] = ()  # value of each layout input in an empty row
-    speculates: ClassVar[bool] = False  # RLConfig.speculate applies to its generation
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     def bind(self, args: BindArgs) -> Bound:
         """This system for one policy (fails here on a model the system cannot run)."""
@@ -97,12 +106,12 @@ class System:
 
     def layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
                row_len: int | None, share_prompts: bool = False) -> Layout:
-        """The training batch in this system's layout, tagged with this system's name so the
-        trainer runs it through this system's forward (a subclass registered under a new name
-        reuses its parent's layout code but gets its own programs). ``share_prompts``: the
+        """The training batch in this system's layout, tagged with this system so the trainer
+        runs it through this system's forward and programs (a subclass registered under a new
+        name reuses its parent's layout code but gets its own). ``share_prompts``: the
         config's wish to compute a group's prompt once (a system may not be able to)."""
         lay = self.build_layout(prompts, responses, row_len=row_len, share_prompts=share_prompts)
-        return lay if lay.system == self.name else replace(lay, system=self.name)
+        return replace(lay, system=self)
 
     def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
                      row_len: int | None, share_prompts: bool = False) -> Layout:
@@ -136,6 +145,7 @@ class Bound:
         self.graphdef, state = nnx.split(args.model)
         self.leaves, self.treedef = jax.tree_util.tree_flatten(state)
         self.logprob_chunk = args.logprob_chunk
+        self.speculation = args.speculation
 
     @property
     def name(self) -> str:
@@ -233,8 +243,6 @@ class SymSystem(System):
     """The symbolic runtime: exact-size stores for generation, bin-packed exact-length rows for
     every forward (``SymbolicLM.forward_fn``)."""
 
-    name: ClassVar[str] = "sym"
-    speculates: ClassVar[bool] = True  # generates through the bound engine
     input_fill: ClassVar[tuple[int, ...]] = (0, -1, -1)  # tokens, positions, segment ids
 
     def bind(self, args: BindArgs) -> SymBound:
@@ -254,13 +262,13 @@ class SymBound(Bound):
 
     def __init__(self, system: System, args: BindArgs) -> None:
         super().__init__(system, args)
-        kw: dict[str, Any] = dict(min_capacity=args.min_capacity, mesh=args.mesh,
-                                  max_pad_fraction=args.max_pad_fraction)
-        if args.speculate:
-            self.engine: SymbolicLM = SpeculativeLM(args.model, speculate=args.speculate,
-                                                    adaptive=args.speculate_adaptive, **kw)
+        knobs = set(EngineOptions.knobs())  # a variant's fixed option (sym-triton: backend)
+        options = args.engine.replace(**{k: v for k, v in system.spec.fixed if k in knobs})
+        if args.speculation is not None:
+            self.engine: SymbolicLM = SpeculativeLM(args.model, options,
+                                                    speculation=args.speculation, mesh=args.mesh)
         else:
-            self.engine = SymbolicLM(args.model, **kw)
+            self.engine = SymbolicLM(args.model, options, mesh=args.mesh)
         self.engine.cache.budget = args.budget  # generation programs are checked too
 
     def set_params(self, leaves: list[jax.Array]) -> None:
@@ -306,13 +314,18 @@ class SymBound(Bound):
 
 
 class PaddedSystem(System):
-    """The padded/masked baseline: ``padded_generate`` over MAX_LEN caches, one right-padded row
-    per sample for every forward (``padded_forward``). It ignores ``pack_row_len``."""
+    """The padded/masked baseline: ``padded_generate`` over MAX_LEN caches (with speculation,
+    ``padded_speculative_generate``: the same draft and acceptance rule at a fixed k), one
+    right-padded row per sample for every forward (``padded_forward``). It ignores
+    ``pack_row_len``."""
 
-    name: ClassVar[str] = "padded"
     input_fill: ClassVar[tuple[int, ...]] = (0, 0)  # tokens, lengths (0: every slot padding)
 
     def bind(self, args: BindArgs) -> PaddedBound:
+        if args.speculation is not None and args.speculation.adaptive:
+            raise InputError(f"speculate_adaptive (--speculate-adaptive) picks k per verify on "
+                             f"the symbolic runtime; system {self.name!r} verifies a fixed k "
+                             "(--speculate K): drop --speculate-adaptive")
         return PaddedBound(self, args)
 
     def build_layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
@@ -325,6 +338,9 @@ class PaddedBound(Bound):
     """The padded baseline for one policy: a model merged from the current weights per call."""
 
     def generate(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> GenerationResult:
+        if self.speculation is not None:
+            return padded_speculative_generate(self.model(), prompts, gcfg,
+                                               speculate=self.speculation.k)
         return padded_generate(self.model(), prompts, gcfg)
 
     def logits_fn(self) -> LogitsFn:
@@ -343,7 +359,7 @@ class PaddedBound(Bound):
         return self.split_forward(padded_logits, lambda: padded_features)
 
 
-def traced_features(host: Host) -> FeaturesFn:
+def traced_features(host: Bound) -> FeaturesFn:
     """The sym system's ``features`` forward: ``model.features`` traced into its own PDG (as
     the runtime traces ``model``) and evaluated on packed rows by the runtime's one evaluator
     (:func:`jaxrl_sym.runtime.evaluate.evaluate`), as ``StepBuilder.forward`` is — the masked
@@ -368,24 +384,16 @@ def traced_features(host: Host) -> FeaturesFn:
     return features
 
 
-REGISTRY: dict[str, System] = {}
-"""Systems by name; :class:`~jaxrl_sym.rl.step.RLTrainer` looks its ``system`` argument up here."""
-
-
-def register_system(system: System) -> System:
-    """Make ``system`` available to trainers as ``system=system.name`` (replacing any system
-    of that name); returns it."""
-    REGISTRY[system.name] = system
-    return system
-
-
-def get_system(name: str) -> System:
-    """The registered system called ``name``; an :class:`InputError` naming the choices else."""
-    try:
-        return REGISTRY[name]
-    except (KeyError, TypeError):
-        raise InputError(f"unknown system {name!r}; choose one of {', '.join(REGISTRY)}") from None
-
-
-register_system(SymSystem())
-register_system(PaddedSystem())
+def trainable(name: str) -> System:
+    """The RL half of the registered system ``name`` (:meth:`SystemSpec.trainable`); an
+    :class:`InputError` for a name that is not registered or a system that only generates,
+    naming the systems that train (:func:`jaxrl_sym.systems.names`)."""
+    spec = None
+    if isinstance(name, str):
+        with contextlib.suppress(InputError):  # refused below, naming the systems that train
+            spec = systems.get(name)
+    if spec is None or not spec.capabilities.trains:
+        why = "unknown system" if spec is None else "system that only generates (no RL half):"
+        raise InputError(f"{why} {name!r}; choose one of "
+                         f"{', '.join(systems.names(trains=True))} (the systems that train)")
+    return spec.trainable()

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
@@ -28,6 +29,7 @@ from jaxrl_sym.rl.config import (
     PartialConfig,
     RLConfig,
     RunConfig,
+    speculation_of,
     task_rl_config,
 )
 from jaxrl_sym.rl.errors import CheckpointError
@@ -36,6 +38,7 @@ from jaxrl_sym.rl.progress import Bar, RunHealth
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task
+from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.sharding import MeshConfig, describe
 
 # FIELD_NOTES §5: ~100K parameters (d=64, 2 layers, 4 heads) learns digit reversal on a CPU.
@@ -63,7 +66,9 @@ DEFAULT_KEEP = 3  # newest checkpoints kept: room to fall back past two damaged 
 
 # train() arguments that change the trajectory, and the ``jaxrl-sym train`` flag that sets each:
 # a refused resume names the flag the user typed. Every other RLConfig field is compared too and
-# named as ``config['field']`` (it is set through ``train(config=...)``).
+# named as ``config['field']`` (it is set through ``train(config=...)``). ``speculate`` and
+# ``speculate_adaptive`` are the run's Speculation (RLConfig fields before; same keys, so a
+# checkpoint written then compares as before).
 FLAGS: dict[str, str] = {
     "algo": "--algo", "task": "--task", "seed": "--seed", "max_digits": "--max-digits",
     "system": "--system", "prompts_per_step": "--prompts", "group_size": "--group",
@@ -97,8 +102,13 @@ def _describe(diffs: list[tuple[str, Any, Any]]) -> str:
 def run_hparams(cfg: RLConfig, **run: Any) -> dict[str, Any]:
     """Everything besides the model shape that sets the trajectory: the task and prompt stream
     (``task``, ``max_digits``, ``seed``, ``prompts_per_step``), the system (sym and padded agree
-    only to float rounding) and every RLConfig field. JSON-normalised, so it compares equal to
-    what a checkpoint stored."""
+    only to float rounding), speculation and every RLConfig field. JSON-normalised, so it
+    compares equal to what a checkpoint stored.
+
+    The engine's options are not part of a run's identity, as the mesh is not: they decide how
+    rows are grouped and stored while generating, not which tokens are sampled (sampling is
+    keyed by seed, step and row). A checkpoint written when ``gen_max_pad_fraction`` was an
+    RLConfig field has that key alone, so it is not compared (:func:`hparam_diffs`)."""
     return json.loads(json.dumps({**run, **cfg.to_dict()}))
 
 
@@ -236,7 +246,7 @@ def train(
     lr: float = 1e-3,
     beta: float = 0.0,
     epochs: int = 1,
-    system: str = "sym",
+    system: str = systems.REFERENCE,
     max_digits: int = 3,
     partial_weight: float | None = None,
     model: dict[str, Any] | None = None,
@@ -252,19 +262,24 @@ def train(
     mesh: str | None = None,
     device_memory: str | int | None = None,
     partial: dict[str, Any] | None = None,
+    speculate: int = 0,
+    speculate_adaptive: bool = False,
+    engine: EngineOptions | None = None,
 ) -> dict[str, Any]:
     """:func:`train_run` from keyword arguments: each one is a field of :class:`RunConfig`,
     :class:`CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume*``)
     or :class:`RLConfig` (``algo``, ``group_size``, ``lr``, ``beta``, ``epochs`` and every
     field in ``config``, over :data:`TASK_RECIPE`); ``partial`` holds
-    :class:`PartialConfig` fields (``{"fraction": 0.75}``; None: off). The summary is
-    :func:`train_run`'s.
+    :class:`PartialConfig` fields (``{"fraction": 0.75}``; None: off); ``speculate`` /
+    ``speculate_adaptive`` the run's speculation (as ``--speculate`` / ``--speculate-adaptive``;
+    0: off). The summary is :func:`train_run`'s.
     """
     run = RunConfig(task=task, steps=steps, seed=seed, prompts_per_step=prompts_per_step,
                     system=system, max_digits=max_digits, partial_weight=partial_weight,
                     model=model, model_dir=model_dir, eval_prompts=eval_prompts, mesh=mesh,
                     device_memory=device_memory,
-                    partial=None if partial is None else PartialConfig(**partial))
+                    partial=None if partial is None else PartialConfig(**partial),
+                    speculation=speculation_of(speculate, speculate_adaptive), engine=engine)
     checkpoints = CheckpointConfig(checkpoint_dir, checkpoint_every, keep, resume,
                                    resume_or_start, resume_anyway)
     rl = {"algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
@@ -310,13 +325,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     rl_cfg = rl if isinstance(rl, RLConfig) else task_rl_config(
         run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
     trainer = _trainer(run, rl_cfg, task_obj, hf)
-    hparams = run_hparams(rl_cfg, task=run.task, max_digits=run.max_digits, seed=run.seed,
-                          system=run.system, prompts_per_step=run.prompts_per_step,
-                          partial_weight=run.reward_weight,
-                          partial=None if run.partial is None else run.partial.to_dict())
-    if hf is not None:  # the source model: a resume compares it, export reads it
-        hparams.update(hf.hparams)
-    meta = {"fingerprint": fingerprint(trainer), "hparams": hparams, "lineage": []}
+    meta = {"fingerprint": fingerprint(trainer), "hparams": _hparams(run, rl_cfg, hf),
+            "lineage": []}
     resumed_from, changed = None, []
     if resuming:
         assert ckpt is not None
@@ -334,11 +344,25 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
                     final)
 
 
+def _hparams(run: RunConfig, cfg: RLConfig, hf: Any) -> dict[str, Any]:
+    """The run's hyper-parameters as a checkpoint records them (:func:`run_hparams`), with the
+    source model of a ``--model`` run (a resume compares it, export reads it)."""
+    spec = run.speculation
+    hparams = run_hparams(cfg, task=run.task, max_digits=run.max_digits, seed=run.seed,
+                          system=run.system, prompts_per_step=run.prompts_per_step,
+                          partial_weight=run.reward_weight,
+                          partial=None if run.partial is None else run.partial.to_dict(),
+                          speculate=0 if spec is None else spec.k,
+                          speculate_adaptive=spec is not None and spec.adaptive)
+    return {**hparams, **(hf.hparams if hf is not None else {})}
+
+
 def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any) -> RLTrainer:
     """The run's trainer: the task's model (seeded) or the Hugging Face one."""
     policy = hf.load_model() if hf else init_model(
         preset("tiny", **{**TASK_MODEL, **(run.model or {})}), run.seed)
     return RLTrainer(policy, task.reward, cfg, system=run.system, metric_fn=task.exact_match,
+                     engine=run.engine, speculation=run.speculation,
                      mesh=None if run.mesh is None else MeshConfig.parse(run.mesh, flag="--mesh"),
                      device_memory=run.device_memory, partial=run.partial)
 

@@ -16,6 +16,9 @@ JAX's import. A spec names the module that runs it (its *binder*), imported on
 Adding a system is one file here (its ``bind(spec, model, options) -> BoundSystem``, see
 :mod:`jaxrl_sym.systems.bound`) plus one :func:`register` line below; ``docs/extending.md``
 walks through one. No other module compares system names: callers ask a spec's capabilities.
+A system that trains also names its RL half, ``trainer="module:Class"`` (a
+:class:`jaxrl_sym.rl.systems.System`, imported by ``spec.trainable()`` only: the RL package
+sits above this one), which ``RLTrainer(system=name)`` runs the step on.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ _TUNIX = dict(install=PEER_INSTALL, needs="tunix", package="google-tunix")
 register(SystemSpec(
     "sym", "the symbolic runtime: exact-size stores, host-planned dispatches",
     Capabilities(trains=True, speculates=True, draft_models=True, shards=True,
-                 stops_itself=True), "jaxrl_sym.systems.sym", variants=("xla", "triton", "auto")))
+                 stops_itself=True), "jaxrl_sym.systems.sym", variants=("xla", "triton", "auto"),
+    trainer="jaxrl_sym.rl.systems:SymSystem"))
 register(SystemSpec(
     "padded", "the padded/masked XLA baseline: left-padded prompts, MAX_LEN caches, one program",
-    Capabilities(trains=True, speculates=True), "jaxrl_sym.systems.padded"))
+    Capabilities(trains=True, speculates=True), "jaxrl_sym.systems.padded",
+    trainer="jaxrl_sym.rl.systems:PaddedSystem"))
 register(SystemSpec(
     "pershape", "the per-shape baseline: exact caches, re-jitted for every length",
     Capabilities(), "jaxrl_sym.systems.pershape"))

@@ -48,8 +48,6 @@ class PaddedBound(BoundSystem):
         return block_work(prompt_lens, response_lens, prompt_block=int(max(prompt_lens)),
                           steps=max_limit(cfg, len(prompt_lens)) - 1)
 
-    # --- trainable (RL): the RL step's halves of this system are appended below this line ---
-
 
 def bind(spec: SystemSpec, model: Any, options: BindOptions) -> PaddedBound:
     check_draft(options.draft)

@@ -26,7 +26,7 @@ class Capabilities:
 
     ``patterns``: the decode CLI's ``--attention`` values the system can run (None: all)."""
 
-    trains: bool = False  # offers the RL step's halves (layout, logits, set_params)
+    trains: bool = False  # offers the RL step's halves (SystemSpec.trainer: layout, logits, ...)
     speculates: bool = False  # BindOptions.speculate applies
     draft_models: bool = False  # speculation with a draft *model* (not only prompt lookup)
     shards: bool = False  # BindOptions.mesh applies (else it is the single-device reference)
@@ -59,6 +59,10 @@ class SystemSpec:
     reference system's. ``preset_only``/``patterns_why``: the reasons behind the refusals of a
     user model and of an attention pattern outside ``capabilities.patterns``. ``variants``:
     suffixes that name a value of ``variant_option`` (``sym-triton``: backend ``triton``).
+    ``trainer``: ``"module:Class"`` of the system's RL half (a
+    :class:`jaxrl_sym.rl.systems.System` subclass: layout, forward, generation for the step),
+    set exactly when ``capabilities.trains``; imported by :meth:`trainable` only, so this module
+    stays below the RL package and JAX-free.
     """
 
     name: str
@@ -74,6 +78,13 @@ class SystemSpec:
     variants: tuple[str, ...] = ()
     variant_option: str = "backend"
     fixed: tuple[tuple[str, Any], ...] = ()  # the options a variant sets (see ``variant``)
+    trainer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.capabilities.trains != (self.trainer is not None):
+            raise InputError(f"system {self.name!r}: capabilities.trains={self.capabilities.trains}"
+                             f" but trainer={self.trainer!r}; a system trains exactly when it "
+                             "names its RL half (trainer='module:Class')")
 
     def variant(self, suffix: str) -> SystemSpec:
         """``sym`` + ``triton`` → the spec named ``sym-triton`` that binds with backend triton."""
@@ -123,5 +134,21 @@ class SystemSpec:
         if options.speculate and not self.capabilities.speculates:
             raise InputError(f"speculate={options.speculate} applies to systems that "
                              f"speculate, not {self.name!r}")
-        module, _, function = self.binder.partition(":")
-        return getattr(importlib.import_module(module), function or "bind")(self, model, options)
+        return _load(self.binder, "bind")(self, model, options)
+
+    def trainable(self) -> Any:
+        """This system's RL half, ``trainer(self)`` (a :class:`jaxrl_sym.rl.systems.System`;
+        typed ``Any`` for the reason :meth:`bind` is). An :class:`InputError` for a system
+        that does not train."""
+        if self.trainer is None:
+            raise InputError(f"system {self.name!r} does not train (capabilities.trains is "
+                             "False): it only generates")
+        return _load(self.trainer, "")(self)
+
+
+def _load(ref: str, default: str) -> Any:
+    """The object ``"module:name"`` (``"module"``: its ``default``) names, imported now."""
+    module, _, name = ref.partition(":")
+    if not (name or default):
+        raise InputError(f"{ref!r}: name the object as 'module:name'")
+    return getattr(importlib.import_module(module), name or default)

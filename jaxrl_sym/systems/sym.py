@@ -20,6 +20,7 @@ from jaxrl_sym.generation import GenerationConfig, GenerationResult, row_limits
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.estimate import Estimate, estimate_sym
 from jaxrl_sym.runtime.metrics import WorkLog
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.policy import Dispatch, GroupShape, replay
 from jaxrl_sym.runtime.prefill import PackedPrompts
 from jaxrl_sym.runtime.speculative import DRAFTS, SpeculativeLM
@@ -40,10 +41,11 @@ class SymBound(BoundSystem):
     @cached_property
     def lm(self) -> SymbolicLM:
         o = self.options
+        engine = EngineOptions(backend=o.backend)
         if o.speculate:
-            return SpeculativeLM(self.model, speculate=o.speculate, draft=o.draft,
-                                 backend=o.backend)
-        return SymbolicLM(self.model, backend=o.backend, mesh=o.mesh)
+            return SpeculativeLM(self.model, engine, speculation=Speculation(o.speculate),
+                                 draft=o.draft)
+        return SymbolicLM(self.model, engine, mesh=o.mesh)
 
     def generate(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig) -> GenerationResult:
         return self.lm.generate(prompts, cfg, on_progress=self.options.progress)
@@ -69,8 +71,6 @@ class SymBound(BoundSystem):
             _book_prefill(log, [lens[i] for i in group], shape, packed=o.prefill == "packed")
             _book_decode(log, [limits[i] for i in group], shape, dispatches)
         return token_report(log)
-
-    # --- trainable (RL): the RL step's halves of this system are appended below this line ---
 
 
 def _book_prefill(log: WorkLog, lens: list[int], shape: GroupShape, *, packed: bool) -> None:
