@@ -75,7 +75,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="partial rollouts per run: 'off' or PartialConfig fields as JSON; "
                         "repeat to compare (default: off)")
     p.add_argument("--config", action="append", default=None, metavar="JSON",
-                   help="JSON of RLConfig overrides; repeat to compare arms side by side "
+                   help="JSON of RLConfig overrides (plus speculate / speculate_adaptive, the "
+                        "run's speculation); repeat to compare arms side by side "
                         "(e.g. '{}' and '{\"speculate\": 4}'; default: none)"
                         ". --jobs 2 runs two arms at once, so they see the same load")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -134,10 +135,12 @@ def run_child(spec: dict[str, Any], cache_dir: str | None = None) -> dict[str, A
         enable_compile_cache(cache_dir)
 
     t0 = time.perf_counter()
+    config = dict(spec.get("config") or {})  # speculation is the run's (train's), not RLConfig's
+    run = {k: config.pop(k) for k in ("speculate", "speculate_adaptive") if k in config}
     out = train(spec["algo"], spec["task"], steps=spec["steps"], seed=spec["seed"],
                 prompts_per_step=spec["prompts"], max_digits=spec["max_digits"],
                 eval_prompts=spec["eval_prompts"], model=spec["model"], progress=False,
-                config=spec.get("config"), partial=spec.get("partial"))
+                config=config or None, partial=spec.get("partial"), **run)
     hist = out.pop("history")
     curves = {k: [round(float(np.mean([m[k] for m in hist[i:i + CURVE_EVERY]])), 4)
                   for i in range(0, len(hist), CURVE_EVERY)] for k in CURVE_KEYS}

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench import child, presets
+from jaxrl_sym.systems import BASELINE, REFERENCE
 from jaxrl_sym.workloads import grpo_rollout
 
 # Qwen2.5-0.5B: 24 layers, d 896, 14 q / 2 kv heads of 64, FFN 4864, vocab 151,936, θ 1e6.
@@ -135,7 +136,7 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
 
 def ratios(report: dict[str, Any]) -> dict[str, float]:
     """sym vs padded, side by side from the same run (> 1 means sym is better)."""
-    s, p = report["systems"].get("sym", {}), report["systems"].get("padded", {})
+    s, p = (report["systems"].get(REFERENCE, {}), report["systems"].get(BASELINE, {}))
     if "error" in s or "error" in p or not s or not p:
         return {}
     return {

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.text_tasks import (
     TEXT_TASK_NAMES,
@@ -206,7 +207,7 @@ def restore_policy(checkpoint_dir: str | Path, step: int | None = None
 
     model = load_pretrained(source, dtype=hparams.get("model_dtype"))[0]
     trainer = RLTrainer(model, lambda p, r: 0.0, _rl_config(hparams),
-                        system=hparams.get("system", "sym"))
+                        system=hparams.get("system", systems.REFERENCE))
     saved = ckpt.restore(trainer, fingerprint(trainer), step)
     return trainer.model(), saved
 
