@@ -48,6 +48,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("sharding", "RL step and generation vs device count (virtual CPU devices)"),
     Experiment("logprob_memory", "RL update peak bytes at a 151,936-word vocabulary, chunked "
                                  "vs unchunked log-probs"),
+    Experiment("project", "an RL step's peak memory (a ledger of named buffers) and time, "
+                          "projected to a GPU from XLA's memory/cost analysis; nothing runs"),
     Experiment("learning", "multi-seed learning: final greedy exact match per algorithm and "
                            "task", cheap=False),
     Experiment("tunix_paired", "sym, padded and Tunix interleaved on one request (steady "

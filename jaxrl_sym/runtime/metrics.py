@@ -3,7 +3,9 @@ system (symbolic runtime, padded baseline, per-shape baseline)."""
 
 from __future__ import annotations
 
+import os
 import resource
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -105,6 +107,53 @@ def device_peak_bytes() -> int | None:
 def peak_rss_bytes() -> int:
     """This process's peak resident set size (Linux reports KiB)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+class RssSampler:
+    """The highest RSS seen while the ``with`` block runs, sampled on a thread every
+    ``interval`` seconds (and once at each end).
+
+    Why a sampler and not ``ru_maxrss``: the process's all-time peak includes compiles and earlier
+    steps; a step's own peak is the highest RSS *during* it. On CPU the device's buffers live in
+    host memory, so with large allocations forced to ``mmap`` (``MALLOC_MMAP_THRESHOLD_=65536``:
+    a freed buffer leaves RSS at once) the rise over ``before`` follows the live bytes.
+    """
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval, self.before, self.peak = interval, 0, 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self.before = self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def rise(self) -> int:
+        """Peak RSS during the block minus RSS when it began."""
+        return self.peak - self.before
 
 
 WASTE_CAUSES = ("prompt_alignment", "packing", "row_bucket", "finished_rows", "tile_overrun")

@@ -1,0 +1,110 @@
+"""Project one GRPO step's memory and time to a GPU from XLA's own analyses — compiled, never run.
+
+Why: GPUs are lent rarely, and what a 2-core CPU shows (compute, compile seconds) is not what a
+GPU pays (bytes moved, launches, memory peaks). Every program of the step (reference chunks,
+gradient micro-batches, gradient sum, optimiser apply) is compiled on this machine at the
+workload's real shapes; XLA's ``memory_analysis`` and ``cost_analysis`` give its temporaries,
+outputs, flops and bytes; :func:`jaxrl_sym.rl.ledger.step_ledger` adds the state and the
+generation stores into a ledger of named buffers per moment of the step, whose largest moment is
+the projected peak. Time per stage is a roofline over the programs (``max(flops / peak flops,
+bytes / bandwidth)`` each, times how often it runs) and, for generation, the memory-bound floor
+(every decode step reads the weights and each live row's K/V once). Device constants are data:
+``bench/devices.json``.
+
+The workload is ``rlft_step``'s (same prompts, lengths, model, RLConfig). ``--measure`` also runs
+a warm-up and a measured step on this machine with the process's RSS sampled every 2 ms (large
+buffers forced to ``mmap`` so a freed buffer leaves RSS), and sets the measured rise of RSS during
+the step beside the ledger's transient bytes (its peak minus the state held before the step).
+The ``gpu`` preset on ``--device h100`` sets the projection beside the committed H100 run.
+
+    python -m bench project --preset quick
+    python -m bench project --preset gpu --device h100     # ~10 min of compiles on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import child, presets
+from bench.experiments import rlft_step
+from bench.projection import calibration, devices, render, roofline
+
+_COMMON = {"sigma": 0.6, "beta": 0.04, "seed": 0, "systems": "sym,padded", "device": "h100"}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {**_COMMON, "model": "cpu", "scale": 16, "prompts": 4, "group": 2,
+              "update_tokens": None, "measure": True,
+              "out": os.path.join(presets.quick_dir("project"), "rl_step")},
+    "full": {**_COMMON, "model": "cpu", "scale": 8, "prompts": 16, "group": 8,
+             "update_tokens": None, "measure": True,
+             "out": str(child.ROOT / "bench" / "results" / "cpu" / "project_rl_step")},
+    "gpu": {**_COMMON, "model": "gpu", "scale": 1, "prompts": 16, "group": 8,
+            "update_tokens": 4096, "measure": False, "out": None},
+}
+# Large buffers through mmap: freed memory leaves RSS at once, so RSS follows live bytes.
+_CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "JAX_PLATFORMS": "cpu"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = presets.parser("project", __doc__, PRESETS)
+    p.add_argument("--workload", choices=("rl-step",), default="rl-step",
+                   help="what to project (the RL step; decode projections are to come)")
+    p.add_argument("--device", default=None, help=f"one of {', '.join(devices())}")
+    p.add_argument("--systems", default=None, help="comma-separated trainable systems")
+    p.add_argument("--measure", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
+                   help="also run the step here and compare the ledger with the measured peak")
+    p.add_argument("--out", default=None, help="OUT.json and OUT.md")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = presets.parse(p, PRESETS, argv)
+    if args.device not in devices():
+        p.error(f"--device {args.device}: choose one of {', '.join(devices())}")
+    return args
+
+
+def run_child(args: argparse.Namespace) -> dict[str, Any]:
+    """One system's ledger (and measurement): runs in its own process."""
+    from bench.projection import measure_step, system_ledger
+
+    out = system_ledger(args, args.child)
+    if args.measure:
+        out["measured"] = measure_step(args, out.pop("_trainer"))
+    out.pop("_trainer", None)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(args)))
+        return 0
+    device = devices()[args.device]
+    report: dict[str, Any] = {"command": presets.command("project", argv),
+                              "preset": args.preset, "device": device, "systems": {}}
+    for name in presets.csv(args.systems):
+        res = child.run(child.experiment("project", *(argv or []), "--child", name),
+                        env=_CHILD_ENV)
+        if not res.ok:
+            report["systems"][name] = {"error": f"{res.status}: {res.tail()}"}
+            print(f"{name}: {res.status}\n{res.tail(8)}", file=sys.stderr)
+            continue
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        row["projection"] = roofline(row, device)
+        report["systems"][name] = row
+    if args.preset == "gpu" and device.get("results"):
+        report["calibration"] = calibration(report, device)
+    text = render(report)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        out.with_suffix(".md").write_text(text + "\n")
+    return 0 if all("error" not in r for r in report["systems"].values()) else 1
+
+
+# the workload is rlft_step's: one definition
+workload, model_config = rlft_step.workload, rlft_step.model_config

@@ -1,0 +1,216 @@
+"""The pieces of ``python -m bench project``: one system's ledger (in its child process), the
+measured step beside it, the roofline per stage, the calibration against a committed GPU run
+and the table. See :mod:`bench.experiments.project` for what is projected and why."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+from argparse import Namespace
+from typing import Any
+
+import numpy as np
+
+from bench.child import ROOT
+
+GB = 1e9
+_STATE = ("weights", "optimizer", "reference")
+
+
+def devices() -> dict[str, dict[str, Any]]:
+    """Device constants by name (``bench/devices.json``; its ``_doc`` says where each is from)."""
+    data = json.loads((ROOT / "bench" / "devices.json").read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def _workload(args: Namespace) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
+    from bench.experiments import rlft_step
+
+    prompts, limits = rlft_step.workload(args)
+    return prompts, limits, [p for p in prompts for _ in range(args.group)]
+
+
+def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
+    """``name``'s step ledger on the preset's workload (and the trainer, for a measurement)."""
+    from bench.experiments import rlft_step
+    from jaxrl_sym import systems
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.lm import init_model, preset
+    from jaxrl_sym.rl import RLConfig, RLTrainer
+    from jaxrl_sym.rl.ledger import step_ledger
+
+    _, limits, expanded = _workload(args)
+    model = init_model(preset("small", **rlft_step.model_config(args)), args.seed)
+    cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
+                   max_new_tokens=max(limits), eos_id=None, lr=1e-4,
+                   update_tokens=args.update_tokens or None)
+    trainer = RLTrainer(model, rlft_step.reward_fn, cfg, system=name)
+    bound = systems.get(name).bind(model)
+    gcfg = GenerationConfig(max_new_tokens=max(limits))
+    est = bound.estimate([len(p) for p in expanded], gcfg)
+    # projected for an accelerator, where the trainer scores the reference during generation
+    sl = step_ledger(trainer, expanded, limits, overlap=args.preset == "gpu", generation=est)
+    ledger = sl.ledger.to_dict()
+    weights = ledger["peak"]["by_kind"].get("weights", 0)
+    return {"_trainer": trainer, "ledger": ledger, "layout_shape": sl.layout_shape,
+            "programs": [{"stage": s, "count": c, **dataclasses.asdict(p)}
+                         for s, c, p in sl.programs],
+            "decode": decode_bytes(model, [len(p) for p in expanded], limits, weights),
+            "largest_batch": largest_batches(bound, expanded, gcfg, ledger, est)}
+
+
+def decode_bytes(model: Any, prompt_lens: list[int], limits: list[int],
+                 weights: int) -> dict[str, int]:
+    """What generation must read at least: the weights once per decode step (rows decode in
+    lockstep until the longest ends) and each live row's K/V once per step it decodes."""
+    from jaxrl_sym.runtime.estimate import attend_calls
+
+    calls, _ = attend_calls(model)
+    size = lambda dt: np.dtype(dt).itemsize
+    per_token = sum(c.hkv * (c.d * size(c.k_dtype) + c.dv * size(c.v_dtype)) for c in calls)
+    kv = sum(n * p + n * (n - 1) // 2 for p, n in zip(prompt_lens, limits, strict=True))
+    steps = max(limits)
+    return {"steps": steps, "weights_bytes": steps * weights, "kv_bytes": kv * per_token,
+            "kv_bytes_per_token": per_token}
+
+
+def largest_batches(bound: Any, expanded: list[np.ndarray], gcfg: Any, ledger: dict[str, Any],
+                    est: Any) -> dict[str, int]:
+    """Samples that fit each device: generation's stores grow with the batch, the reference and
+    update programs do not (``update_tokens`` fixes their micro-batch), so the largest batch is
+    where generation's moment reaches the limit. Generation's bytes are the system's own
+    estimate at B and 2B samples, extended linearly (its stores are per row)."""
+    others = max((m["total"] for s, m in ledger["stages"].items() if s != "generation"),
+                 default=0)
+    gen = ledger["stages"].get("generation")
+    own = est.total - est.weights
+    base = (gen["total"] if gen else 0) - own  # state (+ an overlapped reference chunk)
+    b = len(expanded)
+    e2 = bound.estimate([len(p) for p in expanded] * 2, gcfg)
+    per_sample = max(1.0, ((e2.total - e2.weights) - own) / b)
+    fixed = base + own - per_sample * b
+    out = {}
+    for name, d in devices().items():
+        limit = d["memory"] * d["jax_fraction"]
+        out[name] = 0 if others > limit else max(0, int((limit - fixed) // per_sample))
+    return out
+
+
+def measure_step(args: Namespace, trainer: Any) -> dict[str, Any]:
+    """A warm-up step (compiles), then one step with RSS sampled (see ``RssSampler``)."""
+    from jaxrl_sym.runtime.metrics import RssSampler
+
+    prompts, limits, _ = _workload(args)
+    trainer.step(prompts, seed=1, limits=limits)
+    gc.collect()
+    with RssSampler() as s:
+        m = trainer.step(prompts, seed=2, limits=limits)
+    return {"rss_before": s.before, "rss_peak": s.peak, "rise": s.rise,
+            "seconds": m["seconds"], "compiles": m["compiles"],
+            "layout_shape": m["layout_shape"]}
+
+
+def roofline(row: dict[str, Any], dev: dict[str, Any]) -> dict[str, Any]:
+    """Projected seconds per stage and the peak against the device's limit."""
+    flops = dev["flops"]["float32"]
+    stages: dict[str, float] = {}
+    for p in row["programs"]:
+        t = max(p["flops"] / flops, p["bytes_accessed"] / dev["bandwidth"]) + dev["dispatch_s"]
+        stages[p["stage"]] = stages.get(p["stage"], 0.0) + p["count"] * t
+    d = row["decode"]
+    stages["generation floor"] = (d["weights_bytes"] + d["kv_bytes"]) / dev["bandwidth"]
+    peak = row["ledger"]["peak"]["total"]
+    limit = dev["memory"] * dev["jax_fraction"]
+    return {"seconds": stages, "peak": peak, "limit": limit, "fits": peak <= limit}
+
+
+def calibration(report: dict[str, Any], dev: dict[str, Any]) -> list[dict[str, Any]]:
+    """Projected vs the committed run on this device (``bench/results/<device>/rlft_step_*``)."""
+    rows = []
+    for name, r in report["systems"].items():
+        path = ROOT / "bench" / "results" / dev["results"] / f"rlft_step_{name}.json"
+        if "error" in r or not path.exists():
+            continue
+        got = json.loads(path.read_text())["systems"][name]
+        proj = r["projection"]
+        pairs = {"peak GB": (proj["peak"] / GB, got["peak_bytes"] / GB),
+                 "update s": (proj["seconds"].get("update", 0.0), got["seconds"]["update"]),
+                 "generation s (floor)": (proj["seconds"]["generation floor"],
+                                          got["seconds"]["generation"])}
+        for what, (p, m) in pairs.items():
+            rows.append({"system": name, "what": what, "projected": p, "measured": m,
+                         "miss": p / m - 1 if m else None, "source": str(path.relative_to(ROOT))})
+    return rows
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as markdown: peaks, their buffers, times, and the calibration."""
+    dev = report["device"]
+    lines = [f"# RL step projected to {dev['name']} ({report['preset']} preset)", "",
+             f"`{report['command']}`", "", "| system | stage | moment | GB | by kind (GB) |",
+             "|---|---|---|---:|---|"]
+    for name, r in report["systems"].items():
+        if "error" in r:
+            lines.append(f"| {name} | error | {r['error']} | | |")
+            continue
+        for stage, m in r["ledger"]["stages"].items():
+            kinds = ", ".join(f"{k} {v / GB:.2f}" for k, v in m["by_kind"].items())
+            lines.append(f"| {name} | {stage} | {m['what']} | {m['total'] / GB:.2f} | {kinds} |")
+    lines += ["", "| system | layout | peak GB | fits | " + " | ".join(
+        ("update s", "reference s", "generation floor s")) + " | largest batch |",
+        "|---|---|---:|---|---:|---:|---:|---|"]
+    for name, r in report["systems"].items():
+        if "error" in r:
+            continue
+        p, s = r["projection"], r["projection"]["seconds"]
+        fit = ", ".join(f"{k} {v}" for k, v in r["largest_batch"].items())
+        lines.append(f"| {name} | {r['layout_shape'][0]}×{r['layout_shape'][1]} | "
+                     f"{p['peak'] / GB:.2f} | {'yes' if p['fits'] else 'NO'} | "
+                     f"{s.get('update', 0):.2f} | {s.get('reference', 0):.2f} | "
+                     f"{s['generation floor']:.2f} | {fit} |")
+    lines += _peak_buffers(report) + _measured(report) + _calibrated(report)
+    return "\n".join(lines)
+
+
+def _peak_buffers(report: dict[str, Any]) -> list[str]:
+    out = ["", "Buffers at each system's peak:", ""]
+    for name, r in report["systems"].items():
+        if "error" in r:
+            continue
+        pk = r["ledger"]["peak"]
+        out.append(f"- **{name}** ({pk['stage']}, {pk['what']}, {pk['total'] / GB:.2f} GB): "
+                   + "; ".join(f"{b['name']} {b['bytes'] / GB:.3f}" for b in pk["buffers"]
+                               if b["bytes"] >= pk["total"] / 200))
+    return out
+
+
+def _measured(report: dict[str, Any]) -> list[str]:
+    rows = [(n, r) for n, r in report["systems"].items() if "measured" in r]
+    if not rows:
+        return []
+    out = ["", "Ledger vs this machine (RSS rise during the measured step vs the ledger's peak "
+                "minus the state held before it):", "",
+           "| system | ledger transient GB | measured rise GB | ledger ÷ measured |",
+           "|---|---:|---:|---:|"]
+    for name, r in rows:
+        pk = r["ledger"]["peak"]
+        transient = pk["total"] - sum(pk["by_kind"].get(k, 0) for k in _STATE)
+        rise = r["measured"]["rise"]
+        out.append(f"| {name} | {transient / GB:.3f} | {rise / GB:.3f} | "
+                   f"{transient / rise if rise else float('nan'):.2f} |")
+    return out
+
+
+def _calibrated(report: dict[str, Any]) -> list[str]:
+    rows = report.get("calibration") or []
+    if not rows:
+        return []
+    out = ["", "Projected vs measured on the device:", "",
+           "| system | what | projected | measured | miss | measured in |",
+           "|---|---|---:|---:|---:|---|"]
+    for c in rows:
+        miss = "-" if c["miss"] is None else f"{c['miss']:+.0%}"
+        out.append(f"| {c['system']} | {c['what']} | {c['projected']:.2f} | {c['measured']:.2f} "
+                   f"| {miss} | {c['source']} |")
+    return out

@@ -1,0 +1,163 @@
+"""The memory ledger of one RL step, from shapes and compiled programs alone — nothing runs.
+
+Why: an RL step's peak is decided by a few buffers — weights, Adam state, the reference copy,
+the generation stores, and the largest program's XLA temporaries — and which one wins depends on
+the system, the micro-batch and the device. This builds the step's
+:class:`~jaxrl_sym.runtime.ledger.Ledger` for a trainer and a batch by compiling (never running)
+each program the step would run, at the batch's real shapes, and reading XLA's own
+``memory_analysis``/``cost_analysis`` (:class:`~jaxrl_sym.runtime.ledger.ProgramSize`):
+
+* **generation**: the state + the generating system's own estimate of its stores, growth copy,
+  outputs and largest temporary (:meth:`BoundSystem.estimate`), plus — where the reference is
+  scored while generation runs — one reference chunk's program;
+* **reference**: the state + each reference chunk's program (``update_tokens`` slots);
+* **update**: the state + each micro-batch's gradient program, the gradient accumulator and the
+  optimiser's ``apply`` (one fused ``update`` program when the batch is one micro-batch).
+
+The programs are the trainer's own (``StepContext.fns``), compiled for the shapes the step's own
+chunking (:func:`~jaxrl_sym.rl.stages.row_chunks`) produces, so the ledger follows the code that
+runs rather than a model of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxrl_sym.rl.stages import row_chunks
+from jaxrl_sym.rl.systems import Bound
+from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
+
+__all__ = ["StepLedger", "step_ledger"]
+
+
+@dataclass(frozen=True)
+class StepLedger:
+    """A step's ledger and every program it compiled (for the time projection)."""
+
+    ledger: Ledger
+    programs: tuple[tuple[str, int, ProgramSize], ...]  # (stage, times it runs, size)
+    layout_shape: tuple[int, int]
+
+
+def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[int], *,
+                overlap: bool = False, generation: Any = None) -> StepLedger:
+    """The ledger of one step of ``trainer`` (an :class:`~jaxrl_sym.rl.step.RLTrainer`) on
+    ``prompts`` (already expanded G-fold) whose responses have ``limits`` tokens.
+
+    ``overlap``: the trainer scores the reference during generation (on an accelerator), which
+    applies to systems that can (their ``generate_scoring`` overlaps).
+    ``generation``: the generating system's :class:`~jaxrl_sym.runtime.estimate.Estimate` for
+    these prompts (None: no generation moment)."""
+    ctx, state = trainer.context, trainer.state
+    responses = [np.ones(int(n), np.int32) for n in limits]
+    lay = ctx.system.pad_rows(
+        ctx.system.layout(list(prompts), responses, row_len=ctx.cfg.pack_row_len,
+                          share_prompts=ctx.cfg.share_prompts), ctx.row_multiple)
+    fns = ctx.fns(lay.system)
+    held = [tree_buffer("policy weights", "weights", state.params),
+            tree_buffer("optimiser state", "optimizer", state.opt_state)]
+    if state.ref:
+        held.append(tree_buffer("reference weights", "reference", state.ref))
+    moments: list[Moment] = []
+    programs: list[tuple[str, int, ProgramSize]] = []
+    ref_sizes = _reference(ctx, fns, state, lay) if state.ref else []
+    if generation is not None:
+        gen = _generation_buffers(generation)
+        if overlap and ref_sizes and _scores_while_generating(ctx.system):
+            gen += list(ref_sizes[0][1].buffers())
+        moments.append(moment("generation", "decode", held, gen))
+    for count, size in ref_sizes:
+        programs.append(("reference", count, size))
+        moments.append(moment("reference", size.name, held, _batch(size), size.buffers()))
+    for what, count, size, extra in _update(ctx, fns, state, lay):
+        programs.append(("update", count, size))
+        moments.append(moment("update", what, held, extra, _batch(size), size.buffers()))
+    return StepLedger(Ledger(ctx.system.name, tuple(moments)), tuple(programs),
+                      tuple(int(x) for x in lay.shape))
+
+
+def _scores_while_generating(bound: Any) -> bool:
+    """Whether the bound system overrides the default (no-overlap) ``generate_scoring``."""
+    return type(bound).generate_scoring is not Bound.generate_scoring
+
+
+def _generation_buffers(est: Any) -> list[Buffer]:
+    """An :class:`~jaxrl_sym.runtime.estimate.Estimate`'s terms as buffers (its weights are the
+    policy's, already held; the hoisted part beyond them is the runtime's own)."""
+    return [Buffer(f"stores/caches ({est.caches_what})", "store", est.caches),
+            Buffer("store growth copy", "store", est.growth),
+            Buffer("generation outputs", "program_out", est.outputs),
+            Buffer(f"largest generation temporary ({est.temporary_what})", "program_temp",
+                   est.temporary)]
+
+
+def _batch(size: ProgramSize) -> list[Buffer]:
+    """A program's batch arguments: its arguments beyond the weights/state listed as held."""
+    return [Buffer(f"{size.name}: batch inputs", "batch", size.batch)] if size.batch else []
+
+
+def _slices(ctx: Any, lay: Any) -> list[tuple[slice, int]]:
+    """The distinct row-slice shapes the step cuts ``lay`` into, with how many times each runs."""
+    out: dict[int, tuple[slice, int]] = {}
+    for sl in row_chunks(ctx.cfg, lay, ctx.row_multiple):
+        n = len(range(*sl.indices(lay.shape[0])))
+        first, count = out.get(n, (sl, 0))
+        out[n] = (first, count + 1)
+    return list(out.values())
+
+
+def _arrays(lay: Any, sl: slice) -> dict[str, np.ndarray]:
+    """Loss arrays of the layout's rows ``sl`` (values do not matter to a compile)."""
+    z = np.zeros(lay.targets[sl].shape, np.float32)
+    return {"targets": lay.targets[sl], "mask": z, "weight": z, "old_lp": z, "ref_lp": z,
+            "adv": z}
+
+
+def _compile(name: str, fn: Any, held_bytes: int, *args: Any) -> ProgramSize:
+    size = ProgramSize.of(name, fn.lower(*args).compile())
+    return size.with_batch(max(0, size.args - held_bytes))
+
+
+def _reference(ctx: Any, fns: Any, state: Any, lay: Any) -> list[tuple[int, ProgramSize]]:
+    out = []
+    ref_bytes = tree_buffer("", "reference", state.ref).nbytes
+    for sl, count in _slices(ctx, lay):
+        inputs = tuple(x[sl] for x in lay.inputs)
+        name = f"ref[{lay.targets[sl].shape[0]}x{lay.shape[1]}]"
+        out.append((count, _compile(name, fns["ref"], ref_bytes, state.ref, inputs,
+                                    lay.targets[sl])))
+    return out
+
+
+def _update(ctx: Any, fns: Any, state: Any, lay: Any
+            ) -> list[tuple[str, int, ProgramSize, list[Buffer]]]:
+    """(what, times run, program, buffers held besides the state) of the update stage."""
+    params, opt = state.params, state.opt_state
+    p_bytes = tree_buffer("", "weights", params).nbytes
+    o_bytes = tree_buffer("", "optimizer", opt).nbytes
+    slices = _slices(ctx, lay)
+    if len(slices) == 1 and slices[0][1] == 1:
+        sl = slices[0][0]
+        size = _compile(f"update[{lay.shape[0]}x{lay.shape[1]}]", fns["update"],
+                        p_bytes + o_bytes, params, opt, tuple(x[sl] for x in lay.inputs),
+                        _arrays(lay, sl))
+        return [("update", 1, size, [])]
+    grads = Buffer("accumulated gradients", "gradients", p_bytes)
+    out = []
+    for sl, count in slices:
+        rows = lay.targets[sl].shape[0]
+        size = _compile(f"grad[{rows}x{lay.shape[1]}]", fns["grad"], p_bytes, params,
+                        tuple(x[sl] for x in lay.inputs), _arrays(lay, sl))
+        out.append((size.name, count, size, [grads]))
+    # add: the accumulator (held) + the new micro-batch's gradients (its batch); apply: state
+    # and the accumulator, all held
+    add = _compile("add gradients", fns["add"], p_bytes, params, params)
+    apply = _compile("apply", fns["apply"], 2 * p_bytes + o_bytes, params, opt, params)
+    n = sum(c for _, c in slices)
+    out.append(("add gradients", n - 1, add, [grads]))
+    out.append(("apply", 1, apply, [grads]))
+    return out
