@@ -325,9 +325,11 @@ def _jvp(primals, tangents, *, pattern: Pattern, scale: float, softcap: float):
     # Under jax.checkpoint: a gradient keeps only q/k/v (and the integer positions) of each
     # attention call and recomputes its scores in the backward pass, as every flash-attention
     # backward does. Without it XLA saved about four fp32 [rows, heads, T, T] buffers per call
-    # (scores, mask, exponentials, probabilities): at the Qwen2.5-0.5B RL-step shape 70% of the
-    # update's per-layer memory, 39.6 of its 39.6 GB temporaries falling to 13.2 GB
-    # (``python -m bench project``); the price is one more attention forward per backward.
+    # (scores, mask, exponentials, probabilities): at the Qwen2.5-0.5B RL-step shape that was
+    # 70% of the update's per-layer memory, and the gradient program's XLA temporaries fell from
+    # 39.6 to 13.2 GB (sym, 3 x 1280 slots; padded 2 x 1475: 33.9 to 10.6 GB; CPU
+    # memory_analysis, ``python -m bench project``); the price is one more attention forward
+    # per backward.
     q, k, v, *rest = primals
     tq, tk, tv, *_ = tangents
     f = jax.checkpoint(lambda q_, k_, v_: reference_attention(
