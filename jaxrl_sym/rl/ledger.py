@@ -146,18 +146,20 @@ def _update(ctx: Any, fns: Any, state: Any, lay: Any
                         p_bytes + o_bytes, params, opt, tuple(x[sl] for x in lay.inputs),
                         _arrays(lay, sl))
         return [("update", 1, size, [])]
+    # the first micro-batch's gradients start the running sum; each later one is added into it
+    # (donated: its output aliases it); apply takes the state and the sum, all held
     grads = Buffer("accumulated gradients", "gradients", p_bytes)
     out = []
-    for sl, count in slices:
-        rows = lay.targets[sl].shape[0]
-        size = _compile(f"grad[{rows}x{lay.shape[1]}]", fns["grad"], p_bytes, params,
-                        tuple(x[sl] for x in lay.inputs), _arrays(lay, sl))
-        out.append((size.name, count, size, [grads]))
-    # add: the accumulator (held) + the new micro-batch's gradients (its batch); apply: state
-    # and the accumulator, all held
-    add = _compile("add gradients", fns["add"], p_bytes, params, params)
+    for i, (sl, count) in enumerate(slices):
+        rows, args = lay.targets[sl].shape[0], (tuple(x[sl] for x in lay.inputs), _arrays(lay, sl))
+        if i == 0:
+            first = _compile(f"grad[{rows}x{lay.shape[1]}]", fns["grad"], p_bytes, params, *args)
+            out.append((first.name, 1, first, []))
+            count -= 1
+        if count:
+            acc = _compile(f"accumulate[{rows}x{lay.shape[1]}]", fns["accumulate"],
+                           2 * p_bytes, params, params, *args)
+            out.append((acc.name, count, acc, [grads]))
     apply = _compile("apply", fns["apply"], 2 * p_bytes + o_bytes, params, opt, params)
-    n = sum(c for _, c in slices)
-    out.append(("add gradients", n - 1, add, [grads]))
     out.append(("apply", 1, apply, [grads]))
     return out

@@ -61,7 +61,8 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
 
     ``ref`` (reference log-probs), ``values`` (PPO value estimates), ``grad`` (loss and its
     gradient), ``update`` (fused loss-grad-optimiser step for a batch in one micro-batch),
-    ``apply`` (optimiser step from accumulated gradients) and ``add`` (gradient accumulation);
+    ``apply`` (optimiser step from accumulated gradients) and ``accumulate`` (a micro-batch's
+    gradients added into the donated running sum);
     plus ``logprob_chunking``, a sentence for the step's stats (on, or off and why).
 
     logits_fn: the system's forward; a :class:`~jaxrl_sym.rl.logprobs.SplitForward` with
@@ -88,8 +89,11 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, optax.tree.norm(grads)
 
-    def add(a, b):
-        return jax.tree_util.tree_map(jnp.add, a, b)
+    def accumulate(params, acc, inputs, arrays):
+        # the accumulator is donated: the sum lands in its buffer, so the step holds one
+        # gradient-sized buffer between micro-batches instead of the sum and the new gradients
+        (loss, aux), grads = grad_fn(params, inputs, arrays)
+        return (loss, aux), jax.tree_util.tree_map(jnp.add, acc, grads)
 
     status = {"logprob_chunking": chunking_status(logits_fn, cfg.logprob_chunk)}
     if shardings is None:
@@ -97,7 +101,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
             **status,
             "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
             "update": jax.jit(update), "apply": jax.jit(apply, donate_argnums=(2,)),
-            "add": jax.jit(add, donate_argnums=(0,)),
+            "accumulate": jax.jit(accumulate, donate_argnums=(1,)),
         }
     p, o, rows, rep = (shardings[k] for k in ("params", "opt", "rows", "repl"))
     jit = lambda f, i, out, **kw: jax.jit(f, in_shardings=i, out_shardings=out, **kw)
@@ -108,7 +112,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
         "grad": jit(grad_fn, (p, rows, rows), ((rep, rep), p)),
         "update": jit(update, (p, o, rows, rows), (p, o, rep)),
         "apply": jit(apply, (p, o, p), (p, o, rep), donate_argnums=(2,)),
-        "add": jit(add, (p, p), p, donate_argnums=(0,)),
+        "accumulate": jit(accumulate, (p, p, rows, rows), ((rep, rep), p), donate_argnums=(1,)),
     }
 
 

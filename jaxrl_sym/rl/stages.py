@@ -232,11 +232,14 @@ def update_once(ctx: StepContext, params: Any, opt_state: Any, ref: Any, layout:
             f"update-{sys_}", fns["update"], params, opt_state, *chunks[0], resident=resident)
         return params, opt_state, {k: float(v) for k, v in jax.device_get(aux).items()}
     grads, parts = None, []
+    held = resident + tree_bytes(opt_state)
     for inputs, arr in chunks:
-        (_, aux), g = ctx.programs.run(
-            f"grad-{sys_}", fns["grad"], params, inputs, arr,
-            resident=resident + tree_bytes(opt_state) + tree_bytes(grads))
-        grads = g if grads is None else ctx.programs.run(f"add-{sys_}", fns["add"], grads, g)
+        if grads is None:
+            (_, aux), grads = ctx.programs.run(f"grad-{sys_}", fns["grad"], params, inputs, arr,
+                                               resident=held)
+        else:  # the running sum is donated to the program that adds this micro-batch to it
+            (_, aux), grads = ctx.programs.run(f"accumulate-{sys_}", fns["accumulate"], params,
+                                               grads, inputs, arr, resident=held)
         parts.append(aux)
     params, opt_state, gnorm = ctx.programs.run(
         f"apply-{sys_}", fns["apply"], params, opt_state, grads, resident=resident)
