@@ -19,6 +19,7 @@ The ``gpu`` preset on ``--device h100`` sets the projection beside the committed
 
     python -m bench project --preset quick
     python -m bench project --preset gpu --device h100     # ~10 min of compiles on 2 cores
+    python -m bench project --workload decode --preset gpu  # bench/projection_decode.py
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ _CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "JAX_PLATFORMS": "cpu"}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("project", __doc__, PRESETS)
-    p.add_argument("--workload", choices=("rl-step",), default="rl-step",
-                   help="what to project (the RL step; decode projections are to come)")
+    p.add_argument("--workload", choices=("rl-step", "decode"), default="rl-step",
+                   help="what to project: the RL step, or a generation request (decode: its "
+                        "own presets and flags, `--workload decode --help`)")
     p.add_argument("--device", default=None, help=f"one of {', '.join(devices())}")
     p.add_argument("--systems", default=None, help="comma-separated trainable systems")
     p.add_argument("--measure", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
                    help="also run the step here and compare the ledger with the measured peak")
+    p.add_argument("--update-tokens", type=int, default=None,
+                   help="RLConfig.update_tokens: token slots per training micro-batch")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = presets.parse(p, PRESETS, argv)
@@ -77,6 +81,10 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if _workload(argv) == "decode":  # its own presets and children: bench/projection_decode.py
+        from bench import projection_decode
+
+        return projection_decode.main(argv)
     args = parse_args(argv)
     if args.child:
         print(json.dumps(run_child(args)))
@@ -104,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".json").write_text(json.dumps(report, indent=1))
         out.with_suffix(".md").write_text(text + "\n")
     return 0 if all("error" not in r for r in report["systems"].values()) else 1
+
+
+def _workload(argv: list[str] | None) -> str:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--workload", default="rl-step")
+    return p.parse_known_args(argv)[0].workload
 
 
 # the workload is rlft_step's: one definition
