@@ -72,6 +72,8 @@ def test_knobs_come_only_in_an_options_object() -> None:
         SymbolicLM(m, {"min_capacity": 4})
     spec = SpeculativeLM(m, EngineOptions(min_capacity=4), speculation=Speculation(2, True))
     assert spec.plan.speculation == Speculation(2, True) and spec.options.min_capacity == 4
+    with pytest.raises(TypeError, match="speculate"):  # its knobs only in a Speculation
+        SpeculativeLM(m, speculate=2)
     with pytest.raises(InputError, match="speculation=2: give a Speculation"):
         SpeculativeLM(m, speculation=2)
 

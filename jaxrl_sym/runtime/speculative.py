@@ -241,11 +241,8 @@ class SpeculativeLM(SymbolicLM):
     """
 
     def __init__(self, model: nnx.Module, options: EngineOptions | None = None, *,
-                 speculation: Speculation | None = None, draft: str | nnx.Module = "ngram",
-                 mesh: Any = None, **legacy: Any) -> None:
-        # TEMPORARY (issue 26): ``speculate=``/``adaptive=``/``verify_tile=`` until the last
-        # caller (jaxrl_sym/rl/systems.py) passes a Speculation; then ``speculation`` is required.
-        speculation = _legacy_speculation(speculation, legacy)
+                 speculation: Speculation, draft: str | nnx.Module = "ngram",
+                 mesh: Any = None) -> None:
         if not isinstance(speculation, Speculation):
             raise InputError(f"speculation={speculation!r}: give a Speculation, e.g. "
                              "SpeculativeLM(model, speculation=Speculation(4)) (plain decoding: "
@@ -283,17 +280,3 @@ class SpeculativeLM(SymbolicLM):
         res.stats.update(self.spec_log.report(len(res.tokens)))
         res.stats["draft"] = self.draft_name
         return res
-
-
-
-def _legacy_speculation(speculation: Speculation | None, legacy: dict[str, Any]
-                        ) -> Speculation | None:
-    """TEMPORARY (issue 26): the old ``speculate=K, adaptive=, verify_tile=`` keywords as a
-    :class:`Speculation`; removed once no caller passes them."""
-    unknown = sorted(set(legacy) - {"speculate", "adaptive", "verify_tile"})
-    if unknown:
-        raise TypeError(f"SpeculativeLM() got unexpected keyword argument(s) {unknown}")
-    if not legacy:
-        return speculation
-    return Speculation(legacy["speculate"], legacy.get("adaptive", False),
-                       legacy.get("verify_tile", 4))
