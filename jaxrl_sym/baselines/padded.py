@@ -229,6 +229,20 @@ def _build_program(
     return jax.jit(program)
 
 
+def padded_program(model: nnx.Module, batch: LeftPadded, cfg: GenerationConfig
+                   ) -> Callable[..., Any]:
+    """The jitted program :func:`padded_generate` runs for ``batch``, called as
+    ``program(state, tokens, positions, prompt_lens, limits) -> (caches, outputs)``: the model
+    traced at the prefill chunk and at one slot, MAX_LEN = max(max_len, P + N). Lowered with
+    ``jax.ShapeDtypeStruct`` arguments it compiles without running (the generation ledger)."""
+    b, p = batch.batch, batch.prompt_len
+    max_len = max(cfg.max_len or 0, p + batch.steps)
+    c = cfg.prefill_chunk(b, p, vocab_size(model))
+    head = trace_forward(model, b, p % c) if p % c else None
+    return _build_program(trace_forward(model, b, c), trace_forward(model, b, 1), batch, cfg,
+                          max_len, head)
+
+
 def padded_generate(
     model: nnx.Module, prompts: Sequence[np.ndarray], cfg: GenerationConfig
 ) -> GenerationResult:
@@ -245,7 +259,7 @@ def padded_generate(
     """
     with CompileCounter() as counter:
         batch = left_pad_prompts(model, prompts, cfg)
-        b, p, n = batch.batch, batch.prompt_len, batch.steps
+        p, n = batch.prompt_len, batch.steps
         max_len = max(cfg.max_len or 0, p + n)  # the left-padded layout needs P + N slots
         _, state = nnx.split(model)
         inputs = jax.device_put(
@@ -254,11 +268,7 @@ def padded_generate(
 
         t0 = time.perf_counter()
         # Tracing the model is part of building the program, as it is inside jit for any model.
-        c = cfg.prefill_chunk(b, p, vocab_size(model))
-        head = trace_forward(model, b, p % c) if p % c else None
-        jitted = _build_program(trace_forward(model, b, c), trace_forward(model, b, 1), batch,
-                                cfg, max_len, head)
-        compiled = jitted.lower(state, *inputs).compile()
+        compiled = padded_program(model, batch, cfg).lower(state, *inputs).compile()
         compile_seconds = time.perf_counter() - t0
 
         meter = MemoryMeter()

@@ -150,14 +150,7 @@ class DecodeGroup:
         nothing is deferred there."""
         if not self.plan.options.defer_compiles or self.plan.mesh is not None:
             return False
-        stores = jax.eval_shape(lambda: self.plan.builder.init_stores(d.rows, d.capacity))
-        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
-        args = (hoisted, stores, i32(d.rows), i32(), i32(), i32(d.rows),
-                jax.ShapeDtypeStruct((), np.uint32))
-        name, tiled, static = self._program()
-        if tiled:
-            args = (*args, i32(), i32(d.rows), i32())
-        key, build = self.plan.program(name, self.cfg, *args, **static)
+        key, build = decode_program(self.plan, self.cfg, hoisted, d.rows, d.capacity)
         if key in self.cache.settled:
             return False
         self.cache.prefetch(key, build)
@@ -172,30 +165,21 @@ class DecodeGroup:
     def packed_prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
         """The prompts bin-packed into rows (:mod:`jaxrl_sym.runtime.prefill`): no prompt
         padding and no filler row is computed, only the packing's tail."""
-        b, pcap = self.shape.rows, self.shape.prompt_slots
         prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
-        pk = PackedPrompts.build(prompts, pcap, vocab=self.plan.vocab_size,
+        pk = PackedPrompts.build(prompts, self.shape.prompt_slots, vocab=self.plan.vocab_size,
                                  logits_bytes=self.cfg.prefill_logits_bytes)
         self.work.computed += pk.positions_computed  # a repeated prompt is needed once
         self.work.needed += pk.prompt_tokens
         self.work.add("packing", pk.positions_computed - pk.prompt_tokens)
         self._tile = 0
-        chunk_rows = pk.chunk_rows
         if self.plan.mesh is not None:  # as GenerationPlan.run: stores in their shardings
             self.stores = self.plan.builder.place_stores(self.stores)
         args = (hoisted, self.stores, *(jax.device_put(x) for x in (
             pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.source)), self.row_ids,
                 self.seed)
-        key = ("packed_prefill", pk.tokens.shape, b, chunk_rows, pk.shared, self.cfg.temperature,
-               self.cfg.return_logits,
-               tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items()
-                            if "pos" in s)))
-        fn = partial(packed_prefill, self.plan.builder, temperature=self.cfg.temperature,
-                     want_logits=self.cfg.return_logits, chunk_rows=chunk_rows,
-                     shared=pk.shared)
-        self.stores, tok, lp, lg = self.cache.run(
-            key, lambda a=args: jax.jit(fn, donate_argnums=(1,)).lower(*a).compile(), *args)
-        del args  # holds the empty stores, donated
+        key, build = packed_prefill_program(self.plan, self.cfg, pk, args)
+        self.stores, tok, lp, lg = self.cache.run(key, build, *args)
+        del args, build  # they hold the empty stores, donated
         self._observe(key, step=0)
         return tok, lp, lg if self.cfg.return_logits else None, False
 
@@ -224,9 +208,7 @@ class DecodeGroup:
 
     def _program(self) -> tuple[str, bool, dict[str, Any]]:
         """The decode program this group runs: (name, tiled, static arguments)."""
-        if self.buffer == 1:
-            return "decode", False, {}
-        return "decode_tile", True, {"k": self.buffer, "eos": tuple(self.cfg.eos_ids)}
+        return decode_kind(self.plan, self.cfg)
 
     def decode(self, hoisted: tuple[jax.Array, ...], d: Dispatch) -> tuple[Any, ...]:
         """One decode program: a single step, or a tile of ``d.tile`` steps."""
@@ -332,13 +314,11 @@ class DecodeGroup:
     def compact(self, live: np.ndarray, rows: int) -> None:
         """Keep the live rows in a bucket of ``rows`` (fillers repeat a live row, masked)."""
         keep, filler = self.kept(live, rows)
-        caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in self.stores.items() if "pos" in s))
         cargs = (self.stores, jax.device_put(keep.astype(np.int32)), jax.device_put(filler),
                  self.pos0, self.row_ids)
-        self.stores, self.pos0, self.row_ids = self.cache.run(
-            ("compact", self.rows, rows, caps),
-            lambda a=cargs: jax.jit(self.plan.builder.compact).lower(*a).compile(), *cargs)
-        del cargs  # holds the pre-compaction stores: free them now, not at the next compaction
+        key, build = compact_program(self.plan, cargs, self.rows, rows)
+        self.stores, self.pos0, self.row_ids = self.cache.run(key, build, *cargs)
+        del cargs, build  # they hold the pre-compaction stores: free them now, not later
         self.ids = np.where(filler, -1, self.ids[keep])
         self.limits, self.done, self.rows = self.limits[keep], filler.copy(), rows
 
@@ -354,11 +334,9 @@ class DecodeGroup:
         """
         for g in self.plan.growing:
             old_bytes = tree_bytes(self.stores[g])
-            key = ("grow", self.rows, capacity,
-                   tuple((n, a.shape, str(a.dtype)) for n, a in sorted(self.stores[g].items())))
-            grow = self.plan.specs[int(g)].kind.grow
-            self.stores[g] = self.cache.run(key, lambda o=self.stores[g], f=grow: jax.jit(
-                f, static_argnums=1).lower(o, capacity).compile(), self.stores[g])
+            key, build = grow_program(self.plan, g, self.stores[g], self.rows, capacity)
+            self.stores[g] = self.cache.run(key, build, self.stores[g])
+            del build  # it holds the old store
             self.meter.observe(self.weights_bytes + tree_bytes(self.stores) + old_bytes,
                                self.cache.temp_bytes[key], step=self.steps_done)
         self.capacity = capacity
@@ -367,3 +345,66 @@ class DecodeGroup:
         self.meter.observe(self.weights_bytes + tree_bytes(self.stores),
                            self.cache.temp_bytes[key], step=step)
 
+
+
+# ------------------------------------------------------------------ the programs, by shape
+# One definition of each program a decode group runs, built from arrays or ShapeDtypeStructs
+# alike: the group runs them, and the generation ledger (jaxrl_sym.runtime.ledger_generation)
+# compiles the same functions at shapes that never run (``python -m bench project --workload
+# decode``), so a projection cannot drift from the engine. Each returns the program's cache key
+# and the function that compiles it.
+
+
+def _caps(stores: Any) -> tuple[tuple[str, int], ...]:
+    """The stores' slot counts by name (what distinguishes programs over stores of a group)."""
+    return tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
+
+
+def decode_kind(plan: GenerationPlan, cfg: GenerationConfig) -> tuple[str, bool, dict[str, Any]]:
+    """The decode program a group runs: (name, tiled, static arguments)."""
+    buffer = plan.tile_buffer(cfg)
+    if buffer == 1:
+        return "decode", False, {}
+    return "decode_tile", True, {"k": buffer, "eos": tuple(cfg.eos_ids)}
+
+
+def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[Any, ...],
+                   rows: int, capacity: int) -> tuple[tuple, Callable[[], Any]]:
+    """The decode program of a group at ``rows`` and ``capacity``, from abstract arguments (its
+    stores as ``init_stores`` makes them; ``hoisted`` arrays or ShapeDtypeStructs)."""
+    stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, capacity))
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
+    args = (hoisted, stores, i32(rows), i32(), i32(), i32(rows),
+            jax.ShapeDtypeStruct((), np.uint32))
+    name, tiled, static = decode_kind(plan, cfg)
+    if tiled:
+        args = (*args, i32(), i32(rows), i32())
+    return plan.program(name, cfg, *args, **static)
+
+
+def packed_prefill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
+                           args: tuple[Any, ...]) -> tuple[tuple, Callable[[], Any]]:
+    """The packed prefill of ``pk`` over ``args``: (hoisted, stores, pk's tokens, positions,
+    rows, slots, last, source, row ids, seed), arrays or ShapeDtypeStructs."""
+    key = ("packed_prefill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
+           cfg.temperature, cfg.return_logits, _caps(args[1]))
+    fn = partial(packed_prefill, plan.builder, temperature=cfg.temperature,
+                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
+    return key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile()
+
+
+def grow_program(plan: GenerationPlan, name: str, store: Any, rows: int, capacity: int
+                 ) -> tuple[tuple, Callable[[], Any]]:
+    """Growing store ``name`` (arrays or ShapeDtypeStructs) copied into ``capacity`` slots."""
+    key = ("grow", rows, capacity,
+           tuple((n, a.shape, str(a.dtype)) for n, a in sorted(store.items())))
+    grow = plan.specs[int(name)].kind.grow
+    return key, lambda: jax.jit(grow, static_argnums=1).lower(store, capacity).compile()
+
+
+def compact_program(plan: GenerationPlan, args: tuple[Any, ...], rows: int, new_rows: int
+                    ) -> tuple[tuple, Callable[[], Any]]:
+    """A group's compaction from ``rows`` to ``new_rows`` over ``args`` (stores, kept slots,
+    filler mask, first positions, row ids)."""
+    key = ("compact", rows, new_rows, _caps(args[0]))
+    return key, lambda: jax.jit(plan.builder.compact).lower(*args).compile()
