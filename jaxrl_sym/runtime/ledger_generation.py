@@ -1,0 +1,294 @@
+"""The memory ledger of one generation request, from shapes and compiled programs — nothing runs.
+
+Why: a generation's peak is a handful of buffers (weights, the stores or caches, one program's
+XLA temporaries) and which one wins depends on the system, the lengths and the device; the
+estimate (:mod:`jaxrl_sym.runtime.estimate`) bounds them by rule of thumb, this follows the
+dispatches. Both systems are walked the way they run:
+
+* **sym** — the dispatch sequence is the runtime's own policy (:func:`~jaxrl_sym.runtime.policy.
+  replay`, as ``SymBound.work`` replays it) over the plan's aligned microbatches. At every
+  moment the live buffers are the weights and hoisted weight values, each store at the group's
+  (rows, capacity) (``StepBuilder.init_stores`` evaluated abstractly), while a store grows its
+  old copy beside the new one (one store per program, as ``DecodeGroup.grow``), while a group
+  compacts its old stores beside the new ones, when a new group starts the previous group's
+  stores, and the running program's XLA temporaries and fresh outputs. The programs are the
+  engine's own (:func:`~jaxrl_sym.runtime.group.decode_program`, ``packed_prefill_program``,
+  ``grow_program``, ``compact_program``), compiled — never run — at those shapes, once per
+  distinct program (the engine's cache key).
+* **padded** — its one program per call (:func:`~jaxrl_sym.baselines.padded.padded_program`):
+  weights, the left-padded inputs, and the program's outputs (the MAX_LEN caches are its
+  outputs) and temporaries.
+
+Program costs come from XLA's ``cost_analysis``, which counts a loop body once: a decode tile's
+cost is one step's (the ledger multiplies by the steps each dispatch ran); padded's program is
+also compiled without its decode loop (one new token, the same MAX_LEN), and the difference is
+one decode step's cost. The roofline over these (device constants) is the bench's
+(``python -m bench project --workload decode``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_sym.generation import GenerationConfig, row_limits
+from jaxrl_sym.runtime.group import (
+    compact_program,
+    decode_program,
+    grow_program,
+    packed_prefill_program,
+)
+from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_nbytes
+from jaxrl_sym.runtime.plan import GenerationPlan
+from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
+from jaxrl_sym.runtime.prefill import PackedPrompts
+
+__all__ = ["GenerationLedger", "ProgramRun", "decode_floor", "padded_ledger", "sym_ledger"]
+
+Sizes = dict[tuple, ProgramSize]
+"""Compiled programs' sizes by the engine's cache key: pass one dict to several ledgers of the
+same model (other lengths) and each distinct program compiles once."""
+
+
+@dataclass(frozen=True)
+class ProgramRun:
+    """A program as the generation runs it: ``calls`` dispatches running ``steps`` loop
+    iterations in all (a decode tile's steps; 1 per call for a loop-free program), each costing
+    ``size``'s flops and bytes (per iteration). ``stage``: prefill, decode, grow or compact."""
+
+    stage: str
+    what: str
+    size: ProgramSize
+    calls: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class GenerationLedger:
+    """A generation's ledger, the programs it runs, and how many distinct ones it compiled."""
+
+    ledger: Ledger
+    runs: tuple[ProgramRun, ...]
+    compiled: int
+    dispatches: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.ledger.to_dict(), "compiled": self.compiled,
+                "dispatches": self.dispatches,
+                "runs": [{"stage": r.stage, "what": r.what, "calls": r.calls, "steps": r.steps,
+                          **dataclasses.asdict(r.size)} for r in self.runs]}
+
+
+class _Programs:
+    """Compile-once sizes by cache key, and how often each ran."""
+
+    def __init__(self, sizes: Sizes | None) -> None:
+        self.sizes = sizes if sizes is not None else {}
+        self.runs: dict[tuple, list[int]] = {}  # key -> [calls, steps]
+        self.stages: dict[tuple, str] = {}
+
+    def size(self, key: tuple, stage: str, name: str, build: Callable[[], Any]) -> ProgramSize:
+        if key not in self.sizes:
+            self.sizes[key] = ProgramSize.of(name, build())
+        self.stages.setdefault(key, stage)
+        return self.sizes[key]
+
+    def ran(self, key: tuple, steps: int = 1) -> None:
+        calls, total = self.runs.get(key, [0, 0])
+        self.runs[key] = [calls + 1, total + steps]
+
+    def done(self) -> tuple[ProgramRun, ...]:
+        return tuple(ProgramRun(self.stages[k], self.sizes[k].name, self.sizes[k], c, s)
+                     for k, (c, s) in self.runs.items())
+
+
+# ------------------------------------------------------------------------------------ sym
+
+
+def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np.ndarray],
+               cfg: GenerationConfig, *, sizes: Sizes | None = None) -> GenerationLedger:
+    """The ledger of ``plan`` generating for ``prompts`` with ``cfg`` (every row to its limit),
+    its weights ``leaves`` arrays or ShapeDtypeStructs. ``sizes``: compiled sizes to reuse."""
+    lens = [len(p) for p in prompts]
+    limits = [int(x) for x in row_limits(cfg, len(prompts))]
+    hoisted = jax.eval_shape(plan.builder.hoist, list(leaves))
+    held = [Buffer("weights", "weights", tree_nbytes(list(leaves))),
+            Buffer("hoisted weight values", "weights", tree_nbytes(hoisted))]
+    args = plan.builder.assemble(list(leaves), hoisted)
+    opts, progs = plan.options, _Programs(sizes)
+    tiling = Tiling(plan.tiling.base, plan.tile_buffer(cfg))  # as DecodeGroup sizes its tiles
+    plans = replay(lens, limits, min_capacity=opts.min_capacity, tiling=tiling,
+                   need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,
+                   microbatch_rows=opts.microbatch_rows, compaction=plan.compaction)
+    moments: list[Moment] = []
+    before: list[Buffer] = []  # the previous group's stores, alive while the next one starts
+    dispatches = 0
+    for group, (shape, ds) in zip(plan.microbatches(lens, limits), plans, strict=True):
+        walk = _SymGroup(plan, cfg, args, held, progs, shape.rows, shape.capacity)
+        moments.append(moment("init", f"stores {shape.rows}x{shape.capacity}", held, before,
+                              walk.buffers()))
+        slots = [prompts[i] for i in group] + [None] * (shape.rows - len(group))
+        moments.append(walk.prefill(slots, shape.prompt_slots))
+        for d in ds:
+            moments += walk.dispatch(d)
+        dispatches += 1 + len(ds) + walk.extra
+        before = walk.buffers()
+    host = _host_outputs(sum(limits))
+    moments = [dataclasses.replace(m, buffers=(*m.buffers, host)) for m in moments]
+    return GenerationLedger(Ledger("sym", tuple(moments)), progs.done(), len(progs.runs),
+                            dispatches)
+
+
+def _host_outputs(tokens: int) -> Buffer:
+    """The emitted tokens and log-probs the host loop keeps in Python lists (an int and a
+    float object plus a list slot each; at most, as every token of every row is kept)."""
+    per = sys.getsizeof(1 << 20) + sys.getsizeof(0.5) + 2 * 8
+    return Buffer("host: emitted tokens and log-probs", "host", tokens * per)
+
+
+class _SymGroup:
+    """One aligned microbatch's stores, walked through its dispatches (DecodeGroup's order)."""
+
+    def __init__(self, plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[Any, ...],
+                 held: list[Buffer], progs: _Programs, rows: int, capacity: int) -> None:
+        self.plan, self.cfg, self.hoisted, self.held, self.progs = plan, cfg, hoisted, held, progs
+        self.rows, self.capacity, self.extra = rows, capacity, 0
+        self.stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, capacity))
+
+    def buffers(self, stores: dict[str, Any] | None = None) -> list[Buffer]:
+        """Each store (by attention node and kind) as one buffer."""
+        out = []
+        for name, st in (stores or self.stores).items():
+            spec = self.plan.specs.get(int(name))
+            kind = spec.kind.name if spec is not None else "slot"
+            slots = st["pos"].shape[1] if "pos" in st else 0
+            what = f"{kind} {self.rows}x{slots}" if slots else f"{kind} {self.rows} rows"
+            out.append(Buffer(f"store {name} ({what})", "store", tree_nbytes(st)))
+        return out
+
+    def prefill(self, prompts: list[np.ndarray | None], pcap: int) -> Moment:
+        """The packed prefill (the engine's default; ``prefill='block'`` is not walked)."""
+        if self.plan.options.prefill != "packed":
+            raise NotImplementedError("the generation ledger walks the packed prefill only")
+        pk = PackedPrompts.build(prompts, pcap, vocab=self.plan.vocab_size,
+                                 logits_bytes=self.cfg.prefill_logits_bytes)
+        arrays = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.source)
+        i32 = jax.ShapeDtypeStruct((self.rows,), np.int32)
+        args = (self.hoisted, self.stores, *arrays, i32, jax.ShapeDtypeStruct((), np.uint32))
+        key, build = packed_prefill_program(self.plan, self.cfg, pk, args)
+        size = self.progs.size(key, "prefill", f"packed_prefill[{pk.tokens.shape[0]}x"
+                                    f"{pk.tokens.shape[1]}]", build)
+        # the prefill's scan runs one chunk of packed rows per iteration
+        self.progs.ran(key, pk.tokens.shape[0] // pk.chunk_rows)
+        batch = Buffer("prefill: packed prompt arrays", "batch", tree_nbytes(arrays))
+        return moment("prefill", size.name, self.held, self.buffers(), [batch], size.buffers())
+
+    def dispatch(self, d: Dispatch) -> list[Moment]:
+        """A decode dispatch: its compaction and growth first, then its program."""
+        out = []
+        if d.rows < self.rows:
+            out.append(self._compact(d.rows))
+        if d.capacity > self.capacity:
+            out += self._grow(d.capacity)
+        key, build = decode_program(self.plan, self.cfg, self.hoisted, self.rows, self.capacity)
+        size = self.progs.size(key, "decode", f"{key[0]}[{self.rows}x{self.capacity}]", build)
+        self.progs.ran(key, d.tile)
+        out.append(moment("decode", size.name, self.held, self.buffers(), size.buffers()))
+        return out
+
+    def _compact(self, new_rows: int) -> Moment:
+        i32 = lambda n: jax.ShapeDtypeStruct((n,), np.int32)
+        args = (self.stores, i32(new_rows), jax.ShapeDtypeStruct((new_rows,), np.bool_),
+                i32(self.rows), i32(self.rows))
+        key, build = compact_program(self.plan, args, self.rows, new_rows)
+        size = self.progs.size(key, "compact", f"compact[{self.rows}->{new_rows}]", build)
+        self.progs.ran(key)
+        self.extra += 1
+        m = moment("compact", size.name, self.held, self.buffers(), size.buffers())
+        self.rows = new_rows
+        self.stores = jax.eval_shape(lambda: self.plan.builder.init_stores(new_rows,
+                                                                           self.capacity))
+        return m
+
+    def _grow(self, capacity: int) -> list[Moment]:
+        """One store per program: the old copy of the store growing beside the new one."""
+        out = []
+        for g in self.plan.growing:
+            key, build = grow_program(self.plan, g, self.stores[g], self.rows, capacity)
+            size = self.progs.size(key, "grow", f"grow[{self.rows}x{capacity}]", build)
+            self.progs.ran(key)
+            self.extra += 1
+            out.append(moment("grow", f"{size.name} store {g}", self.held, self.buffers(),
+                              size.buffers()))
+            grow = self.plan.specs[int(g)].kind.grow
+            new = jax.eval_shape(lambda s, f=grow: f(s, capacity), self.stores[g])
+            self.stores = {**self.stores, g: new}
+        self.capacity = capacity
+        return out
+
+
+# ------------------------------------------------------------------------------------ padded
+
+
+def padded_ledger(model: Any, prompts: Sequence[np.ndarray], cfg: GenerationConfig
+                  ) -> GenerationLedger:
+    """The padded baseline's ledger for ``prompts`` with ``cfg``: its one program, compiled at
+    the request's shapes, and once more without its decode loop for the per-step cost."""
+    from flax import nnx
+
+    from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
+
+    _, state = nnx.split(model)
+    state = jax.eval_shape(lambda: state)
+    batch = left_pad_prompts(model, prompts, cfg)
+    max_len = max(cfg.max_len or 0, batch.prompt_len + batch.steps)
+    inputs = (batch.tokens, batch.positions, batch.prompt_lens, batch.limits)
+    name = f"padded[{batch.batch}x{max_len}]"
+    full = ProgramSize.of(name, padded_program(model, batch, cfg).lower(state, *inputs)
+                          .compile())
+    one_cfg = dataclasses.replace(cfg, max_new_tokens=1, max_len=max_len)
+    one = left_pad_prompts(model, prompts, one_cfg)
+    head = ProgramSize.of(f"{name} prefill", padded_program(model, one, one_cfg).lower(
+        state, one.tokens, one.positions, one.prompt_lens, one.limits).compile())
+    step = dataclasses.replace(full, name=f"{name} decode step",
+                               flops=max(0.0, full.flops - head.flops),
+                               bytes_accessed=max(0.0, full.bytes_accessed - head.bytes_accessed))
+    held = [Buffer("weights", "weights", tree_nbytes(state)),
+            Buffer("left-padded prompt arrays", "batch", tree_nbytes(inputs))]
+    m = moment("generate", name, held, full.buffers())
+    runs = (ProgramRun("prefill", head.name, head, 1, 1),
+            ProgramRun("decode", step.name, step, 0, batch.steps - 1))
+    return GenerationLedger(Ledger("padded", (m,)), runs, 2, 1)
+
+
+# ------------------------------------------------------------------------------------ floor
+
+
+def decode_floor(plan: GenerationPlan, weights_bytes: int, prompt_lens: Sequence[int],
+                 limits: Sequence[int]) -> dict[str, int]:
+    """What the decode steps must read at least, whatever the system: the weights once per step
+    (rows decode in lockstep until the longest ends) and, per live row and step, the keys its
+    pattern needs (the plan's stores: a growing store every key so far, a ring or block store
+    at most its slots — exact for windows, an upper bound inside a block) or a linear state.
+    Decode step ``s`` (1-based, after the prefill's token 0) of a row with prompt ``p`` reads
+    ``p + s`` keys where nothing caps them."""
+    p = np.asarray(prompt_lens, np.int64)[:, None]
+    n = np.asarray(limits, np.int64)[:, None]
+    steps = int(n.max()) - 1
+    s = np.arange(1, steps + 1, dtype=np.int64)[None, :]
+    live = s < n  # row decodes step s
+    kv = 0
+    for spec in plan.specs.values():
+        per_key = spec.hkv * (spec.d + spec.dv) * np.dtype(spec.dtype).itemsize
+        if not spec.kind.keeps_keys:  # a recurrent state, read whole every step
+            kv += int(live.sum()) * spec.hkv * spec.d * (spec.dv + 1) * 4
+            continue
+        keys = p + s if spec.capacity is None else np.minimum(p + s, spec.capacity)
+        kv += int((keys * live).sum()) * per_key
+    return {"steps": steps, "weights_bytes": steps * int(weights_bytes), "kv_bytes": kv}
