@@ -46,7 +46,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "full": {"runs": "decoder:full=512 decoder:window=512 zoo-gpt2:full=512", "batch": 32,
              "prompt_len": (8, 24), "window": 64, "seed": 0, "systems": "sym,padded",
              "device": "h100", "measure": True,
-             "out": str(ROOT / "bench" / "results" / "cpu" / "project_decode")},
+             "out": str(ROOT / "bench" / "results" / "projection" / "decode_full_cpu")},
     # the suite's gpu preset (GPT-2 small's shape, batch 64, window 512) at the measured lengths
     "gpu": {"runs": "gpt2-small:window=1024,4096,16384 gpt2-small:full=1024,4096", "batch": 64,
             "prompt_len": (8, 24), "window": 512, "seed": 0, "systems": "sym,padded",

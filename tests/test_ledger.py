@@ -89,34 +89,49 @@ def _engine_view(m: dict) -> int:
     return kinds.get("weights", 0) + kinds.get("store", 0) + kinds.get("program_temp", 0) + out
 
 
-def test_generation_ledger_follows_the_engine_and_padded_run() -> None:
-    """The generation ledger walks the same dispatches, stores and programs as a real run: its
-    largest moment, counted as the engine's own meter counts, is the meter's peak of a real
-    generation (rows ending at different limits, the growing stores doubling once); padded's
-    ledger is padded_generate's accounted bytes (XLA also counts its output tuple's pointer
-    table); the dispatches and the decode steps are what the engine ran."""
-    from jaxrl_sym import GenerationConfig, SymbolicLM, padded_generate
+def _request() -> tuple:
+    """A tiny model and a request whose rows end at different limits (the growing stores
+    double once)."""
+    from jaxrl_sym import GenerationConfig
     from jaxrl_sym.models.lm import init_model, preset
-    from jaxrl_sym.runtime.ledger_generation import padded_ledger, sym_ledger
 
-    model = init_model(preset("tiny"), 0)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 50, size=n, dtype=np.int32) for n in (3, 9, 5, 12)]
-    cfg = GenerationConfig(max_new_tokens=(40, 150, 7, 90))
+    return init_model(preset("tiny"), 0), prompts, GenerationConfig(max_new_tokens=(40, 150,
+                                                                                      7, 90))
+
+
+def test_sym_generation_ledger_follows_the_engine() -> None:
+    """The generation ledger walks the same dispatches, stores and programs as a real run: its
+    largest moment, counted as the engine's own meter counts, is the meter's peak of a real
+    generation; the dispatches and decode steps are what the engine ran."""
+    from jaxrl_sym import SymbolicLM
+    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+
+    model, prompts, cfg = _request()
     lm = SymbolicLM(model)
     gl = sym_ledger(lm.plan, lm.leaves, prompts, cfg)
     res = lm.generate(prompts, cfg)
-    ledger = gl.ledger.to_dict()
     assert max(_engine_view({"stage": m.stage, "by_kind": m.by_kind()})
                for m in gl.ledger.moments) \
-        == res.stats["accounted_peak_bytes"], ledger["peak"]
+        == res.stats["accounted_peak_bytes"], gl.ledger.to_dict()["peak"]
     decode = [r for r in gl.runs if r.stage == "decode"]
     assert sum(r.steps for r in decode) == max(cfg.max_new_tokens) - 1
     # the engine also ran its hoist and init programs, which the ledger lists as buffers
     assert gl.dispatches + 2 == res.stats["dispatches"]
-    pad = padded_ledger(model, prompts, cfg).ledger.peak().total
+
+
+def test_padded_generation_ledger_is_its_accounted_bytes() -> None:
+    """padded's ledger is padded_generate's accounted bytes (weights, inputs, MAX_LEN caches
+    and outputs, XLA's temporaries); XLA also counts its output tuple's pointer table."""
+    from jaxrl_sym import padded_generate
+    from jaxrl_sym.runtime.ledger_generation import padded_ledger
+
+    model, prompts, cfg = _request()
+    pad = padded_ledger(model, prompts, cfg)
     measured = padded_generate(model, prompts, cfg).stats["accounted_bytes"]
-    assert 0 <= pad - measured <= 8 * 16, (pad, measured)  # + XLA's output tuple table
+    assert 0 <= pad.ledger.peak().total - measured <= 8 * 16, (pad.ledger.peak(), measured)
+    assert [r.steps for r in pad.runs] == [1, max(cfg.max_new_tokens) - 1]
 
 
 @pytest.mark.slow

@@ -128,26 +128,30 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
                    microbatch_rows=opts.microbatch_rows, compaction=plan.compaction)
     moments: list[Moment] = []
     before: list[Buffer] = []  # the previous group's stores, alive while the next one starts
-    dispatches = 0
+    dispatches, done = 0, 0  # tokens emitted by the groups before
     for group, (shape, ds) in zip(plan.microbatches(lens, limits), plans, strict=True):
+        ends = [limits[i] for i in group]
         walk = _SymGroup(plan, cfg, args, held, progs, shape.rows, shape.capacity)
-        moments.append(moment("init", f"stores {shape.rows}x{shape.capacity}", held, before,
-                              walk.buffers()))
+        moments.append(_with_host(moment("init", f"stores {shape.rows}x{shape.capacity}", held,
+                                         before, walk.buffers()), done))
         slots = [prompts[i] for i in group] + [None] * (shape.rows - len(group))
-        moments.append(walk.prefill(slots, shape.prompt_slots))
-        for d in ds:
-            moments += walk.dispatch(d)
+        moments.append(_with_host(walk.prefill(slots, shape.prompt_slots), done))
+        for d in ds:  # before decode step d.step, each row has emitted min(limit, d.step)
+            emitted = done + sum(min(n, d.step) for n in ends)
+            moments += [_with_host(m, emitted) for m in walk.dispatch(d)]
         dispatches += 1 + len(ds) + walk.extra
-        before = walk.buffers()
-    host = _host_outputs(sum(limits))
-    moments = [dataclasses.replace(m, buffers=(*m.buffers, host)) for m in moments]
+        before, done = walk.buffers(), done + sum(ends)
     return GenerationLedger(Ledger("sym", tuple(moments)), progs.done(), len(progs.runs),
                             dispatches)
 
 
+def _with_host(m: Moment, tokens: int) -> Moment:
+    return dataclasses.replace(m, buffers=(*m.buffers, _host_outputs(tokens)))
+
+
 def _host_outputs(tokens: int) -> Buffer:
     """The emitted tokens and log-probs the host loop keeps in Python lists (an int and a
-    float object plus a list slot each; at most, as every token of every row is kept)."""
+    float object plus a list slot each; at most: ids below 257 are shared objects)."""
     per = sys.getsizeof(1 << 20) + sys.getsizeof(0.5) + 2 * 8
     return Buffer("host: emitted tokens and log-probs", "host", tokens * per)
 
