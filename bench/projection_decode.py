@@ -143,7 +143,8 @@ def run_child(args: Namespace) -> dict[str, Any]:
 
 def _ledger(system: str, lm: Any, model: Any, prompts: list[np.ndarray], cfg: Any,
             sizes: dict) -> Any:
-    from jaxrl_sym.runtime.ledger_generation import padded_ledger, sym_ledger
+    from jaxrl_sym.baselines.padded_ledger import padded_ledger
+    from jaxrl_sym.runtime.ledger_generation import sym_ledger
 
     if system == "sym":
         return sym_ledger(lm.plan, lm.leaves, prompts, cfg, sizes=sizes)

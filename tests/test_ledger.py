@@ -125,7 +125,7 @@ def test_padded_generation_ledger_is_its_accounted_bytes() -> None:
     """padded's ledger is padded_generate's accounted bytes (weights, inputs, MAX_LEN caches
     and outputs, XLA's temporaries); XLA also counts its output tuple's pointer table."""
     from jaxrl_sym import padded_generate
-    from jaxrl_sym.runtime.ledger_generation import padded_ledger
+    from jaxrl_sym.baselines.padded_ledger import padded_ledger
 
     model, prompts, cfg = _request()
     pad = padded_ledger(model, prompts, cfg)

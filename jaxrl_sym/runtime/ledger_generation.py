@@ -15,9 +15,8 @@ dispatches. Both systems are walked the way they run:
   engine's own (:func:`~jaxrl_sym.runtime.group.decode_program`, ``packed_prefill_program``,
   ``grow_program``, ``compact_program``), compiled — never run — at those shapes, once per
   distinct program (the engine's cache key).
-* **padded** — its one program per call (:func:`~jaxrl_sym.baselines.padded.padded_program`):
-  weights, the left-padded inputs, and the program's outputs (the MAX_LEN caches are its
-  outputs) and temporaries.
+* **padded** — its one program per call, in :mod:`jaxrl_sym.baselines.padded_ledger` (the
+  baselines sit below the runtime).
 
 Program costs come from XLA's ``cost_analysis``, which counts a loop body once: a decode tile's
 cost is one step's (the ledger multiplies by the steps each dispatch ran); padded's program is
@@ -49,7 +48,7 @@ from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
 from jaxrl_sym.runtime.prefill import PackedPrompts
 
-__all__ = ["GenerationLedger", "ProgramRun", "decode_floor", "padded_ledger", "sym_ledger"]
+__all__ = ["GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
 
 Sizes = dict[tuple, ProgramSize]
 """Compiled programs' sizes by the engine's cache key: pass one dict to several ledgers of the
@@ -235,40 +234,6 @@ class _SymGroup:
             self.stores = {**self.stores, g: new}
         self.capacity = capacity
         return out
-
-
-# ------------------------------------------------------------------------------------ padded
-
-
-def padded_ledger(model: Any, prompts: Sequence[np.ndarray], cfg: GenerationConfig
-                  ) -> GenerationLedger:
-    """The padded baseline's ledger for ``prompts`` with ``cfg``: its one program, compiled at
-    the request's shapes, and once more without its decode loop for the per-step cost."""
-    from flax import nnx
-
-    from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
-
-    _, state = nnx.split(model)
-    state = jax.eval_shape(lambda: state)
-    batch = left_pad_prompts(model, prompts, cfg)
-    max_len = max(cfg.max_len or 0, batch.prompt_len + batch.steps)
-    inputs = (batch.tokens, batch.positions, batch.prompt_lens, batch.limits)
-    name = f"padded[{batch.batch}x{max_len}]"
-    full = ProgramSize.of(name, padded_program(model, batch, cfg).lower(state, *inputs)
-                          .compile())
-    one_cfg = dataclasses.replace(cfg, max_new_tokens=1, max_len=max_len)
-    one = left_pad_prompts(model, prompts, one_cfg)
-    head = ProgramSize.of(f"{name} prefill", padded_program(model, one, one_cfg).lower(
-        state, one.tokens, one.positions, one.prompt_lens, one.limits).compile())
-    step = dataclasses.replace(full, name=f"{name} decode step",
-                               flops=max(0.0, full.flops - head.flops),
-                               bytes_accessed=max(0.0, full.bytes_accessed - head.bytes_accessed))
-    held = [Buffer("weights", "weights", tree_nbytes(state)),
-            Buffer("left-padded prompt arrays", "batch", tree_nbytes(inputs))]
-    m = moment("generate", name, held, full.buffers())
-    runs = (ProgramRun("prefill", head.name, head, 1, 1),
-            ProgramRun("decode", step.name, step, 0, batch.steps - 1))
-    return GenerationLedger(Ledger("padded", (m,)), runs, 2, 1)
 
 
 # ------------------------------------------------------------------------------------ floor
