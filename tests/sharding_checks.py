@@ -2,14 +2,19 @@
 
 Why a child: ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be set before JAX
 initialises its CPU backend, and the test process has initialised it with one device long
-before. :mod:`tests.test_sharding` starts this script with the flag set and reads the JSON line
-it prints last; every check also asserts here, so a failure exits non-zero with a traceback.
+before. :mod:`tests.test_sharding` starts this script once with the flag set, for every check
+(one JAX start-up, and later checks reuse what earlier ones built: the checkpoint check saves the
+trainer ``rl_step`` stepped), and reads the JSON line it prints last. Every check asserts here; a
+failing one reports its traceback under its name and the others still run, so each test reads
+its own check's outcome.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -44,7 +49,7 @@ def ragged_request(vocab: int = 64, seed: int = 0) -> tuple[list[np.ndarray], tu
     return prompts, tuple(int(x) for x in rng.integers(3, 25, size=7))
 
 
-def generation() -> dict[str, Any]:
+def generation(ctx: dict[str, Any]) -> dict[str, Any]:
     """Tokens of a sharded SymbolicLM equal the single-device run: 2 and 8 devices and a
     data x model mesh, greedy and sampled. 7 prompts of different limits: one device runs a
     bucket of 7 rows, a mesh rounds it up to a multiple of its data axis (filler rows) and keeps
@@ -97,9 +102,10 @@ def _trainer(mesh: Any, cfg: RLConfig = CFG) -> RLTrainer:
     return RLTrainer(init_model(MODEL, 0), TASK.reward, cfg, mesh=mesh)
 
 
-def rl_step() -> dict[str, Any]:
+def rl_step(ctx: dict[str, Any]) -> dict[str, Any]:
     """Loss, training signals and gradients of a sharded trainer equal the single-device
-    trainer's on the same samples (sym and padded layouts); then one full sharded step."""
+    trainer's on the same samples (sym and padded layouts); then one full sharded step (the
+    stepped data x model trainer goes to ``ctx['stepped']`` for :func:`checkpoint`)."""
     single = _trainer(None)
     rollout = single.generate(TASK.sample(np.random.default_rng(0), 5), seed=3)  # 20 samples
     rewards = compute_rewards(TASK.reward, rollout.prompts, rollout.responses)
@@ -129,10 +135,11 @@ def rl_step() -> dict[str, Any]:
     assert all(x.sharding == s for x, s in zip(
         leaves, jax.tree_util.tree_leaves(tr.shardings["params"]), strict=True))
     out["step_loss"] = metrics["loss"]
+    ctx["stepped"] = tr
     return out
 
 
-def memory() -> dict[str, Any]:
+def memory(ctx: dict[str, Any]) -> dict[str, Any]:
     """A model whose parameters + optimiser state + reference exceed one device's budget trains on
     8 devices under that budget. XLA's CPU client has no per-device limit, so the limit is the
     trainer's own :class:`MemoryBudget`, checked against the shards actually placed and every
@@ -166,30 +173,39 @@ def memory() -> dict[str, Any]:
             "largest_program": max(programs.values())}
 
 
-def checkpoint() -> dict[str, Any]:
-    """State saved by a trainer on 8 devices (after one step: Adam moments non-zero) restores
-    onto a 2-device mesh and onto one device with equal parameters, optimiser state and
-    reference, each placed by the restoring trainer's own shardings."""
+def checkpoint(ctx: dict[str, Any]) -> dict[str, Any]:
+    """State saved by a trainer on 8 devices (a data x model mesh, after one step: Adam moments
+    non-zero; :func:`rl_step`'s trainer when it ran first) restores onto a 2-device mesh and onto
+    one device with equal parameters, optimiser state and reference, each placed by the
+    restoring trainer's own shardings. That a restored run trains on is the CLI tests' part
+    (``test_cli_trains_on_a_mesh_and_resumes_on_another`` resumes on data=2,
+    ``test_cli_trains_on_two_processes_and_resumes_on_one`` on one device)."""
     import tempfile
 
     from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
     from jaxrl_sym.rl.state import params_sha256
 
-    src = _trainer(mesh_of("data=8"))
-    src.step(TASK.sample(np.random.default_rng(1), 2), seed=4)
+    src = ctx.get("stepped")
+    if src is None:
+        src = _trainer(mesh_of("data=4,model=2"))
+        src.step(TASK.sample(np.random.default_rng(1), 2), seed=4)
     want = {k: params_sha256(v) for k, v in
             (("params", src.params), ("opt", src.opt_state), ("ref", src.ref_leaves))}
-    out: dict[str, Any] = {"saved_on": "data=8"}
+    out: dict[str, Any] = {"saved_on": "data=4,model=2", "steps": src.steps_done}
     with tempfile.TemporaryDirectory() as d:
-        Checkpointer(d).save(1, src, {"fingerprint": fingerprint(src)})
+        Checkpointer(d).save(src.steps_done, src, {"fingerprint": fingerprint(src)})
         for spec in ("data=2", None):
-            dst = _trainer(None if spec is None else mesh_of(spec))
-            assert params_sha256(dst.params) != want["params"]  # restore has work to do
+            # another seed: the restore must replace the reference too
+            dst = RLTrainer(init_model(MODEL, 1), TASK.reward, CFG,
+                            mesh=None if spec is None else mesh_of(spec))
+            before = {k: params_sha256(v) for k, v in
+                      (("params", dst.params), ("ref", dst.ref_leaves))}
+            assert before["params"] != want["params"] and before["ref"] != want["ref"]
             Checkpointer(d, create=False).restore(dst, fingerprint(dst))
             got = {k: params_sha256(v) for k, v in
                    (("params", dst.params), ("opt", dst.opt_state), ("ref", dst.ref_leaves))}
             assert got == want, (spec, got, want)
-            assert dst.steps_done == 1
+            assert dst.steps_done == src.steps_done >= 1
             if spec is not None:
                 for x, sh in zip(jax.tree_util.tree_leaves(dst.params),
                                  jax.tree_util.tree_leaves(dst.shardings["params"]),
@@ -198,14 +214,26 @@ def checkpoint() -> dict[str, Any]:
             else:
                 assert all(len(x.sharding.device_set) == 1
                            for x in jax.tree_util.tree_leaves(dst.params))
-            dst.step(TASK.sample(np.random.default_rng(2), 2), seed=5)  # and trains on
             out[f"restored_on_{spec or 'one device'}"] = got["params"][:16]
     return out
 
 
-CHECKS = {"generation": generation, "rl_step": rl_step, "memory": memory,
-          "checkpoint": checkpoint}
+CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "generation": generation, "rl_step": rl_step, "checkpoint": checkpoint, "memory": memory}
+
+
+def run(names: list[str]) -> dict[str, Any]:
+    """Each named check in order, sharing one context; a failure is recorded under its name
+    (``{"error": traceback}``) and the rest still run."""
+    ctx: dict[str, Any] = {}
+    result: dict[str, Any] = {}
+    for name in names:
+        try:
+            result[name] = CHECKS[name](ctx)
+        except Exception:  # reported to the test that owns the check
+            result[name] = {"error": traceback.format_exc()}
+    return result
+
 
 if __name__ == "__main__":
-    result = {name: CHECKS[name]() for name in sys.argv[1:]}
-    print(json.dumps(result))
+    print(json.dumps(run(sys.argv[1:])))
