@@ -43,6 +43,8 @@ from jaxrl_sym.rl.train import (
     train,
 )
 
+# every train() here rebuilds the same tiny trainer: its programs are compiled once per session
+pytestmark = pytest.mark.share_compiles
 TINY = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16, ffn_dim=64)
 RUN: dict[str, Any] = dict(prompts_per_step=4, group_size=4, beta=0.04, model=TINY,
                            max_digits=2, progress=False, eval_prompts=0)

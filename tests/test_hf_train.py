@@ -24,6 +24,8 @@ from jaxrl_sym.models.hf import load_pretrained
 from jaxrl_sym.rl.pretrained import export_checkpoint, restore_policy
 from jaxrl_sym.rl.train import ResumeMismatchError, train
 
+# every train() here rebuilds the same tiny trainer: its programs are compiled once per session
+pytestmark = pytest.mark.share_compiles
 MODEL = Path(__file__).parent / "fixtures" / "text" / "chatml_qwen2"
 STEPS = 5
 RUN = dict(prompts_per_step=2, group_size=2, config={"max_new_tokens": 6}, progress=False,
