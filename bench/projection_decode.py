@@ -36,6 +36,7 @@ from bench import presets
 from bench.child import ROOT
 from bench.projection import devices
 from bench.projection_decode_report import render, write
+from jaxrl_sym.systems import BASELINE, REFERENCE
 
 _SUITE_SYSTEMS = {"padded": ("padded",), "sym": ("sym-xla", "sym-triton")}
 
@@ -129,7 +130,7 @@ def run_child(args: Namespace) -> dict[str, Any]:
         prompts, cfg = request(args, vocab, n)
         t0 = time.perf_counter()
         gl = _ledger(system, lm, model, prompts, cfg, sizes)
-        padded_programs += gl.compiled if system == "padded" else 0
+        padded_programs += gl.compiled if system == BASELINE else 0
         row = {"model": model_name, "attention": attention, "tokens": n,
                "ledger_seconds": time.perf_counter() - t0, "ledger": gl.to_dict(),
                "dtype": _dtype(lm.leaves),
@@ -146,9 +147,9 @@ def _ledger(system: str, lm: Any, model: Any, prompts: list[np.ndarray], cfg: An
     from jaxrl_sym.baselines.padded_ledger import padded_ledger
     from jaxrl_sym.runtime.ledger_generation import sym_ledger
 
-    if system == "sym":
+    if system == REFERENCE:
         return sym_ledger(lm.plan, lm.leaves, prompts, cfg, sizes=sizes)
-    if system == "padded":
+    if system == BASELINE:
         return padded_ledger(model, prompts, cfg)
     raise ValueError(f"--systems {system}: the decode projection knows sym and padded")
 
@@ -168,7 +169,7 @@ def measure(system: str, lm: Any, model: Any, prompts: list[np.ndarray], cfg: An
     sampled (the compiler's memory is not the generation's)."""
     from jaxrl_sym.runtime.metrics import RssSampler
 
-    if system == "sym":
+    if system == REFERENCE:
         lm.generate(prompts, cfg)
         gc.collect()
         with RssSampler() as s:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.projection import GB
+from jaxrl_sym.systems import BASELINE
 
 FINDINGS = "## Findings"
 TIME_MISS, MEMORY_MISS = 0.25, 0.15  # the issue's tolerances: beyond them a term is wrong
@@ -80,7 +81,7 @@ def transient(system: str, row: dict[str, Any]) -> int:
     """The ledger's peak minus what is held before the call: the weights (and hoisted weight
     values, kept by the engine between calls); padded's inputs are placed before its run."""
     kinds = row["ledger"]["peak"]["by_kind"]
-    held = kinds.get("weights", 0) + (kinds.get("batch", 0) if system == "padded" else 0)
+    held = kinds.get("weights", 0) + (kinds.get("batch", 0) if system == BASELINE else 0)
     return row["ledger"]["peak"]["total"] - held
 
 
