@@ -52,7 +52,8 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
                        description="Generate for a batch of prompts with a Hugging Face "
                                    "checkpoint directory;\nevery row stops at an EOS id or "
                                    "--max-new-tokens.", formatter_class=formatter)
-    g.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    g.add_argument("--model", required=True, metavar="DIR",
+                   help="checkpoint directory, or a llama.cpp .gguf file")
     g.add_argument("--prompt", dest="prompts", action="append", type=_prompt_text,
                    metavar="TEXT", help="a text prompt (repeat for a batch)")
     g.add_argument("--prompt-ids", dest="prompts", action="append", type=_prompt_ids,
@@ -99,10 +100,21 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
     return {"generate": g, "export": e}
 
 
+def _is_gguf(path: str) -> bool:
+    """A ``.gguf`` file, or a directory holding one and no config.json: ``load_pretrained``
+    reads it (``models/hf/gguf.py``; the rule repeated here, JAX-free)."""
+    if os.path.isfile(path):
+        return path.lower().endswith(".gguf")
+    return (os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json"))
+            and any(f.lower().endswith(".gguf") for f in os.listdir(path)))
+
+
 def _model_errors(flag: str, path: str) -> list[str]:
-    """A checkpoint directory: exists and has a readable config.json."""
+    """A checkpoint directory (exists, has a readable config.json) or a GGUF file."""
+    if _is_gguf(path):
+        return []
     if not os.path.isdir(path):
-        return [f"{flag} {path}: no such directory"]
+        return [f"{flag} {path}: no such directory (nor a .gguf file)"]
     if not os.path.isfile(os.path.join(path, "config.json")):
         return [f"{flag} {path}: not a Hugging Face checkpoint directory (no config.json)"]
     return []
@@ -199,6 +211,9 @@ def check_export(args: argparse.Namespace) -> list[str]:
     """Every problem with an ``export`` command line, each naming the flag."""
     if args.model is not None:
         errors = _model_errors("--model", args.model)
+        if _is_gguf(args.model):
+            errors.append(f"--model {args.model}: a GGUF file cannot be exported (export "
+                          "writes a checkpoint directory's own config.json and tokenizer files)")
         if args.step is not None:
             errors.append("--step applies to --checkpoint-dir only")
     else:
@@ -255,7 +270,7 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     model, _, _ = load_pretrained(args.model, dtype=args.dtype)
-    has_tok = os.path.isfile(os.path.join(args.model, "tokenizer.json"))
+    has_tok = _is_gguf(args.model) or os.path.isfile(os.path.join(args.model, "tokenizer.json"))
     text = HFText(args.model) if has_tok else None
     prompts = _encode_prompts(args, text)
     if args.ignore_eos:

@@ -211,8 +211,17 @@ def _dtype_from_tensors(raw: dict[str, Any], tensors: dict[str, TensorInfo]) -> 
         info.dtype if info else "F32", "float32")
 
 
-def load_tokenizer(root: Path) -> Any:
-    """``tokenizers.Tokenizer`` from ``tokenizer.json``, or None when the directory has none."""
+def load_tokenizer(root: str | Path) -> Any:
+    """``tokenizers.Tokenizer`` from ``tokenizer.json`` (or a GGUF file's vocabulary), or None
+    when there is none."""
+    from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
+
+    root = Path(root)
+    gguf_file = find_gguf(root)
+    if gguf_file is not None:
+        from jaxrl_sym.models.hf.gguf_text import gguf_tokenizer
+
+        return gguf_tokenizer(open_gguf(gguf_file))
     tok_file = root / "tokenizer.json"
     if not tok_file.exists():
         return None
@@ -226,23 +235,34 @@ def load_tokenizer(root: Path) -> Any:
 
 def load_pretrained(path: str | Path, dtype: Any = None,
                     ) -> tuple[CausalLM, Any, dict[str, Any] | None]:
-    """Load a Hugging Face checkpoint directory as a contract model.
+    """Load a Hugging Face checkpoint directory or a GGUF file as a contract model.
 
     Args:
       path: a directory with ``config.json`` and ``model.safetensors`` or
-        ``model.safetensors.index.json`` + shards (``save_pretrained(safe_serialization=True)``).
+        ``model.safetensors.index.json`` + shards (``save_pretrained(safe_serialization=True)``);
+        or a llama.cpp ``.gguf`` file, or a directory holding exactly one and no
+        ``config.json`` (dequantized on load: :mod:`jaxrl_sym.models.hf.gguf`).
       dtype: parameter/compute dtype (``"float32"``, ``"bfloat16"``, ``jnp.float32`` …); None
-        keeps the checkpoint's (``config.json``'s ``dtype``/``torch_dtype``).
+        keeps the checkpoint's (``config.json``'s ``dtype``/``torch_dtype``; a quantized GGUF:
+        float32).
 
     Returns:
       ``(model, tokenizer, generation_config)``: a :class:`CausalLM` called as
       ``model(tokens, positions, segment_ids) -> float32 logits``; a ``tokenizers.Tokenizer``
-      from ``tokenizer.json`` or None; the ``generation_config.json`` dict or None.
+      from ``tokenizer.json`` (or the GGUF's vocabulary) or None; the
+      ``generation_config.json`` dict (a GGUF's bos/eos/pad ids) or None.
     """
     root = Path(path)
+    from jaxrl_sym.models.hf.gguf import find_gguf
+
+    gguf_file = find_gguf(root)
+    if gguf_file is not None:
+        from jaxrl_sym.models.hf.gguf import load_gguf
+
+        return load_gguf(gguf_file, dtype)
     if not (root / "config.json").is_file():
-        raise InputError(f"{root} is not a Hugging Face checkpoint directory: it has no "
-                         "config.json")
+        raise InputError(f"{root} is not a Hugging Face checkpoint directory nor a GGUF file: "
+                         "it has no config.json (and no .gguf file)")
     raw = read_json(root / "config.json", "config")
     parse_config(raw)  # model_type and fields checked before any tensor file is touched
     tensors = checkpoint_tensors(root)

@@ -69,8 +69,16 @@ def _eos_field(value: Any, where: Path) -> tuple[int, ...] | None:
 
 
 def find_eos_ids(root: str | Path, tokenizer: Any = None) -> tuple[int, ...]:
-    """The ids that end a response, by transformers' precedence (see the module docstring)."""
+    """The ids that end a response, by transformers' precedence (see the module docstring);
+    for a GGUF file, its own (:func:`jaxrl_sym.models.hf.gguf_text.eos_ids`)."""
+    from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
+
     root = Path(root)
+    gguf_file = find_gguf(root)
+    if gguf_file is not None:
+        from jaxrl_sym.models.hf.gguf_text import eos_ids
+
+        return eos_ids(open_gguf(gguf_file))
     looked = []
     for name in ("generation_config.json", "config.json"):
         data = _read_json(root / name)
@@ -158,10 +166,18 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 class HFText:
-    """Tokenizer, chat template and EOS ids of one checkpoint directory."""
+    """Tokenizer, chat template and EOS ids of one checkpoint directory (or GGUF file)."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._compiled: Any = None
+        self._is_gguf = False
+        from jaxrl_sym.models.hf.gguf import find_gguf
+
+        gguf_file = find_gguf(self.root)
+        if gguf_file is not None:
+            self._init_gguf(gguf_file)
+            return
         tok_file = self.root / "tokenizer.json"
         if not tok_file.is_file():
             raise InputError(f"{self.root} has no tokenizer.json; text needs the checkpoint's "
@@ -177,7 +193,22 @@ class HFText:
         self.special_tokens = {k: t for k in SPECIAL_KEYS
                                if (t := _token_text(conf.get(k, special.get(k)))) is not None}
         self.chat_template, self.chat_template_file = _chat_template(self.root, conf)
-        self._compiled: Any = None
+
+    def _init_gguf(self, path: Path) -> None:
+        """The same fields from a GGUF file's metadata (``gguf_text``)."""
+        from jaxrl_sym.models.hf import gguf_text
+        from jaxrl_sym.models.hf.gguf import open_gguf
+
+        g = open_gguf(path)
+        self._is_gguf = True
+        problem = gguf_text.tokenizer_problem(g)
+        if problem is not None:
+            raise InputError(f"{problem}; text needs a tokenizer (pass token ids instead, e.g. "
+                             "--prompt-ids)")
+        self.tokenizer = gguf_text.gguf_tokenizer(g)
+        self.special_tokens = gguf_text.special_tokens(g)
+        self.chat_template = gguf_text.chat_template(g)
+        self.chat_template_file = path if self.chat_template is not None else None
 
     @property
     def vocab_size(self) -> int:
@@ -202,8 +233,10 @@ class HFText:
                     **extra: Any) -> str:
         """The chat template applied to ``messages`` (``apply_chat_template(tokenize=False)``)."""
         if self.chat_template is None:
-            raise InputError(f"{self.root} has no chat template (looked for chat_template.jinja "
-                             "and chat_template in tokenizer_config.json); send plain text")
+            where = ("tokenizer.chat_template in its metadata" if self._is_gguf else
+                     "chat_template.jinja and chat_template in tokenizer_config.json")
+            raise InputError(f"{self.root} has no chat template (looked for {where}); send "
+                             "plain text")
         import jinja2
 
         try:
