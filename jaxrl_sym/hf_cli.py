@@ -269,8 +269,11 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.models.hf.text import HFText, find_eos_ids
 
     t0 = time.perf_counter()
-    model, _, _ = load_pretrained(args.model, dtype=args.dtype)
-    has_tok = _is_gguf(args.model) or os.path.isfile(os.path.join(args.model, "tokenizer.json"))
+    model, tok, _ = load_pretrained(args.model, dtype=args.dtype)
+    if _is_gguf(args.model):  # text prompts need its vocabulary: HFText says why it has none
+        has_tok = tok is not None or args.chat or any(k == "text" for k, _ in args.prompts)
+    else:
+        has_tok = os.path.isfile(os.path.join(args.model, "tokenizer.json"))
     text = HFText(args.model) if has_tok else None
     prompts = _encode_prompts(args, text)
     if args.ignore_eos:

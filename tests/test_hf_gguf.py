@@ -128,9 +128,10 @@ def test_qk_permutation_is_exercised(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def rewrite(src: Path, dst: Path, *, arch: str | None = None,
-            retype: tuple[str, gguf.GGMLQuantizationType] | None = None) -> Path:
-    """A copy of a GGUF file, optionally under another architecture name or with one tensor
-    stored (as zero blocks) in another quantization type."""
+            retype: tuple[str, gguf.GGMLQuantizationType] | None = None,
+            strings: dict[str, str] | None = None) -> Path:
+    """A copy of a GGUF file, optionally under another architecture name, with one tensor
+    stored (as zero blocks) in another quantization type, or string metadata replaced."""
     r = gguf.GGUFReader(str(src))
     old = r.fields["general.architecture"].contents()
     new = arch or old
@@ -140,7 +141,8 @@ def rewrite(src: Path, dst: Path, *, arch: str | None = None,
             continue
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key.replace(f"{old}.", f"{new}.", 1) if key.startswith(f"{old}.")
-                        else key, f.contents(), f.types[0], sub_type=sub)
+                        else key, (strings or {}).get(key, f.contents()), f.types[0],
+                        sub_type=sub)
     for t in r.tensors:
         if retype is not None and t.name == retype[0]:
             rows, cols = (int(d) for d in reversed(t.shape.tolist()))
@@ -197,3 +199,22 @@ def test_paths_and_malformed_files_named(tmp_path: Path) -> None:
 def test_export_of_a_gguf_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["export", "--model", str(gguf_path("tied")), "--out", str(tmp_path / "o")])
     assert rc == 2 and "a GGUF file cannot be exported" in capsys.readouterr().err
+
+
+def test_sentencepiece_vocabulary_loads_for_ids_only(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A tokenizer kind not built here (SentencePiece, ``llama``): the model still loads and
+    generates from ids; text prompts are refused naming the kind."""
+    sp = rewrite(gguf_path("tied"), tmp_path / "sp.gguf",
+                 strings={"tokenizer.ggml.model": "llama"})
+    model, tok, _ = load_pretrained(sp)
+    assert tok is None and model.cfg.vocab_size == ORACLE["tied"]["vocab_size"]
+    exp = expected("tied")
+    rc = main(["generate", "--model", str(sp), "--system", "padded", "--max-new-tokens", "3",
+               "--prompt-ids", ",".join(map(str, exp["prompt0"])), "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    rep = json.loads(out.out.strip().splitlines()[-1])
+    assert rep["rows"][0]["tokens"] == exp["greedy0"][:3].tolist() and rep["eos_ids"] == [2]
+    rc = main(["generate", "--model", str(sp), "--prompt", "hi"])
+    assert rc == 2 and "holds a 'llama' tokenizer" in capsys.readouterr().err
