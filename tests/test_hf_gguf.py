@@ -1,12 +1,13 @@
 """GGUF files in: logits, greedy tokens, tokenizer and chat template against transformers.
 
-The oracle is transformers' own GGUF loader: ``scripts/make_gguf_fixture.py`` wrote two tiny
-random Llama models as llama.cpp would (q/k rows permuted, llama.cpp's names and metadata, a
-byte-level BPE vocabulary and SmolLM2's chat template) — ``tied/`` in Q4_1 + Q8_0 + F16 + F32
-like SmolLM2-135M-Instruct.Q4_1, ``untied/`` in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/F16/F32 with an output
-head, Llama 3's split regex and a BOS — loaded them with ``from_pretrained(dir, gguf_file=...)``
-and stored the logits, ``generate(do_sample=False)`` tokens and tokenizer outputs. Error tests
-rewrite copies of the files with ``gguf.GGUFWriter``.
+The oracle is transformers' own GGUF loader: ``scripts/make_gguf_fixture.py`` wrote tiny random
+models as llama.cpp would (llama.cpp's names and metadata, Llama's q/k rows permuted, a byte-level
+BPE vocabulary and SmolLM2's chat template) — ``tied/`` Llama in Q4_1 + Q8_0 + F16 + F32 like
+SmolLM2-135M-Instruct.Q4_1, ``untied/`` Llama in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/F16/F32 with an output
+head, Llama 3's split regex and a BOS, ``qwen2/`` (q/k/v biases, tied) and ``qwen3/`` (q/k
+norms, head_dim 128 from ``attention.key_length``) with Qwen2's split regex — loaded them with
+``from_pretrained(dir, gguf_file=...)`` and stored the logits, ``generate(do_sample=False)``
+tokens and tokenizer outputs. Error tests rewrite copies of the files with ``gguf.GGUFWriter``.
 """
 
 from __future__ import annotations
@@ -50,16 +51,17 @@ def forward(model, prompt: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_logits_match_transformers(variant: str) -> None:
-    """The file itself (tied) and its directory (untied) load as transformers loads them."""
+    """A file itself (tied) or its directory (the others) loads as transformers loads it."""
     src = gguf_path(variant) if variant == "tied" else gguf_path(variant).parent
     model, tok, gen = load_pretrained(src)
     exp, want = expected(variant), ORACLE[variant]["config"]
     cfg = model.cfg
-    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads,
-            cfg.head_dim, cfg.tie_word_embeddings) == (
-        want["vocab_size"], want["hidden_size"], want["num_hidden_layers"],
-        want["num_attention_heads"], want["num_key_value_heads"], want["head_dim"],
-        want["tie_word_embeddings"])
+    head_dim = want["head_dim"] or want["hidden_size"] // want["num_attention_heads"]  # Qwen2
+    assert (cfg.model_type, cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads,
+            cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings) == (
+        ORACLE[variant]["model_type"], want["vocab_size"], want["hidden_size"],
+        want["num_hidden_layers"], want["num_attention_heads"], want["num_key_value_heads"],
+        head_dim, want["tie_word_embeddings"])
     assert model.model.embed_tokens.embedding[...].dtype == jnp.float32  # quantized: float32
     for i in (0, 1):
         diff = float(np.max(np.abs(forward(model, exp[f"prompt{i}"]) - exp[f"logits{i}"])))

@@ -16,6 +16,7 @@
 * **llama.cpp's q/k permutation is undone.** Its converter reorders the rows of each q/k head
   from rotate-half pairs ``(i, i + d/2)`` to adjacent pairs ``(2i, 2i + 1)`` (the RoPE its
   kernels use); ``_unpermute`` applies the inverse, as transformers' ``LlamaTensorProcessor``.
+  Qwen2/Qwen3 files are written without it.
 * **Fail before reading.** Architecture, every tensor's type (can this ``gguf`` package
   dequantize it?), names and shapes are checked from the header; an unsupported quantization
   type is an error naming the file, the tensor and the type, before any block is decoded.
@@ -38,7 +39,8 @@ from jaxrl_sym.errors import InputError
 
 MAGIC = b"GGUF"
 # general.architecture -> (model_type for parse_config, q/k rows permuted by llama.cpp)
-ARCHS: dict[str, tuple[str, bool]] = {"llama": ("llama", True)}
+ARCHS: dict[str, tuple[str, bool]] = {"llama": ("llama", True), "qwen2": ("qwen2", False),
+                                      "qwen3": ("qwen3", False)}
 # GGUF tensor name pieces -> transformers' (gguf-py's TENSOR_MAPPINGS, read backwards)
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
