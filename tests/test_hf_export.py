@@ -95,6 +95,43 @@ def test_plan_shards_limits() -> None:
     assert plan_shards({"a": 1}, 10) == [["a"]]
 
 
+def test_streamed_files_are_save_files_bytes(tmp_path: Path) -> None:
+    """write_safetensors (one tensor at a time) writes the bytes safetensors' save_file writes
+    for the same tensors, mixed dtypes included (their order in the file is by dtype, then
+    name); read_tensor reads them back; a truncated file is an error naming the tensor."""
+    from safetensors.numpy import save_file
+
+    from jaxrl_sym.models.hf.safetensors_io import read_header, read_tensor, write_safetensors
+
+    rng = np.random.default_rng(0)
+    tensors = {"b.weight": rng.standard_normal((3, 5)).astype(np.float32),
+               "a.bias": rng.standard_normal(7).astype(ml_dtypes.bfloat16),
+               "c": rng.standard_normal((2, 2)).astype(np.float16),
+               "a.weight": rng.standard_normal((4,)).astype(np.float32),
+               "d": rng.standard_normal((1, 3)), "empty": np.zeros((0, 4), np.float32)}
+    save_file(tensors, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+    asked: list[str] = []
+
+    def tensor(name: str) -> np.ndarray:
+        asked.append(name)
+        return tensors[name]
+
+    specs = {n: (a.shape, a.dtype) for n, a in tensors.items()}
+    write_safetensors(tmp_path / "ours.safetensors", specs, tensor, metadata={"format": "pt"})
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "ref.safetensors"
+                                                            ).read_bytes()
+    assert asked == ["d", "a.weight", "b.weight", "empty", "a.bias", "c"]
+    start, header = read_header(tmp_path / "ours.safetensors")
+    with open(tmp_path / "ours.safetensors", "rb") as fh:
+        for name, arr in tensors.items():
+            got = read_tensor(fh, start, header[name], name)
+            assert got.dtype == arr.dtype and got.tobytes() == arr.tobytes(), name
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes((tmp_path / "ours.safetensors").read_bytes()[:-4])
+    with open(cut, "rb") as fh, pytest.raises(InputError, match=r"'c'.*truncated"):
+        read_tensor(fh, start, header["c"], "c")
+
+
 def test_bf16_cast_export(tmp_path: Path) -> None:
     """Loaded as bf16 → BF16 tensors and dtype "bfloat16" in config.json; reload is bit-equal."""
     src = FIXTURES / "qwen2_tied"
@@ -134,17 +171,17 @@ def test_crash_leaves_no_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """A failure after the first shard: no out_dir (or the old one intact), no temp dirs."""
     src = FIXTURES / "llama3_scaled"
     model, _, _ = load_pretrained(src)
-    from safetensors import numpy as st_numpy
+    from jaxrl_sym.models.hf import export as export_mod
 
-    real, calls = st_numpy.save_file, []
+    real, calls = export_mod.write_safetensors, []
 
-    def flaky(tensors, path, metadata=None):
+    def flaky(path, specs, tensor, metadata=None):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        real(tensors, path, metadata=metadata)
+        real(path, specs, tensor, metadata=metadata)
 
-    monkeypatch.setattr(st_numpy, "save_file", flaky)
+    monkeypatch.setattr(export_mod, "write_safetensors", flaky)
     with pytest.raises(OSError, match="No space"):
         export_pretrained(model, tmp_path / "new", source_dir=src, max_shard_bytes=80_000)
     assert list(tmp_path.iterdir()) == []

@@ -18,8 +18,9 @@ Why it is built this way:
 * **Atomic.** Everything is written into a temporary directory beside ``out_dir`` and renamed
   into place at the end, so a crash or a full disk leaves either nothing or the old directory,
   never a half checkpoint whose ``config.json`` makes it look complete.
-* **One tensor at a time on the host** for sharded output: a shard's tensors are copied from the
-  device, written, and dropped before the next shard is gathered.
+* **One tensor at a time on the host**: each tensor is copied from the device, transposed,
+  written and dropped before the next (:mod:`.safetensors_io` streams the file, header first), so
+  an export holds the model plus about one tensor — the bytes are those ``save_file`` writes.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import parse_config
 from jaxrl_sym.models.hf.loader import INDEX_FILE, SINGLE_FILE, parameter_targets
 from jaxrl_sym.models.hf.modeling import CausalLM
+from jaxrl_sym.models.hf.safetensors_io import write_safetensors
 from jaxrl_sym.models.hf.text import read_json
 
 # Files copied verbatim from the source directory when present (tokenizer and generation
@@ -105,25 +107,33 @@ def plan_shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
 
 
 def _write_weights(model: CausalLM, tmp: Path, max_shard_bytes: int) -> list[str]:
-    """safetensors file(s) (+ index when sharded) into ``tmp``; returns the files written."""
-    from safetensors.numpy import save_file
+    """safetensors file(s) (+ index when sharded) into ``tmp``; returns the files written.
 
+    Streamed (:func:`write_safetensors`): each tensor is copied to the host, transposed and
+    written before the next, so the export holds the model plus about one tensor. With
+    ``safetensors.numpy.save_file`` the dict of every host tensor was a second full copy.
+    """
     names = hf_tensors(model)
-    sizes = {}
-    for name, (path, _) in names.items():
+    specs: dict[str, tuple[tuple[int, ...], Any]] = {}
+    for name, (path, transpose) in names.items():
         val = _param(model, path)
-        sizes[name] = int(np.prod(val.shape)) * np.dtype(val.dtype).itemsize
+        specs[name] = (tuple(val.shape)[::-1] if transpose else tuple(val.shape), val.dtype)
+    sizes = {n: int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize
+             for n, (s, d) in specs.items()}
     shards = plan_shards(sizes, max_shard_bytes)
     meta = {"format": "pt"}  # transformers refuses safetensors files without a known format
+
+    def write(fname: str, group: list[str]) -> None:
+        write_safetensors(tmp / fname, {n: specs[n] for n in group},
+                          lambda n: _host_tensor(model, *names[n]), metadata=meta)
+
     if len(shards) == 1:
-        save_file({n: _host_tensor(model, *names[n]) for n in shards[0]}, str(tmp / SINGLE_FILE),
-                  metadata=meta)
+        write(SINGLE_FILE, shards[0])
         return [SINGLE_FILE]
     files, weight_map = [], {}
     for i, group in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file({n: _host_tensor(model, *names[n]) for n in group}, str(tmp / fname),
-                  metadata=meta)
+        write(fname, group)
         weight_map.update({n: fname for n in group})
         files.append(fname)
     index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}

@@ -5,45 +5,41 @@
 Why it is built this way:
 
 * **Memory.** The model is first built under ``nnx.eval_shape`` (parameters are shapes, nothing
-  is allocated), then each safetensors tensor is read on its own (``safe_open`` maps the file;
-  ``get_tensor`` copies one tensor), transposed/cast on the host, put on the device and assigned
-  into its parameter before the next is read. At no point do two full copies of the weights exist.
+  is allocated), then each safetensors tensor is read on its own (a plain read at its header's
+  offsets into its own array; no memory map, whose touched pages would count as a second copy),
+  transposed/cast on the host, put on the device and assigned into its parameter before the next
+  is read. At no point do two full copies of the weights exist.
 * **Fail before reading.** Every file's header (names, shapes, dtypes) is read first and checked
   against the model's parameters; a missing, unexpected or mis-shaped tensor is reported by name
   (with its file) before any weight data is read, instead of after minutes of loading.
 * **Names by rule.** The NNX modules carry transformers' names, so ``model.layers.3.mlp.up_proj
   .weight`` is parameter path ``model/layers/3/mlp/up_proj/kernel``; Linear weights are stored
   ``[out, in]`` by PyTorch and ``[in, out]`` by NNX, hence the transpose.
-* **bf16.** numpy has no bfloat16; ``safetensors.numpy`` returns ``ml_dtypes.bfloat16`` arrays
-  (safetensors >= 0.6). Older releases refuse BF16 under ``framework="numpy"``; for those the
-  tensor's bytes are read from the file directly at the offsets its header gives.
+* **bf16.** numpy has no bfloat16; tensors are read as ``ml_dtypes.bfloat16`` arrays from the
+  file's bytes, whatever the installed safetensors' numpy side supports.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import HFConfig, parse_config
 from jaxrl_sym.models.hf.modeling import CausalLM, abstract_model
+from jaxrl_sym.models.hf.safetensors_io import ST_DTYPES, read_header, read_tensor
 from jaxrl_sym.models.hf.text import read_json
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters save that are recomputed from the config, never parameters.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-_ST_DTYPES: dict[str, Any] = {
-    "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
-}
+_ST_DTYPES = ST_DTYPES  # the floating dtypes a parameter may be stored in
 
 
 @dataclass(frozen=True)
@@ -153,28 +149,6 @@ def _ignorable(name: str, cfg: HFConfig) -> bool:
     return name == "lm_head.weight" and cfg.tie_word_embeddings  # tied: the embedding is used
 
 
-def _read_raw(info: TensorInfo, name: str) -> np.ndarray:
-    """One tensor's bytes at its header's offsets (for safetensors builds without numpy bf16)."""
-    with open(info.file, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        begin, end = json.loads(fh.read(n))[name]["data_offsets"]
-        fh.seek(8 + n + begin)
-        buf = fh.read(end - begin)
-    return np.frombuffer(buf, dtype=_ST_DTYPES[info.dtype]).reshape(info.shape)
-
-
-def _read_tensor(handle: Any, info: TensorInfo, name: str) -> np.ndarray:
-    try:
-        arr = handle.get_tensor(name)
-    except (TypeError, ValueError, RuntimeError):
-        if info.dtype != "BF16":
-            raise
-        return _read_raw(info, name)
-    if info.dtype == "BF16" and arr.dtype != ml_dtypes.bfloat16:
-        arr = arr.view(ml_dtypes.bfloat16)  # a build that hands back raw uint16 words
-    return arr
-
-
 def _variable_at(model: nnx.Module, path: tuple[Any, ...]) -> nnx.Variable:
     node: Any = model
     for p in path:
@@ -184,17 +158,20 @@ def _variable_at(model: nnx.Module, path: tuple[Any, ...]) -> nnx.Variable:
 
 def _assign(model: CausalLM, tensors: dict[str, TensorInfo], targets: dict[str, Target],
             np_dtype: Any) -> None:
-    """Read each tensor, transpose/cast it on the host, and put it into its parameter."""
-    from safetensors import safe_open
+    """Read each tensor, transpose/cast it on the host, and put it into its parameter.
 
+    Plain reads at the header's offsets, not ``safe_open``: its memory map kept every page
+    read in the resident set until the file closed, so peak RSS showed the weights twice
+    (:mod:`.safetensors_io`)."""
     by_file: dict[Path, list[str]] = {}
     for name in targets:
         by_file.setdefault(tensors[name].file, []).append(name)
     for fpath, names in by_file.items():
-        with safe_open(str(fpath), framework="numpy") as handle:
+        data_start, header = read_header(fpath)
+        with open(fpath, "rb") as fh:
             for name in names:
                 target = targets[name]
-                arr = _read_tensor(handle, tensors[name], name)
+                arr = read_tensor(fh, data_start, header[name], name)
                 if target.transpose:
                     arr = arr.T
                 arr = np.ascontiguousarray(arr, dtype=np_dtype)
