@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.text_tasks import (
     TEXT_TASK_NAMES,
@@ -150,38 +149,33 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
 # --------------------------------------------------------------------------- export
 
 
-def _rl_config(hparams: dict[str, Any]) -> Any:
-    """The run's RLConfig from a checkpoint's hyper-parameters (fields this version knows)."""
-    from jaxrl_sym.rl.config import RLConfig
+def _policy_dtype(hparams: dict[str, Any], fingerprint: dict[str, Any]) -> Any:
+    """The dtype the run's policy had: the run's ``--dtype``, else its saved parameters'."""
+    if hparams.get("model_dtype"):
+        return hparams["model_dtype"]
+    shapes = fingerprint.get("params") or [[None, "float32"]]
+    return shapes[0][1]
 
-    names = {f.name for f in dataclasses.fields(RLConfig)}
-    return RLConfig(**{k: v for k, v in hparams.items() if k in names})
 
+def _host_policy(checkpoint_dir: str | Path, step: int | None, dtype: str | None
+                 ) -> tuple[Any, dict[str, Any]]:
+    """The trained policy with host (numpy) parameters, cast to ``dtype`` when given, and the
+    step's metadata.
 
-def _cast(model: Any, dtype: str) -> Any:
-    """The model with every parameter cast to ``dtype``, its config saying so (export writes
-    the config's dtype)."""
+    Built without a trainer and without loading the source weights: the source's config.json
+    gives a shape-only model, :meth:`Checkpointer.restore_params` reads only the parameters,
+    and each is cast (if asked) and placed into the model one at a time. The export of a
+    0.54 GB policy went from 5.8 GB peak RSS (a trainer, its optimiser state and reference,
+    host copies of all of them) to one copy of the weights plus orbax's read buffers.
+    """
     import jax
     from flax import nnx
 
-    from jaxrl_sym.models.hf.config import parse_dtype
+    from jaxrl_sym.models.contract import model_fingerprint
+    from jaxrl_sym.models.hf.config import parse_config, parse_dtype
     from jaxrl_sym.models.hf.modeling import abstract_model
-
-    dt = parse_dtype(dtype, "--dtype")
-    graphdef = nnx.graphdef(abstract_model(dataclasses.replace(model.cfg, dtype=dt)))
-    return nnx.merge(graphdef, jax.tree.map(lambda x: x.astype(dt), nnx.state(model)))
-
-
-def restore_policy(checkpoint_dir: str | Path, step: int | None = None
-                   ) -> tuple[Any, dict[str, Any]]:
-    """The trained policy (a CausalLM) of a ``train --model`` checkpoint and its metadata.
-
-    The source model (its ``model_dir`` in the checkpoint) gives the structure; the checkpoint's
-    fingerprint, digests and finiteness are verified as on resume, and the newest step is
-    used unless ``step`` is given (a step that fails verification is an error naming it).
-    """
-    from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
-    from jaxrl_sym.rl.step import RLTrainer
+    from jaxrl_sym.models.hf.text import read_json
+    from jaxrl_sym.rl.checkpoint import Checkpointer
 
     ckpt = Checkpointer(checkpoint_dir, create=False)
     steps = ckpt.steps()
@@ -189,11 +183,29 @@ def restore_policy(checkpoint_dir: str | Path, step: int | None = None
         raise InputError(f"--checkpoint-dir {checkpoint_dir} holds no checkpoint")
     if step is not None and step not in steps:
         raise InputError(f"--step {step}: {checkpoint_dir} holds steps {steps}")
-    # One named step, never a fall-back: restore() would move rejected newer steps aside, and
-    # an export must not change a training directory.
+    # One named step, never a fall-back: an export must not change a training directory.
     step = steps[-1] if step is None else step
     meta = ckpt._read_meta(step)  # hyper-parameters first: they say which model to build
-    hparams = meta.get("hparams", {})
+    source = _source_dir(checkpoint_dir, meta.get("hparams", {}))
+    raw = read_json(Path(source) / "config.json", "config")
+    abstract = abstract_model(parse_config(raw, _policy_dtype(meta["hparams"],
+                                                              meta.get("fingerprint", {}))))
+    graphdef, state = nnx.split(abstract)
+    shapes, treedef = jax.tree_util.tree_flatten(state)
+    fp = {k: v for k, v in model_fingerprint(abstract).items() if k != "params"}
+    meta, params = ckpt.restore_params(step, {"model": fp, "params": [
+        [list(x.shape), str(np.dtype(x.dtype))] for x in shapes]})
+    leaves = params["lm"]
+    if dtype is not None:
+        dt = parse_dtype(dtype, "--dtype")
+        graphdef = nnx.graphdef(abstract_model(dataclasses.replace(abstract.cfg, dtype=dt)))
+        for i, x in enumerate(leaves):  # in place: one tensor in two dtypes at a time
+            leaves[i] = np.asarray(x).astype(dt)
+    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves)), meta
+
+
+def _source_dir(checkpoint_dir: str | Path, hparams: dict[str, Any]) -> str:
+    """The Hugging Face directory the run started from (its config and tokenizer)."""
     source = hparams.get("model_dir")
     if not source:
         raise InputError(f"checkpoint {checkpoint_dir} was not trained from a Hugging Face "
@@ -203,13 +215,25 @@ def restore_policy(checkpoint_dir: str | Path, step: int | None = None
         raise InputError(f"checkpoint {checkpoint_dir} started from {source}, which is no "
                          "longer a checkpoint directory (no config.json); export needs its "
                          "config and tokenizer")
-    from jaxrl_sym.models.hf import load_pretrained
+    return str(source)
 
-    model = load_pretrained(source, dtype=hparams.get("model_dtype"))[0]
-    trainer = RLTrainer(model, lambda p, r: 0.0, _rl_config(hparams),
-                        system=hparams.get("system", systems.REFERENCE))
-    saved = ckpt.restore(trainer, fingerprint(trainer), step)
-    return trainer.model(), saved
+
+def restore_policy(checkpoint_dir: str | Path, step: int | None = None
+                   ) -> tuple[Any, dict[str, Any]]:
+    """The trained policy (a CausalLM on the device) of a ``train --model`` checkpoint and its
+    metadata.
+
+    The source model (its ``model_dir`` in the checkpoint) gives the structure; the checkpoint's
+    fingerprint, the parameters' digest and finiteness are verified as on resume, and the newest
+    step is used unless ``step`` is given (a step that fails verification is an error naming it).
+    """
+    import jax
+    from flax import nnx
+
+    model, meta = _host_policy(checkpoint_dir, step, None)
+    for _, var in nnx.to_flat_state(nnx.state(model)):
+        var.set_value(jax.device_put(var.get_value()))  # one tensor at a time
+    return model, meta
 
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
@@ -221,9 +245,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: 
     """
     from jaxrl_sym.models.hf.export import DEFAULT_MAX_SHARD_BYTES, export_pretrained
 
-    model, meta = restore_policy(checkpoint_dir, step)
-    if dtype is not None:
-        model = _cast(model, dtype)
+    model, meta = _host_policy(checkpoint_dir, step, dtype)  # host arrays: export reads them
     source = meta["hparams"]["model_dir"]
     files = export_pretrained(model, out_dir, source_dir=source, overwrite=overwrite,
                               max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
