@@ -99,11 +99,12 @@ def largest_batches(bound: Any, expanded: list[np.ndarray], gcfg: Any, ledger: d
 
 def measure_step(args: Namespace, trainer: Any) -> dict[str, Any]:
     """A warm-up step (compiles), then one step with RSS sampled (see ``RssSampler``)."""
-    from jaxrl_sym.runtime.metrics import RssSampler
+    from jaxrl_sym.runtime.metrics import RssSampler, trim_host_heap
 
     prompts, limits, _ = _workload(args)
     trainer.step(prompts, seed=1, limits=limits)
     gc.collect()
+    trim_host_heap()  # as the step itself does before its update: the baseline holds the state
     with RssSampler() as s:
         m = trainer.step(prompts, seed=2, limits=limits)
     return {"rss_before": s.before, "rss_peak": s.peak, "rise": s.rise,

@@ -6,10 +6,12 @@ score that same rollout on both layouts, so "same sampled tokens" holds by const
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from functools import cache
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -190,6 +192,10 @@ def test_step_updates_policy_and_runtime_weights() -> None:
     assert m["peak_bytes"] > 0 and 0 <= m["padding_fraction"] < 1
 
 
+def _copy(tree):
+    return jax.tree_util.tree_map(jnp.copy, tree)
+
+
 def test_micro_batched_update_equals_whole_batch() -> None:
     trainer, _, rollout, rewards = setup()
     layout, arrays = trainer.prepare(rollout, rewards, "sym")
@@ -197,14 +203,17 @@ def test_micro_batched_update_equals_whole_batch() -> None:
     base = trainer.cfg
     try:
         trainer.cfg = replace(base, update_tokens=None)
-        p1, _, aux1 = stages.update_once(trainer.context, trainer.params, trainer.opt_state,
+        # update_once consumes the state it is given (donated buffers): each call gets a copy
+        p1, _, aux1 = stages.update_once(trainer.context, *_copy((trainer.params,
+                                                                  trainer.opt_state)),
                                          trainer.ref_leaves, layout, arrays)
         assert rows >= 2, "the rollout must pack into several rows to split them"
         per = max(1, rows // 2)  # at least two micro-batches whatever the sampled lengths
         trainer.cfg = replace(base, update_tokens=per * width)
         chunks = stages.micro_batches(trainer.cfg, layout, arrays)
         assert len(chunks) == -(-rows // per) >= 2
-        p2, _, aux2 = stages.update_once(trainer.context, trainer.params, trainer.opt_state,
+        p2, _, aux2 = stages.update_once(trainer.context, *_copy((trainer.params,
+                                                                  trainer.opt_state)),
                                          trainer.ref_leaves, layout, arrays)
     finally:
         trainer.cfg = base
@@ -214,3 +223,44 @@ def test_micro_batched_update_equals_whole_batch() -> None:
     b = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(p2)])
     # Adam's first step is ~lr·sign(g): a gradient within rounding of 0 may flip; nothing else may
     assert np.mean(np.abs(a - b) <= 1e-6) > 0.999
+
+
+@pytest.mark.parametrize("epochs,update_tokens", [(1, None), (2, 64)])
+def test_a_diverged_update_leaves_the_trainer_as_it_was(epochs: int, update_tokens) -> None:
+    """The update programs take the parameters and optimiser state as donated buffers; a
+    non-finite update must still leave the trainer's state exactly as before the step (the
+    same digest, every buffer alive), whether it diverged in the fused update, in the
+    micro-batched apply, or in a later epoch (which must undo the earlier ones)."""
+    from jaxrl_sym.rl.stages import DivergedError
+    from jaxrl_sym.rl.state import params_sha256
+
+    cfg = replace(CFG, lr=1e38, max_grad_norm=None, beta=0.0, epochs=epochs,
+                  update_tokens=update_tokens)
+    tr = RLTrainer(init_model(MODEL, 0), TASK.reward, cfg)
+    prompts = TASK.sample(np.random.default_rng(0), 4)
+    with contextlib.suppress(DivergedError):  # overflows the weights: the next is non-finite
+        tr.step(prompts, seed=1)
+    before = (tr.params_sha256(), params_sha256(tr.opt_state), tr.steps_done)
+    with pytest.raises(DivergedError, match="the step was not applied"):
+        tr.step(prompts, seed=2)
+    assert (tr.params_sha256(), params_sha256(tr.opt_state), tr.steps_done) == before
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves((tr.params, tr.opt_state)))
+
+
+def test_the_update_writes_the_new_state_into_the_old_one() -> None:
+    """No second copy of parameters and Adam state while the update runs: XLA aliases every
+    state output to its donated input (only the step's scalars are fresh outputs)."""
+    from jaxrl_sym.runtime.ledger import ProgramSize, tree_nbytes
+
+    trainer, _, rollout, rewards = setup()
+    layout, arrays = trainer.prepare(rollout, rewards, "sym")
+    (inputs, arr), = stages.micro_batches(replace(trainer.cfg, update_tokens=None), layout,
+                                          arrays)
+    fns = trainer.context.fns(layout.system)
+    state = tree_nbytes((trainer.params, trainer.opt_state))
+    size = ProgramSize.of("update", fns["update"].lower(trainer.params, trainer.opt_state,
+                                                         inputs, arr).compile())
+    assert size.alias >= state and size.out - size.alias < 4096, size
+    apply = ProgramSize.of("apply", fns["apply"].lower(trainer.params, trainer.opt_state,
+                                                       trainer.params).compile())
+    assert apply.alias >= state and apply.out - apply.alias < 4096, apply

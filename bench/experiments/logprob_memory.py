@@ -90,8 +90,9 @@ def measure(tokens: int, chunk: int, run_limit: float, run_max_tokens: int) -> d
                            "chunking": tr.context.fns(tr.system)["logprob_chunking"]}
     if peak > run_limit or tokens > run_max_tokens:
         return {**row, "ran": False}
-    params, opt, ctx = tr.params, tr.opt_state, tr.context
-    update_once(ctx, params, opt, None, lay, arrays)  # compile (cached) + first run
+    ctx = tr.context
+    # update_once consumes (donates) the state it is given: the first run's output feeds the next
+    params, opt, _ = update_once(ctx, tr.params, tr.opt_state, None, lay, arrays)  # compile+run
     tr.programs.peak = 0
     t = time.perf_counter()
     _, _, aux = update_once(ctx, params, opt, None, lay, arrays)

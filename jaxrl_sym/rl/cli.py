@@ -90,6 +90,10 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--partial-weight", type=float, default=None,
                    help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
                         "(default: 0.5)")
+    t.add_argument("--update-tokens", type=int, default=None, metavar="N",
+                   help="token slots per training micro-batch (gradients accumulate over "
+                        "micro-batches: less memory, same update); default: the whole batch, "
+                        "or 512 for a --model checkpoint")
     t.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=None,
                    help="sym's training rows hold a group's prompt once, its G responses "
                         "attending to it (default on; --no-share-prompts packs every sample "
@@ -226,7 +230,8 @@ def train_configs(args: argparse.Namespace
              ("entropy_coef", args.entropy_coef), ("clip_eps", args.clip_low),
              ("clip_eps_high", args.clip_high), ("adv_norm", args.adv_norm),
              ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
-             ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts))
+             ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
+             ("update_tokens", args.update_tokens))
     rl = {"algo": args.algo, "group_size": args.group, "lr": args.lr, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints

@@ -37,6 +37,11 @@ from jaxrl_sym.rl.text_tasks import (
 )
 
 DEFAULT_MAX_NEW_TOKENS = 256  # room for a short worked solution and its '#### N' line
+# Token slots per training micro-batch of a checkpoint run (RLConfig.update_tokens). A
+# pretrained model's activations dominate the update: at SmolLM2-135M's shape in fp32 a GRPO
+# batch of 8 x 128 tokens in one micro-batch peaks at 4.9 GB (ledger), in micro-batches of 512
+# slots at 3.0 GB; the update is the same (gradients are summed, then one optimiser step).
+PRETRAINED_UPDATE_TOKENS = 256
 
 
 class TokenTextTask:
@@ -102,7 +107,8 @@ class PretrainedRun:
     @property
     def rl_config(self) -> dict[str, Any]:
         """RLConfig fields this run fixes (a caller's ``config`` may still override them)."""
-        return {"eos_id": self.eos_id, "max_new_tokens": self.task.max_new_tokens}
+        return {"eos_id": self.eos_id, "max_new_tokens": self.task.max_new_tokens,
+                "update_tokens": PRETRAINED_UPDATE_TOKENS}
 
     @property
     def hparams(self) -> dict[str, Any]:

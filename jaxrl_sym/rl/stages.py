@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sym.errors import InputError
@@ -40,18 +41,27 @@ from jaxrl_sym.rl.context import RolloutSource, StepContext, rows_per_chunk
 from jaxrl_sym.rl.layout import Layout
 from jaxrl_sym.rl.rollout import Drawn, Rollout, compute_rewards, sampling_batch
 from jaxrl_sym.rl.state import TrainState, current_lr
-from jaxrl_sym.runtime.metrics import CompileCounter, device_peak_bytes, tree_bytes
+from jaxrl_sym.runtime.metrics import (
+    CompileCounter,
+    device_peak_bytes,
+    tree_bytes,
+    trim_host_heap,
+)
 from jaxrl_sym.sharding import to_host
 
 Arrays = dict[str, np.ndarray]
 
 
 class DivergedError(InputError):
-    """The update produced a non-finite loss or gradient (the step was not committed)."""
+    """The update produced a non-finite loss or gradient (the step was not committed).
 
-    def __init__(self, message: str, step: int) -> None:
+    ``state``: the trainer's state as it was before the step, in the buffers that now hold it
+    (the update programs took the old ones as donated arguments); the trainer commits it."""
+
+    def __init__(self, message: str, step: int, state: TrainState | None = None) -> None:
         super().__init__(message)
         self.step = step
+        self.state = state
 
 
 class Stopwatch:
@@ -223,7 +233,10 @@ def advantages(ctx: StepContext, state: TrainState, layout: Layout, rollout: Rol
 def update_once(ctx: StepContext, params: Any, opt_state: Any, ref: Any, layout: Layout,
                 arrays: Arrays) -> tuple[Any, Any, dict[str, float]]:
     """One optimiser update from the whole batch: fused loss-grad-update when it is one
-    micro-batch, else gradients summed over micro-batches, then one optax update."""
+    micro-batch, else gradients summed over micro-batches, then one optax update.
+
+    Consumes ``params`` and ``opt_state``: the update programs take them as donated buffers
+    (use the returned ones; a non-finite update returns their values unchanged)."""
     fns, sys_ = ctx.fns(layout.system), layout.system.name
     resident = tree_bytes(ref) if ref else 0
     chunks = micro_batches(ctx.cfg, layout, arrays, ctx.row_multiple)
@@ -241,9 +254,11 @@ def update_once(ctx: StepContext, params: Any, opt_state: Any, ref: Any, layout:
             (_, aux), grads = ctx.programs.run(f"accumulate-{sys_}", fns["accumulate"], params,
                                                grads, inputs, arr, resident=held)
         parts.append(aux)
+    merged = merge_aux([{k: float(v) for k, v in jax.device_get(a).items()} for a in parts])
+    if _nonfinite(merged):  # the state was not donated yet: leave it as it is
+        return params, opt_state, {**merged, "grad_norm": math.nan}
     params, opt_state, gnorm = ctx.programs.run(
         f"apply-{sys_}", fns["apply"], params, opt_state, grads, resident=resident)
-    merged = merge_aux([{k: float(v) for k, v in jax.device_get(a).items()} for a in parts])
     return params, opt_state, {**merged, "grad_norm": float(gnorm)}
 
 
@@ -255,16 +270,29 @@ def update(ctx: StepContext, state: TrainState, layout: Layout, arrays: Arrays
     a diverged update is never committed.
     """
     params, opt_state = state.params, state.opt_state
+    # the update programs take the state as donated buffers; with several epochs a diverged
+    # later epoch must give back the state from before the first, so that one is kept
+    before = (_copy(params), _copy(opt_state)) if ctx.cfg.epochs > 1 else None
     auxes = []
     for _ in range(ctx.cfg.epochs):
         params, opt_state, aux = update_once(ctx, params, opt_state, state.ref, layout, arrays)
         auxes.append(aux)
-    bad = sorted(k for k, v in auxes[-1].items() if not math.isfinite(v))
-    if bad:
-        raise DivergedError(f"non-finite {', '.join(bad)} in the update of step "
-                            f"{state.step + 1}; the step was not applied. Lower the learning "
-                            "rate or check rewards.", state.step + 1)
+        if bad := _nonfinite(aux):
+            # the guarded programs returned the state's values unchanged in fresh buffers
+            kept = before or (params, opt_state)
+            raise DivergedError(f"non-finite {', '.join(bad)} in the update of step "
+                                f"{state.step + 1}; the step was not applied. Lower the "
+                                "learning rate or check rewards.", state.step + 1,
+                                state=state.replace(params=kept[0], opt_state=kept[1]))
     return state.replace(params=params, opt_state=opt_state, step=state.step + 1), auxes
+
+
+def _nonfinite(aux: dict[str, float]) -> list[str]:
+    return sorted(k for k, v in aux.items() if not math.isfinite(v))
+
+
+def _copy(tree: Any) -> Any:
+    return jax.tree_util.tree_map(jnp.copy, tree)
 
 
 # ---------------------------------------------------------------------- report
@@ -387,6 +415,7 @@ def run_step(ctx: StepContext, state: TrainState, rollout_source: RolloutSource)
         with clock("advantage"):
             arrays, per_sample = advantages(ctx, state, layout, rollout, rew, ref)
         with clock("update"):
+            trim_host_heap()  # generation's freed stores leave RSS before the update's peak
             new_state, auxes = update(ctx, state, layout, arrays)
     sec = clock.sec
     sec["total"] = sum(sec.values())

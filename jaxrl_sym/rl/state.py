@@ -39,6 +39,13 @@ class TrainState:
     ref: list[jax.Array] | None
     step: int
 
+    def copy(self) -> TrainState:
+        """A snapshot in buffers of its own: the update programs take the trainer's parameters
+        and optimiser state as donated buffers, so a state kept to be restored later (with
+        :meth:`RLTrainer.commit`) must not share them."""
+        dup = lambda t: jax.tree_util.tree_map(jnp.copy, t)
+        return self.replace(params=dup(self.params), opt_state=dup(self.opt_state))
+
     def resident_bytes(self) -> int:
         """Bytes held besides the policy parameters (optimiser state + reference); every
         program's peak-memory estimate adds them, since they stay on the device throughout."""
@@ -98,10 +105,11 @@ def init_state(leaves: Sequence[Any], cfg: RLConfig, tx: optax.GradientTransform
                vocab_size: int) -> TrainState:
     """Step-0 state from the model's parameter leaves.
 
-    The reference is a *copy* of the leaves (not the same buffers), so donating or updating policy
-    arrays can never alias it.
+    The policy and the reference are *copies* of the leaves (not the same buffers): the update
+    programs take the policy's buffers as donated arguments, which must never be the caller's
+    model's or the reference's.
     """
-    params: dict[str, Any] = {"lm": [jnp.asarray(x) for x in leaves]}
+    params: dict[str, Any] = {"lm": [jnp.array(x, copy=True) for x in leaves]}
     if cfg.algo == "ppo":
         # Zero-initialised read-out: the first value estimates are 0, GAE then starts from
         # Monte-Carlo returns instead of noise.

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -156,7 +157,12 @@ class RLTrainer:
         self.programs = Programs(self.budget)
         self.partial = partial
         self.rollouts = PartialBuffer(partial) if partial is not None else None
-        bind_args = BindArgs(model, engine or EngineOptions(), speculation,
+        # systems bind to a model over the trainer's own (copied, placed) weights: the caller's
+        # model is not kept alive by the trainer, and keeps its weights when the trainer's are
+        # donated to an update
+        own = nnx.merge(self.graphdef,
+                        jax.tree_util.tree_unflatten(self.treedef, self.state.params["lm"]))
+        bind_args = BindArgs(own, engine or EngineOptions(), speculation,
                              mesh=self.mesh, budget=self.budget, logprob_chunk=cfg.logprob_chunk)
 
         def bind(system: System) -> Bound:
@@ -184,7 +190,8 @@ class RLTrainer:
 
     @params.setter
     def params(self, value: Any) -> None:
-        self.commit(self.state.replace(params=value))
+        # copied: the trainer's own buffers are donated to its next update, the caller's are not
+        self.commit(self.state.replace(params=jax.tree_util.tree_map(jnp.copy, value)))
 
     @property
     def opt_state(self) -> Any:
@@ -192,7 +199,8 @@ class RLTrainer:
 
     @opt_state.setter
     def opt_state(self, value: Any) -> None:
-        self.commit(self.state.replace(opt_state=value))
+        # copied: the trainer's own buffers are donated to its next update, the caller's are not
+        self.commit(self.state.replace(opt_state=jax.tree_util.tree_map(jnp.copy, value)))
 
     @property
     def ref_leaves(self) -> list[jax.Array] | None:
@@ -235,9 +243,10 @@ class RLTrainer:
         return engine
 
     def model(self) -> nnx.Module:
-        """An NNX model holding the current policy weights."""
-        return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef,
-                                                                     self.params["lm"]))
+        """An NNX model holding a copy of the current policy weights (the trainer's own buffers
+        are donated to the next update, so a model sharing them would not outlive it)."""
+        leaves = [jnp.copy(x) for x in self.params["lm"]]
+        return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef, leaves))
 
     def fns(self, system: str) -> dict[str, Any]:
         """Jitted reference / value / loss-grad / update functions for the layout of the
@@ -303,7 +312,12 @@ class RLTrainer:
         """
         source: RolloutSource = (stages.Fresh(prompts, seed, limits) if self.rollouts is None
                                  else Carried(self.rollouts, prompts, seed, limits))
-        outcome = stages.run_step(self.context, self.state, source)
+        try:
+            outcome = stages.run_step(self.context, self.state, source)
+        except stages.DivergedError as e:
+            if e.state is not None:  # the same values, in the buffers the update gave back
+                self.commit(e.state)
+            raise
         self.commit(outcome.state, outcome.carried)
         return outcome.metrics
 

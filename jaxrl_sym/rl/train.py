@@ -38,6 +38,7 @@ from jaxrl_sym.rl.progress import Bar, RunHealth
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task
+from jaxrl_sym.runtime.metrics import trim_host_heap
 from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.sharding import MeshConfig, describe
 
@@ -325,6 +326,7 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     rl_cfg = rl if isinstance(rl, RLConfig) else task_rl_config(
         run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
     trainer = _trainer(run, rl_cfg, task_obj, hf)
+    trim_host_heap()  # the loaded model's buffers, freed once the trainer copied them
     meta = {"fingerprint": fingerprint(trainer), "hparams": _hparams(run, rl_cfg, hf),
             "lineage": []}
     resumed_from, changed = None, []
