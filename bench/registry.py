@@ -50,6 +50,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                                  "vs unchunked log-probs"),
     Experiment("project", "an RL step's peak memory (a ledger of named buffers) and time, "
                           "projected to a GPU from XLA's memory/cost analysis; nothing runs"),
+    Experiment("pretrained_memory", "peak RSS of one GRPO step of a SmolLM2-135M-shaped "
+                                    "checkpoint on CPU, beside its ledger", cheap=False),
     Experiment("learning", "multi-seed learning: final greedy exact match per algorithm and "
                            "task", cheap=False),
     Experiment("tunix_paired", "sym, padded and Tunix interleaved on one request (steady "
