@@ -130,6 +130,14 @@ def render(args: argparse.Namespace, nbytes: int, row: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = presets.parser("pretrained_memory", __doc__, PRESETS)
+    p.add_argument("--update-tokens", type=int, default=None,
+                   help="train --update-tokens (default: the pretrained recipe's)")
+    p.add_argument("--out", default=None, help="OUT.json and OUT.md")
+    return presets.parse(p, PRESETS, argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--ledger"]:  # the ledger child
@@ -140,11 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         a = p.parse_args(argv)
         print(json.dumps(ledger(a.ledger, a.group, a.tokens)))
         return 0
-    p = presets.parser("pretrained_memory", __doc__, PRESETS)
-    p.add_argument("--update-tokens", type=int, default=None,
-                   help="train --update-tokens (default: the pretrained recipe's)")
-    p.add_argument("--out", default=None, help="OUT.json and OUT.md")
-    args = presets.parse(p, PRESETS, argv)
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"
         nbytes = write_model(model, args.shape)
