@@ -17,9 +17,11 @@ import shutil
 from pathlib import Path
 
 import gguf
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxrl_sym import GenerationConfig
 from jaxrl_sym.cli import main
@@ -220,3 +222,18 @@ def test_sentencepiece_vocabulary_loads_for_ids_only(tmp_path: Path,
     assert rep["rows"][0]["tokens"] == exp["greedy0"][:3].tolist() and rep["eos_ids"] == [2]
     rc = main(["generate", "--model", str(sp), "--prompt", "hi"])
     assert rc == 2 and "holds a 'llama' tokenizer" in capsys.readouterr().err
+
+
+
+def test_train_fine_tunes_a_gguf_file() -> None:
+    """``train --model FILE.gguf``: the run reads the file's tokenizer, chat template and EOS and
+    steps the dequantized model (the weights move away from the file's)."""
+    from jaxrl_sym.rl.state import params_sha256
+    from jaxrl_sym.rl.train import train
+
+    path = FIXTURE / "tied" / "model-Q4_1.gguf"
+    leaves = jax.tree_util.tree_leaves(nnx.state(load_pretrained(path)[0]))
+    out = train("grpo", "word-problems", steps=1, seed=0, prompts_per_step=1, group_size=2,
+                model_dir=str(path), eval_prompts=0, progress=False,
+                config={"max_new_tokens": 4})
+    assert out["steps"] == 1 and out["params_sha256"] != params_sha256({"lm": leaves})

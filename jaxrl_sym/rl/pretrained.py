@@ -139,12 +139,13 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
     if not is_text_task(task):
         raise InputError(f"--task {task} is a token task for the built-in model; with --model "
                          f"use a text task: {', '.join(TEXT_TASK_NAMES)} or jsonl:PATH")
+    from jaxrl_sym.models.hf.gguf import find_gguf
     from jaxrl_sym.models.hf.text import HFText
 
     root = Path(model_dir)
-    if not (root / "config.json").is_file():
+    if not (root / "config.json").is_file() and find_gguf(root) is None:
         raise InputError(f"--model {model_dir}: not a Hugging Face checkpoint directory (no "
-                         "config.json)")
+                         "config.json) nor a .gguf file")
     text = HFText(root)
     eos = text.eos_ids()
     limit = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
