@@ -225,9 +225,11 @@ def test_sentencepiece_vocabulary_loads_for_ids_only(tmp_path: Path,
 
 
 
-def test_train_fine_tunes_a_gguf_file() -> None:
+def test_train_fine_tunes_a_gguf_file(tmp_path: Path) -> None:
     """``train --model FILE.gguf``: the run reads the file's tokenizer, chat template and EOS and
-    steps the dequantized model (the weights move away from the file's)."""
+    steps the dequantized model (the weights move away from the file's); exporting the run is
+    refused by name (no config.json to write beside the weights)."""
+    from jaxrl_sym.rl.pretrained import export_checkpoint
     from jaxrl_sym.rl.state import params_sha256
     from jaxrl_sym.rl.train import train
 
@@ -235,5 +237,7 @@ def test_train_fine_tunes_a_gguf_file() -> None:
     leaves = jax.tree_util.tree_leaves(nnx.state(load_pretrained(path)[0]))
     out = train("grpo", "word-problems", steps=1, seed=0, prompts_per_step=1, group_size=2,
                 model_dir=str(path), eval_prompts=0, progress=False,
-                config={"max_new_tokens": 4})
+                checkpoint_dir=str(tmp_path / "run"), config={"max_new_tokens": 4})
     assert out["steps"] == 1 and out["params_sha256"] != params_sha256({"lm": leaves})
+    with pytest.raises(InputError, match=r"started from the GGUF file .*model-Q4_1\.gguf"):
+        export_checkpoint(tmp_path / "run", tmp_path / "out")

@@ -218,7 +218,13 @@ def _source_dir(checkpoint_dir: str | Path, hparams: dict[str, Any]) -> str:
         raise InputError(f"checkpoint {checkpoint_dir} was not trained from a Hugging Face "
                          "model (its metadata records no model_dir); only checkpoints of "
                          "'jaxrl-sym train --model DIR' can be exported")
-    if not (Path(source) / "config.json").is_file():
+    root = Path(source)
+    if not (root / "config.json").is_file() and (
+            root.suffix.lower() == ".gguf" or (root.is_dir() and any(root.glob("*.gguf")))):
+        raise InputError(f"checkpoint {checkpoint_dir} started from the GGUF file {source}: "
+                         "export writes a Hugging Face directory and needs the source's "
+                         "config.json and tokenizer files, which a GGUF file does not have")
+    if not (root / "config.json").is_file():
         raise InputError(f"checkpoint {checkpoint_dir} started from {source}, which is no "
                          "longer a checkpoint directory (no config.json); export needs its "
                          "config and tokenizer")
