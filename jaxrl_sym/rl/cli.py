@@ -69,7 +69,9 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
     """The step's flags: RLConfig fields (default: the task recipe's, see README "Learning")."""
     t.add_argument("--prompts", type=int, default=32, help="prompts per step")
     t.add_argument("--group", type=int, default=8, help="generations per prompt")
-    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--lr", type=float, default=None,
+                   help="default: the recipe's (1e-3 for the built-in tasks, 1e-6 for a "
+                        "--model checkpoint)")
     t.add_argument("--beta", type=float, default=0.0, help="KL weight (0: no reference pass)")
     t.add_argument("--epochs", type=int, default=1)
     t.add_argument("--loss-agg", choices=LOSS_AGGS, default=None,
@@ -231,8 +233,8 @@ def train_configs(args: argparse.Namespace
              ("clip_eps_high", args.clip_high), ("adv_norm", args.adv_norm),
              ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
              ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
-             ("update_tokens", args.update_tokens))
-    rl = {"algo": args.algo, "group_size": args.group, "lr": args.lr, "beta": args.beta,
+             ("update_tokens", args.update_tokens), ("lr", args.lr))
+    rl = {"algo": args.algo, "group_size": args.group, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints
 

@@ -223,7 +223,8 @@ class PartialConfig:
 # collapsed; lower lr or a warm-up only delayed it). Advantages at reward scale (Dr. GRPO) let the
 # policy gradient shrink as a group's rewards converge, leaving the entropy bonus to keep sampling
 # alive; halving partial credit makes the exact answer dominate the advantage.
-TASK_RECIPE: dict[str, Any] = dict(entropy_coef=0.01, loss_agg="seq_mean", adv_norm="none")
+TASK_RECIPE: dict[str, Any] = dict(lr=1e-3, entropy_coef=0.01, loss_agg="seq_mean",
+                                   adv_norm="none")
 TASK_REWARD: dict[str, Any] = dict(partial_weight=0.5)
 
 

@@ -42,6 +42,14 @@ DEFAULT_MAX_NEW_TOKENS = 256  # room for a short worked solution and its '#### N
 # batch of 8 x 128 tokens in one micro-batch peaks at 4.9 GB (ledger), in micro-batches of 512
 # slots at 3.0 GB; the update is the same (gradients are summed, then one optimiser step).
 PRETRAINED_UPDATE_TOKENS = 256
+# The fine-tuning recipe of a pretrained checkpoint, over the built-in tasks' (TASK_RECIPE, made
+# for models trained from scratch: lr 1e-3 and an entropy bonus, which moves every weight even
+# when all rewards are 0 — one such step turned a chat model's "Hello" into "named you you you").
+# GRPO on models of this size uses lr ~1e-6 for full fine-tuning (TRL's GRPOConfig default,
+# DeepSeekMath's GRPO) and no entropy bonus; the KL weight stays the caller's (--beta, default 0
+# as in TRL and DAPO: a reference copy costs a model's weights).
+PRETRAINED_RECIPE: dict[str, Any] = {"lr": 1e-6, "entropy_coef": 0.0,
+                                     "update_tokens": PRETRAINED_UPDATE_TOKENS}
 
 
 class TokenTextTask:
@@ -108,7 +116,7 @@ class PretrainedRun:
     def rl_config(self) -> dict[str, Any]:
         """RLConfig fields this run fixes (a caller's ``config`` may still override them)."""
         return {"eos_id": self.eos_id, "max_new_tokens": self.task.max_new_tokens,
-                "update_tokens": PRETRAINED_UPDATE_TOKENS}
+                **PRETRAINED_RECIPE}
 
     @property
     def hparams(self) -> dict[str, Any]:

@@ -244,7 +244,7 @@ def train(
     *,
     prompts_per_step: int = 32,
     group_size: int = 8,
-    lr: float = 1e-3,
+    lr: float | None = None,
     beta: float = 0.0,
     epochs: int = 1,
     system: str = systems.REFERENCE,
@@ -283,8 +283,8 @@ def train(
                     speculation=speculation_of(speculate, speculate_adaptive), engine=engine)
     checkpoints = CheckpointConfig(checkpoint_dir, checkpoint_every, keep, resume,
                                    resume_or_start, resume_anyway)
-    rl = {"algo": algo, "group_size": group_size, "lr": lr, "beta": beta, "epochs": epochs,
-          **(config or {})}
+    rl = {"algo": algo, "group_size": group_size, "beta": beta, "epochs": epochs,
+          **({} if lr is None else {"lr": lr}), **(config or {})}
     return train_run(run, rl, checkpoints, metrics_file=metrics_file, progress=progress,
                      on_step=on_step)
 
