@@ -65,8 +65,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def trainer() -> RLTrainer:
     """A trainer built as ``train`` builds it for RUN (same fingerprint), without tracing."""
     task = get_task("reverse", max_digits=RUN["max_digits"])
-    cfg = RLConfig(algo="grpo", group_size=RUN["group_size"], lr=1e-3, beta=RUN["beta"],
-                   max_new_tokens=task.max_new_tokens, eos_id=EOS, **TASK_RECIPE)
+    cfg = RLConfig(algo="grpo", group_size=RUN["group_size"], beta=RUN["beta"],
+                   max_new_tokens=task.max_new_tokens, eos_id=EOS, **TASK_RECIPE)  # lr 1e-3
     model = init_model(preset("tiny", **{**TASK_MODEL, **TINY}), SEED)
     return RLTrainer(model, task.reward, cfg, system="padded")
 
