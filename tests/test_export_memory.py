@@ -90,7 +90,10 @@ def test_checkpoint_export_reads_and_verifies_only_the_policy(tmp_path: Path) ->
     for k in range(1, 20):
         data[len(data) * k // 20:len(data) * k // 20 + 16] = b"\xa5" * 16
     data_file.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"run/1 is unusable: the digest of its restored "
-                                              r"parameters differs"):
+    # refused either way: the bytes decode to other values (digest) or do not decode at all
+    # (which of the two depends on where OCDBT placed the arrays in the file)
+    with pytest.raises(CheckpointError, match=r"run/1( is unusable: the digest of its restored "
+                                              r"parameters differs|: its parameters cannot be "
+                                              r"read)"):
         export_checkpoint(tmp_path / "run", tmp_path / "out2")
     assert not (tmp_path / "out2").exists()
