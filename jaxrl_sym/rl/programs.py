@@ -62,15 +62,13 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     ``ref`` (reference log-probs), ``values`` (PPO value estimates), ``grad`` (loss and its
     gradient), ``update`` (fused loss-grad-optimiser step for a batch in one micro-batch),
     ``apply`` (optimiser step from accumulated gradients) and ``accumulate`` (a micro-batch's
-    gradients added into the donated running sum);
-    plus ``logprob_chunking``, a sentence for the step's stats (on, or off and why).
+    gradients added into the donated running sum); ``update``/``apply`` take the state as
+    donated buffers and guard their step (:func:`_guarded_step`); plus ``logprob_chunking``, a
+    sentence for the step's stats (on, or off and why).
 
     logits_fn: the system's forward; a :class:`~jaxrl_sym.rl.logprobs.SplitForward` with
     ``cfg.logprob_chunk`` set makes ``ref``/``values``/``grad``/``update`` apply the head a chunk
     of token slots at a time (:mod:`jaxrl_sym.rl.logprobs`), anything else runs unchunked.
-
-    ``update``/``apply`` take the parameters and optimiser state as donated buffers and guard
-    their step (:func:`_guarded_step`).
 
     shardings (on a device mesh): ``{"params", "opt", "rows", "repl"}`` — trees of
     ``NamedSharding`` for the parameters and optimiser state, the batch rows' sharding and the
