@@ -44,8 +44,8 @@ _NP_DTYPES: dict[str, Any] = {"float32": np.float32, "bfloat16": ml_dtypes.bfloa
 def checkpoint_shapes(config: dict[str, Any], dtype: str) -> dict[str, tuple[tuple[int, ...], str]]:
     """HF tensor name → (HF-layout shape, dtype) for ``config``, by the loader's own mapping."""
     from jaxrl_sym.models.hf.config import parse_config
-    from jaxrl_sym.models.hf.loader import parameter_targets
     from jaxrl_sym.models.hf.modeling import abstract_model
+    from jaxrl_sym.models.hf.targets import parameter_targets
 
     model = abstract_model(parse_config(config, dtype))
     return {name: (t.hf_shape, dtype) for name, t in sorted(parameter_targets(model).items())}

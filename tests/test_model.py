@@ -3,7 +3,7 @@ symbolic trace.
 
 ``DecoderLM`` is a plain contract model (``model(tokens, positions, segment_ids) -> logits``): it
 takes no caches. The incremental-vs-full checks therefore drive it the way the padded baseline
-does, through :func:`~jaxrl_sym.baselines.interpret.trace_forward` with one
+does, through :func:`~jaxrl_sym.models.traced.trace_forward` with one
 :class:`~jaxrl_sym.models.cache.PaddedKVCache` per ``attend`` call kept outside the model. They are
 what makes the baselines trustworthy: a prefill followed by token-by-token decode must reproduce
 the plain forward's logits (up to float reassociation) for every pattern, and for a model that is
@@ -24,7 +24,6 @@ from flax import nnx
 from zoo import zoo
 
 from jaxrl_sym.baselines import padded_forward, padded_token_logprobs
-from jaxrl_sym.baselines.interpret import trace_forward
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models import (
     DecoderLM,
@@ -35,6 +34,7 @@ from jaxrl_sym.models import (
     preset_names,
 )
 from jaxrl_sym.models.contract import check_model
+from jaxrl_sym.models.traced import trace_forward
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 
 TOL = 1e-5

@@ -23,10 +23,10 @@ from zoo import naive_generate, zoo
 
 from jaxrl_sym import attend
 from jaxrl_sym.baselines import padded_generate, padded_sequence_logprobs, pershape_generate
-from jaxrl_sym.baselines.interpret import trace_forward
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import LMConfig, init_model, preset
+from jaxrl_sym.models.traced import trace_forward
 from jaxrl_sym.ops.attention import Causal
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions

@@ -8,7 +8,7 @@ slots, the empty ones masked by position -1. That wasted compute and memory, pai
 compile, is what the symbolic runtime is measured against.
 
 The model is any contract model, unmodified: ``model(tokens, positions, segment_ids) -> logits``.
-Nothing is read from it but its traced program; :mod:`jaxrl_sym.baselines.interpret` gives each of
+Nothing is read from it but its traced program; :mod:`jaxrl_sym.models.traced` gives each of
 its ``attend`` calls a MAX_LEN cache, shaped from that call's traced keys/values, outside the model.
 
 The module also holds the padded forward used as the oracle for packed forwards and gradients:
@@ -28,7 +28,6 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jaxrl_sym.baselines.interpret import TracedForward, trace_forward, vocab_size
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import (
     GenerationConfig,
@@ -38,6 +37,7 @@ from jaxrl_sym.generation import (
     validate_prompts,
 )
 from jaxrl_sym.models.cache import PaddedKVCache
+from jaxrl_sym.models.traced import TracedForward, trace_forward, vocab_size
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     MemoryMeter,

@@ -26,10 +26,10 @@ import numpy as np
 from flax import nnx
 from jax import lax
 
-from jaxrl_sym.baselines.interpret import trace_forward
 from jaxrl_sym.baselines.padded import left_pad_prompts
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, select_tokens
+from jaxrl_sym.models.traced import trace_forward
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     device_peak_bytes,

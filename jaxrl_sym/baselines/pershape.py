@@ -1,7 +1,7 @@
 """The per-shape JAX baseline: exact-size buffers by recompiling for every new length.
 
 The decode step is ``jax.jit``-ed and fed :class:`ExactKVCache`s (one per attention call of the
-unmodified model, kept outside it by :mod:`jaxrl_sym.baselines.interpret`) whose length is the
+unmodified model, kept outside it by :mod:`jaxrl_sym.models.traced`) whose length is the
 exact number of tokens so far, so no step attends over empty slots, but every step has a new cache
 shape and XLA compiles a new executable for it (``xla_compiles`` ≈ one per length). The Python
 loop also checks on the host after every step whether all rows are done, so it stops as early as
@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_sym.baselines.interpret import TracedForward, trace_forward
 from jaxrl_sym.baselines.padded import left_pad_prompts, row_lengths, trim_rows
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, select_tokens
 from jaxrl_sym.models.cache import ExactKVCache
+from jaxrl_sym.models.traced import TracedForward, trace_forward
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     MemoryMeter,

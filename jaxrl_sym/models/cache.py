@@ -1,6 +1,6 @@
 """Functional KV caches for the baselines (pytrees, so they flow through jit/scan as arguments).
 
-The baselines keep them *outside* the model (:mod:`jaxrl_sym.baselines.interpret` gives every
+The baselines keep them *outside* the model (:mod:`jaxrl_sym.models.traced` gives every
 ``attend`` call of any contract model one cache, shaped from that call's traced keys/values with
 :meth:`PaddedKVCache.like` / :meth:`ExactKVCache.like`). No model takes them as arguments, the
 library's own :class:`~jaxrl_sym.models.lm.DecoderLM` included, so they are built from traced
@@ -76,7 +76,7 @@ class PaddedKVCache:
         if index is None:
             raise InputError(
                 "PaddedKVCache.update needs the slot index to write at; pass cache_index= to "
-                "TracedForward.__call__ (jaxrl_sym.baselines.interpret)"
+                "TracedForward.__call__ (jaxrl_sym.models.traced)"
             )
         i = jnp.asarray(index, jnp.int32)
         z = jnp.zeros((), jnp.int32)

@@ -13,7 +13,7 @@ or calls it any other way. Why it looks the way it does:
   treat ``attend`` as the only op that mixes positions. Reshapes are written
   ``x.reshape(*x.shape[:2], heads, head_dim)`` so symbolic ``B, T`` dimensions pass through.
 * It takes no KV caches. The baselines keep caches *outside* the model
-  (:mod:`jaxrl_sym.baselines.interpret` gives each ``attend`` call its own), so this model decodes
+  (:mod:`jaxrl_sym.models.traced` gives each ``attend`` call its own), so this model decodes
   through exactly the same path as a model the library has never seen.
 """
 

@@ -9,7 +9,7 @@ traced program (no FLOP, no compile, no device buffer):
 - **weights**: the model's parameter leaves (plus, for sym, the hoisted weight values its step
   programs take: casts/transposes/slices the PDG computes once);
 - **caches**: one per ``attend`` call, each with that call's own K/V heads, head dims and dtypes
-  (read from the traced jaxpr, as :mod:`jaxrl_sym.baselines.interpret` finds them). Padded:
+  (read from the traced jaxpr, as :mod:`jaxrl_sym.models.traced` finds them). Padded:
   ``batch × MAX_LEN`` slots (:class:`~jaxrl_sym.models.cache.PaddedKVCache`'s layout).
   Per-shape: the exact final length (and the previous step's caches, alive while the step runs).
   Sym: the runtime's own stores (``StepBuilder.init_stores`` evaluated abstractly) at the row
@@ -39,9 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_sym.baselines.interpret import trace_forward
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.cache import PaddedKVCache
+from jaxrl_sym.models.traced import trace_forward
 from jaxrl_sym.ops.attention import attention_p
 from jaxrl_sym.runtime.metrics import device_memory_limit
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation

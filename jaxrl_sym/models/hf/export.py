@@ -8,7 +8,7 @@ parameters' dtype), ``model.safetensors`` or shards plus ``model.safetensors.ind
 Why it is built this way:
 
 * **Names by the loader's rule, inverted.** Tensor names and layouts come from
-  :func:`jaxrl_sym.models.hf.loader.parameter_targets` — the very function the loader uses to map
+  :func:`jaxrl_sym.models.hf.targets.parameter_targets` — the very function the loader uses to map
   a checkpoint name to a parameter — so export and load cannot drift apart: there is no second
   table. A ``kernel`` is transposed back to PyTorch's ``[out, in]``.
 * **The source config is the truth.** The model only knows what :class:`HFConfig` keeps; fields
@@ -37,9 +37,10 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import parse_config
-from jaxrl_sym.models.hf.loader import INDEX_FILE, SINGLE_FILE, parameter_targets
+from jaxrl_sym.models.hf.loader import INDEX_FILE, SINGLE_FILE
 from jaxrl_sym.models.hf.modeling import CausalLM
 from jaxrl_sym.models.hf.safetensors_io import write_safetensors
+from jaxrl_sym.models.hf.targets import parameter_targets
 from jaxrl_sym.models.hf.text import read_json
 
 # Files copied verbatim from the source directory when present (tokenizer and generation

@@ -1,12 +1,13 @@
-"""GGUF files (llama.cpp's format) in: metadata → config, tensors → the same parameters.
+"""GGUF files (llama.cpp's format) read: metadata → config, tensors → HF names, dequantized.
 
 ``load_pretrained`` hands a ``.gguf`` file (or a directory holding exactly one, and no
-``config.json``) to :func:`load_gguf`. Why it is built this way:
+``config.json``) to :func:`~jaxrl_sym.models.hf.gguf_model.load_gguf`, which builds the model
+from what this module reads. Why it is built this way:
 
 * **One config, one parameter table.** The file's ``{arch}.*`` metadata is turned into the dict
   ``config.json`` would hold and given to :func:`~jaxrl_sym.models.hf.config.parse_config`, and
   each GGUF tensor name (``blk.3.ffn_up.weight``) is renamed to transformers' name
-  (``model.layers.3.mlp.up_proj.weight``) and placed by the loader's own ``parameter_targets``.
+  (``model.layers.3.mlp.up_proj.weight``) and placed by the shared ``parameter_targets``.
   A GGUF model is thus exactly the model a Hugging Face directory gives; only the reading
   differs. Both maps transcribe transformers' GGUF loader (``integrations/ggml.py``
   ``GGUF_CONFIG_MAPPING`` and gguf-py's tensor name map it uses), the oracle of the tests.
@@ -21,8 +22,9 @@
   dequantize it?), names and shapes are checked from the header; an unsupported quantization
   type is an error naming the file, the tensor and the type, before any block is decoded.
 
-This module is JAX-free at import (the CLI checks ``--model`` with :func:`find_gguf` before JAX
-is loaded); the tokenizer and chat template live in :mod:`jaxrl_sym.models.hf.gguf_text`.
+This module is JAX-free and imports no other reader (the CLI checks ``--model`` with
+:func:`find_gguf` before JAX is loaded); the tokenizer and chat template live in
+:mod:`jaxrl_sym.models.hf.gguf_text`, the model building in :mod:`~jaxrl_sym.models.hf.gguf_model`.
 """
 
 from __future__ import annotations
@@ -243,7 +245,7 @@ def _dequantizable(qtype: Any) -> bool:
     return True
 
 
-def _check_types(g: GGUFFile) -> None:
+def check_types(g: GGUFFile) -> None:
     """Every tensor's type must be one the ``gguf`` package dequantizes."""
     import gguf
 
@@ -274,7 +276,7 @@ def _dist_version(name: str) -> str:
 def tensor_map(g: GGUFFile, targets: dict[str, Any]) -> dict[str, Any]:
     """HF name → GGUF tensor for every parameter; names and shapes checked, nothing read.
 
-    ``targets`` is the loader's ``parameter_targets(model)``, so the parameter table is the
+    ``targets`` is the shared ``parameter_targets(model)``, so the parameter table is the
     Hugging Face one. A GGUF tensor with no parameter is an error, except ``rope_freqs``
     (folded into RoPE).
     """
@@ -322,7 +324,7 @@ def dequantized(t: Any, cfg: Any, permuted: bool) -> np.ndarray:
     return arr
 
 
-def _default_dtype(g: GGUFFile) -> str:
+def default_dtype(g: GGUFFile) -> str:
     """The dtype a file of only half-precision matrices is in; quantized or F32: float32
     (transformers' ``GgufHeader.dtype``)."""
     import gguf
@@ -332,60 +334,3 @@ def _default_dtype(g: GGUFFile) -> str:
     if not types <= {q.F32, q.F16, q.BF16}:
         return "float32"
     return "bfloat16" if q.BF16 in types else "float16" if q.F16 in types else "float32"
-
-
-def _rope_freqs(g: GGUFFile, cfg: Any) -> Any:
-    """``cfg`` with RoPE frequencies divided by the file's ``rope_freqs`` factors, as llama.cpp
-    applies them (transformers' GGUF loader drops this tensor)."""
-    import dataclasses
-
-    t = g.tensors.get(ROPE_FREQS)
-    if t is None:
-        return cfg
-    factors = dequantized(t, cfg, False).reshape(-1)
-    if factors.shape[0] != len(cfg.inv_freq):
-        raise InputError(f"GGUF file {g.path}: {ROPE_FREQS} has {factors.shape[0]} values, "
-                         f"RoPE has {len(cfg.inv_freq)} frequencies")
-    inv = (np.asarray(cfg.inv_freq, np.float32) / factors).astype(np.float32)
-    return dataclasses.replace(cfg, inv_freq=tuple(float(x) for x in inv))
-
-
-def _assign(model: Any, targets: dict[str, Any], by_hf: dict[str, Any], cfg: Any,
-            permuted: bool) -> None:
-    """Dequantize, transpose and cast each tensor on the host, put it on the device into its
-    parameter (the loader's placement), then drop the host copy before the next."""
-    import jax
-
-    from jaxrl_sym.models.hf.loader import _variable_at
-
-    np_dtype = np.dtype(cfg.dtype)
-    for hf, t in by_hf.items():
-        target = targets[hf]
-        arr = dequantized(t, cfg, permuted)
-        if target.transpose:
-            arr = arr.T
-        arr = np.ascontiguousarray(arr, dtype=np_dtype)
-        _variable_at(model, target.path).set_value(jax.device_put(arr))
-        del arr
-
-
-def load_gguf(path: Path, dtype: Any = None) -> tuple[Any, Any, dict[str, Any]]:
-    """``load_pretrained`` for a GGUF file: ``(model, tokenizer or None, generation dict)``."""
-    from jaxrl_sym.models.hf.config import parse_config
-    from jaxrl_sym.models.hf.gguf_text import gguf_tokenizer, token_ids
-    from jaxrl_sym.models.hf.loader import parameter_targets
-    from jaxrl_sym.models.hf.modeling import abstract_model
-
-    g = open_gguf(path)
-    raw = config_dict(g)
-    _check_types(g)
-    try:
-        cfg = parse_config(raw, dtype if dtype is not None else _default_dtype(g))
-    except InputError as err:
-        raise InputError(f"GGUF file {g.path}: its metadata gives an unsupported model: "
-                         f"{err}") from None
-    cfg = _rope_freqs(g, cfg)
-    model = abstract_model(cfg)
-    targets = parameter_targets(model)
-    _assign(model, targets, tensor_map(g, targets), cfg, ARCHS[g.arch][1])
-    return model, gguf_tokenizer(g), token_ids(g)

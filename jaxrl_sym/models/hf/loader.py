@@ -27,12 +27,15 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import HFConfig, parse_config
+from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
+from jaxrl_sym.models.hf.gguf_model import load_gguf
+from jaxrl_sym.models.hf.gguf_text import gguf_tokenizer
 from jaxrl_sym.models.hf.modeling import CausalLM, abstract_model
 from jaxrl_sym.models.hf.safetensors_io import ST_DTYPES, read_header, read_tensor
+from jaxrl_sym.models.hf.targets import Target, parameter_targets, variable_at
 from jaxrl_sym.models.hf.text import read_json
 
 SINGLE_FILE = "model.safetensors"
@@ -49,15 +52,6 @@ class TensorInfo:
     file: Path
     shape: tuple[int, ...]
     dtype: str  # safetensors code: F32, BF16, F16, …
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where a checkpoint tensor goes: parameter path, HF-layout shape, transpose or not."""
-
-    path: tuple[Any, ...]
-    hf_shape: tuple[int, ...]
-    transpose: bool
 
 
 def checkpoint_tensors(root: Path) -> dict[str, TensorInfo]:
@@ -103,19 +97,6 @@ def checkpoint_tensors(root: Path) -> dict[str, TensorInfo]:
     return out
 
 
-def parameter_targets(model: CausalLM) -> dict[str, Target]:
-    """HF tensor name → parameter target, derived from the model's own parameter paths."""
-    targets: dict[str, Target] = {}
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        shape = tuple(var.get_value().shape)
-        leaf = path[-1]
-        hf_leaf = {"kernel": "weight", "embedding": "weight"}.get(str(leaf), str(leaf))
-        name = ".".join([*(str(p) for p in path[:-1]), hf_leaf])
-        transpose = leaf == "kernel"
-        targets[name] = Target(tuple(path), shape[::-1] if transpose else shape, transpose)
-    return targets
-
-
 def _check_names(root: Path, tensors: dict[str, TensorInfo], targets: dict[str, Target],
                  cfg: HFConfig) -> None:
     """Missing, unexpected and mis-shaped tensors, each named, before any data is read."""
@@ -149,13 +130,6 @@ def _ignorable(name: str, cfg: HFConfig) -> bool:
     return name == "lm_head.weight" and cfg.tie_word_embeddings  # tied: the embedding is used
 
 
-def _variable_at(model: nnx.Module, path: tuple[Any, ...]) -> nnx.Variable:
-    node: Any = model
-    for p in path:
-        node = node[p] if isinstance(p, int) else getattr(node, p)
-    return node
-
-
 def _assign(model: CausalLM, tensors: dict[str, TensorInfo], targets: dict[str, Target],
             np_dtype: Any) -> None:
     """Read each tensor, transpose/cast it on the host, and put it into its parameter.
@@ -175,7 +149,7 @@ def _assign(model: CausalLM, tensors: dict[str, TensorInfo], targets: dict[str, 
                 if target.transpose:
                     arr = arr.T
                 arr = np.ascontiguousarray(arr, dtype=np_dtype)
-                _variable_at(model, target.path).set_value(jax.device_put(arr))
+                variable_at(model, target.path).set_value(jax.device_put(arr))
                 del arr  # one host copy of one tensor at a time
 
 
@@ -191,13 +165,9 @@ def _dtype_from_tensors(raw: dict[str, Any], tensors: dict[str, TensorInfo]) -> 
 def load_tokenizer(root: str | Path) -> Any:
     """``tokenizers.Tokenizer`` from ``tokenizer.json`` (or a GGUF file's vocabulary), or None
     when there is none."""
-    from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
-
     root = Path(root)
     gguf_file = find_gguf(root)
     if gguf_file is not None:
-        from jaxrl_sym.models.hf.gguf_text import gguf_tokenizer
-
         return gguf_tokenizer(open_gguf(gguf_file))
     tok_file = root / "tokenizer.json"
     if not tok_file.exists():
@@ -230,12 +200,8 @@ def load_pretrained(path: str | Path, dtype: Any = None,
       ``generation_config.json`` dict (a GGUF's bos/eos/pad ids) or None.
     """
     root = Path(path)
-    from jaxrl_sym.models.hf.gguf import find_gguf
-
     gguf_file = find_gguf(root)
     if gguf_file is not None:
-        from jaxrl_sym.models.hf.gguf import load_gguf
-
         return load_gguf(gguf_file, dtype)
     if not (root / "config.json").is_file():
         raise InputError(f"{root} is not a Hugging Face checkpoint directory nor a GGUF file: "

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
+from jaxrl_sym.models.hf.gguf_text import eos_ids
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                 "mask_token")
@@ -71,13 +73,9 @@ def _eos_field(value: Any, where: Path) -> tuple[int, ...] | None:
 def find_eos_ids(root: str | Path, tokenizer: Any = None) -> tuple[int, ...]:
     """The ids that end a response, by transformers' precedence (see the module docstring);
     for a GGUF file, its own (:func:`jaxrl_sym.models.hf.gguf_text.eos_ids`)."""
-    from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
-
     root = Path(root)
     gguf_file = find_gguf(root)
     if gguf_file is not None:
-        from jaxrl_sym.models.hf.gguf_text import eos_ids
-
         return eos_ids(open_gguf(gguf_file))
     looked = []
     for name in ("generation_config.json", "config.json"):
@@ -172,8 +170,6 @@ class HFText:
         self.root = Path(root)
         self._compiled: Any = None
         self._is_gguf = False
-        from jaxrl_sym.models.hf.gguf import find_gguf
-
         gguf_file = find_gguf(self.root)
         if gguf_file is not None:
             self._init_gguf(gguf_file)
@@ -197,8 +193,6 @@ class HFText:
     def _init_gguf(self, path: Path) -> None:
         """The same fields from a GGUF file's metadata (``gguf_text``)."""
         from jaxrl_sym.models.hf import gguf_text
-        from jaxrl_sym.models.hf.gguf import open_gguf
-
         g = open_gguf(path)
         self._is_gguf = True
         problem = gguf_text.tokenizer_problem(g)

@@ -1,4 +1,4 @@
-"""Any contract model as a cached decoder: the baselines' forward, with the caches outside it.
+"""Any contract model as a cached decoder: the traced forward the baselines decode with.
 
 The contract gives the library a model called as ``model(tokens, positions, segment_ids)`` and
 nothing more: no config to read the layer count or head shapes from, no cache arguments. A
