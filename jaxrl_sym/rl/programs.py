@@ -132,8 +132,12 @@ def _guarded_step(tx: optax.GradientTransformation, params: Any, opt_state: Any,
     gradient norm must not reach it: the guard returns the given values unchanged and the
     trainer keeps them (:class:`~jaxrl_sym.rl.stages.DivergedError` carries them)."""
     def step(params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
+        updates, new_state = tx.update(grads, opt_state, params)
+        # each buffer keeps its dtype (the hyperparameters are float32, so a bf16 moment would
+        # come back float32): the new state must fit the donated buffers it is written over
+        keep = lambda new, old: jnp.asarray(new).astype(jnp.result_type(old))
+        return (jax.tree_util.tree_map(keep, optax.apply_updates(params, updates), params),
+                jax.tree_util.tree_map(keep, new_state, opt_state))
 
     # a conditional, not a select: XLA then updates the donated state in place (a select over
     # both trees keeps the new moments and parameters as temporaries: +1.2 GB at 135M fp32)

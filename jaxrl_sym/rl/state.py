@@ -85,10 +85,14 @@ def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
     """Adam on :func:`lr_schedule`, after global-norm clipping when ``cfg.max_grad_norm`` is set.
 
     ``inject_hyperparams`` keeps the current rate in the optimiser state, so the step's metrics
-    report the rate the update actually used.
+    report the rate the update actually used. Its hyperparameters are held in float32 whatever
+    the parameters' dtype: by default it casts them to the parameters' dtype, and in bfloat16
+    ``b2 = 0.999`` rounds to 1.0, so Adam's bias correction ``1 - b2**t`` is 0 and the first
+    update of a bf16 model was NaN everywhere.
     """
     parts = [optax.clip_by_global_norm(cfg.max_grad_norm)] if cfg.max_grad_norm else []
-    adam = optax.inject_hyperparams(optax.adam)(learning_rate=lr_schedule(cfg))
+    adam = optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
+        learning_rate=lr_schedule(cfg))
     return optax.chain(*parts, adam)
 
 
