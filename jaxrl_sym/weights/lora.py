@@ -122,12 +122,16 @@ def _matches(cfg: LoraConfig, named: list[tuple[str, Any]]) -> list[int]:
 
 
 def _no_match_error(cfg: LoraConfig, named: list[tuple[str, Any]]) -> InputError:
-    two_d = [n for n, leaf in named if len(np.shape(leaf)) == 2] or [n for n, _ in named]
-    shown = ", ".join(two_d[:8]) + (f" (and {len(two_d) - 8} more)" if len(two_d) > 8 else "")
-    what = ("no 2-D 'kernel' leaf (a Linear weight) outside the output head"
-            if cfg.targets == ALL_LINEAR else "no parameter path")
-    return InputError(f"LoRA targets={cfg.targets!r} match {what}; the regular expression must "
-                      f"match a whole dotted path. Parameters with 2-D values: {shown}")
+    big = [f"{n} {list(np.shape(leaf))}" for n, leaf in named if len(np.shape(leaf)) >= 2]
+    big = big or [n for n, _ in named]
+    shown = ", ".join(big[:8]) + (f" (and {len(big) - 8} more)" if len(big) > 8 else "")
+    if cfg.targets == ALL_LINEAR:
+        what = ("no 2-D 'kernel' leaf (a Linear weight) outside the output head; pass a "
+                "regular expression over dotted parameter paths instead")
+    else:
+        what = "no parameter path; the regular expression must match a whole dotted path"
+    return InputError(f"LoRA targets={cfg.targets!r} match {what}. Parameters with 2 or more "
+                      f"dimensions: {shown}")
 
 
 def plan_lora(state_or_model: Any, cfg: LoraConfig) -> LoraPlan:
