@@ -16,6 +16,8 @@ trainer's own flattening: ``nnx.split`` + ``jax.tree_util.tree_flatten``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -44,13 +46,12 @@ TOKENS = np.array([[3, 1, 4, 1, 5, 9, 2, 6], [5, 3, 5, 8, 9, 7, 9, 3]], np.int32
 HEADS = ("lm_head", "head")
 
 
-def models() -> dict[str, nnx.Module]:
-    return {
-        "decoder": init_model(preset("tiny"), 0),
-        "decoder_bf16": init_model(preset("tiny", dtype=jnp.bfloat16), 1),
-        "gpt2": GPT2Like(GPTConfig(), rngs=nnx.Rngs(2)),
-        "gemmaish": GemmaishLM(GemmaishConfig(), rngs=nnx.Rngs(3)),
-    }
+MODELS: dict[str, Callable[[], nnx.Module]] = {
+    "decoder": lambda: init_model(preset("tiny"), 0),
+    "decoder_bf16": lambda: init_model(preset("tiny", dtype=jnp.bfloat16), 1),
+    "gpt2": lambda: GPT2Like(GPTConfig(), rngs=nnx.Rngs(2)),
+    "gemmaish": lambda: GemmaishLM(GemmaishConfig(), rngs=nnx.Rngs(3)),
+}
 
 
 def run(model: nnx.Module) -> jax.Array:
@@ -118,7 +119,7 @@ def loss_of(logits: jax.Array) -> jax.Array:
 
 @pytest.mark.parametrize("name", ["decoder", "decoder_bf16", "gpt2", "gemmaish"])
 def test_init_is_exactly_the_base(name: str) -> None:
-    model = models()[name]
+    model = MODELS[name]()
     plan = plan_lora(model, LoraConfig(rank=4))
     adapters = init_adapters(plan, jax.random.key(0))
     assert all(float(jnp.abs(ad["a"]).max()) > 0 for ad in adapters)  # A is not zero: B is
@@ -132,10 +133,11 @@ def test_init_is_exactly_the_base(name: str) -> None:
 
 def test_all_linear_picks_the_linear_kernels_but_the_head() -> None:
     """The plan's targets are the oracle's own selection (2-D kernels, head left out)."""
-    for model in models().values():
+    for make in MODELS.values():
+        model = make()
         plan = plan_lora(model, LoraConfig(rank=2))
         assert sorted(plan.names) == sorted(n for _, n in linear_kernels(model))
-    gpt = models()["gpt2"]
+    gpt = MODELS["gpt2"]()
     assert "lm_head.kernel" not in plan_lora(gpt, LoraConfig(rank=2)).names
     assert plan_lora(gpt, LoraConfig(rank=2, targets=r"lm_head\.kernel")).names == (
         "lm_head.kernel",)
@@ -143,7 +145,7 @@ def test_all_linear_picks_the_linear_kernels_but_the_head() -> None:
 
 @pytest.mark.parametrize("name", ["decoder", "gpt2", "gemmaish", "decoder_bf16"])
 def test_logits_and_gradients_match_an_independent_merge(name: str) -> None:
-    model = models()[name]
+    model = MODELS[name]()
     cfg = LoraConfig(rank=3, alpha=5.0, targets=r".*(q_proj|v_proj|c_attn|mlp_proj|gating|"
                                                  r"down)\.kernel")
     plan = plan_lora(model, cfg)
@@ -162,8 +164,8 @@ def test_logits_and_gradients_match_an_independent_merge(name: str) -> None:
     base_move = float(jnp.abs(ref_logits - run(model)).max())
     assert base_move > 1e-2, "the adapters must visibly change the logits"
     np.testing.assert_allclose(got_logits, ref_logits, atol=tol, rtol=0)
-    loss, grads = jax.value_and_grad(ours)(adapters)
-    ref_loss, ref_grads = jax.value_and_grad(theirs)(by_name)
+    loss, grads = jax.jit(jax.value_and_grad(ours))(adapters)
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(theirs))(by_name)
     np.testing.assert_allclose(loss, ref_loss, atol=1e-5 if tol else 0.0)
     for n, g in zip(plan.names, grads, strict=True):
         scale = max(1.0, float(jnp.abs(ref_grads[n][0]).max()), float(jnp.abs(ref_grads[n][1])
@@ -176,7 +178,7 @@ def test_logits_and_gradients_match_an_independent_merge(name: str) -> None:
 
 
 def test_jit_with_the_plan_static_and_dtype_cast() -> None:
-    model = models()["decoder"]
+    model = MODELS["decoder"]()
     plan = plan_lora(model, LoraConfig(rank=2))
     hash(plan)
     leaves = jax.tree_util.tree_leaves(nnx.split(model)[1])
@@ -188,7 +190,7 @@ def test_jit_with_the_plan_static_and_dtype_cast() -> None:
 
 
 def test_frozen_base_and_bytes() -> None:
-    model = models()["decoder"]
+    model = MODELS["decoder"]()
     plan = plan_lora(model, LoraConfig(rank=4, base_dtype="bfloat16"))
     leaves = jax.tree_util.tree_leaves(nnx.split(model)[1])
     base = frozen_base(plan, leaves)
@@ -202,7 +204,7 @@ def test_frozen_base_and_bytes() -> None:
 
 
 def test_target_errors_name_what_to_do() -> None:
-    model = models()["decoder"]
+    model = MODELS["decoder"]()
     with pytest.raises(InputError, match=r"match no parameter path.*layers\.0\.attn\.k_proj"):
         plan_lora(model, LoraConfig(targets="q_proj"))  # must match the whole path
     with pytest.raises(InputError, match=r"no 2-D 'kernel' leaf.*stack\.wq \[3, 32, 32\]"):
@@ -210,7 +212,7 @@ def test_target_errors_name_what_to_do() -> None:
     with pytest.raises(InputError, match=r"stack\.wq has shape \[3, 32, 32\].*2-D"):
         plan_lora(ScanLM(StackedConfig(), rngs=nnx.Rngs(0)), LoraConfig(targets=r"stack\.wq"))
     with pytest.raises(InputError, match=r"c_attn\.bias has shape \[96\]"):
-        plan_lora(models()["gpt2"], LoraConfig(targets=r".*c_attn\..*"))
+        plan_lora(MODELS["gpt2"](), LoraConfig(targets=r".*c_attn\..*"))
     with pytest.raises(InputError, match=r"rank=17.*layers\.0\.attn\.k_proj\.kernel of shape "
                                          r"\[32, 16\].*rank <= 16"):
         plan_lora(model, LoraConfig(rank=17))
@@ -231,7 +233,7 @@ def test_config_errors() -> None:
 
 
 def test_mismatched_inputs_are_refused() -> None:
-    model = models()["decoder"]
+    model = MODELS["decoder"]()
     plan = plan_lora(model, LoraConfig(rank=2))
     leaves = jax.tree_util.tree_leaves(nnx.split(model)[1])
     adapters = init_adapters(plan, jax.random.key(0))
