@@ -277,3 +277,26 @@ def test_merged_leaves_against_numpy(n_in: int, n_out: int, r: int, seed: int, d
     for i, leaf in enumerate(leaves):
         if i != plan.indices[0]:
             assert out[i] is leaf
+
+
+class WithDropout(nnx.Module):
+    """A module whose state also holds RNG leaves (a counter and a typed key)."""
+
+    def __init__(self) -> None:
+        self.lin = nnx.Linear(4, 6, rngs=nnx.Rngs(0))
+        self.drop = nnx.Dropout(0.1, rngs=nnx.Rngs(1))
+
+
+def test_rng_leaves_pass_through_and_are_refused_as_targets() -> None:
+    model = WithDropout()
+    plan = plan_lora(model, LoraConfig(rank=2, base_dtype="bfloat16"))
+    assert plan.names == ("lin.kernel",)
+    leaves = jax.tree_util.tree_leaves(nnx.split(model)[1])
+    out = merged_leaves(plan, leaves, init_adapters(plan, jax.random.key(0)), jnp.bfloat16)
+    base = frozen_base(plan, leaves)
+    for got, leaf in [*zip(out, leaves, strict=True), *zip(base, leaves, strict=True)]:
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            assert got is leaf
+    assert base_bytes(leaves) == 4 + 8 + 4 * (6 + 24)  # counter, key data, bias, kernel
+    with pytest.raises(InputError, match=r"drop\.rngs\.count has shape \[\] and dtype uint32"):
+        plan_lora(model, LoraConfig(rank=2, targets=r"drop\..*"))

@@ -108,6 +108,12 @@ def named_leaves(state_or_model: Any) -> list[tuple[str, Any]]:
     return [(dotted_path(p), leaf) for p, leaf in flat]
 
 
+def _floating(leaf: Any) -> bool:
+    """A floating array (or ShapeDtypeStruct); RNG keys, counters and Python scalars are not."""
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+
+
 def _is_linear_kernel(name: str, leaf: Any) -> bool:
     parts = name.split(".")
     return (parts[-1] == "kernel" and len(np.shape(leaf)) == 2
@@ -152,10 +158,10 @@ def plan_lora(state_or_model: Any, cfg: LoraConfig) -> LoraPlan:
     for i in hits:
         name, leaf = named[i]
         shape = tuple(np.shape(leaf))
-        if len(shape) != 2 or not jnp.issubdtype(leaf.dtype, jnp.floating):
+        if len(shape) != 2 or not _floating(leaf):
             raise InputError(f"LoRA target {name} has shape {list(shape)} and dtype "
-                             f"{np.dtype(leaf.dtype).name}; only 2-D floating weights "
-                             "([in, out] kernels) can carry adapters. Narrow targets "
+                             f"{getattr(leaf, 'dtype', type(leaf).__name__)}; only 2-D floating "
+                             "weights ([in, out] kernels) can carry adapters. Narrow targets "
                              r"(e.g. end the pattern with '\.kernel')")
         if cfg.rank > min(shape):
             raise InputError(f"LoRA rank={cfg.rank} is larger than parameter {name} of shape "
@@ -215,7 +221,7 @@ def merged_leaves(plan: LoraPlan, base_leaves: Sequence[Any], adapters: Sequence
     _check_inputs(plan, base_leaves, adapters)
     out = list(base_leaves)
     if dtype is not None:
-        out = [x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in out]
+        out = [x.astype(dtype) if _floating(x) else x for x in out]
     for idx, ad in zip(plan.indices, adapters, strict=True):
         w = base_leaves[idx]
         delta = jnp.matmul(ad["a"].astype(jnp.float32), ad["b"].astype(jnp.float32),
@@ -241,7 +247,7 @@ def frozen_base(plan: LoraPlan, base_leaves: Sequence[Any]) -> list[Any]:
     dt = plan.cfg.base_dtype
     if dt is None:
         return list(base_leaves)
-    return [x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in base_leaves]
+    return [x.astype(dt) if _floating(x) else x for x in base_leaves]
 
 
 def adapter_params(plan: LoraPlan) -> int:
@@ -255,6 +261,6 @@ def adapter_bytes(plan: LoraPlan) -> int:
 
 
 def base_bytes(leaves: Sequence[Any]) -> int:
-    """Bytes of a list of leaves (arrays or ``ShapeDtypeStruct``s), e.g. the frozen base."""
-    return sum(int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
-               for x in leaves)
+    """Bytes of a list of leaves (arrays or ``ShapeDtypeStruct``s), e.g. the frozen base. RNG
+    keys count their key data (``key<fry>``: 8 bytes)."""
+    return sum(int(np.prod(np.shape(x), dtype=np.int64)) * x.dtype.itemsize for x in leaves)

@@ -292,8 +292,9 @@ def _read_tensors(file: Path, modules: Sequence[str], shapes: Sequence[tuple[int
     for m, (n_in, n_out) in zip(modules, shapes, strict=True):
         wanted[f"{PREFIX}{m}.lora_A.weight"] = (rank, n_in)
         wanted[f"{PREFIX}{m}.lora_B.weight"] = (n_out, rank)
-    for key in sorted(names - set(wanted)):
-        raise InputError(f"{file} holds tensor {key!r}, which a plain LoRA on the modules "
+    extra = sorted(names - set(wanted))
+    if extra:
+        raise InputError(f"{file} holds tensor {extra[0]!r}, which a plain LoRA on the modules "
                          "adapter_config.json targets does not have (DoRA, embedding or "
                          "bias adapters, or a module outside target_modules)")
     arrays: dict[str, np.ndarray] = {}
