@@ -273,3 +273,5 @@ def test_transformers_and_peft_load_our_exports(tmp_path: Path) -> None:
         for i in (0, 1):
             theirs = np.asarray(res[str(tmp_path / name)][i], np.float32)
             close(forward(ours, exp[f"prompt{i}"]), theirs)
+    for i in (0, 1):  # our merged weights are peft's merge_and_unload (bit-equal when observed)
+        close(np.asarray(res[str(tmp_path / "merged")][i], np.float32), exp[f"merged{i}"])
