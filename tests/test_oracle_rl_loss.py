@@ -160,17 +160,34 @@ def oracle_targets(cfg: RLConfig, b: Batch) -> Targets:
     return Targets(advs, rets, oracle_weights(cfg, lengths, oracle_kept(cfg, b.rewards)))
 
 
+def oracle_lp(cfg: RLConfig, b: Batch, i: int, logits: np.ndarray) -> np.ndarray:
+    x = np.asarray(logits, np.float64) / cfg.temperature
+    return _log_softmax(x)[np.arange(len(x)), b.tokens[i]]
+
+
 def oracle_token_terms(cfg: RLConfig, b: Batch, tg: Targets, i: int, logits: np.ndarray,
-                       head_w: np.ndarray, head_b: float) -> dict[str, np.ndarray]:
+                       head_w: np.ndarray, head_b: float, frozen_lp: np.ndarray | None = None
+                       ) -> dict[str, np.ndarray]:
     """Sample i's per-token terms; ``loss`` is each token's weighted share of the loss (each
-    token's share depends on its own logits row only)."""
+    token's share depends on its own logits row only).
+
+    With ``tis_cap`` (truncated importance sampling, epochs == 1): the trainer's log-probs at the
+    step's start ``lp0`` are the proximal policy, held fixed (``frozen_lp``: their value at the
+    point a derivative is taken; default: this ``lp``); the term is
+    ``-min(exp(lp0 - old), C) * exp(lp - lp0) * A``."""
     x = np.asarray(logits, np.float64) / cfg.temperature
     logp_all = _log_softmax(x)
     lp = logp_all[np.arange(len(x)), b.tokens[i]]
     ratio = np.exp(lp - b.old_lp[i])
     a = tg.adv[i]
     lo, hi = 1.0 - cfg.clip_eps, 1.0 + cfg.clip_high
-    pg = -np.minimum(ratio * a, np.clip(ratio, lo, hi) * a)
+    tis = np.ones(len(x))
+    if cfg.tis_cap is None:
+        pg = -np.minimum(ratio * a, np.clip(ratio, lo, hi) * a)
+    else:
+        lp0 = lp if frozen_lp is None else frozen_lp
+        tis = np.minimum(np.exp(lp0 - b.old_lp[i]), cfg.tis_cap)
+        pg = -tis * np.exp(lp - lp0) * a
     d = b.ref_lp[i] - lp
     kl = np.exp(d) - d - 1.0
     ent = -(np.exp(logp_all) * logp_all).sum(axis=-1)
@@ -183,7 +200,8 @@ def oracle_token_terms(cfg: RLConfig, b: Batch, tg: Targets, i: int, logits: np.
     w = tg.weight[i]
     loss = w * (pg + cfg.beta * kl - cfg.entropy_coef * ent + cfg.vf_coef * vl)
     return {"loss": loss, "pg": w * pg, "vl": w * vl, "kl": kl, "entropy": ent, "ratio": ratio,
-            "low": (ratio < lo) & (a < 0), "high": (ratio > hi) & (a > 0)}
+            "low": (ratio < lo) & (a < 0), "high": (ratio > hi) & (a > 0), "tis": tis,
+            "mismatch": np.abs(lp - b.old_lp[i]), "outside": (ratio < 0.8) | (ratio > 1.25)}
 
 
 def oracle_loss(cfg: RLConfig, b: Batch, head_w: np.ndarray | None = None,
@@ -197,7 +215,11 @@ def oracle_loss(cfg: RLConfig, b: Batch, head_w: np.ndarray | None = None,
     aux = {"pg_loss": cat["pg"].sum(), "n_tok": float(len(cat["loss"])), "kl": cat["kl"].mean(),
            "entropy": cat["entropy"].mean(), "ratio_mean": cat["ratio"].mean(),
            "clip_low_frac": cat["low"].mean(), "clip_high_frac": cat["high"].mean(),
-           "clip_frac": cat["low"].mean() + cat["high"].mean()}
+           "clip_frac": cat["low"].mean() + cat["high"].mean(),
+           "lp_mismatch_mean": cat["mismatch"].mean(), "lp_mismatch_max": cat["mismatch"].max(),
+           "ratio_outside": cat["outside"].mean()}
+    if cfg.tis_cap is not None:
+        aux["tis_weight_mean"] = cat["tis"].mean()
     if cfg.algo == "ppo":
         aux["v_loss"] = cat["vl"].sum()
     return float(cat["loss"].sum()), aux
@@ -229,6 +251,7 @@ def cases(draw: st.DrawFn) -> tuple[RLConfig, Batch, str]:
         entropy_coef=draw(st.sampled_from([0.0, 0.01, 0.2])),
         gamma=draw(st.sampled_from([1.0, 0.9])), lam=draw(st.sampled_from([0.95, 1.0, 0.5])),
         vf_coef=draw(st.sampled_from([0.5, 1.0])), vf_clip=draw(st.sampled_from([0.2, 1.0])),
+        tis_cap=draw(st.sampled_from([None, None, 1.0, 2.0])),
     )
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     drift = draw(st.sampled_from([0.0, 0.1, 0.6]))  # old policy = current (epoch 1) or not
@@ -309,7 +332,9 @@ def _finite_differences(cfg: RLConfig, b: Batch, h: float = 1e-5
         g = np.zeros_like(x)
         for v in range(x.shape[1]):
             e = h * np.eye(x.shape[1])[v]
-            share = lambda y, i=i: oracle_token_terms(cfg, b, tg, i, y, w0, b.head_b)["loss"]
+            lp0 = oracle_lp(cfg, b, i, x)  # TIS's proximal log-probs, fixed at this point
+            share = lambda y, i=i, lp0=lp0: oracle_token_terms(cfg, b, tg, i, y, w0, b.head_b,
+                                                               lp0)["loss"]
             g[:, v] = (share(x + e) - share(x - e)) / (2 * h)
         grads.append(g)
     f = lambda w=w0, bias=b.head_b: oracle_loss(cfg, b, w, bias)[0]
@@ -362,3 +387,15 @@ def test_the_oracle_is_not_vacuous() -> None:
     logits, arrays, head, _, _ = library_inputs(cfg2, b2, "padded")
     assert np.isclose(float(rl_loss(logits, arrays, head, cfg2)[0]), 1.0 - np.log(2.0),
                       atol=1e-6)
+    # TIS, hand-checked: the generation gave the first sample's token log-prob lp - log 4 (the
+    # trainer's is 4x as likely), capped at 2: its term is -2 * 1 * A = -2, the second's
+    # (old = lp, weight 1) is -(-1) = 1; token_mean: (-2 + 1) / 2 = -0.5; mismatch |log 4| max
+    old = [lp - np.log(4.0).astype(np.float32), lp]
+    b3 = Batch(b.prompts, b.logits, b.tokens, old, b.ref_lp, b.rewards, b.old_v, b.head_w, 0.0)
+    cfg3 = RLConfig(algo="grpo", group_size=2, max_new_tokens=1, adv_eps=0.0, tis_cap=2.0)
+    loss3, aux3 = oracle_loss(cfg3, b3)
+    assert np.isclose(loss3, -0.5) and np.isclose(aux3["lp_mismatch_max"], np.log(4.0))
+    logits, arrays, head, _, _ = library_inputs(cfg3, b3, "packed")
+    got, got_aux = rl_loss(logits, arrays, head, cfg3)
+    assert np.isclose(float(got), -0.5, atol=1e-6)
+    assert np.isclose(float(got_aux["ratio_outside"]), 0.5)  # ratio 4 is outside [0.8, 1.25]

@@ -40,6 +40,8 @@ ALGOS = ("grpo", "rloo", "ppo")
 SEEDS = (0, 1, 2, 3, 11)
 CURVE_KEYS = ("reward", "exact_match", "entropy", "zero_var_frac")
 CURVE_EVERY = 5  # steps per stored curve point (a 400-step run keeps 80 points per key)
+# --config keys that are train()'s run arguments rather than RLConfig fields
+RUN_KEYS = ("speculate", "speculate_adaptive", "precision", "system")
 
 
 _CACHE = os.path.join(os.path.expanduser("~"), ".cache", "jaxrl_sym_learning_xla")
@@ -75,8 +77,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="partial rollouts per run: 'off' or PartialConfig fields as JSON; "
                         "repeat to compare (default: off)")
     p.add_argument("--config", action="append", default=None, metavar="JSON",
-                   help="JSON of RLConfig overrides (plus speculate / speculate_adaptive, the "
-                        "run's speculation); repeat to compare arms side by side "
+                   help="JSON of RLConfig overrides (plus the run's speculate / "
+                        "speculate_adaptive / precision / system); repeat to compare arms side "
+                        "by side "
                         "(e.g. '{}' and '{\"speculate\": 4}'; default: none)"
                         ". --jobs 2 runs two arms at once, so they see the same load")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -135,8 +138,9 @@ def run_child(spec: dict[str, Any], cache_dir: str | None = None) -> dict[str, A
         enable_compile_cache(cache_dir)
 
     t0 = time.perf_counter()
-    config = dict(spec.get("config") or {})  # speculation is the run's (train's), not RLConfig's
-    run = {k: config.pop(k) for k in ("speculate", "speculate_adaptive") if k in config}
+    # speculation, precision and system are the run's (train's arguments), not RLConfig's
+    config = dict(spec.get("config") or {})
+    run = {k: config.pop(k) for k in RUN_KEYS if k in config}
     out = train(spec["algo"], spec["task"], steps=spec["steps"], seed=spec["seed"],
                 prompts_per_step=spec["prompts"], max_digits=spec["max_digits"],
                 eval_prompts=spec["eval_prompts"], model=spec["model"], progress=False,

@@ -12,7 +12,7 @@ systems share the loss code and agree to float rounding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -209,8 +209,7 @@ def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], c
     log_ratio = jnp.where(mask, lp - arrays["old_lp"], 0.0)
     ratio = jnp.exp(log_ratio)
     adv = arrays["adv"]
-    clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps, 1.0 + cfg.clip_high)
-    pg = -jnp.minimum(ratio * adv, clipped * adv)
+    pg, tis_w = _policy_gradient(lp, ratio, log_ratio, mask, adv, cfg)
     per_tok = pg
     d = jnp.where(mask, arrays["ref_lp"] - lp, 0.0)
     # k3 estimate of KL(pi || ref): >= 0 in exact arithmetic; expm1 and the clamp keep fp32
@@ -223,15 +222,25 @@ def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], c
         per_tok = per_tok - cfg.entropy_coef * ent
     loss = jnp.sum(jnp.where(mask, w * per_tok, 0.0))
 
-    def tok_mean(x: jax.Array) -> jax.Array:
-        return jnp.sum(jnp.where(mask, x, 0.0)) / n_tok
+    tok_mean = lambda x: jnp.sum(jnp.where(mask, x, 0.0)) / n_tok
+    aux = {"pg_loss": jnp.sum(jnp.where(mask, w * pg, 0.0)), "kl": tok_mean(kl),
+           "entropy": tok_mean(ent), **_ratio_stats(ratio, log_ratio, adv, mask, tok_mean, cfg)}
+    if tis_w is not None:
+        aux["tis_weight_mean"] = tok_mean(tis_w)
+    if "v" in terms:
+        loss, aux["v_loss"] = _add_value_loss(loss, terms["v"], arrays, cfg)
+    aux["loss"] = loss
+    aux["n_tok"] = n_tok.astype(jnp.float32)
+    return loss, aux
 
+
+def _ratio_stats(ratio: jax.Array, log_ratio: jax.Array, adv: jax.Array, mask: jax.Array,
+                 tok_mean: Callable[[jax.Array], jax.Array], cfg: RLConfig
+                 ) -> dict[str, jax.Array]:
+    """Diagnostics of the importance ratios (new / generation-time probabilities)."""
     low = (ratio < 1.0 - cfg.clip_eps) & (adv < 0)
     high = (ratio > 1.0 + cfg.clip_high) & (adv > 0)
-
-    aux = {
-        "pg_loss": jnp.sum(jnp.where(mask, w * pg, 0.0)),
-        "kl": tok_mean(kl),
+    return {
         # k3 KL(behaviour || current) from the same ratios: how far this update has moved off
         # the policy that sampled (0 on the first epoch; a large value means lr or epochs too big)
         "kl_old": tok_mean(jnp.maximum(jnp.expm1(-log_ratio) + log_ratio, 0.0)),
@@ -243,13 +252,29 @@ def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], c
         "ratio_mean": tok_mean(ratio),
         "ratio_min": jnp.min(jnp.where(mask, ratio, 1.0)),
         "ratio_max": jnp.max(jnp.where(mask, ratio, 1.0)),
-        "entropy": tok_mean(ent),
+        # generation vs trainer log-probs: on the first epoch (the weights that sampled) these
+        # measure the rollout/trainer mismatch (precision, kernels), 0 when both agree exactly
+        "lp_mismatch_mean": tok_mean(jnp.abs(log_ratio)),
+        "lp_mismatch_max": jnp.max(jnp.abs(log_ratio)),
+        "ratio_outside": tok_mean((ratio < 0.8) | (ratio > 1.25)),
     }
-    if "v" in terms:
-        loss, aux["v_loss"] = _add_value_loss(loss, terms["v"], arrays, cfg)
-    aux["loss"] = loss
-    aux["n_tok"] = n_tok.astype(jnp.float32)
-    return loss, aux
+
+
+def _policy_gradient(lp: jax.Array, ratio: jax.Array, log_ratio: jax.Array, mask: jax.Array,
+                     adv: jax.Array, cfg: RLConfig) -> tuple[jax.Array, jax.Array | None]:
+    """Per-token clipped policy-gradient term, and the TIS weights (None when off).
+
+    Without ``tis_cap`` the ratio is against the generation's log-probs. With it (epochs == 1,
+    so ``lp`` is the trainer's forward at the weights that sampled), the ratio is against the
+    trainer's own log-probs, ``exp(lp - stop_gradient(lp))`` (1, with lp's gradient), and the
+    term is weighted by ``min(exp(lp - old_lp), tis_cap)``, held constant (verl's TIS)."""
+    if cfg.tis_cap is None:
+        clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps, 1.0 + cfg.clip_high)
+        return -jnp.minimum(ratio * adv, clipped * adv), None
+    prox = jax.lax.stop_gradient(lp)
+    tis_w = jnp.minimum(jnp.exp(jax.lax.stop_gradient(log_ratio)), cfg.tis_cap)
+    own = jnp.exp(jnp.where(mask, lp - prox, 0.0))
+    return -tis_w * own * adv, tis_w
 
 
 def _add_value_loss(loss: jax.Array, v: jax.Array, arrays: dict[str, jax.Array],
@@ -265,7 +290,7 @@ def _add_value_loss(loss: jax.Array, v: jax.Array, arrays: dict[str, jax.Array],
 
 SUMMED_AUX = ("loss", "pg_loss", "v_loss", "n_tok")
 TOKEN_MEAN_AUX = ("kl", "kl_old", "entropy", "clip_frac", "clip_low_frac", "clip_high_frac",
-                  "ratio_mean")
+                  "ratio_mean", "lp_mismatch_mean", "ratio_outside", "tis_weight_mean")
 
 
 def merge_aux(parts: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -281,7 +306,7 @@ def merge_aux(parts: Sequence[dict[str, float]]) -> dict[str, float]:
             out[key] = sum(p[key] for p in parts)
         elif key in TOKEN_MEAN_AUX:
             out[key] = sum(p[key] * p["n_tok"] for p in parts) / max(n, 1.0)
-        elif key == "ratio_max":
+        elif key in ("ratio_max", "lp_mismatch_max"):
             out[key] = max(p[key] for p in parts)
         elif key == "ratio_min":
             out[key] = min(p[key] for p in parts)

@@ -29,6 +29,7 @@ from jaxrl_sym.rl.config import (
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_HELP
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
+from jaxrl_sym.weights.precision import PRECISIONS
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -96,6 +97,11 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
                    help="token slots per training micro-batch (gradients accumulate over "
                         "micro-batches: less memory, same update); default: the whole batch, "
                         "or 512 for a --model checkpoint")
+    t.add_argument("--tis-cap", type=float, default=None, metavar="C",
+                   help="truncated importance sampling: weight each token's gradient by "
+                        "min(pi_trainer / pi_generation, C), for precision or kernel mismatch "
+                        "between generation and training (verl's TIS; e.g. 2; default off; "
+                        "needs --epochs 1)")
     t.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=None,
                    help="sym's training rows hold a group's prompt once, its G responses "
                         "attending to it (default on; --no-share-prompts packs every sample "
@@ -109,6 +115,11 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default=None, metavar="DIR",
                    help="fine-tune this Hugging Face checkpoint directory on a text task: "
                         "--task word-problems or jsonl:FILE ({prompt, answer} lines)")
+    t.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="fp32; bf16-mixed (fp32 master weights and Adam state, a bf16 copy for "
+                        "generation, scoring and the forward/backward); bf16 (everything bf16: "
+                        "small updates round away). Default: bf16-mixed for a --model checkpoint "
+                        "on a GPU/TPU, else fp32")
     t.add_argument("--max-new-tokens", type=int, default=None,
                    help="response limit (default: the task's)")
     t.add_argument("--eval-prompts", type=int, default=256,
@@ -225,7 +236,8 @@ def train_configs(args: argparse.Namespace
                     max_digits=args.max_digits, partial_weight=args.partial_weight,
                     model_dir=args.model, eval_prompts=args.eval_prompts, mesh=args.mesh,
                     device_memory=args.device_memory, partial=partial,
-                    speculation=speculation_of(args.speculate, args.speculate_adaptive))
+                    speculation=speculation_of(args.speculate, args.speculate_adaptive),
+                    precision=args.precision)
     checkpoints = CheckpointConfig(args.checkpoint_dir, args.checkpoint_every, args.keep,
                                    args.resume, args.resume_or_start, args.resume_anyway)
     flags = (("max_new_tokens", args.max_new_tokens), ("loss_agg", args.loss_agg),
@@ -233,7 +245,8 @@ def train_configs(args: argparse.Namespace
              ("clip_eps_high", args.clip_high), ("adv_norm", args.adv_norm),
              ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
              ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
-             ("update_tokens", args.update_tokens), ("lr", args.lr))
+             ("update_tokens", args.update_tokens), ("lr", args.lr),
+             ("tis_cap", args.tis_cap))
     rl = {"algo": args.algo, "group_size": args.group, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints

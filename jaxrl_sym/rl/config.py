@@ -25,6 +25,7 @@ from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
 from jaxrl_sym.rl.tasks import Task, get_task
 from jaxrl_sym.rl.text_tasks import is_text_task
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
+from jaxrl_sym.weights.precision import Precision
 
 __all__ = ["TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig",
            "RLConfig", "RunConfig", "speculation_of", "task_rl_config"]
@@ -103,6 +104,13 @@ class RLConfig:
       at a 151,936 vocabulary: its update ran 62 s where 256 took 100 s (4,096 slots, loaded
       2-core CPU), and its peak at 16,384 slots is 4.4 GB against 23.0 GB unchunked (256:
       3.5 GB).
+    tis_cap: truncated importance sampling (verl, slime) for the gap between the generation's
+      log-probs and the trainer's own at the same weights (bf16 generation vs a recompute,
+      another system's kernels): each token's policy gradient is weighted by
+      ``min(pi_trainer / pi_generation, tis_cap)`` and the PPO ratio is taken against the
+      trainer's log-probs. None: off (the ratio is taken against the generation's, as before).
+      Needs ``epochs == 1``: the trainer's log-probs at the step's start are those of the
+      first epoch's own forward (a stop-gradient), which later epochs no longer have.
     """
 
     algo: str = "grpo"
@@ -134,6 +142,7 @@ class RLConfig:
     overlap_reference: bool | None = None
     update_tokens: int | None = None
     logprob_chunk: int | None = 1024
+    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -162,6 +171,13 @@ class RLConfig:
             v = getattr(self, name)
             if v is not None and not (np.isfinite(v) and v >= 0):
                 raise InputError(f"RLConfig.{name}={v} must be finite and >= 0")
+        if self.tis_cap is not None and not (np.isfinite(self.tis_cap) and self.tis_cap >= 1.0):
+            raise InputError(f"RLConfig.tis_cap={self.tis_cap} (--tis-cap) must be finite and "
+                             ">= 1 (a cap below 1 down-weights tokens the two policies agree on)")
+        if self.tis_cap is not None and self.epochs != 1:
+            raise InputError(f"RLConfig.tis_cap (--tis-cap) needs epochs == 1, got epochs="
+                             f"{self.epochs}: the trainer's log-probs at the step's start come "
+                             "from the first epoch's forward")
         if not 0.0 <= self.clip_eps < 1.0:
             raise InputError(f"RLConfig.clip_eps={self.clip_eps} (--clip-low) must be in [0, 1): "
                              "the ratio's lower clip bound 1 - clip_eps must stay positive")
@@ -248,7 +264,9 @@ class RunConfig:
     :class:`~jaxrl_sym.rl.step.RLTrainer`. partial: partial rollouts (None: off).
     speculation: speculative decoding of the rollouts (None: plain; :func:`speculation_of`
     builds it from ``--speculate``). engine: the generation engine's options (None: the
-    runtime's defaults, ``EngineOptions()``).
+    runtime's defaults, ``EngineOptions()``). precision: ``fp32``, ``bf16-mixed`` or ``bf16``
+    (:mod:`jaxrl_sym.weights.precision`; None: bf16-mixed for a checkpoint on an accelerator,
+    else fp32).
     """
 
     task: str = "reverse"
@@ -266,9 +284,12 @@ class RunConfig:
     partial: PartialConfig | None = None
     speculation: Speculation | None = None
     engine: EngineOptions | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         _check_trains(self.system)
+        if self.precision is not None:
+            Precision(self.precision)  # its own rule: one of PRECISIONS, named by the flag
         if self.engine is not None and not isinstance(self.engine, EngineOptions):
             raise InputError(f"engine={self.engine!r}: give an EngineOptions or None")
         if self.speculation is not None and not isinstance(self.speculation, Speculation):

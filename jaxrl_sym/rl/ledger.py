@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrl_sym.rl.stages import row_chunks
@@ -62,6 +63,9 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
             tree_buffer("optimiser state", "optimizer", state.opt_state)]
     if state.ref:
         held.append(tree_buffer("reference weights", "reference", state.ref))
+    if trainer.precision.mixed:  # the forward's copy, alive beside the masters (refreshed)
+        held.append(tree_buffer(f"{trainer.precision.compute} copy of the weights", "weights",
+                                jax.eval_shape(trainer.view.compute, state.params["lm"])))
     moments: list[Moment] = []
     programs: list[tuple[str, int, ProgramSize]] = []
     ref_sizes = _reference(ctx, fns, state, lay) if state.ref else []

@@ -35,6 +35,7 @@ from jaxrl_sym.rl.text_tasks import (
     is_text_task,
     reward,
 )
+from jaxrl_sym.weights.precision import Precision
 
 DEFAULT_MAX_NEW_TOKENS = 256  # room for a short worked solution and its '#### N' line
 # Token slots per training micro-batch of a checkpoint run (RLConfig.update_tokens). A
@@ -165,7 +166,10 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
 
 
 def _policy_dtype(hparams: dict[str, Any], fingerprint: dict[str, Any]) -> Any:
-    """The dtype the run's policy had: the run's ``--dtype``, else its saved parameters'."""
+    """The dtype the run's trained parameters have: its precision's master dtype, else (a run
+    from before precisions) the run's ``--dtype``, else its saved parameters'."""
+    if hparams.get("precision"):
+        return Precision(hparams["precision"]).master
     if hparams.get("model_dtype"):
         return hparams["model_dtype"]
     shapes = fingerprint.get("params") or [[None, "float32"]]

@@ -330,6 +330,11 @@ def signals(state: TrainState, rollout: Rollout, rewards: np.ndarray, per_sample
         "ratio_min": last_aux["ratio_min"],
         "ratio_max": last_aux["ratio_max"],
         "entropy": aux_h["entropy"],
+        # rollout/trainer mismatch: |generation log-prob - trainer log-prob| per response token
+        # at the weights that sampled, and the share of tokens whose ratio leaves [0.8, 1.25]
+        "logprob_mismatch_mean": aux_h["lp_mismatch_mean"],
+        "logprob_mismatch_max": aux_h["lp_mismatch_max"],
+        "mismatch_ratio_outside": aux_h["ratio_outside"],
         "grad_norm": aux_h["grad_norm"],
         "lr": current_lr(state.opt_state),
         "adv_mean": float(adv.mean()),

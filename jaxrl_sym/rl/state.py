@@ -106,12 +106,12 @@ def current_lr(opt_state: Any) -> float | None:
 
 
 def init_state(leaves: Sequence[Any], cfg: RLConfig, tx: optax.GradientTransformation,
-               vocab_size: int) -> TrainState:
-    """Step-0 state from the model's parameter leaves.
+               vocab_size: int, reference: Sequence[Any] | None = None) -> TrainState:
+    """Step-0 state from the model's parameter leaves (the master weights, in the precision
+    policy's master dtype) and the reference's (its compute dtype; None: ``leaves``).
 
-    The policy and the reference are *copies* of the leaves (not the same buffers): the update
-    programs take the policy's buffers as donated arguments, which must never be the caller's
-    model's or the reference's.
+    Both are *copied* (never the caller's buffers): the update programs take the policy's
+    buffers as donated arguments, which must never be the caller's model's or the reference's.
     """
     params: dict[str, Any] = {"lm": [jnp.array(x, copy=True) for x in leaves]}
     if cfg.algo == "ppo":
@@ -119,7 +119,8 @@ def init_state(leaves: Sequence[Any], cfg: RLConfig, tx: optax.GradientTransform
         # Monte-Carlo returns instead of noise.
         params["value"] = {"w": jnp.zeros((vocab_size,), jnp.float32),
                            "b": jnp.zeros((), jnp.float32)}
-    ref = [jnp.array(x, copy=True) for x in leaves] if cfg.beta > 0 else None
+    ref = ([jnp.array(x, copy=True) for x in (leaves if reference is None else reference)]
+           if cfg.beta > 0 else None)
     return TrainState(params=params, opt_state=tx.init(params), ref=ref, step=0)
 
 

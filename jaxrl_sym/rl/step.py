@@ -47,6 +47,7 @@ from flax import nnx
 from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.contract import check_model, model_fingerprint
+from jaxrl_sym.models.hf.modeling import CausalLM
 from jaxrl_sym.rl import stages
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.context import Forwards, RolloutSource, StepContext
@@ -65,9 +66,12 @@ from jaxrl_sym.rl.state import (
 )
 from jaxrl_sym.rl.systems import BindArgs, Bound, System, trainable
 from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.ledger import tree_nbytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes
+from jaxrl_sym.weights.precision import Precision
+from jaxrl_sym.weights.view import WeightView, check_precision
 
 __all__ = ["RLTrainer", "RewardFn", "Rollout", "TrainState", "compute_rewards", "params_sha256"]
 
@@ -108,6 +112,10 @@ class RLTrainer:
       partial: partial rollouts (:mod:`jaxrl_sym.rl.partial`): a step stops generating when
         ``partial.fraction`` of its rows finished, trains the complete groups and carries the
         unfinished rows into the next step (None, the default: every step generates to the end).
+      precision: ``"fp32"``, ``"bf16-mixed"`` or ``"bf16"`` (:mod:`jaxrl_sym.weights.precision`:
+        fp32 master weights and optimiser state with a bf16 copy for every forward, or one
+        dtype throughout). None: ``bf16-mixed`` for a Hugging Face checkpoint on an
+        accelerator, else ``fp32``.
 
     ``state`` is the whole evolving state and ``rollouts`` the rows partial rollouts carry;
     :meth:`commit` is the only writer of both (``params``, ``opt_state``, ``ref_leaves`` and
@@ -127,6 +135,7 @@ class RLTrainer:
         mesh: Any = None,
         device_memory: int | str | None = None,
         partial: PartialConfig | None = None,
+        precision: str | Precision | None = None,
     ) -> None:
         self.system: System = trainable(system)
         _check_options(self.system, engine, speculation)
@@ -139,15 +148,9 @@ class RLTrainer:
         info = check_model(model)  # any model that follows the contract; fails early otherwise
         self.vocab_size = info.vocab_size
         self.model_fingerprint = model_fingerprint(model)
-        self.graphdef, state = nnx.split(model)
-        leaves, self.treedef = jax.tree_util.tree_flatten(state)
         self.tx = make_optimizer(cfg)
         self.mesh = make_mesh(mesh)
-        self.state: TrainState = init_state(leaves, cfg, self.tx, self.vocab_size)
-        self.shardings: dict[str, Any] | None = None
-        if self.mesh is not None:
-            self.shardings = state_shardings(self.state, self.mesh)
-            self.state = place_state(self.state, self.shardings)
+        self._take_weights(model, precision)
         self.budget = None if device_memory is None else MemoryBudget(
             parse_bytes(device_memory, flag="device_memory"))
         if self.budget is not None:  # before any program compiles: fail in seconds, not minutes
@@ -160,18 +163,34 @@ class RLTrainer:
         # systems bind to a model over the trainer's own (copied, placed) weights: the caller's
         # model is not kept alive by the trainer, and keeps its weights when the trainer's are
         # donated to an update
-        own = nnx.merge(self.graphdef,
-                        jax.tree_util.tree_unflatten(self.treedef, self.state.params["lm"]))
+        own = self.view.compute_model(self.graphdef, self.treedef, self.state.params["lm"])
         bind_args = BindArgs(own, engine or EngineOptions(), speculation,
                              mesh=self.mesh, budget=self.budget, logprob_chunk=cfg.logprob_chunk)
 
         def bind(system: System) -> Bound:
             bound = system.bind(bind_args)  # traces now: a bad model fails here
-            bound.set_params(self.state.params["lm"])
+            bound.set_params(self.view.compute_copy(self.state.params["lm"]))
             return bound
 
-        self.forwards = Forwards(bind, self.tx, self.shardings)
+        self.forwards = Forwards(bind, self.tx, self.shardings, self.view.compute)
         self.forwards.bound(self.system)
+
+    def _take_weights(self, model: nnx.Module, precision: str | Precision | None) -> None:
+        """The trainer's own copies of ``model``'s weights under the precision policy (fp32 or
+        bf16 masters and optimiser state, the reference in the compute dtype), placed on the
+        mesh. The caller's arrays are not kept: the trainer's are donated to its updates."""
+        self.graphdef, state = nnx.split(model)
+        leaves, self.treedef = jax.tree_util.tree_flatten(state)
+        self.precision = Precision.of(precision, pretrained=isinstance(model, CausalLM),
+                                      platform=jax.default_backend())
+        check_precision(self.precision)
+        self.view = WeightView(self.precision, leaves)
+        self.state: TrainState = init_state(self.view.master(leaves), self.cfg, self.tx,
+                                            self.vocab_size, self.view.reference(leaves))
+        self.shardings: dict[str, Any] | None = None
+        if self.mesh is not None:
+            self.shardings = state_shardings(self.state, self.mesh)
+            self.state = place_state(self.state, self.shardings)
 
     # ------------------------------------------------------------------ state
     def commit(self, state: TrainState, carried: PartialBuffer | None = None) -> None:
@@ -182,7 +201,7 @@ class RLTrainer:
         self.state = state
         if carried is not None:
             self.rollouts = carried
-        self.forwards.set_params(state.params["lm"])
+        self.forwards.set_params(self.view.compute_copy(state.params["lm"]))
 
     @property
     def params(self) -> Any:
@@ -221,6 +240,19 @@ class RLTrainer:
     def params_sha256(self) -> str:
         return params_sha256(self.params)
 
+    def state_bytes_per_param(self) -> dict[str, float]:
+        """Resident bytes per model parameter, by part (activations excluded): the trained
+        weights (``master``), the optimiser state, the reference and the forward's copy of the
+        weights (0 where the policy needs none). What a precision or LoRA saves shows here."""
+        lm = self.params["lm"]
+        n = max(1, sum(int(np.prod(x.shape)) for x in lm))
+        copy = (tree_nbytes(jax.eval_shape(self.view.compute, lm))
+                if self.precision.mixed else 0)
+        parts = {"master": tree_nbytes(self.params), "optimizer": tree_nbytes(self.opt_state),
+                 "reference": tree_nbytes(self.state.ref) if self.state.ref else 0,
+                 "compute_copy": copy}
+        return {k: v / n for k, v in parts.items()}
+
     # ------------------------------------------------------------------ pieces
     @property
     def context(self) -> StepContext:
@@ -243,9 +275,10 @@ class RLTrainer:
         return engine
 
     def model(self) -> nnx.Module:
-        """An NNX model holding a copy of the current policy weights (the trainer's own buffers
-        are donated to the next update, so a model sharing them would not outlive it)."""
-        leaves = [jnp.copy(x) for x in self.params["lm"]]
+        """An NNX model holding a copy of the current policy weights, in the dtypes the model
+        came with (the trainer's own buffers are donated to the next update, so a model sharing
+        them would not outlive it)."""
+        leaves = self.view.original(self.params["lm"])
         return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef, leaves))
 
     def fns(self, system: str) -> dict[str, Any]:

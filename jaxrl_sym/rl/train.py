@@ -79,6 +79,7 @@ FLAGS: dict[str, str] = {
     "drop_zero_var": "--drop-zero-var", "warmup_steps": "--warmup-steps",
     "lr_schedule": "--lr-schedule", "partial": "--partial-rollout",
     "speculate": "--speculate", "speculate_adaptive": "--speculate-adaptive",
+    "precision": "--precision", "tis_cap": "--tis-cap",
 }
 
 
@@ -266,6 +267,7 @@ def train(
     speculate: int = 0,
     speculate_adaptive: bool = False,
     engine: EngineOptions | None = None,
+    precision: str | None = None,
 ) -> dict[str, Any]:
     """:func:`train_run` from keyword arguments: each one is a field of :class:`RunConfig`,
     :class:`CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume*``)
@@ -280,7 +282,8 @@ def train(
                     model=model, model_dir=model_dir, eval_prompts=eval_prompts, mesh=mesh,
                     device_memory=device_memory,
                     partial=None if partial is None else PartialConfig(**partial),
-                    speculation=speculation_of(speculate, speculate_adaptive), engine=engine)
+                    speculation=speculation_of(speculate, speculate_adaptive), engine=engine,
+                    precision=precision)
     checkpoints = CheckpointConfig(checkpoint_dir, checkpoint_every, keep, resume,
                                    resume_or_start, resume_anyway)
     rl = {"algo": algo, "group_size": group_size, "beta": beta, "epochs": epochs,
@@ -327,7 +330,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
         run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
     trainer = _trainer(run, rl_cfg, task_obj, hf)
     trim_host_heap()  # the loaded model's buffers, freed once the trainer copied them
-    meta = {"fingerprint": fingerprint(trainer), "hparams": _hparams(run, rl_cfg, hf),
+    meta = {"fingerprint": fingerprint(trainer),
+            "hparams": {**_hparams(run, rl_cfg, hf), "precision": trainer.precision.name},
             "lineage": []}
     resumed_from, changed = None, []
     if resuming:
@@ -366,7 +370,8 @@ def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any) -> RLTrainer:
     return RLTrainer(policy, task.reward, cfg, system=run.system, metric_fn=task.exact_match,
                      engine=run.engine, speculation=run.speculation,
                      mesh=None if run.mesh is None else MeshConfig.parse(run.mesh, flag="--mesh"),
-                     device_memory=run.device_memory, partial=run.partial)
+                     device_memory=run.device_memory, partial=run.partial,
+                     precision=run.precision)
 
 
 def _summary(trainer: RLTrainer, ckpt: Checkpointer | None, resumed_from: int | None,
@@ -386,6 +391,8 @@ def _summary(trainer: RLTrainer, ckpt: Checkpointer | None, resumed_from: int | 
                         if m.get("health")), None),
         "seconds": seconds,
         "mesh": describe(trainer.mesh),
+        "precision": trainer.precision.name,
+        "state_bytes_per_param": trainer.state_bytes_per_param(),
         "partial_left_rows": len(trainer.rollouts.rows) if trainer.rollouts is not None else 0,
     }
 
