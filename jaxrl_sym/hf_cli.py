@@ -92,6 +92,10 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
                    help="with --checkpoint-dir: this step (default: the newest good one)")
     e.add_argument("--dtype", choices=DTYPES, default=None,
                    help="cast the parameters (default: keep)")
+    e.add_argument("--peft", action="store_true",
+                   help="with --checkpoint-dir of a LoRA run: write its adapters as a PEFT "
+                        "adapter directory (adapter_config.json + adapter_model.safetensors) "
+                        "instead of the merged model")
     e.add_argument("--max-shard-size", default="5GB", metavar="BYTES",
                    help="shard the weights above this size (e.g. 5GB, 500MiB)")
     e.add_argument("--overwrite", action="store_true",
@@ -216,6 +220,8 @@ def check_export(args: argparse.Namespace) -> list[str]:
                           "writes a checkpoint directory's own config.json and tokenizer files)")
         if args.step is not None:
             errors.append("--step applies to --checkpoint-dir only")
+        if args.peft:
+            errors.append("--peft applies to --checkpoint-dir of a LoRA run only")
     else:
         errors = ([] if os.path.isdir(args.checkpoint_dir)
                   else [f"--checkpoint-dir {args.checkpoint_dir}: no such directory"])
@@ -328,7 +334,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
 
         files, source = export_checkpoint(args.checkpoint_dir, args.out, step=args.step,
                                           dtype=args.dtype, overwrite=args.overwrite,
-                                          max_shard_bytes=shard)
+                                          max_shard_bytes=shard, peft=args.peft)
     return {"out": os.path.abspath(args.out), "files": files, **source,
             "seconds": time.perf_counter() - t0}
 

@@ -133,8 +133,8 @@ def test_programs_chunked_equal_unchunked(make, system: str, chunks: tuple[int, 
     inputs = tuple(jnp.asarray(x) for x in lay.inputs)
     want = None
     for f in fns:
-        got = (f["ref"](params["lm"], inputs, arrays["targets"]), f["values"](params, inputs),
-               f["grad"](params, inputs, arrays))
+        got = (f["ref"](params["lm"], inputs, arrays["targets"]), f["values"](params, None, inputs),
+               f["grad"](params, None, inputs, arrays))
         if want is None:
             want = got
         else:

@@ -161,9 +161,9 @@ def test_a_run_records_its_precision_and_a_resume_in_another_is_refused(tmp_path
 
 
 @pytest.mark.parametrize(("precision", "want"), [
-    ("fp32", {"master": 4, "optimizer": 8, "reference": 4, "compute_copy": 0}),
-    ("bf16-mixed", {"master": 4, "optimizer": 8, "reference": 2, "compute_copy": 2}),
-    ("bf16", {"master": 2, "optimizer": 4, "reference": 2, "compute_copy": 0}),
+    ("fp32", {"master": 4, "optimizer": 8, "reference": 4, "frozen": 0, "compute_copy": 0}),
+    ("bf16-mixed", {"master": 4, "optimizer": 8, "reference": 2, "frozen": 0, "compute_copy": 2}),
+    ("bf16", {"master": 2, "optimizer": 4, "reference": 2, "frozen": 0, "compute_copy": 0}),
 ])
 def test_state_bytes_per_parameter_by_precision(precision: str, want: dict[str, int]) -> None:
     tr = RLTrainer(init_model(preset("tiny", vocab_size=VOCAB_SIZE), 0), TASK.reward, CFG,

@@ -206,7 +206,7 @@ def test_micro_batched_update_equals_whole_batch() -> None:
         # update_once consumes the state it is given (donated buffers): each call gets a copy
         p1, _, aux1 = stages.update_once(trainer.context, *_copy((trainer.params,
                                                                   trainer.opt_state)),
-                                         trainer.ref_leaves, layout, arrays)
+                                         trainer.state, layout, arrays)
         assert rows >= 2, "the rollout must pack into several rows to split them"
         per = max(1, rows // 2)  # at least two micro-batches whatever the sampled lengths
         trainer.cfg = replace(base, update_tokens=per * width)
@@ -214,7 +214,7 @@ def test_micro_batched_update_equals_whole_batch() -> None:
         assert len(chunks) == -(-rows // per) >= 2
         p2, _, aux2 = stages.update_once(trainer.context, *_copy((trainer.params,
                                                                   trainer.opt_state)),
-                                         trainer.ref_leaves, layout, arrays)
+                                         trainer.state, layout, arrays)
     finally:
         trainer.cfg = base
     for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "grad_norm", "n_tok"):
@@ -259,7 +259,7 @@ def test_the_update_writes_the_new_state_into_the_old_one() -> None:
     fns = trainer.context.fns(layout.system)
     state = tree_nbytes((trainer.params, trainer.opt_state))
     size = ProgramSize.of("update", fns["update"].lower(trainer.params, trainer.opt_state,
-                                                         inputs, arr).compile())
+                                                         None, inputs, arr).compile())
     assert size.alias >= state and size.out - size.alias < 4096, size
     apply = ProgramSize.of("apply", fns["apply"].lower(trainer.params, trainer.opt_state,
                                                        trainer.params).compile())

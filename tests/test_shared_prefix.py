@@ -120,7 +120,7 @@ def test_step_programs_equal_unshared(name: str) -> None:
             "old_lp": lay.scatter([x - 2 for x in per]),
             "ref_lp": lay.scatter([x - 2.5 for x in per]), "adv": lay.scatter(per)}.items()}
         ref = lay.gather(np.asarray(fns["ref"](tr.params["lm"], inputs, arrays["targets"])))
-        (loss, _), grads = fns["grad"](tr.params, inputs, arrays)
+        (loss, _), grads = fns["grad"](tr.params, None, inputs, arrays)
         got.append((ref, float(loss), grads, lay.useful_tokens))
     (ref_a, loss_a, g_a, n_a), (ref_b, loss_b, g_b, n_b) = got
     assert n_b < n_a

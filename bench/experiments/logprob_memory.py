@@ -67,7 +67,7 @@ def batch(tr: RLTrainer, tokens: int, seed: int = 0) -> tuple[Any, dict[str, np.
 def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int:
     """What ``Programs.run`` would record for the update, from the compiled executable alone."""
     (inputs, arr), = micro_batches(tr.cfg, lay, arrays)
-    args = (tr.params, tr.opt_state, inputs, arr)
+    args = (tr.params, tr.opt_state, tr.state.frozen, inputs, arr)
     exe = tr.context.fns(tr.system)["update"].lower(*args).compile()
     ma = exe.memory_analysis()
     held = sum(int(np.asarray(x).nbytes) for x in jax.tree_util.tree_leaves(args))
@@ -92,10 +92,10 @@ def measure(tokens: int, chunk: int, run_limit: float, run_max_tokens: int) -> d
         return {**row, "ran": False}
     ctx = tr.context
     # update_once consumes (donates) the state it is given: the first run's output feeds the next
-    params, opt, _ = update_once(ctx, tr.params, tr.opt_state, None, lay, arrays)  # compile+run
+    params, opt, _ = update_once(ctx, tr.params, tr.opt_state, tr.state, lay, arrays)  # compile+run
     tr.programs.peak = 0
     t = time.perf_counter()
-    _, _, aux = update_once(ctx, params, opt, None, lay, arrays)
+    _, _, aux = update_once(ctx, params, opt, tr.state, lay, arrays)
     return {**row, "ran": True, "run_s": time.perf_counter() - t,
             "programs_peak_bytes": tr.programs.peak, "loss": aux["loss"]}
 

@@ -66,7 +66,7 @@ def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
         layout, arrays = tr.prepare(rollout, rewards)
         # warm-up: compiles the update (one optimiser update, as the step's; not committed)
         # (update_once consumes the state it is given: donated buffers, so it gets copies)
-        update_once(tr.context, *_copies(tr), tr.ref_leaves, layout, arrays)
+        update_once(tr.context, *_copies(tr), tr.state, layout, arrays)
         runs.append({"tr": tr, "mesh": mesh, "layout": layout, "arrays": arrays, "gen": [],
                      "upd": [], "tokens": 0, "samples": len(rollout.responses)})
     for _ in range(repeats):
@@ -78,7 +78,7 @@ def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
             r["tokens"] += sum(len(x) for x in ro.responses)
             state = _copies(tr)
             t = time.perf_counter()
-            out = update_once(tr.context, *state, tr.ref_leaves, r["layout"], r["arrays"])
+            out = update_once(tr.context, *state, tr.state, r["layout"], r["arrays"])
             jax.block_until_ready(out[0])
             r["upd"].append(time.perf_counter() - t)
     return [_row(n, r, repeats) for r in runs]

@@ -201,7 +201,9 @@ class Checkpointer:
             "params": trainer.params,
             "opt_state": jax.tree_util.tree_leaves(trainer.opt_state),
         }
-        if trainer.ref_leaves is not None:
+        # LoRA's reference is its frozen base, which the source model gives back on resume:
+        # only the adapters and their optimiser state are saved
+        if trainer.ref_leaves is not None and trainer.state.frozen is None:
             state["ref"] = trainer.ref_leaves
         return jax.tree_util.tree_map(to_host, state)
 
@@ -411,7 +413,7 @@ class Checkpointer:
         to_dev = lambda t: jax.tree_util.tree_map(
             lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x), t)
         old = trainer.state
-        ref = to_dev(state["ref"]) if old.ref is not None else None
+        ref = to_dev(state["ref"]) if "ref" in state else old.ref
         trainer.commit(old.replace(  # the bound systems (the sym runtime) get the weights too
             params=to_dev(state["params"]),
             opt_state=jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(old.opt_state),

@@ -29,6 +29,7 @@ from jaxrl_sym.rl.config import (
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_HELP
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
+from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import PRECISIONS
 
 
@@ -120,6 +121,14 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
                         "generation, scoring and the forward/backward); bf16 (everything bf16: "
                         "small updates round away). Default: bf16-mixed for a --model checkpoint "
                         "on a GPU/TPU, else fp32")
+    t.add_argument("--lora-rank", type=int, default=None, metavar="R",
+                   help="train LoRA adapters of rank R over the frozen model instead of every "
+                        "weight (the reference is the frozen base; checkpoints hold the adapters)")
+    t.add_argument("--lora-alpha", type=float, default=None, metavar="A",
+                   help="LoRA alpha: the adapters are scaled by alpha/R (default 32, TRL's)")
+    t.add_argument("--lora-targets", default=None, metavar="PATTERN",
+                   help="regex over parameter paths, e.g. '.*(q_proj|v_proj).kernel' (default: "
+                        "all-linear: every 2-D kernel except the output head)")
     t.add_argument("--max-new-tokens", type=int, default=None,
                    help="response limit (default: the task's)")
     t.add_argument("--eval-prompts", type=int, default=256,
@@ -223,6 +232,23 @@ def _first_last(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def lora_of(args: argparse.Namespace) -> LoraConfig | None:
+    """The run's LoRA from ``--lora-*`` (None without ``--lora-rank``), by LoraConfig's rules."""
+    if args.lora_rank is None:
+        given = [f for f, v in (("--lora-alpha", args.lora_alpha),
+                                ("--lora-targets", args.lora_targets)) if v is not None]
+        if given:
+            raise InputError(f"{' and '.join(given)} set without --lora-rank: give --lora-rank R "
+                             "to train LoRA adapters")
+        return None
+    kw = {k: v for k, v in (("alpha", args.lora_alpha), ("targets", args.lora_targets))
+          if v is not None}
+    try:
+        return LoraConfig(rank=args.lora_rank, **kw)
+    except InputError as err:
+        raise InputError(f"--lora-rank/--lora-alpha/--lora-targets: {err}") from None
+
+
 def train_configs(args: argparse.Namespace
                   ) -> tuple[RunConfig, dict[str, Any], CheckpointConfig]:
     """The run (with its speculation, from ``--speculate``), the step's RLConfig fields (over
@@ -237,7 +263,7 @@ def train_configs(args: argparse.Namespace
                     model_dir=args.model, eval_prompts=args.eval_prompts, mesh=args.mesh,
                     device_memory=args.device_memory, partial=partial,
                     speculation=speculation_of(args.speculate, args.speculate_adaptive),
-                    precision=args.precision)
+                    precision=args.precision, lora=lora_of(args))
     checkpoints = CheckpointConfig(args.checkpoint_dir, args.checkpoint_every, args.keep,
                                    args.resume, args.resume_or_start, args.resume_anyway)
     flags = (("max_new_tokens", args.max_new_tokens), ("loss_agg", args.loss_agg),

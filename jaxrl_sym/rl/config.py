@@ -25,6 +25,7 @@ from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
 from jaxrl_sym.rl.tasks import Task, get_task
 from jaxrl_sym.rl.text_tasks import is_text_task
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
+from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import Precision
 
 __all__ = ["TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig",
@@ -266,7 +267,7 @@ class RunConfig:
     builds it from ``--speculate``). engine: the generation engine's options (None: the
     runtime's defaults, ``EngineOptions()``). precision: ``fp32``, ``bf16-mixed`` or ``bf16``
     (:mod:`jaxrl_sym.weights.precision`; None: bf16-mixed for a checkpoint on an accelerator,
-    else fp32).
+    else fp32). lora: LoRA adapters over the frozen model (None: full fine-tuning).
     """
 
     task: str = "reverse"
@@ -285,8 +286,11 @@ class RunConfig:
     speculation: Speculation | None = None
     engine: EngineOptions | None = None
     precision: str | None = None
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.lora is not None and not isinstance(self.lora, LoraConfig):
+            raise InputError(f"lora={self.lora!r}: give a LoraConfig or None")
         _check_trains(self.system)
         if self.precision is not None:
             Precision(self.precision)  # its own rule: one of PRECISIONS, named by the flag

@@ -22,8 +22,7 @@ import optax
 
 from jaxrl_sym.rl.algorithms import RLConfig
 from jaxrl_sym.rl.layout import Layout
-from jaxrl_sym.rl.logprobs import reading
-from jaxrl_sym.rl.programs import Programs, build_fns
+from jaxrl_sym.rl.programs import Programs, Weights, build_fns
 from jaxrl_sym.rl.rollout import Drawn, RewardFn, Rollout
 from jaxrl_sym.rl.sampling import SamplingConfig
 from jaxrl_sym.rl.state import TrainState
@@ -54,10 +53,9 @@ class Forwards:
     """
 
     def __init__(self, bind: Callable[[System], Bound], tx: optax.GradientTransformation,
-                 shardings: dict[str, Any] | None,
-                 weights: Callable[[list[Any]], list[Any]] = list) -> None:
+                 shardings: dict[str, Any] | None, weights: Weights | None = None) -> None:
         self._bind, self._tx, self._shardings = bind, tx, shardings
-        self._weights = weights  # master leaves -> the forward's (the precision policy's cast)
+        self._weights = weights  # the precision/LoRA policy: trained leaves -> the forward's
         self._bound: dict[System, Bound] = {}
         self._fns: dict[System, dict[str, Any]] = {}
 
@@ -71,8 +69,8 @@ class Forwards:
         """Jitted reference / value / loss-grad / update functions of ``system``'s layout
         (:func:`~jaxrl_sym.rl.programs.build_fns`), built with ``cfg`` on first use."""
         if system not in self._fns:
-            forward = reading(self.bound(system).logits_fn(), self._weights)
-            self._fns[system] = build_fns(cfg, self._tx, forward, self._shardings)
+            self._fns[system] = build_fns(cfg, self._tx, self.bound(system).logits_fn(),
+                                          self._shardings, self._weights)
         return self._fns[system]
 
     def set_params(self, leaves: Any) -> None:

@@ -63,9 +63,13 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
             tree_buffer("optimiser state", "optimizer", state.opt_state)]
     if state.ref:
         held.append(tree_buffer("reference weights", "reference", state.ref))
-    if trainer.precision.mixed:  # the forward's copy, alive beside the masters (refreshed)
-        held.append(tree_buffer(f"{trainer.precision.compute} copy of the weights", "weights",
-                                jax.eval_shape(trainer.view.compute, state.params["lm"])))
+    if state.frozen is not None:
+        held.append(tree_buffer("frozen base weights (LoRA)", "weights", state.frozen))
+    if trainer.precision.mixed or state.frozen is not None:
+        # the forward's copy (bf16 cast, LoRA merge), alive beside the masters (refreshed)
+        held.append(tree_buffer(f"forward's {trainer.precision.compute} copy of the weights",
+                                "weights", jax.eval_shape(trainer.view.forward,
+                                                          state.params["lm"], state.frozen)))
     moments: list[Moment] = []
     programs: list[tuple[str, int, ProgramSize]] = []
     ref_sizes = _reference(ctx, fns, state, lay) if state.ref else []
@@ -140,15 +144,16 @@ def _reference(ctx: Any, fns: Any, state: Any, lay: Any) -> list[tuple[int, Prog
 def _update(ctx: Any, fns: Any, state: Any, lay: Any
             ) -> list[tuple[str, int, ProgramSize, list[Buffer]]]:
     """(what, times run, program, buffers held besides the state) of the update stage."""
-    params, opt = state.params, state.opt_state
+    params, opt, frozen = state.params, state.opt_state, state.frozen
     p_bytes = tree_buffer("", "weights", params).nbytes
+    f_bytes = tree_buffer("", "weights", frozen).nbytes if frozen else 0  # held, not batch
     o_bytes = tree_buffer("", "optimizer", opt).nbytes
     slices = _slices(ctx, lay)
     if len(slices) == 1 and slices[0][1] == 1:
         sl = slices[0][0]
         size = _compile(f"update[{lay.shape[0]}x{lay.shape[1]}]", fns["update"],
-                        p_bytes + o_bytes, params, opt, tuple(x[sl] for x in lay.inputs),
-                        _arrays(lay, sl))
+                        p_bytes + o_bytes + f_bytes, params, opt, frozen,
+                        tuple(x[sl] for x in lay.inputs), _arrays(lay, sl))
         return [("update", 1, size, [])]
     # the first micro-batch's gradients start the running sum; each later one is added into it
     # (donated: its output aliases it); apply takes the state and the sum, all held
@@ -157,12 +162,13 @@ def _update(ctx: Any, fns: Any, state: Any, lay: Any
     for i, (sl, count) in enumerate(slices):
         rows, args = lay.targets[sl].shape[0], (tuple(x[sl] for x in lay.inputs), _arrays(lay, sl))
         if i == 0:
-            first = _compile(f"grad[{rows}x{lay.shape[1]}]", fns["grad"], p_bytes, params, *args)
+            first = _compile(f"grad[{rows}x{lay.shape[1]}]", fns["grad"], p_bytes + f_bytes,
+                             params, frozen, *args)
             out.append((first.name, 1, first, []))
             count -= 1
         if count:
             acc = _compile(f"accumulate[{rows}x{lay.shape[1]}]", fns["accumulate"],
-                           2 * p_bytes, params, params, *args)
+                           2 * p_bytes + f_bytes, params, params, frozen, *args)
             out.append((acc.name, count, acc, [grads]))
     apply = _compile("apply", fns["apply"], 2 * p_bytes + o_bytes, params, opt, params)
     out.append(("apply", 1, apply, [grads]))

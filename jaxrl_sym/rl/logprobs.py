@@ -25,7 +25,7 @@ peak and the time for several chunk sizes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -73,22 +73,6 @@ class LogitsOnly:
 
     def __call__(self, leaves: list[jax.Array], inputs: tuple[jax.Array, ...]) -> jax.Array:
         return self.logits(leaves, inputs)
-
-
-def reading(forward: Any, weights: Callable[[list[jax.Array]], list[jax.Array]]) -> Any:
-    """``forward`` applied to ``weights(leaves)`` instead of ``leaves``, keeping its kind: a
-    :class:`SplitForward` stays split (its features and head both read the mapped leaves, which
-    keep their positions, so ``head_leaves`` still holds), a :class:`LogitsOnly` keeps its
-    reason. Why: the trained leaves (fp32 masters, LoRA adapters) are not the leaves the model
-    reads; the map (a cast, a merge) runs inside every program, so ``jax.grad`` of the loss
-    w.r.t. the trained leaves goes through it."""
-    if isinstance(forward, SplitForward):
-        return replace(forward, logits=lambda p, i: forward.logits(weights(p), i),
-                       features=lambda p, i: forward.features(weights(p), i),
-                       head=lambda p, f: forward.head(weights(p), f))
-    if isinstance(forward, LogitsOnly):
-        return replace(forward, logits=lambda p, i: forward.logits(weights(p), i))
-    return lambda p, i: forward(weights(p), i)
 
 
 def chunking_status(forward: Any, chunk: int | None) -> str:

@@ -263,16 +263,75 @@ def restore_policy(checkpoint_dir: str | Path, step: int | None = None
 
 def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
                       dtype: str | None = None, overwrite: bool = False,
-                      max_shard_bytes: int | None = None) -> tuple[list[str], dict[str, Any]]:
-    """Export the policy of a ``train --model`` checkpoint as a Hugging Face directory.
+                      max_shard_bytes: int | None = None, peft: bool = False
+                      ) -> tuple[list[str], dict[str, Any]]:
+    """Export the policy of a ``train --model`` checkpoint as a Hugging Face directory (a LoRA
+    run: its adapters merged into the source model; with ``peft``, the adapters as a PEFT
+    adapter directory instead).
 
     Returns the files written and ``{"source_model", "step", "params_sha256"}``.
     """
     from jaxrl_sym.models.hf.export import DEFAULT_MAX_SHARD_BYTES, export_pretrained
 
-    model, meta = _host_policy(checkpoint_dir, step, dtype)  # host arrays: export reads them
-    source = meta["hparams"]["model_dir"]
-    files = export_pretrained(model, out_dir, source_dir=source, overwrite=overwrite,
-                              max_shard_bytes=max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
-    return files, {"source_model": source, "step": int(meta["step"]),
+    max_shard_bytes = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
+    lora = _lora_meta(checkpoint_dir, step)
+    if lora is not None or peft:
+        if lora is None:
+            raise InputError(f"--peft: {checkpoint_dir} is a full fine-tuning run (no LoRA "
+                             "adapters); export it without --peft")
+        files, meta = _export_lora(checkpoint_dir, lora, out_dir, peft=peft, dtype=dtype,
+                                   overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    else:
+        model, meta = _host_policy(checkpoint_dir, step, dtype)  # host arrays: export reads them
+        files = export_pretrained(model, out_dir, source_dir=meta["hparams"]["model_dir"],
+                                  overwrite=overwrite, max_shard_bytes=max_shard_bytes)
+    return files, {"source_model": meta["hparams"]["model_dir"], "step": int(meta["step"]),
                    "params_sha256": meta.get("params_sha256")}
+
+
+def _lora_meta(checkpoint_dir: str | Path, step: int | None) -> tuple[int, dict] | None:
+    """``(step, metadata)`` of a LoRA run's checkpoint to export, None for a full one."""
+    from jaxrl_sym.rl.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(checkpoint_dir, create=False)
+    steps = ckpt.steps()
+    if not steps:
+        raise InputError(f"--checkpoint-dir {checkpoint_dir} holds no checkpoint")
+    if step is not None and step not in steps:
+        raise InputError(f"--step {step}: {checkpoint_dir} holds steps {steps}")
+    step = steps[-1] if step is None else step
+    meta = ckpt._read_meta(step)
+    return (step, meta) if meta.get("hparams", {}).get("lora") else None
+
+
+def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: str | Path, *,
+                 peft: bool, dtype: str | None, overwrite: bool, max_shard_bytes: int
+                 ) -> tuple[list[str], dict[str, Any]]:
+    """A LoRA run's export: the source model (its frozen base) with the checkpoint's adapters
+    merged in (a plain Hugging Face directory), or with ``peft`` a PEFT adapter directory."""
+    from jaxrl_sym.models.contract import model_fingerprint
+    from jaxrl_sym.models.hf import load_pretrained
+    from jaxrl_sym.rl.checkpoint import Checkpointer
+    from jaxrl_sym.weights.lora import plan_lora
+    from jaxrl_sym.weights.lora_config import LoraConfig
+    from jaxrl_sym.weights.peft import export_merged, export_peft
+
+    step, meta = lora
+    hp = meta["hparams"]
+    source = _source_dir(checkpoint_dir, hp)
+    base = load_pretrained(source, dtype=hp.get("model_dtype"))[0]  # the run's frozen base
+    plan = plan_lora(base, LoraConfig(**hp["lora"]))
+    master = Precision(hp.get("precision") or "fp32").master
+    shapes = [s for i, o in plan.shapes for s in ([[i, plan.rank], master],
+                                                   [[plan.rank, o], master])]
+    fp = {k: v for k, v in model_fingerprint(base).items() if k != "params"}
+    meta, params = Checkpointer(checkpoint_dir, create=False).restore_params(
+        step, {"model": fp, "params": shapes})
+    if peft:
+        return export_peft(plan, params["lm"], base, out_dir, base_model_name_or_path=source,
+                           overwrite=overwrite), meta
+    if dtype is not None:
+        raise InputError("--dtype: a LoRA run's merged export keeps the base model's dtype; "
+                         "drop --dtype (or load the export and cast it)")
+    return export_merged(plan, params["lm"], base, out_dir, source_dir=source,
+                         overwrite=overwrite, max_shard_bytes=max_shard_bytes), meta

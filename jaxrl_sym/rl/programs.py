@@ -8,7 +8,7 @@ only the forward differs, and that is what a :class:`~jaxrl_sym.rl.systems.Syste
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,14 @@ from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.sharding import lowerable
 
-__all__ = ["LogitsFn", "Programs", "build_fns"]
+__all__ = ["LogitsFn", "Programs", "Weights", "build_fns"]
+
+
+class Weights(Protocol):
+    """What :func:`build_fns` needs of the precision/LoRA policy
+    (:class:`~jaxrl_sym.weights.view.WeightView`): the leaves the policy's forward reads."""
+
+    def forward(self, lm: Any, frozen: Any) -> list[jax.Array]: ...
 
 
 class Programs:
@@ -56,15 +63,20 @@ class Programs:
 
 
 def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: LogitsFn,
-              shardings: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Jitted functions of one layout, by role:
+              shardings: dict[str, Any] | None = None,
+              weights: Weights | None = None) -> dict[str, Any]:
+    """Jitted functions of one layout, by role (``frozen``: what the policy reads but never
+    trains — LoRA's base leaves — or None):
 
-    ``ref`` (reference log-probs), ``values`` (PPO value estimates), ``grad`` (loss and its
-    gradient), ``update`` (fused loss-grad-optimiser step for a batch in one micro-batch),
-    ``apply`` (optimiser step from accumulated gradients) and ``accumulate`` (a micro-batch's
-    gradients added into the donated running sum); ``update``/``apply`` take the state as
-    donated buffers and guard their step (:func:`_guarded_step`); plus ``logprob_chunking``, a
-    sentence for the step's stats (on, or off and why).
+    ``ref(leaves, inputs, targets)`` (reference log-probs), ``values(params, frozen, inputs)``
+    (PPO value estimates), ``grad(params, frozen, inputs, arrays)`` (loss and its gradient
+    w.r.t. ``params`` only), ``update(params, opt_state, frozen, inputs, arrays)`` (fused
+    loss-grad-optimiser step for a batch in one micro-batch), ``apply(params, opt_state,
+    grads)`` (optimiser step from accumulated gradients) and ``accumulate(params, acc, frozen,
+    inputs, arrays)`` (a micro-batch's gradients added into the donated running sum);
+    ``update``/``apply`` take the state as donated buffers and guard their step
+    (:func:`_guarded_step`); plus ``logprob_chunking``, a sentence for the step's stats (on, or
+    off and why).
 
     logits_fn: the system's forward; a :class:`~jaxrl_sym.rl.logprobs.SplitForward` with
     ``cfg.logprob_chunk`` set makes ``ref``/``values``/``grad``/``update`` apply the head a chunk
@@ -75,13 +87,22 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     replicated one. Every function is then jitted with explicit in/out shardings, so parameters
     and optimiser state come back where they went in (nothing drifts to one device) and the
     batch's rows are split over the data axes; the loss is the same sum, partitioned by XLA.
+
+    weights: the precision/LoRA policy (:class:`~jaxrl_sym.weights.view.WeightView`): the
+    policy's forward reads ``weights.forward(params["lm"], frozen)`` (a bf16 cast, LoRA's merge)
+    inside each program, so the gradient w.r.t. the trained leaves goes through it; the
+    reference reads its leaves as they are. None: ``params["lm"]`` as they are.
     """
     split = logits_fn if isinstance(logits_fn, SplitForward) and cfg.logprob_chunk else None
-    ref_lp, values, loss = _heads(cfg, logits_fn, split)
-    grad_fn = jax.value_and_grad(loss, has_aux=True)
+    ref_lp, values0, loss0 = _heads(cfg, logits_fn, split)
+    fwd = (lambda lm, frozen: lm) if weights is None else weights.forward
+    policy = lambda params, frozen: {**params, "lm": fwd(params["lm"], frozen)}
+    values = lambda params, frozen, inputs: values0(policy(params, frozen), inputs)
+    loss = lambda params, frozen, inputs, arrays: loss0(policy(params, frozen), inputs, arrays)
+    grad_fn = jax.value_and_grad(loss, has_aux=True)  # w.r.t. params, never the frozen part
 
-    def update(params, opt_state, inputs, arrays):
-        (_, aux), grads = grad_fn(params, inputs, arrays)
+    def update(params, opt_state, frozen, inputs, arrays):
+        (_, aux), grads = grad_fn(params, frozen, inputs, arrays)
         aux = {**aux, "grad_norm": optax.tree.norm(grads)}
         return (*_guarded_step(tx, params, opt_state, grads, _all_finite(aux)), aux)
 
@@ -89,32 +110,32 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
         gnorm = optax.tree.norm(grads)
         return (*_guarded_step(tx, params, opt_state, grads, jnp.isfinite(gnorm)), gnorm)
 
-    def accumulate(params, acc, inputs, arrays):
+    def accumulate(params, acc, frozen, inputs, arrays):
         # the accumulator is donated: the sum lands in its buffer, so the step holds one
         # gradient-sized buffer between micro-batches instead of the sum and the new gradients
-        (loss, aux), grads = grad_fn(params, inputs, arrays)
+        (loss, aux), grads = grad_fn(params, frozen, inputs, arrays)
         return (loss, aux), jax.tree_util.tree_map(jnp.add, acc, grads)
 
     status = {"logprob_chunking": chunking_status(logits_fn, cfg.logprob_chunk)}
+    return {**status, **_jitted(dict(ref=ref_lp, values=values, grad=grad_fn, update=update,
+                                     apply=apply, accumulate=accumulate), shardings)}
+
+
+def _jitted(fns: dict[str, Any], shardings: dict[str, Any] | None) -> dict[str, Any]:
+    """Each function jitted: ``update``/``apply`` donate the parameters and optimiser state,
+    ``accumulate`` its running sum; on a mesh with explicit in/out shardings."""
+    donate = {"update": (0, 1), "apply": (0, 1), "accumulate": (1,)}
     if shardings is None:
-        return {
-            **status,
-            "ref": jax.jit(ref_lp), "values": jax.jit(values), "grad": jax.jit(grad_fn),
-            "update": jax.jit(update, donate_argnums=(0, 1)),
-            "apply": jax.jit(apply, donate_argnums=(0, 1)),
-            "accumulate": jax.jit(accumulate, donate_argnums=(1,)),
-        }
+        return {k: jax.jit(f, donate_argnums=donate.get(k, ())) for k, f in fns.items()}
     p, o, rows, rep = (shardings[k] for k in ("params", "opt", "rows", "repl"))
-    jit = lambda f, i, out, **kw: jax.jit(f, in_shardings=i, out_shardings=out, **kw)
-    return {
-        **status,
-        "ref": jit(ref_lp, (p["lm"], rows, rows), rows),
-        "values": jit(values, (p, rows), rows),
-        "grad": jit(grad_fn, (p, rows, rows), ((rep, rep), p)),
-        "update": jit(update, (p, o, rows, rows), (p, o, rep), donate_argnums=(0, 1)),
-        "apply": jit(apply, (p, o, p), (p, o, rep), donate_argnums=(0, 1)),
-        "accumulate": jit(accumulate, (p, p, rows, rows), ((rep, rep), p), donate_argnums=(1,)),
-    }
+    f = shardings.get("frozen")  # None: no frozen part (LoRA on a mesh is refused)
+    where = {"ref": ((p["lm"], rows, rows), rows), "values": ((p, f, rows), rows),
+             "grad": ((p, f, rows, rows), ((rep, rep), p)),
+             "update": ((p, o, f, rows, rows), (p, o, rep)),
+             "apply": ((p, o, p), (p, o, rep)),
+             "accumulate": ((p, p, f, rows, rows), ((rep, rep), p))}
+    return {k: jax.jit(fn, in_shardings=where[k][0], out_shardings=where[k][1],
+                       donate_argnums=donate.get(k, ())) for k, fn in fns.items()}
 
 
 def _all_finite(tree: Any) -> jax.Array:

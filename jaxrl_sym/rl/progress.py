@@ -6,11 +6,12 @@ its per-step metrics and report.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Bar", "RunHealth"]
+__all__ = ["Bar", "GreedyDrift", "RunHealth", "distinct2", "recipe_line"]
 
 
 class RunHealth:
@@ -46,6 +47,69 @@ class RunHealth:
             return (f"entropy collapse: entropy {m['entropy']:.3f} < {self.entropy_floor}, "
                     f"reward flat ({a:.3f} -> {b:.3f} over {self.window} steps)")
         return None
+
+
+def distinct2(tokens: Any) -> float:
+    """Distinct bigrams / bigrams of one response (1.0 for fewer than two bigrams): a
+    degenerate loop ("you you you ...") drives it towards 0."""
+    t = [int(x) for x in tokens]
+    pairs = list(itertools.pairwise(t))
+    return len(set(pairs)) / len(pairs) if len(pairs) > 1 else 1.0
+
+
+class GreedyDrift:
+    """Catches a pretrained policy wrecked by its first updates, from its greedy responses to a
+    few fixed probe prompts and its KL to the reference (``health`` per line).
+
+    Why: too large a learning rate or an entropy bonus can turn a chat model into one that
+    answers "Hello" with "...named you you you..." after a single step, while the reward (all
+    zero for a model that never answered right) and the entropy (which the bonus *raises*) look
+    normal, so :class:`RunHealth` sees nothing. Two signs do show it:
+
+    * ``policy collapse``: the probes' greedy responses lost most of their distinct bigrams
+      (:func:`distinct2`, mean over probes, below :attr:`repeat_ratio` of its value at the start
+      and below :attr:`repeat_floor`) — the policy repeats itself;
+    * ``KL jump``: the KL to the reference (β > 0) exceeds :attr:`kl_jump` nats/token within
+      the first :attr:`early` steps — a fine-tuning step should move the policy by far less.
+
+    The probes are decoded at the start, after the first step and every :attr:`every` steps.
+    """
+
+    repeat_ratio = 0.5
+    repeat_floor = 0.5
+    kl_jump = 1.0
+    early = 10
+    every = 25
+
+    def __init__(self, start: list[Any]) -> None:
+        self.start = float(np.mean([distinct2(r) for r in start])) if start else 1.0
+
+    def due(self, step: int) -> bool:
+        return step == 1 or step % self.every == 0
+
+    def check(self, step: int, m: dict[str, Any], responses: list[Any] | None) -> str | None:
+        kl = m.get("kl")
+        if kl is not None and step <= self.early and kl > self.kl_jump:
+            return (f"KL jump: KL to the reference {kl:.3f} nats/token at step {step} "
+                    f"(> {self.kl_jump}); lower --lr")
+        if not responses:
+            return None
+        now = float(np.mean([distinct2(r) for r in responses]))
+        if now < self.repeat_floor and now < self.repeat_ratio * self.start:
+            return (f"policy collapse: the probes' greedy responses repeat themselves (distinct "
+                    f"bigrams {self.start:.2f} -> {now:.2f} since the start); lower --lr or "
+                    "drop --entropy-coef")
+        return None
+
+
+def recipe_line(cfg: Any, trainer: Any, run: Any) -> str:
+    """One line of the settings a run trains with (the recipe a ``--model`` run picks is not
+    the from-scratch one; printed so a user sees which they got)."""
+    lora = "off" if run.lora is None else f"rank {run.lora.rank}, alpha {run.lora.alpha:g}"
+    return (f"recipe: {cfg.algo}, lr {cfg.lr:g} (warm-up {cfg.warmup_steps}, {cfg.lr_schedule}),"
+            f" beta {cfg.beta:g}, entropy_coef {cfg.entropy_coef:g}, clip {cfg.clip_eps:g}/"
+            f"{cfg.clip_high:g}, group {cfg.group_size}, max_new_tokens {cfg.max_new_tokens}, "
+            f"update_tokens {cfg.update_tokens}, precision {trainer.precision.name}, lora {lora}")
 
 
 class Bar:

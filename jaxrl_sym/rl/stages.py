@@ -174,7 +174,7 @@ def rewards(ctx: StepContext, rollout: Rollout) -> tuple[np.ndarray, np.ndarray 
 def value_estimates(ctx: StepContext, state: TrainState, layout: Layout) -> np.ndarray:
     """[rows, L] PPO value estimates of the state's policy (before the update)."""
     fn = ctx.fns(layout.system)["values"]
-    outs = [ctx.programs.run(f"values-{layout.system.name}", fn, state.params,
+    outs = [ctx.programs.run(f"values-{layout.system.name}", fn, state.params, state.frozen,
                              tuple(x[sl] for x in layout.inputs),
                              resident=state.resident_bytes())
             for sl in row_chunks(ctx.cfg, layout, ctx.row_multiple)]
@@ -230,29 +230,32 @@ def advantages(ctx: StepContext, state: TrainState, layout: Layout, rollout: Rol
     return loss_arrays(ctx.cfg, layout, rollout, rewards, ref_slots, vals)
 
 
-def update_once(ctx: StepContext, params: Any, opt_state: Any, ref: Any, layout: Layout,
-                arrays: Arrays) -> tuple[Any, Any, dict[str, float]]:
+def update_once(ctx: StepContext, params: Any, opt_state: Any, state: TrainState,
+                layout: Layout, arrays: Arrays) -> tuple[Any, Any, dict[str, float]]:
     """One optimiser update from the whole batch: fused loss-grad-update when it is one
     micro-batch, else gradients summed over micro-batches, then one optax update.
 
     Consumes ``params`` and ``opt_state``: the update programs take them as donated buffers
-    (use the returned ones; a non-finite update returns their values unchanged)."""
+    (use the returned ones; a non-finite update returns their values unchanged). ``state``
+    gives what the update reads but never changes: the reference and LoRA's frozen base."""
     fns, sys_ = ctx.fns(layout.system), layout.system.name
-    resident = tree_bytes(ref) if ref else 0
+    frozen = state.frozen
+    resident = state.resident_bytes() - tree_bytes(state.opt_state)
     chunks = micro_batches(ctx.cfg, layout, arrays, ctx.row_multiple)
     if len(chunks) == 1:
         params, opt_state, aux = ctx.programs.run(
-            f"update-{sys_}", fns["update"], params, opt_state, *chunks[0], resident=resident)
+            f"update-{sys_}", fns["update"], params, opt_state, frozen, *chunks[0],
+            resident=resident)
         return params, opt_state, {k: float(v) for k, v in jax.device_get(aux).items()}
     grads, parts = None, []
     held = resident + tree_bytes(opt_state)
     for inputs, arr in chunks:
         if grads is None:
-            (_, aux), grads = ctx.programs.run(f"grad-{sys_}", fns["grad"], params, inputs, arr,
-                                               resident=held)
+            (_, aux), grads = ctx.programs.run(f"grad-{sys_}", fns["grad"], params, frozen,
+                                               inputs, arr, resident=held)
         else:  # the running sum is donated to the program that adds this micro-batch to it
             (_, aux), grads = ctx.programs.run(f"accumulate-{sys_}", fns["accumulate"], params,
-                                               grads, inputs, arr, resident=held)
+                                               grads, frozen, inputs, arr, resident=held)
         parts.append(aux)
     merged = merge_aux([{k: float(v) for k, v in jax.device_get(a).items()} for a in parts])
     if _nonfinite(merged):  # the state was not donated yet: leave it as it is
@@ -275,7 +278,7 @@ def update(ctx: StepContext, state: TrainState, layout: Layout, arrays: Arrays
     before = (_copy(params), _copy(opt_state)) if ctx.cfg.epochs > 1 else None
     auxes = []
     for _ in range(ctx.cfg.epochs):
-        params, opt_state, aux = update_once(ctx, params, opt_state, state.ref, layout, arrays)
+        params, opt_state, aux = update_once(ctx, params, opt_state, state, layout, arrays)
         auxes.append(aux)
         if bad := _nonfinite(aux):
             # the guarded programs returned the state's values unchanged in fresh buffers

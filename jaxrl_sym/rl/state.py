@@ -10,7 +10,6 @@ also the one object a checkpoint has to save.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -30,14 +29,18 @@ class TrainState:
 
     params: ``{"lm": [model leaves], "value": {...}}`` (the value head only for PPO).
     opt_state: optax state of ``params``.
-    ref: frozen reference leaves (a copy of the initial ``lm`` leaves), None when ``beta == 0``.
+    ref: frozen reference leaves (a copy of the initial ``lm`` leaves in the compute dtype; with
+      LoRA the frozen base itself), None when ``beta == 0``.
     step: steps committed so far.
+    frozen: what the policy reads but never trains: LoRA's base leaves (None without LoRA).
+      Never donated, never checkpointed (the source model gives it back).
     """
 
     params: Any
     opt_state: Any
     ref: list[jax.Array] | None
     step: int
+    frozen: list[jax.Array] | None = None
 
     def copy(self) -> TrainState:
         """A snapshot in buffers of its own: the update programs take the trainer's parameters
@@ -47,9 +50,11 @@ class TrainState:
         return self.replace(params=dup(self.params), opt_state=dup(self.opt_state))
 
     def resident_bytes(self) -> int:
-        """Bytes held besides the policy parameters (optimiser state + reference); every
-        program's peak-memory estimate adds them, since they stay on the device throughout."""
-        return tree_bytes(self.opt_state) + (tree_bytes(self.ref) if self.ref else 0)
+        """Bytes held besides the policy parameters (optimiser state, reference, frozen base:
+        counted once when the reference is the base); every program's peak-memory estimate
+        adds them, since they stay on the device throughout."""
+        ref = tree_bytes(self.ref) if self.ref and self.ref is not self.frozen else 0
+        return tree_bytes(self.opt_state) + ref + (tree_bytes(self.frozen) if self.frozen else 0)
 
 
 def lr_schedule(cfg: RLConfig) -> optax.Schedule:
@@ -105,23 +110,27 @@ def current_lr(opt_state: Any) -> float | None:
     return None
 
 
-def init_state(leaves: Sequence[Any], cfg: RLConfig, tx: optax.GradientTransformation,
-               vocab_size: int, reference: Sequence[Any] | None = None) -> TrainState:
-    """Step-0 state from the model's parameter leaves (the master weights, in the precision
-    policy's master dtype) and the reference's (its compute dtype; None: ``leaves``).
+def init_state(lm: Any, cfg: RLConfig, tx: optax.GradientTransformation,
+               vocab_size: int, reference: list[Any] | None = None,
+               frozen: list[Any] | None = None) -> TrainState:
+    """Step-0 state from what the optimiser trains (``lm``: the model's leaves in the master
+    dtype, or LoRA adapters), the reference (None: ``lm``) and LoRA's frozen base.
 
-    Both are *copied* (never the caller's buffers): the update programs take the policy's
-    buffers as donated arguments, which must never be the caller's model's or the reference's.
+    ``lm`` and a reference taken from it are *copied* (never the caller's buffers): the update
+    programs take the policy's buffers as donated arguments, which must never be the caller's
+    model's or the reference's. The frozen base is never donated.
     """
-    params: dict[str, Any] = {"lm": [jnp.array(x, copy=True) for x in leaves]}
+    params: dict[str, Any] = {"lm": jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), lm)}
     if cfg.algo == "ppo":
         # Zero-initialised read-out: the first value estimates are 0, GAE then starts from
         # Monte-Carlo returns instead of noise.
         params["value"] = {"w": jnp.zeros((vocab_size,), jnp.float32),
                            "b": jnp.zeros((), jnp.float32)}
-    ref = ([jnp.array(x, copy=True) for x in (leaves if reference is None else reference)]
-           if cfg.beta > 0 else None)
-    return TrainState(params=params, opt_state=tx.init(params), ref=ref, step=0)
+    ref = None
+    if cfg.beta > 0:
+        # the given reference as is (LoRA's is the frozen base's very list: no second copy)
+        ref = reference if reference is not None else [jnp.array(x, copy=True) for x in lm]
+    return TrainState(params=params, opt_state=tx.init(params), ref=ref, step=0, frozen=frozen)
 
 
 def state_shardings(state: TrainState, mesh: Any) -> dict[str, Any]:

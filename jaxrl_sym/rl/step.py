@@ -70,6 +70,8 @@ from jaxrl_sym.runtime.ledger import tree_nbytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes
+from jaxrl_sym.weights.lora import plan_lora
+from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import Precision
 from jaxrl_sym.weights.view import WeightView, check_precision
 
@@ -116,6 +118,10 @@ class RLTrainer:
         fp32 master weights and optimiser state with a bf16 copy for every forward, or one
         dtype throughout). None: ``bf16-mixed`` for a Hugging Face checkpoint on an
         accelerator, else ``fp32``.
+      lora: train LoRA adapters over the frozen model instead of every weight
+        (:class:`~jaxrl_sym.weights.lora_config.LoraConfig`: rank, alpha, target paths); the
+        reference policy is the frozen base itself (no second copy), the optimiser and the
+        checkpoints hold the adapters only. None: full fine-tuning.
 
     ``state`` is the whole evolving state and ``rollouts`` the rows partial rollouts carry;
     :meth:`commit` is the only writer of both (``params``, ``opt_state``, ``ref_leaves`` and
@@ -136,6 +142,7 @@ class RLTrainer:
         device_memory: int | str | None = None,
         partial: PartialConfig | None = None,
         precision: str | Precision | None = None,
+        lora: LoraConfig | None = None,
     ) -> None:
         self.system: System = trainable(system)
         _check_options(self.system, engine, speculation)
@@ -150,7 +157,7 @@ class RLTrainer:
         self.model_fingerprint = model_fingerprint(model)
         self.tx = make_optimizer(cfg)
         self.mesh = make_mesh(mesh)
-        self._take_weights(model, precision)
+        self._take_weights(model, precision, lora)
         self.budget = None if device_memory is None else MemoryBudget(
             parse_bytes(device_memory, flag="device_memory"))
         if self.budget is not None:  # before any program compiles: fail in seconds, not minutes
@@ -163,19 +170,21 @@ class RLTrainer:
         # systems bind to a model over the trainer's own (copied, placed) weights: the caller's
         # model is not kept alive by the trainer, and keeps its weights when the trainer's are
         # donated to an update
-        own = self.view.compute_model(self.graphdef, self.treedef, self.state.params["lm"])
+        own = self.view.compute_model(self.graphdef, self.treedef, self.state.params["lm"],
+                                      self.state.frozen)
         bind_args = BindArgs(own, engine or EngineOptions(), speculation,
                              mesh=self.mesh, budget=self.budget, logprob_chunk=cfg.logprob_chunk)
 
         def bind(system: System) -> Bound:
             bound = system.bind(bind_args)  # traces now: a bad model fails here
-            bound.set_params(self.view.compute_copy(self.state.params["lm"]))
+            bound.set_params(self.policy_leaves())
             return bound
 
-        self.forwards = Forwards(bind, self.tx, self.shardings, self.view.compute)
+        self.forwards = Forwards(bind, self.tx, self.shardings, self.view)
         self.forwards.bound(self.system)
 
-    def _take_weights(self, model: nnx.Module, precision: str | Precision | None) -> None:
+    def _take_weights(self, model: nnx.Module, precision: str | Precision | None,
+                      lora: LoraConfig | None) -> None:
         """The trainer's own copies of ``model``'s weights under the precision policy (fp32 or
         bf16 masters and optimiser state, the reference in the compute dtype), placed on the
         mesh. The caller's arrays are not kept: the trainer's are donated to its updates."""
@@ -184,9 +193,16 @@ class RLTrainer:
         self.precision = Precision.of(precision, pretrained=isinstance(model, CausalLM),
                                       platform=jax.default_backend())
         check_precision(self.precision)
-        self.view = WeightView(self.precision, leaves)
-        self.state: TrainState = init_state(self.view.master(leaves), self.cfg, self.tx,
-                                            self.vocab_size, self.view.reference(leaves))
+        if lora is not None and self.mesh is not None:
+            raise InputError("lora with a mesh (--lora-rank with --mesh) is not supported yet: "
+                             "train LoRA on one device, or fine-tune every weight on the mesh")
+        plan = None if lora is None else plan_lora(state, lora)
+        self.view = WeightView(self.precision, leaves, plan)
+        frozen = self.view.frozen(leaves)
+        self.state: TrainState = init_state(
+            self.view.trainable(leaves), self.cfg, self.tx,
+            self.vocab_size, self.view.reference(leaves, frozen) if self.cfg.beta > 0 else None,
+            frozen)
         self.shardings: dict[str, Any] | None = None
         if self.mesh is not None:
             self.shardings = state_shardings(self.state, self.mesh)
@@ -201,7 +217,7 @@ class RLTrainer:
         self.state = state
         if carried is not None:
             self.rollouts = carried
-        self.forwards.set_params(self.view.compute_copy(state.params["lm"]))
+        self.forwards.set_params(self.policy_leaves())
 
     @property
     def params(self) -> Any:
@@ -237,6 +253,12 @@ class RLTrainer:
     def steps_done(self, value: int) -> None:
         self.commit(self.state.replace(step=value))
 
+    def policy_leaves(self) -> list[jax.Array]:
+        """The leaves every forward of the current policy reads: the trained ones themselves, or
+        a copy made on the device (bf16 cast, LoRA merge) — what the bound systems generate
+        with, refreshed at each commit."""
+        return self.view.compute_copy(self.state.params["lm"], self.state.frozen)
+
     def params_sha256(self) -> str:
         return params_sha256(self.params)
 
@@ -244,13 +266,14 @@ class RLTrainer:
         """Resident bytes per model parameter, by part (activations excluded): the trained
         weights (``master``), the optimiser state, the reference and the forward's copy of the
         weights (0 where the policy needs none). What a precision or LoRA saves shows here."""
-        lm = self.params["lm"]
-        n = max(1, sum(int(np.prod(x.shape)) for x in lm))
-        copy = (tree_nbytes(jax.eval_shape(self.view.compute, lm))
-                if self.precision.mixed else 0)
+        st = self.state
+        forward = jax.eval_shape(self.view.forward, st.params["lm"], st.frozen)
+        n = max(1, sum(int(np.prod(x.shape)) for x in forward))  # the model's parameters
+        copy = tree_nbytes(forward) if self.precision.mixed or st.frozen is not None else 0
+        ref = st.ref if st.ref is not None and st.ref is not st.frozen else None
         parts = {"master": tree_nbytes(self.params), "optimizer": tree_nbytes(self.opt_state),
-                 "reference": tree_nbytes(self.state.ref) if self.state.ref else 0,
-                 "compute_copy": copy}
+                 "reference": tree_nbytes(ref) if ref else 0,
+                 "frozen": tree_nbytes(st.frozen) if st.frozen else 0, "compute_copy": copy}
         return {k: v / n for k, v in parts.items()}
 
     # ------------------------------------------------------------------ pieces
@@ -278,7 +301,7 @@ class RLTrainer:
         """An NNX model holding a copy of the current policy weights, in the dtypes the model
         came with (the trainer's own buffers are donated to the next update, so a model sharing
         them would not outlive it)."""
-        leaves = self.view.original(self.params["lm"])
+        leaves = self.view.original(self.params["lm"], self.state.frozen)
         return nnx.merge(self.graphdef, jax.tree_util.tree_unflatten(self.treedef, leaves))
 
     def fns(self, system: str) -> dict[str, Any]:
@@ -330,7 +353,7 @@ class RLTrainer:
         layout, arrays = self.prepare(rollout, rewards, system)
         (loss, aux), grads = self.programs.run(
             f"grad-{layout.system.name}", self.context.fns(layout.system)["grad"], self.params,
-            layout.inputs, arrays)
+            self.state.frozen, layout.inputs, arrays)
         return float(loss), {k: float(v) for k, v in aux.items()}, grads
 
     # ------------------------------------------------------------------ the step

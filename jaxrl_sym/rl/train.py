@@ -8,9 +8,11 @@ exactly the state the uninterrupted run had, and ends with the same ``params_sha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,13 +36,14 @@ from jaxrl_sym.rl.config import (
 )
 from jaxrl_sym.rl.errors import CheckpointError
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
-from jaxrl_sym.rl.progress import Bar, RunHealth
+from jaxrl_sym.rl.progress import Bar, GreedyDrift, RunHealth, recipe_line
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task
 from jaxrl_sym.runtime.metrics import trim_host_heap
 from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.sharding import MeshConfig, describe
+from jaxrl_sym.weights.lora_config import LoraConfig
 
 # FIELD_NOTES §5: ~100K parameters (d=64, 2 layers, 4 heads) learns digit reversal on a CPU.
 TASK_MODEL: dict[str, Any] = dict(vocab_size=VOCAB_SIZE, d_model=64, n_layers=2, n_heads=4,
@@ -79,7 +82,8 @@ FLAGS: dict[str, str] = {
     "drop_zero_var": "--drop-zero-var", "warmup_steps": "--warmup-steps",
     "lr_schedule": "--lr-schedule", "partial": "--partial-rollout",
     "speculate": "--speculate", "speculate_adaptive": "--speculate-adaptive",
-    "precision": "--precision", "tis_cap": "--tis-cap",
+    "precision": "--precision", "tis_cap": "--tis-cap", "lora": "--lora-rank/--lora-alpha/"
+    "--lora-targets",
 }
 
 
@@ -268,6 +272,7 @@ def train(
     speculate_adaptive: bool = False,
     engine: EngineOptions | None = None,
     precision: str | None = None,
+    lora: dict[str, Any] | LoraConfig | None = None,
 ) -> dict[str, Any]:
     """:func:`train_run` from keyword arguments: each one is a field of :class:`RunConfig`,
     :class:`CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume*``)
@@ -283,7 +288,8 @@ def train(
                     device_memory=device_memory,
                     partial=None if partial is None else PartialConfig(**partial),
                     speculation=speculation_of(speculate, speculate_adaptive), engine=engine,
-                    precision=precision)
+                    precision=precision,
+                    lora=LoraConfig(**lora) if isinstance(lora, dict) else lora)
     checkpoints = CheckpointConfig(checkpoint_dir, checkpoint_every, keep, resume,
                                    resume_or_start, resume_anyway)
     rl = {"algo": algo, "group_size": group_size, "beta": beta, "epochs": epochs,
@@ -331,7 +337,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     trainer = _trainer(run, rl_cfg, task_obj, hf)
     trim_host_heap()  # the loaded model's buffers, freed once the trainer copied them
     meta = {"fingerprint": fingerprint(trainer),
-            "hparams": {**_hparams(run, rl_cfg, hf), "precision": trainer.precision.name},
+            "hparams": {**_hparams(run, rl_cfg, hf), "precision": trainer.precision.name,
+                        "lora": None if run.lora is None else dataclasses.asdict(run.lora)},
             "lineage": []}
     resumed_from, changed = None, []
     if resuming:
@@ -340,6 +347,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
                                                          checkpoints.resume_anyway)
     if metrics_file:
         _prepare_metrics(metrics_file, resumed_from)
+    if progress:  # what this run trains with, before its first step (stored in meta as well)
+        print(recipe_line(rl_cfg, trainer, run), file=sys.stderr)
     t_run = time.perf_counter()
     with Bar(progress, run.steps, trainer.steps_done, f"{rl_cfg.algo} {run.task}") as bar:
         history = _run_steps(trainer, task_obj, run, ckpt, checkpoints.every, meta,
@@ -371,7 +380,7 @@ def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any) -> RLTrainer:
                      engine=run.engine, speculation=run.speculation,
                      mesh=None if run.mesh is None else MeshConfig.parse(run.mesh, flag="--mesh"),
                      device_memory=run.device_memory, partial=run.partial,
-                     precision=run.precision)
+                     precision=run.precision, lora=run.lora)
 
 
 def _summary(trainer: RLTrainer, ckpt: Checkpointer | None, resumed_from: int | None,
@@ -405,6 +414,7 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
     seed, steps = run.seed, run.steps
     history: list[dict[str, Any]] = []
     health = RunHealth()
+    drift, probes = _drift(trainer, task, run)
     while trainer.steps_done < steps:
         k = trainer.steps_done + 1
         prompts = task.sample(step_rng(seed, k), run.prompts_per_step)
@@ -414,6 +424,9 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
             bar.alert(f"DIVERGED at step {e.step}: {e}")
             raise
         m["health"] = health.check(m)
+        if drift is not None and m["health"] is None:
+            probed = trainer.greedy(probes, task.max_new_tokens) if drift.due(k) else None
+            m["health"] = drift.check(k, m, probed)
         history.append(m)
         if metrics_file:
             with open(metrics_file, "a") as f:
@@ -424,6 +437,19 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
         if on_step is not None:
             on_step(m)
     return history
+
+
+DRIFT_PROBES = 2  # held-out prompts whose greedy responses a checkpoint run watches
+
+
+def _drift(trainer: RLTrainer, task: Task, run: RunConfig
+           ) -> tuple[GreedyDrift | None, list[np.ndarray]]:
+    """The collapse check of a run from a pretrained checkpoint (None for the built-in models,
+    which start from random weights), with its probe prompts decoded at the start."""
+    if run.model_dir is None:
+        return None, []
+    probes = task.sample(np.random.default_rng([int(run.seed), EVAL_STREAM, 1]), DRIFT_PROBES)
+    return GreedyDrift(trainer.greedy(probes, task.max_new_tokens)), probes
 
 
 def _resume(ckpt: Checkpointer, trainer: RLTrainer, meta: dict[str, Any], anyway: bool

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.weights.lora import LoraPlan, init_adapters, merged_leaves
 from jaxrl_sym.weights.precision import Precision
 
 __all__ = ["WeightView", "cast_floating", "check_precision"]
@@ -56,50 +57,76 @@ def _floating(x: Any) -> bool:
 
 
 class WeightView:
-    """The precision policy over one model's leaves (flattened from ``nnx.split(model)[1]``).
+    """The precision policy (and LoRA, when a plan is given) over one model's leaves (flattened
+    from ``nnx.split(model)[1]``). ``lm`` below is what the optimiser trains — the model's
+    leaves, or LoRA adapters — and ``frozen`` what it never changes (LoRA's base; else None).
 
-    master(leaves): copies in the master dtype (what the optimiser updates).
-    compute(leaves): the forward's weights (the same arrays where the dtypes agree; a traceable
-      cast inside a program; :meth:`compute_copy` on the device between programs).
-    reference(leaves): copies in the compute dtype (the frozen KL reference: bf16 in a mixed run).
-    original(leaves): copies in the dtypes the model came with (what ``RLTrainer.model()`` and
-      export return).
+    trainable(leaves, key): step-0 ``lm`` in the master dtype (copies; fresh adapters).
+    frozen(leaves): LoRA's base in its dtype (``LoraConfig.base_dtype``, else the compute
+      dtype), copied; None without LoRA.
+    reference(leaves, frozen): the frozen KL reference: LoRA's base itself (adapters off: no
+      second copy), else a copy of the leaves in the compute dtype.
+    forward(lm, frozen): the leaves every forward reads: cast to the compute dtype, LoRA's
+      merged ``W + scale · A @ B``. Traceable: inside the update it is what ``jax.grad``
+      differentiates through.
+    original(lm, frozen): the policy's leaves in the dtypes the model came with (export).
     """
 
-    def __init__(self, precision: Precision, leaves: Sequence[Any]) -> None:
+    def __init__(self, precision: Precision, leaves: Sequence[Any],
+                 lora: LoraPlan | None = None) -> None:
         self.precision = precision
+        self.lora = lora
         self.original_dtypes = [getattr(x, "dtype", None) for x in leaves]
 
-    def master(self, leaves: Sequence[Any]) -> list[Any]:
-        return [jnp.array(x, copy=True) for x in cast_floating(leaves, self.precision.master)]
+    def trainable(self, leaves: Sequence[Any], key: jax.Array | None = None) -> Any:
+        if self.lora is None:
+            return [jnp.array(x, copy=True) for x in cast_floating(leaves, self.precision.master)]
+        key = jax.random.key(0) if key is None else key
+        dt = jnp.dtype(self.precision.master)
+        return [{k: v.astype(dt) for k, v in a.items()} for a in init_adapters(self.lora, key)]
 
-    def compute(self, leaves: Sequence[Any]) -> list[Any]:
-        return cast_floating(leaves, self.precision.compute)
+    def frozen(self, leaves: Sequence[Any]) -> list[Any] | None:
+        if self.lora is None:
+            return None
+        dt = self.lora.cfg.base_dtype or self.precision.compute
+        return [jnp.array(x, copy=True) for x in cast_floating(leaves, dt)]
 
-    def reference(self, leaves: Sequence[Any]) -> list[Any]:
+    def reference(self, leaves: Sequence[Any], frozen: list[Any] | None) -> list[Any]:
+        if self.lora is not None:
+            assert frozen is not None
+            return frozen
         return [jnp.array(x, copy=True) for x in cast_floating(leaves, self.precision.compute)]
 
-    def original(self, leaves: Sequence[Any]) -> list[Any]:
+    def forward(self, lm: Any, frozen: Any = None) -> list[Any]:
+        if self.lora is None:
+            return cast_floating(lm, self.precision.compute)
+        return merged_leaves(self.lora, frozen, lm, dtype=self.precision.compute)
+
+    def original(self, lm: Any, frozen: Any = None) -> list[Any]:
+        leaves = lm if self.lora is None else merged_leaves(self.lora, frozen, lm)
         return [jnp.array(x, dtype=d, copy=True) if d is not None and _floating(x) else x
                 for x, d in zip(leaves, self.original_dtypes, strict=True)]
 
     @cached_property
-    def _cast(self) -> Any:
-        return jax.jit(self.compute)
+    def _forward(self) -> Any:
+        return jax.jit(self.forward)
 
-    def compute_copy(self, leaves: Sequence[Any]) -> list[Any]:
-        """The forward's weights as device arrays: ``leaves`` themselves when no cast is needed
-        (fp32 and bf16 policies), else one compiled cast on the device (bf16-mixed: a fresh bf16
-        copy after each update, the old one freed when the systems drop it)."""
-        if all(not _floating(x) or x.dtype == jnp.dtype(self.precision.compute) for x in leaves):
-            return list(leaves)
-        return self._cast(list(leaves))
+    def compute_copy(self, lm: Any, frozen: Any = None) -> list[Any]:
+        """The forward's weights as device arrays: ``lm`` itself when no cast or merge is
+        needed (fp32 and bf16 policies without LoRA), else one compiled program on the device
+        (a fresh bf16 / merged copy after each update, the old one freed when the systems drop
+        it)."""
+        dt = jnp.dtype(self.precision.compute)
+        if self.lora is None and all(not _floating(x) or x.dtype == dt for x in lm):
+            return list(lm)
+        return self._forward(lm, frozen)
 
-    def compute_model(self, graphdef: Any, treedef: Any, leaves: Sequence[Any]) -> nnx.Module:
-        """A model over ``compute_copy(leaves)`` whose modules compute in the compute dtype
+    def compute_model(self, graphdef: Any, treedef: Any, lm: Any,
+                      frozen: Any = None) -> nnx.Module:
+        """A model over ``compute_copy(lm, frozen)`` whose modules compute in the compute dtype
         (see the module docstring)."""
-        model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef,
-                                                                 self.compute_copy(leaves)))
+        model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(
+            treedef, self.compute_copy(lm, frozen)))
         dt = jnp.dtype(self.precision.compute)
         for _, module in nnx.iter_modules(model):
             for attr in ("dtype", "param_dtype"):
