@@ -52,6 +52,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                           "projected to a GPU from XLA's memory/cost analysis; nothing runs"),
     Experiment("pretrained_memory", "peak RSS of one GRPO step of a SmolLM2-135M-shaped "
                                     "checkpoint on CPU, beside its ledger", cheap=False),
+    Experiment("pretrained_learning", "a pretrained checkpoint fine-tuned with GRPO (LoRA / "
+                                      "full, bf16-mixed / fp32): held-out greedy exact match "
+                                      "and format before vs after", cheap=False),
     Experiment("learning", "multi-seed learning: final greedy exact match per algorithm and "
                            "task", cheap=False),
     Experiment("tunix_paired", "sym, padded and Tunix interleaved on one request (steady "

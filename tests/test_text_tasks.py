@@ -160,3 +160,18 @@ def test_jsonl_loading_and_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"unknown text task 'gsm9k'"):
         get_text_task("gsm9k")
     assert json.loads(json.dumps(format_answer(Fraction(1, 3)))) == "1/3"
+
+
+def test_word_problems_difficulty_by_name() -> None:
+    from jaxrl_sym.rl.text_tasks import get_text_task, is_text_task
+
+    one = get_text_task("word-problems:1")
+    assert (one.min_steps, one.max_steps) == (1, 1) and is_text_task("word-problems:4")
+    assert get_text_task("word-problems").max_steps == 3  # the default
+    # one operation: the worked solution is the opening line (if any) plus one step and '####'
+    for p in one.sample(np.random.default_rng(0), 20):
+        assert p.solution is not None and p.solution.count("=") <= 2
+    for bad in ("word-problems:0", "word-problems:5"):
+        with pytest.raises(InputError, match=f"--task {bad}: the number of operations"):
+            get_text_task(bad)
+    assert not is_text_task("word-problems:x")

@@ -15,5 +15,6 @@ SYSTEMS = systems.names(trains=True)  # the registry's trainable systems (jaxrl_
 TASK_NAMES = ("reverse", "copy", "sort", "add")  # token tasks of the built-in model
 TEXT_TASK_NAMES = ("word-problems",)  # text tasks of a --model checkpoint, plus "jsonl:PATH"
 TASK_HELP = (f"one of {', '.join(TASK_NAMES)} (the built-in model); with --model a text task: "
-             f"{', '.join(TEXT_TASK_NAMES)} or jsonl:FILE ({{prompt, answer}} lines)")
+             f"{', '.join(TEXT_TASK_NAMES)} (word-problems:K: at most K operations, 1-4; "
+             f"default 3) or jsonl:FILE ({{prompt, answer}} lines)")
 """The ``--task`` help: every task name, from this one place."""

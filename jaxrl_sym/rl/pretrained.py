@@ -31,6 +31,7 @@ from jaxrl_sym.rl.text_tasks import (
     Problem,
     TextTask,
     exact_match,
+    extract_answer,
     get_text_task,
     is_text_task,
     reward,
@@ -102,6 +103,11 @@ class TokenTextTask:
     def exact_match(self, prompt: Sequence[int] | np.ndarray,
                     response: Sequence[int] | np.ndarray) -> float:
         return exact_match(self.response_text(response), self._problem(prompt).answer)
+
+    def format_match(self, prompt: Sequence[int] | np.ndarray,
+                     response: Sequence[int] | np.ndarray) -> float:
+        """1.0 when the response gives its answer in the asked format (``#### N``)."""
+        return float(extract_answer(self.response_text(response)).source == "hash")
 
 
 @dataclasses.dataclass

