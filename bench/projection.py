@@ -39,13 +39,21 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer
     from jaxrl_sym.rl.ledger import step_ledger
+    from jaxrl_sym.weights.lora_config import LoraConfig
 
     _, limits, expanded = _workload(args)
     model = init_model(preset("small", **rlft_step.model_config(args)), args.seed)
     cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
                    max_new_tokens=max(limits), eos_id=None, lr=1e-4,
                    update_tokens=args.update_tokens or None)
-    trainer = RLTrainer(model, rlft_step.reward_fn, cfg, system=name)
+    lora = None if not args.lora_rank else LoraConfig(rank=args.lora_rank)
+    trainer = RLTrainer(model, rlft_step.reward_fn, cfg, system=name,
+                        precision=args.precision or "fp32", lora=lora)
+    # generation reads the trainer's forward weights (a bf16 copy, LoRA merged): the model
+    # the estimate and the decode bytes are taken of
+    st = trainer.state
+    model = trainer.view.compute_model(trainer.graphdef, trainer.treedef, st.params["lm"],
+                                       st.frozen)
     bound = systems.get(name).bind(model)
     gcfg = GenerationConfig(max_new_tokens=max(limits))
     est = bound.estimate([len(p) for p in expanded], gcfg)

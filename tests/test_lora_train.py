@@ -117,3 +117,16 @@ def test_bad_lora_input_is_refused_by_name() -> None:
     with pytest.raises(InputError, match="--mesh"):
         RLTrainer(init_model(MODEL, 0), TASK.reward, CFG, system="padded", lora=LORA,
                   mesh="data=1")
+
+
+def test_the_ledger_holds_the_frozen_base_once_and_no_second_reference() -> None:
+    from jaxrl_sym.rl.ledger import step_ledger
+
+    lora, _, _, _ = setup()
+    prompts = [p for p in TASK.sample(np.random.default_rng(0), 2) for _ in range(CFG.group_size)]
+    led = step_ledger(lora, prompts, [TASK.max_new_tokens] * len(prompts)).ledger.to_dict()
+    names = [b["name"] for b in led["peak"]["buffers"]]
+    assert "frozen base weights (LoRA)" in names and "reference weights" not in names
+    base = sum(int(np.asarray(x).nbytes) for x in lora.state.frozen)
+    got = next(b["bytes"] for b in led["peak"]["buffers"] if b["name"].startswith("frozen"))
+    assert got == base

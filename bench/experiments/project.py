@@ -59,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", default=None, help="comma-separated trainable systems")
     p.add_argument("--measure", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
                    help="also run the step here and compare the ledger with the measured peak")
+    p.add_argument("--precision", default=None, choices=("fp32", "bf16-mixed", "bf16"),
+                   help="the trainers' precision policy (default fp32, as the H100 run)")
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="train LoRA adapters of this rank instead of every weight")
     p.add_argument("--update-tokens", type=int, default=None,
                    help="RLConfig.update_tokens: token slots per training micro-batch")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")

@@ -61,7 +61,7 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     fns = ctx.fns(lay.system)
     held = [tree_buffer("policy weights", "weights", state.params),
             tree_buffer("optimiser state", "optimizer", state.opt_state)]
-    if state.ref:
+    if state.ref and state.ref is not state.frozen:  # LoRA's reference is its frozen base
         held.append(tree_buffer("reference weights", "reference", state.ref))
     if state.frozen is not None:
         held.append(tree_buffer("frozen base weights (LoRA)", "weights", state.frozen))
