@@ -200,17 +200,8 @@ def _host_policy(checkpoint_dir: str | Path, step: int | None, dtype: str | None
     from jaxrl_sym.models.hf.config import parse_config, parse_dtype
     from jaxrl_sym.models.hf.modeling import abstract_model
     from jaxrl_sym.models.hf.text import read_json
-    from jaxrl_sym.rl.checkpoint import Checkpointer
 
-    ckpt = Checkpointer(checkpoint_dir, create=False)
-    steps = ckpt.steps()
-    if not steps:
-        raise InputError(f"--checkpoint-dir {checkpoint_dir} holds no checkpoint")
-    if step is not None and step not in steps:
-        raise InputError(f"--step {step}: {checkpoint_dir} holds steps {steps}")
-    # One named step, never a fall-back: an export must not change a training directory.
-    step = steps[-1] if step is None else step
-    meta = ckpt._read_meta(step)  # hyper-parameters first: they say which model to build
+    ckpt, step, meta = _export_step(checkpoint_dir, step)
     source = _source_dir(checkpoint_dir, meta.get("hparams", {}))
     raw = read_json(Path(source) / "config.json", "config")
     abstract = abstract_model(parse_config(raw, _policy_dtype(meta["hparams"],
@@ -295,8 +286,10 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: 
                    "params_sha256": meta.get("params_sha256")}
 
 
-def _lora_meta(checkpoint_dir: str | Path, step: int | None) -> tuple[int, dict] | None:
-    """``(step, metadata)`` of a LoRA run's checkpoint to export, None for a full one."""
+def _export_step(checkpoint_dir: str | Path, step: int | None) -> tuple[Any, int, dict]:
+    """``(checkpointer, step, metadata)`` of the step to export: the one named, else the newest.
+    One named step, never a fall-back: an export must not change a training directory. The
+    hyper-parameters come first: they say which model to build."""
     from jaxrl_sym.rl.checkpoint import Checkpointer
 
     ckpt = Checkpointer(checkpoint_dir, create=False)
@@ -306,7 +299,12 @@ def _lora_meta(checkpoint_dir: str | Path, step: int | None) -> tuple[int, dict]
     if step is not None and step not in steps:
         raise InputError(f"--step {step}: {checkpoint_dir} holds steps {steps}")
     step = steps[-1] if step is None else step
-    meta = ckpt._read_meta(step)
+    return ckpt, step, ckpt._read_meta(step)
+
+
+def _lora_meta(checkpoint_dir: str | Path, step: int | None) -> tuple[int, dict] | None:
+    """``(step, metadata)`` of a LoRA run's checkpoint to export, None for a full one."""
+    _, step, meta = _export_step(checkpoint_dir, step)
     return (step, meta) if meta.get("hparams", {}).get("lora") else None
 
 
