@@ -40,7 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.models.hf.export import DEFAULT_MAX_SHARD_BYTES, export_pretrained
+from jaxrl_sym.models.hf.export import (
+    DEFAULT_MAX_SHARD_BYTES,
+    check_out_dir,
+    export_pretrained,
+    swap_into_place,
+)
 from jaxrl_sym.models.hf.modeling import CausalLM
 from jaxrl_sym.models.hf.safetensors_io import (
     ST_DTYPES,
@@ -139,30 +144,14 @@ def _modules_of(plan: LoraPlan, model: CausalLM) -> list[str]:
     return [by_path[n] for n in plan.names]
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise InputError(f"out_dir {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise InputError(f"out_dir {out} is not empty; choose an empty or new directory, or "
-                         "pass overwrite=True to replace its contents")
-    if not out.parent.is_dir():
-        raise InputError(f"out_dir {out}: parent directory {out.parent} does not exist")
-
-
 def _write_atomically(out: Path, write: Any) -> None:
-    """``write(tmp)`` into a temporary directory beside ``out``, then rename it into place (an
-    existing ``out`` is moved aside first and deleted after)."""
+    """``write(tmp)`` into a temporary directory beside ``out``, then swapped into place as
+    :func:`~jaxrl_sym.models.hf.export.export_pretrained` does."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         write(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rename(out, old / out.name)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -185,7 +174,7 @@ def export_peft(plan: LoraPlan, adapters: Sequence[Adapter], model: CausalLM,
                          f"{len(plan.names)} targets")
     modules = _modules_of(plan, model)
     out = Path(out_dir).absolute()
-    _prepare_out(out, overwrite)
+    check_out_dir(out, None, overwrite)
     tensors: dict[str, np.ndarray] = {}
     for module, (n_in, n_out), ad in zip(modules, plan.shapes, adapters, strict=True):
         a, b = np.asarray(ad["a"], np.float32), np.asarray(ad["b"], np.float32)

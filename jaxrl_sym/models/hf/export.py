@@ -142,8 +142,10 @@ def _write_weights(model: CausalLM, tmp: Path, max_shard_bytes: int) -> list[str
     return [*files, INDEX_FILE]
 
 
-def _check_out_dir(out: Path, source: Path, overwrite: bool) -> None:
-    if out.resolve() == source.resolve():
+def check_out_dir(out: Path, source: Path | None, overwrite: bool) -> None:
+    """An :class:`InputError` for an output directory an export must not write (the source
+    itself, a file, a non-empty directory without ``overwrite``, a missing parent)."""
+    if source is not None and out.resolve() == source.resolve():
         raise InputError(f"out_dir {out} is the source directory; export into a new directory")
     if out.exists() and not out.is_dir():
         raise InputError(f"out_dir {out} exists and is not a directory")
@@ -154,7 +156,7 @@ def _check_out_dir(out: Path, source: Path, overwrite: bool) -> None:
         raise InputError(f"out_dir {out}: parent directory {out.parent} does not exist")
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted after."""
     if not out.exists():
         os.rename(tmp, out)
@@ -190,7 +192,7 @@ def export_pretrained(model: CausalLM, out_dir: str | Path, *, source_dir: str |
     if not (source / "config.json").is_file():
         raise InputError(f"source_dir {source} has no config.json; pass the Hugging Face "
                          "directory the model was loaded from")
-    _check_out_dir(out, source, overwrite)
+    check_out_dir(out, source, overwrite)
     config = export_config(model, source)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -203,7 +205,7 @@ def export_pretrained(model: CausalLM, out_dir: str | Path, *, source_dir: str |
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         written.append("config.json")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
