@@ -172,3 +172,28 @@ def test_state_bytes_per_parameter_by_precision(precision: str, want: dict[str, 
     assert set(got) == set(want)
     for k, v in want.items():  # the optimiser also holds a few scalars (count, lr, ...)
         assert v <= got[k] < v + 0.01, (k, got)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gemmaish"])
+def test_bf16_mixed_on_zoo_models_against_the_plain_model(name: str) -> None:
+    """Not DecoderLM: the zoo's models (their own modules and casts). The compute model's
+    logits on a ragged odd batch are the plain fp32 model re-run, to bf16 rounding; at fp32
+    the view returns the very same model computation (exact)."""
+    from zoo import zoo
+
+    model = zoo(seed=7)[name]
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    rng = np.random.default_rng(5)
+    b, t = 3, 7  # odd batch; segment ids make the rows ragged (padding slots are segment 0)
+    tokens = jnp.asarray(rng.integers(0, 16, (b, t)), jnp.int32)
+    pos = jnp.tile(jnp.arange(t, dtype=jnp.int32), (b, 1))
+    seg = jnp.asarray([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5], jnp.int32)
+    want = np.asarray(model(tokens, pos, seg))
+    same = WeightView(Precision("fp32"), leaves).compute_model(graphdef, treedef, leaves)
+    np.testing.assert_array_equal(np.asarray(same(tokens, pos, seg)), want)
+    bf = WeightView(Precision("bf16-mixed"), leaves).compute_model(graphdef, treedef, leaves)
+    got = np.asarray(bf(tokens, pos, seg), np.float32)
+    live = np.asarray(seg) > 0
+    err = np.abs(got - want)[live].max()
+    assert 0 < err < 0.05 * np.abs(want[live]).max() + 0.05, err
