@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -70,11 +71,15 @@ def run(cmd: Sequence[str], *, timeout: float | None = None,
         env: Mapping[str, str] | None = None) -> ChildResult:
     """Run ``cmd`` in the repository root with ``env`` over this process's environment."""
     full_env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false", **(env or {})}
-    try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, env=full_env,
-                              timeout=timeout, cwd=ROOT)
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return ChildResult("timeout", -1, "", err)
-    status = "ok" if proc.returncode == 0 else classify_failure(proc.returncode, proc.stderr)
-    return ChildResult(status, proc.returncode, proc.stdout, proc.stderr)
+    # its own process group: a timeout ends the child's children too (an experiment's per-system
+    # processes), which would otherwise hold the device while the next configuration runs
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=full_env, cwd=ROOT, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return ChildResult("timeout", -1, out or "", err or "")
+    status = "ok" if proc.returncode == 0 else classify_failure(proc.returncode, err)
+    return ChildResult(status, proc.returncode, out, err)

@@ -63,6 +63,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                cheap=False),
     Experiment("tunix_grpo", "Tunix's GRPO learner on the RL-step workload (needs its trainer "
                              "stack)", cheap=False),
+    Experiment("gpu_plan", "every GPU measurement in priority order within a time budget, one "
+                           "result line per item as it ends (--dry-run: tiny shapes, any backend)",
+               cheap=False),
     Experiment("decode_kernel", "Triton decode-attention bandwidth vs device copy bandwidth "
                                 "(GPU)"),
 )

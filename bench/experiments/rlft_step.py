@@ -44,7 +44,7 @@ QWEN_CPU: dict[str, Any] = dict(vocab_size=2048, d_model=112, n_layers=4, n_head
                                 n_kv_heads=1, head_dim=16, ffn_dim=608, rope_theta=1e6)
 STAGES = ("generation", "pack", "reference", "reward", "advantage", "update")
 _SIZES = {"sigma": 0.6, "beta": 0.04, "seed": 0, "systems": "sym,padded", "memory_budget": None,
-          "engine": None}
+          "engine": None, "precision": "fp32", "lora_rank": None}
 PRESETS: dict[str, dict[str, Any]] = {
     # model: "cpu" (QWEN_CPU) or "gpu" (Qwen2.5-0.5B's shape); lengths divided by scale
     "quick": {**_SIZES, "model": "cpu", "scale": 16, "prompts": 4, "group": 2, "steps": 1,
@@ -86,6 +86,7 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.rl import RLConfig, RLTrainer
     from jaxrl_sym.runtime.metrics import device_memory_limit, peak_rss_bytes, tree_bytes
     from jaxrl_sym.runtime.options import EngineOptions
+    from jaxrl_sym.weights.lora_config import LoraConfig
 
     prompts, limits = workload(args)
     cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
@@ -93,7 +94,8 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
                    update_tokens=args.update_tokens or None)
     engine = EngineOptions(**json.loads(args.engine)) if args.engine else None
     trainer = RLTrainer(init_model(preset("small", **model_config(args)), args.seed), reward_fn,
-                        cfg, system=args.system, engine=engine)
+                        cfg, system=args.system, engine=engine, precision=args.precision,
+                        lora=LoraConfig(rank=args.lora_rank) if args.lora_rank else None)
     warm = trainer.step(prompts, seed=1, limits=limits)
     steps = [trainer.step(prompts, seed=2 + k, limits=limits) for k in range(args.steps)]
 
@@ -124,6 +126,9 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
         "padding_fraction": m0["padding_fraction"],
         "layout_shape": m0["layout_shape"],
         "peak_bytes": peak,
+        # the allocator's peak and bytes in use at the end of each stage of the first measured
+        # step (the peak only grows: the stage where it first jumps is where it was reached)
+        "peak_bytes_after_stage": m0.get("peak_bytes_after_stage", {}),
         "batch_independent_bytes": fixed,
         "memory_budget_bytes": budget,
         "largest_batch_estimate": int(max(0, budget - fixed) // per_sample),
@@ -208,6 +213,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="measured steps after the warm-up")
     p.add_argument("--sigma", type=float, default=None, help="log-normal sigma of lengths")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--precision", default=None, choices=("fp32", "bf16-mixed", "bf16"),
+                   help="the trainer's precision policy (preset: fp32, as the first H100 run)")
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="train LoRA adapters of this rank (alpha 2x, all linear layers) instead "
+                        "of every weight")
+    p.add_argument("--update-tokens", type=int, default=None,
+                   help="RLConfig.update_tokens: token slots per training micro-batch")
     p.add_argument("--engine", default=None, metavar="JSON",
                    help="EngineOptions fields for the trainer's generation, e.g. "
                         "'{\"min_capacity\": 16}' (default: the RL trainer's own)")
@@ -234,6 +246,12 @@ def _measure(args: argparse.Namespace, config: dict[str, Any], tmp: str) -> dict
     return out
 
 
+def variant(args: argparse.Namespace) -> str:
+    """The file-name suffix of a non-default precision or LoRA run (fp32 full FT: none)."""
+    return ("" if args.precision == "fp32" else "_" + args.precision.replace("-", "")) + (
+        f"_lora{args.lora_rank}" if args.lora_rank else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:  # child process: one system
@@ -245,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # "preset" in the report: the model (cpu/gpu), as the committed reports have it
     config = {"preset": args.model, **{k: getattr(args, k) for k in (
-        "scale", "prompts", "group", "sigma", "beta", "steps", "seed")}}
-    for k in ("memory_budget", "update_tokens", "engine"):
+        "scale", "prompts", "group", "sigma", "beta", "steps", "seed", "precision")}}
+    for k in ("memory_budget", "update_tokens", "engine", "lora_rank"):
         if getattr(args, k):
             config[k] = getattr(args, k)
     _, limits = workload(args)
@@ -263,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out or os.path.join(
         child.ROOT, "bench", "results",
         re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-"),  # as the suite's
-        f"rlft_step_{args.model}.json")
+        f"rlft_step_{args.model}{variant(args)}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(report, f, indent=1)

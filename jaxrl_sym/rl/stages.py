@@ -65,16 +65,22 @@ class DivergedError(InputError):
 
 
 class Stopwatch:
-    """Per-stage wall-clock seconds, in the order the stages ran (the step's ``seconds``)."""
+    """Per-stage wall-clock seconds, in the order the stages ran (the step's ``seconds``), and
+    where the device keeps allocator statistics (GPU), its peak bytes at each stage's end: the
+    peak only grows, so the stage where it first jumps is the one that reached it."""
 
     def __init__(self) -> None:
         self.sec: dict[str, float] = {}
+        self.peaks: dict[str, int] = {}
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
         t = time.perf_counter()
         yield
         self.sec[stage] = time.perf_counter() - t
+        peak = device_peak_bytes()
+        if peak is not None:
+            self.peaks[stage] = peak
 
     def move(self, seconds: float, src: str, dst: str) -> None:
         """Re-attribute ``seconds`` measured inside ``src`` to ``dst``."""
@@ -428,4 +434,5 @@ def run_step(ctx: StepContext, state: TrainState, rollout_source: RolloutSource)
     sec = clock.sec
     sec["total"] = sum(sec.values())
     out = metrics(ctx, new_state, rollout, layout, rew, metric, per_sample, auxes, sec, cc)
+    out["peak_bytes_after_stage"] = clock.peaks
     return StepOutcome(new_state, {**out, **drawn.report}, drawn.carried)

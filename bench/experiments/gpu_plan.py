@@ -1,0 +1,185 @@
+"""The GPU plan: every measurement a lent GPU should make, in priority order, in one command.
+
+A GPU is lent rarely and briefly (15 device minutes a session, machine start included), so the
+plan is prepared here and only *produces results* there:
+
+    python -m bench gpu_plan --budget-min 8 --out $OUT --commit <git sha>   # on the GPU
+    python -m bench gpu_plan --dry-run --out /tmp/plan                       # CPU, tiny shapes
+
+Each item runs in its own process (``bench.child``: its own allocator peak, an OOM is a row) with
+a timeout of what is left of the budget; an item whose expected minutes no longer fit is recorded
+as skipped, not started. After every item one line is appended to ``plan.jsonl`` in ``--out``:
+the item, its status, seconds, the experiment's own JSON report (parsed), the log's tail, and the
+device, versions, date and git commit, so a run cut short keeps everything it finished. The
+device tool returns at most 8 files, so the whole plan is two: ``plan.jsonl`` and ``plan.log``.
+
+``--dry-run`` runs every item's code path at tiny shapes on whatever backend is here (CI runs it):
+a GPU run then spends its minutes on results, not on script bugs. Items that need a GPU report
+``skipped`` with the experiment's own reason on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import child, presets
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {"budget_min": 30.0, "dry_run": True, "out": None, "commit": None, "only": None},
+    "full": {"budget_min": 25.0, "dry_run": False, "out": None, "commit": None, "only": None},
+    "gpu": {"budget_min": 25.0, "dry_run": False, "out": None, "commit": None, "only": None},
+}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One measurement: ``gpu``/``dry`` are its argv after ``python -m`` (``{out}`` is the
+    item's result file); ``minutes`` is the expected time on an H100, start-up included (from
+    the first H100 run where it ran, else an estimate); ``why`` is what it answers."""
+
+    name: str
+    minutes: float
+    why: str
+    gpu: tuple[str, ...]
+    dry: tuple[str, ...]
+    needs_gpu: bool = False
+
+
+_RL = ("bench", "rlft_step", "--steps", "1", "--out", "{out}")
+_RL_DRY = ("bench", "rlft_step", "--preset", "quick", "--out", "{out}")
+PLAN: tuple[Item, ...] = (
+    Item("gpu_tests", 1.5, "compiled Triton kernels against XLA (first run: 6 passed in 50 s)",
+         ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
+          "--junitxml={out}"),
+         ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
+          "--junitxml={out}")),
+    Item("rl_step_bf16mixed_lora16", 5.0,
+         "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
+         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (11.69 vs 10.18 GB)",
+         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16"),
+         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4")),
+    Item("rl_step_fp32_sym", 2.5,
+         "sym's fp32 full fine-tuning peak after the cost-model work (first run 44.9 GB vs "
+         "padded 33.5; projected 24.65 vs 21.77)",
+         (*_RL, "--preset", "gpu", "--systems", "sym"),
+         (*_RL_DRY, "--systems", "sym")),
+    Item("decode_kernel_batch1", 1.0,
+         "batch-1 decode-attention bandwidth (first run: 2-18% of copy bandwidth at 1-32k)",
+         ("bench", "decode_kernel", "--preset", "gpu", "--batches", "1",
+          "--lengths", "4096,32768", "--out", "{out}"),
+         ("bench", "decode_kernel", "--preset", "quick", "--out", "{out}"), needs_gpu=True),
+    Item("rl_step_fp32_padded", 2.5, "padded's fp32 peak in the same tree as sym's",
+         (*_RL, "--preset", "gpu", "--systems", "padded"),
+         (*_RL_DRY, "--systems", "padded")),
+)
+
+
+def _result(item: Item, path: Path) -> Any:
+    """The item's result file, parsed (pytest: the JUnit counts); None where none was written."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    if item.name == "gpu_tests":
+        suite = ET.parse(path).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return json.loads(path.read_text())
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=child.ROOT, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None  # the device gets the tree without .git: pass --commit
+
+
+def run_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, Any]:
+    """Run one item; its row for ``plan.jsonl`` (status, seconds, result, log tail)."""
+    out = Path(args.out)
+    res_path = out / f"{item.name}.{'xml' if item.name == 'gpu_tests' else 'json'}"
+    argv = [a.replace("{out}", str(res_path)) for a in (item.dry if args.dry_run else item.gpu)]
+    t0 = time.perf_counter()
+    res = child.run(child.module(*argv), timeout=timeout, env={"PYTHONUNBUFFERED": "1"})
+    seconds = time.perf_counter() - t0
+    with open(out / "plan.log", "a") as f:
+        f.write(f"===== {item.name}: {' '.join(argv)} ({res.status}, {seconds:.0f} s)\n"
+                f"{res.stdout}\n{res.stderr}\n")
+    result = _result(item, res_path)
+    status = res.status
+    if status == "ok" and result is None:  # ran, wrote nothing: an experiment that said why not
+        status = "skipped" if item.needs_gpu else "error"
+    if item.name == "gpu_tests" and result and (result["failures"] or result["errors"]):
+        status = "failed"
+    res_path.unlink(missing_ok=True)  # its content is in the row: the device returns 8 files
+    return {"status": status, "seconds": round(seconds, 1), "result": result,
+            "tail": child.tail(res.stderr or res.stdout, 12), "command": " ".join(argv)}
+
+
+def _environment(args: argparse.Namespace) -> dict[str, Any]:
+    from jaxrl_sym.report import run_metadata
+
+    meta = run_metadata(presets.command("gpu_plan", args.argv))
+    return {**meta, "commit": args.commit or _git_commit(), "dry_run": args.dry_run}
+
+
+def run_plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every item in order within ``--budget-min``; one ``plan.jsonl`` line each as it ends."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = _environment(args)
+    deadline = time.monotonic() + args.budget_min * 60
+    wanted = presets.csv(args.only) if args.only else [i.name for i in PLAN]
+    rows = []
+    for item in (i for i in PLAN if i.name in wanted):
+        left = deadline - time.monotonic()
+        if not args.dry_run and left < item.minutes * 60:
+            row = {"status": "skipped", "seconds": 0.0, "result": None, "command": "",
+                   "tail": f"budget: {left / 60:.1f} min left, expected {item.minutes} min"}
+        else:
+            row = run_item(item, args, timeout=max(left, 30.0))
+        row = {"item": item.name, "why": item.why, "expected_minutes": item.minutes, **row,
+               **env}
+        with open(out / "plan.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{item.name}: {row['status']} in {row['seconds']:.0f} s", flush=True)
+        rows.append(row)
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = presets.parser("gpu_plan", __doc__, PRESETS)
+    p.add_argument("--budget-min", type=float, default=None,
+                   help="minutes for the whole plan; items that no longer fit are skipped")
+    p.add_argument("--dry-run", action="store_const", const=True, default=None,
+                   help="every item at tiny shapes on this backend (CI's check of the plan)")
+    p.add_argument("--out", default=None, help="folder for plan.jsonl and plan.log")
+    p.add_argument("--commit", default=None, help="git commit of the tree (the device has no .git)")
+    p.add_argument("--only", default=None, help="comma-separated item names")
+    args = presets.parse(p, PRESETS, argv)
+    if not args.out:
+        p.error("--out: a folder for plan.jsonl (on the device tool: $OUT)")
+    unknown = set(presets.csv(args.only or "")) - {i.name for i in PLAN}
+    if unknown:
+        p.error(f"--only {', '.join(sorted(unknown))}: unknown; items are "
+                f"{', '.join(i.name for i in PLAN)}")
+    args.argv = argv
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv if argv is not None else sys.argv[1:])
+    rows = run_plan(args)
+    bad = [r["item"] for r in rows if r["status"] not in ("ok", "skipped")]
+    where = os.path.join(args.out, "plan.jsonl")
+    print(f"plan: {len(rows) - len(bad)} of {len(rows)} ok or skipped; results in {where}"
+          + (f"; not ok: {', '.join(bad)}" if bad else ""))
+    return 1 if bad else 0
