@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import child, presets
+from jaxrl_sym.errors import InputError
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"budget_min": 30.0, "dry_run": True, "out": None, "commit": None, "only": None},
@@ -44,7 +45,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class Item:
     """One measurement: ``gpu``/``dry`` are its argv after ``python -m`` (``{out}`` is the
     item's result file); ``minutes`` is the expected time on an H100, start-up included (from
-    the first H100 run where it ran, else an estimate); ``why`` is what it answers."""
+    the last H100 run where it ran, else an estimate); ``why`` is what it answers;
+    ``projection``: the committed ``bench project`` JSON its measurement is compared with."""
 
     name: str
     minutes: float
@@ -52,34 +54,38 @@ class Item:
     gpu: tuple[str, ...]
     dry: tuple[str, ...]
     needs_gpu: bool = False
+    projection: str | None = None
 
 
 _RL = ("bench", "rlft_step", "--steps", "1", "--out", "{out}")
 _RL_DRY = ("bench", "rlft_step", "--preset", "quick", "--out", "{out}")
 PLAN: tuple[Item, ...] = (
-    Item("gpu_tests", 1.5, "compiled Triton kernels against XLA (first run: 6 passed in 50 s)",
+    Item("gpu_tests", 1.0, "compiled Triton kernels against XLA (2026-11-26: 6 passed, 46 s)",
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"),
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}")),
-    Item("rl_step_bf16mixed_lora16", 5.0,
+    Item("rl_step_bf16mixed_lora16", 6.0,
          "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
          "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (11.69 vs 10.18 GB)",
          (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16"),
-         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4")),
-    Item("rl_step_fp32_sym", 2.5,
+         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4"),
+         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
+    Item("rl_step_fp32_sym", 2.7,
          "sym's fp32 full fine-tuning peak after the cost-model work (first run 44.9 GB vs "
          "padded 33.5; projected 24.65 vs 21.77)",
          (*_RL, "--preset", "gpu", "--systems", "sym"),
-         (*_RL_DRY, "--systems", "sym")),
-    Item("decode_kernel_batch1", 1.0,
+         (*_RL_DRY, "--systems", "sym"),
+         projection="bench/results/projection/rl_step_gpu_h100.json"),
+    Item("decode_kernel_batch1", 0.7,
          "batch-1 decode-attention bandwidth (first run: 2-18% of copy bandwidth at 1-32k)",
          ("bench", "decode_kernel", "--preset", "gpu", "--batches", "1",
           "--lengths", "4096,32768", "--out", "{out}"),
          ("bench", "decode_kernel", "--preset", "quick", "--out", "{out}"), needs_gpu=True),
-    Item("rl_step_fp32_padded", 2.5, "padded's fp32 peak in the same tree as sym's",
+    Item("rl_step_fp32_padded", 2.0, "padded's fp32 peak in the same tree as sym's",
          (*_RL, "--preset", "gpu", "--systems", "padded"),
-         (*_RL_DRY, "--systems", "padded")),
+         (*_RL_DRY, "--systems", "padded"),
+         projection="bench/results/projection/rl_step_gpu_h100.json"),
 )
 
 
@@ -127,8 +133,10 @@ def run_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, 
 def _environment(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.report import run_metadata
 
-    meta = run_metadata(presets.command("gpu_plan", args.argv))
-    return {**meta, "commit": args.commit or _git_commit(), "dry_run": args.dry_run}
+    meta = run_metadata()
+    return {**{k: v for k, v in meta.items() if k != "command"},
+            "plan_command": presets.command("gpu_plan", args.argv),
+            "commit": args.commit or _git_commit(), "dry_run": args.dry_run}
 
 
 def run_plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -164,7 +172,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="folder for plan.jsonl and plan.log")
     p.add_argument("--commit", default=None, help="git commit of the tree (the device has no .git)")
     p.add_argument("--only", default=None, help="comma-separated item names")
+    p.add_argument("--report", default=None, metavar="PLAN_JSONL",
+                   help="run nothing: write plan.md beside this plan.jsonl (projections beside)")
     args = presets.parse(p, PRESETS, argv)
+    if args.report:
+        return args
     if not args.out:
         p.error("--out: a folder for plan.jsonl (on the device tool: $OUT)")
     unknown = set(presets.csv(args.only or "")) - {i.name for i in PLAN}
@@ -177,6 +189,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
+    if args.report:
+        from bench import gpu_report
+
+        plan = Path(args.report)
+        if not plan.is_file():
+            raise InputError(f"--report {plan}: no such file; give a plan.jsonl a plan wrote")
+        print(f"wrote {gpu_report.write(plan, {i.name: i.projection for i in PLAN})}")
+        return 0
     rows = run_plan(args)
     bad = [r["item"] for r in rows if r["status"] not in ("ok", "skipped")]
     where = os.path.join(args.out, "plan.jsonl")

@@ -126,9 +126,10 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
         "padding_fraction": m0["padding_fraction"],
         "layout_shape": m0["layout_shape"],
         "peak_bytes": peak,
-        # the allocator's peak and bytes in use at the end of each stage of the first measured
-        # step (the peak only grows: the stage where it first jumps is where it was reached)
-        "peak_bytes_after_stage": m0.get("peak_bytes_after_stage", {}),
+        # the allocator's peak at the end of each stage of the warm-up step, the process's
+        # first: the peak only grows, so the stage where it first jumps is where it was reached
+        # (in a later step every stage shows the warm-up's peak; H100 run of 2026-11-26)
+        "peak_bytes_after_stage": warm.get("peak_bytes_after_stage", {}),
         "batch_independent_bytes": fixed,
         "memory_budget_bytes": budget,
         "largest_batch_estimate": int(max(0, budget - fixed) // per_sample),

@@ -1,0 +1,73 @@
+"""The GPU plan's CPU dry run (issue 31): every item's code path runs at tiny shapes here, its
+result is parsed and rendered, so a lent GPU spends its minutes on results, not script bugs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import gpu_report
+from bench.experiments import gpu_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", "gpu_plan", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> None:
+    # the fp32 items run rlft_step with the flags the bf16 item covers; the bf16 item runs
+    # both systems, LoRA and bf16-mixed: one of each code path
+    items = "gpu_tests,rl_step_bf16mixed_lora16,decode_kernel_batch1"
+    proc = _plan("--dry-run", "--out", str(tmp_path), "--only", items, "--commit", "feedbee")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(x) for x in (tmp_path / "plan.jsonl").read_text().splitlines()]
+    assert [r["item"] for r in rows] == items.split(",")
+    by = {r["item"]: r for r in rows}
+    assert all(r["commit"] == "feedbee" and r["dry_run"] and r["versions"]["jax"] for r in rows)
+    # the gpu tests are collected here and skip without a GPU (none failed, none missing)
+    assert by["gpu_tests"]["result"] == {"tests": 6, "failures": 0, "errors": 0, "skipped": 6}
+    rl = by["rl_step_bf16mixed_lora16"]["result"]
+    assert rl["config"]["precision"] == "bf16-mixed" and rl["config"]["lora_rank"] == 4
+    for system in ("sym", "padded"):
+        r = rl["systems"][system]
+        assert r["peak_bytes"] > 0 and r["seconds"]["update"] > 0 and r["useful_tokens"] > 0
+    assert rl["ratios"]["step_seconds"] > 0
+    # a GPU-only experiment says why it did not run, and the row says skipped
+    assert by["decode_kernel_batch1"]["status"] == "skipped"
+    assert "needs a GPU" in by["decode_kernel_batch1"]["tail"]
+    # the item's own result file is folded into the row (the device returns 8 files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.jsonl", "plan.log"]
+    md = gpu_report.write(tmp_path / "plan.jsonl",
+                          {i.name: i.projection for i in gpu_plan.PLAN}).read_text()
+    assert "| sym |" in md and "| padded |" in md and "(miss)" in md
+
+
+def test_items_that_no_longer_fit_the_budget_are_skipped_not_started(tmp_path: Path) -> None:
+    proc = _plan("--preset", "gpu", "--budget-min", "0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(x) for x in (tmp_path / "plan.jsonl").read_text().splitlines()]
+    assert [r["item"] for r in rows] == [i.name for i in gpu_plan.PLAN]
+    assert all(r["status"] == "skipped" and "budget" in r["tail"] for r in rows)
+    assert not (tmp_path / "plan.log").exists()  # nothing was started
+
+
+def test_bad_flags_name_themselves(tmp_path: Path) -> None:
+    proc = _plan("--out", str(tmp_path), "--only", "rl_step_typo")
+    assert proc.returncode == 2 and "--only rl_step_typo: unknown" in proc.stderr
+    proc = _plan("--report", str(tmp_path / "missing.jsonl"))
+    assert proc.returncode == 2 and "--report" in proc.stderr and "no such file" in proc.stderr
+
+
+def test_report_of_the_committed_h100_run_keeps_its_numbers() -> None:
+    plan = ROOT / "bench/results/nvidia-h100-80gb-hbm3/2026-11-26/plan.jsonl"
+    md = gpu_report.render(gpu_report.load(plan), {i.name: i.projection for i in gpu_plan.PLAN})
+    assert "| sym | 5.87 | 3.69 | 0.02 | 2.16 | 9.41 | 11.69 (+24%)" in md
+    assert "| padded | 18.72 |" in md  # the rerun's row replaces the budget-skipped one
