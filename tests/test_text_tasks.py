@@ -175,3 +175,32 @@ def test_word_problems_difficulty_by_name() -> None:
         with pytest.raises(InputError, match=f"--task {bad}: the number of operations"):
             get_text_task(bad)
     assert not is_text_task("word-problems:x")
+    small = get_text_task("word-problems:2:9")
+    assert (small.max_steps, small.largest) == (2, 9) and is_text_task("word-problems:2:9")
+    for bad in ("word-problems:1:1", "word-problems:1:1000"):
+        with pytest.raises(InputError, match=f"--task {bad}: the largest number N"):
+            get_text_task(bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), steps=st.integers(1, 4), largest=st.integers(2, 40))
+def test_no_stated_number_exceeds_the_bound_and_the_answer_follows(seed: int, steps: int,
+                                                                  largest: int) -> None:
+    """word-problems:K:N states no number above N (distractors included), and the answer is
+    what the worked lines compute, re-done here with Python's own arithmetic."""
+    from jaxrl_sym.rl.text_tasks import get_text_task
+
+    task = get_text_task(f"word-problems:{steps}:{largest}")
+    for p in task.sample(np.random.default_rng(seed), 4):
+        stated = [int(x) for x in re.findall(r"\d+", p.prompt.split("\n")[0])]
+        assert stated and max(stated) <= largest, p.prompt
+        x = None
+        for line in p.solution.splitlines()[:-1]:
+            a, op, b, _, got = line.split()
+            want = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b),
+                    "/": int(a) // int(b)}[op]
+            assert op != "/" or int(a) % int(b) == 0
+            assert x is None or int(a) == x  # each line continues from the last result
+            assert int(got) == want >= 0
+            x = want
+        assert p.answer == (x if x is not None else stated[0])

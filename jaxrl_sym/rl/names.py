@@ -16,5 +16,6 @@ TASK_NAMES = ("reverse", "copy", "sort", "add")  # token tasks of the built-in m
 TEXT_TASK_NAMES = ("word-problems",)  # text tasks of a --model checkpoint, plus "jsonl:PATH"
 TASK_HELP = (f"one of {', '.join(TASK_NAMES)} (the built-in model); with --model a text task: "
              f"{', '.join(TEXT_TASK_NAMES)} (word-problems:K: at most K operations, 1-4; "
+             f"word-problems:K:N: no stated number above N; "
              f"default 3) or jsonl:FILE ({{prompt, answer}} lines)")
 """The ``--task`` help: every task name, from this one place."""

@@ -110,63 +110,71 @@ COLOURS = ("red", "blue", "green", "yellow", "purple")
 MULTIPLIERS = {2: "doubles", 3: "triples", 4: "quadruples"}
 
 
-def _start(rng: np.random.Generator, name: str, item: str) -> tuple[int, str, str]:
-    """The opening amount: plain, or boxes × per box (a first operation in itself)."""
+def _start(rng: np.random.Generator, name: str, item: str, largest: int | None
+           ) -> tuple[int, str, str]:
+    """The opening amount: plain, or boxes × per box (a first operation in itself); with
+    ``largest``, no number written in the problem exceeds it."""
     if rng.random() < 0.5:
-        x = int(rng.integers(2, 60))
+        x = int(rng.integers(2, 60 if largest is None else largest + 1))
         return x, f"{name} has {x} {item}.", ""
-    boxes, per = int(rng.integers(2, 7)), int(rng.integers(2, 13))
+    boxes = int(rng.integers(2, 7 if largest is None else min(6, largest) + 1))
+    per = int(rng.integers(2, 13 if largest is None else min(12, largest) + 1))
     return (boxes * per, f"{name} buys {boxes} boxes of {item} with {per} {item} in each box.",
             f"{boxes} * {per} = {boxes * per}")
 
 
-def _step(rng: np.random.Generator, x: int, name: str, friend: str, item: str
-          ) -> tuple[int, str, str]:
+def _step(rng: np.random.Generator, x: int, name: str, friend: str, item: str,
+          largest: int | None) -> tuple[int, str, str]:
     """One operation on the running amount ``x``: (new amount, sentence, worked line)."""
     kind = ["add", "sub", "mul", "div"][int(rng.integers(0, 4))]
     if kind == "sub" and x >= 2:
-        b = int(rng.integers(1, x))
+        b = int(rng.integers(1, x if largest is None else min(x, largest + 1)))
         return x - b, f"{name} gives {b} {item} to {friend}.", f"{x} - {b} = {x - b}"
     if kind == "mul" and x <= 400:
         k = int(rng.integers(2, 5))
         return (x * k, f"Then the number of {item} {name} has {MULTIPLIERS[k]}.",
                 f"{x} * {k} = {x * k}")
-    divisors = [k for k in range(2, 7) if x % k == 0]
+    divisors = [k for k in range(2, 7 if largest is None else min(6, largest) + 1) if x % k == 0]
     if kind == "div" and divisors:
         k = divisors[int(rng.integers(0, len(divisors)))]
         return (x // k, f"{name} splits the {item} into {k} equal piles and keeps one pile.",
                 f"{x} / {k} = {x // k}")
-    b = int(rng.integers(1, 40))
+    b = int(rng.integers(1, 40 if largest is None else largest + 1))
     return x + b, f"{friend} gives {name} {b} more {item}.", f"{x} + {b} = {x + b}"
 
 
-def _distractor(rng: np.random.Generator, name: str, friend: str) -> str:
+def _distractor(rng: np.random.Generator, name: str, friend: str, largest: int | None) -> str:
     """A sentence with a number (or none) that the answer does not depend on."""
-    options = (f"{friend} is {int(rng.integers(6, 70))} years old.",
-               f"The shop is {int(rng.integers(2, 30))} kilometres from {name}'s house.",
+    def num(lo: int, hi: int) -> int:
+        return int(rng.integers(lo, hi) if largest is None else rng.integers(2, largest + 1))
+
+    options = (f"{friend} is {num(6, 70)} years old.",
+               f"The shop is {num(2, 30)} kilometres from {name}'s house.",
                f"{name}'s favourite colour is {COLOURS[int(rng.integers(0, len(COLOURS)))]}.",
-               f"It rained on {int(rng.integers(2, 20))} days last month.")
+               f"It rained on {num(2, 20)} days last month.")
     return options[int(rng.integers(0, len(options)))]
 
 
 def word_problem(rng: np.random.Generator, min_steps: int = 1, max_steps: int = 3,
-                 max_distractors: int = 2) -> Problem:
+                 max_distractors: int = 2, largest: int | None = None) -> Problem:
     """A word problem of ``min_steps..max_steps`` operations after the opening amount, with
-    ``0..max_distractors`` irrelevant sentences placed among the relevant ones."""
+    ``0..max_distractors`` irrelevant sentences placed among the relevant ones; ``largest``
+    bounds the numbers the problem states (None: the templates' own ranges, up to 59)."""
     if not 1 <= min_steps <= max_steps:
         raise InputError(f"steps must satisfy 1 <= min_steps ({min_steps}) <= max_steps "
                          f"({max_steps})")
     i, j = rng.choice(len(NAMES), size=2, replace=False)
     name, friend = NAMES[int(i)], NAMES[int(j)]
     item = ITEMS[int(rng.integers(0, len(ITEMS)))]
-    x, first, work = _start(rng, name, item)
+    x, first, work = _start(rng, name, item, largest)
     sentences, lines = [first], [work] if work else []
     for _ in range(int(rng.integers(min_steps, max_steps + 1))):
-        x, sentence, line = _step(rng, x, name, friend, item)
+        x, sentence, line = _step(rng, x, name, friend, item, largest)
         sentences.append(sentence)
         lines.append(line)
     for _ in range(int(rng.integers(0, max_distractors + 1))):
-        sentences.insert(int(rng.integers(1, len(sentences) + 1)), _distractor(rng, name, friend))
+        where = int(rng.integers(1, len(sentences) + 1))
+        sentences.insert(where, _distractor(rng, name, friend, largest))
     question = f"How many {item} does {name} have now?"
     prompt = " ".join([*sentences, question]) + "\n" + INSTRUCTION
     return Problem(prompt, Fraction(x), "\n".join([*lines, f"#### {x}"]))
@@ -240,17 +248,20 @@ class TextTask:
     problems: tuple[Problem, ...] | None = None  # None: generated from templates
     min_steps: int = 1
     max_steps: int = 3
+    largest: int | None = None  # the largest number a template problem states (None: 59)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """``n`` problems; a file's records are drawn with replacement."""
         if self.problems is None:
-            return [word_problem(rng, self.min_steps, self.max_steps) for _ in range(n)]
+            return [word_problem(rng, self.min_steps, self.max_steps, largest=self.largest)
+                    for _ in range(n)]
         idx = rng.integers(0, len(self.problems), size=n)
         return [self.problems[int(i)] for i in idx]
 
 
-_WORD_PROBLEMS = re.compile(r"word-problems(?::(\d+))?")
+_WORD_PROBLEMS = re.compile(r"word-problems(?::(\d+)(?::(\d+))?)?")
 MAX_WORD_PROBLEM_STEPS = 4
+LARGEST_NUMBER = (2, 999)  # the range word-problems:K:N accepts for N
 
 
 def is_text_task(name: str) -> bool:
@@ -260,15 +271,20 @@ def is_text_task(name: str) -> bool:
 
 def get_text_task(name: str, *, max_steps: int = 3) -> TextTask:
     """``word-problems`` (1..max_steps operations), ``word-problems:K`` (1..K: the difficulty,
-    so a small model can start neither at 0 nor at the ceiling) or ``jsonl:PATH`` (the file is
-    read and checked now, so a bad record fails before any model is loaded)."""
+    so a small model can start neither at 0 nor at the ceiling), ``word-problems:K:N`` (and no
+    stated number above N: a 135M model adds 7 and 5, not 47 and 38) or ``jsonl:PATH`` (the file
+    is read and checked now, so a bad record fails before any model is loaded)."""
     m = _WORD_PROBLEMS.fullmatch(name)
     if m is not None:
         k = max_steps if m.group(1) is None else int(m.group(1))
         if not 1 <= k <= MAX_WORD_PROBLEM_STEPS:
             raise InputError(f"--task {name}: the number of operations must be 1 to "
                              f"{MAX_WORD_PROBLEM_STEPS}")
-        return TextTask(name, None, 1, k)
+        largest = None if m.group(2) is None else int(m.group(2))
+        if largest is not None and not LARGEST_NUMBER[0] <= largest <= LARGEST_NUMBER[1]:
+            raise InputError(f"--task {name}: the largest number N of word-problems:K:N must "
+                             f"be {LARGEST_NUMBER[0]} to {LARGEST_NUMBER[1]}")
+        return TextTask(name, None, 1, k, largest)
     if name.startswith("jsonl:"):
         return TextTask(name, tuple(load_problems(name.removeprefix("jsonl:"))))
     raise InputError(f"unknown text task {name!r}; choose {', '.join(TEXT_TASK_NAMES)} or "
