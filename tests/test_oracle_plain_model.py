@@ -39,6 +39,7 @@ from zoo import zoo
 
 from jaxrl_sym import Causal, GenerationConfig, GenerationResult, Linear, Window, attend
 from jaxrl_sym.baselines.padded import padded_generate
+from jaxrl_sym.errors import InputError
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
 
@@ -278,6 +279,48 @@ def test_padded_generation_equals_the_plain_model(name: str, data: st.DataObject
     model = models(name)[0]
     prompts, cfg = data.draw(requests(model_vocab(name)))
     check_against_plain_model(name, prompts, cfg, padded_generate(model, prompts, cfg))
+
+
+@cache
+def fixed_engine(name: str, max_len: int) -> SymbolicLM:
+    """The engine with full-attention stores fixed at ``max_len`` (no growth)."""
+    return SymbolicLM(models(name)[0], EngineOptions(max_len=max_len, min_capacity=4,
+                                                     decode_tile=2))
+
+
+FIXED = 16  # the tight max_len: rows of prompt + limit up to 16, prompts up to 14 tokens
+
+
+@pytest.mark.parametrize("name", NAMES)
+@settings(max_examples=3, **SETTINGS)
+@given(data=st.data())
+def test_fixed_max_len_with_ragged_prompts_equals_the_plain_model(
+        name: str, data: st.DataObject) -> None:
+    """EngineOptions.max_len with ragged prompts (issue 29): the shortest prompt's row starts
+    furthest left in the right-aligned block, so the fixed stores must hold its left padding
+    plus max_len; sized from the longest prompt, a short prompt's long response wrote past the
+    store (clamped over older keys) and the tokens silently differed."""
+    prompts, cfg = data.draw(requests(model_vocab(name)))
+    limits = tuple(min(m, FIXED - len(p)) for p, m in zip(prompts, cfg.max_new_tokens,
+                                                          strict=True))
+    cfg = dataclasses.replace(cfg, max_new_tokens=limits)
+    check_against_plain_model(name, prompts, cfg, fixed_engine(name, FIXED).generate(prompts, cfg))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fixed_max_len_short_prompt_long_response_beside_a_long_prompt(name: str) -> None:
+    """The case that failed: 1 + 15 and 13 + 3 tokens each fit max_len 16 exactly."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 40, n).astype(np.int32) for n in (1, 13)]
+    cfg = GenerationConfig(max_new_tokens=(8, 3), return_logits=True)
+    check_against_plain_model(name, prompts, cfg, fixed_engine(name, FIXED).generate(prompts,
+                                                                                      cfg))
+
+
+def test_fixed_max_len_refuses_a_row_that_does_not_fit() -> None:
+    prompts = [np.arange(1, 4, dtype=np.int32), np.arange(1, 13, dtype=np.int32)]
+    with pytest.raises(InputError, match=r"max_len=16: row 1 needs 12 prompt \+ 6 new tokens"):
+        fixed_engine("gemmaish", FIXED).generate(prompts, GenerationConfig(max_new_tokens=6))
 
 
 @cache

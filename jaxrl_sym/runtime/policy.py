@@ -19,6 +19,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from jaxrl_sym.errors import InputError
+
 # The engine's defaults, read by ``SymbolicLM``'s signature and by :func:`replay` alike.
 DEFAULT_DECODE_TILE = 8  # decode steps per dispatch, after any dispatch in which a row ended
 DEFAULT_MAX_DECODE_TILE = 64  # the most a tile grows to while no row ends (see Tiling)
@@ -187,15 +189,24 @@ class GroupShape:
         """Geometry of a group with these prompt lengths and response limits.
 
         The growing stores start at the smallest power of two above the prompt block (at least
-        ``min_capacity``, at most ``total``). With a user ``max_len``, stores are fixed at
-        ``max_len`` plus the block's left padding, so no row's slots run past the store.
+        ``min_capacity``, at most ``total``). With a user ``max_len`` (prompt + response of
+        every row), stores are fixed at ``max_len`` plus the largest left padding — the
+        shortest prompt's, whose row starts furthest left — so no row's slots run past them.
         """
         plen = max(prompt_lens)
         pcap = length_bucket(plen)
         total = pcap + int(max(limits))
         cap = min(max(min_capacity, next_pow2(pcap + 1)), total)
         if max_len is not None:
-            cap = max_len + (pcap - plen)
+            over = [i for i, (n, m) in enumerate(zip(prompt_lens, limits, strict=True))
+                    if n + int(m) > max_len]
+            if over:
+                i = over[0]
+                raise InputError(
+                    f"max_len={max_len}: row {i} needs {prompt_lens[i]} prompt + {int(limits[i])} "
+                    f"new tokens = {prompt_lens[i] + int(limits[i])} slots ({len(over)} rows "
+                    "exceed it); raise EngineOptions.max_len or lower max_new_tokens")
+            cap = max_len + (pcap - min(prompt_lens))
         return GroupShape(row_bucket(len(prompt_lens), row_multiple), pcap, total, cap)
 
 
