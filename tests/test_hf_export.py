@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -158,6 +159,15 @@ def test_refusals(tmp_path: Path) -> None:
     assert (full / "keep.txt").read_text() == "mine"
     with pytest.raises(InputError, match=r"is the source directory"):
         export_pretrained(model, src, source_dir=src, overwrite=True)
+    # a copy of the source: --out holding it, or inside it, would replace or pollute it
+    copy = tmp_path / "models" / "base"
+    shutil.copytree(src, copy)
+    for out_dir, how in ((tmp_path / "models", "holds"), (copy / "tuned", "lies inside"),
+                         (copy / "sub" / "..", "is")):
+        with pytest.raises(InputError, match=f"{how} the source directory"):
+            export_pretrained(model, out_dir, source_dir=copy, overwrite=True)
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in src.iterdir())
+    shutil.rmtree(tmp_path / "models")
     with pytest.raises(InputError, match=r"describes another architecture"):
         export_pretrained(model, tmp_path / "x", source_dir=FIXTURES / "llama3_scaled")
     with pytest.raises(InputError, match=r"no config\.json"):
@@ -249,3 +259,41 @@ def test_transformers_loads_export(tmp_path: Path) -> None:
     scale = np.max(np.abs(expected("qwen2_tied")["logits0"]))
     assert res[str(tmp_path / "bf16")]["dtypes"] == ["torch.bfloat16"]
     assert res[str(tmp_path / "bf16")]["diff"] / scale < 0.1
+
+
+def test_overwrite_swaps_atomically_so_out_is_never_missing(tmp_path: Path) -> None:
+    """--overwrite replaces --out in one atomic exchange: another process polling it during 300
+    replacements always finds a complete directory (old or new), never none. The two-rename
+    replacement it replaced left a moment without --out (this poller saw ~900 such moments in
+    300 replacements), and a kill there lost the old export."""
+    import sys
+
+    from jaxrl_sym.models.hf.export import _exchange, swap_into_place
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("0")
+    probe = tmp_path / "a"
+    probe.mkdir()
+    if not _exchange(probe, out):  # a file system without RENAME_EXCHANGE: the fall-back
+        pytest.skip("renameat2(RENAME_EXCHANGE) unsupported here")
+    _exchange(probe, out)  # back as they were
+    stop = tmp_path / "stop"
+    poller = subprocess.Popen([sys.executable, "-c", f"""
+import os, sys
+p, stop, miss = {str(out / 'config.json')!r}, {str(stop)!r}, 0
+print('go', flush=True)
+while not os.path.exists(stop):
+    miss += not os.path.exists(p)
+print(miss)
+"""], stdout=subprocess.PIPE, text=True)
+    assert poller.stdout is not None and poller.stdout.readline().strip() == "go"
+    for i in range(1, 301):
+        new = tmp_path / f"new{i}"
+        new.mkdir()
+        (new / "config.json").write_text(str(i))
+        swap_into_place(new, out)
+    stop.touch()
+    assert poller.communicate(timeout=60)[0].strip() == "0"
+    assert (out / "config.json").read_text() == "300"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "out", "stop"]  # old ones gone

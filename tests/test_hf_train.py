@@ -108,6 +108,17 @@ def test_train_resume_identical_and_export(tmp_path: Path, task: str,
     cast, _, _ = load_pretrained(tmp_path / "cli")
     assert cast.model.embed_tokens.embedding[...].dtype == jnp.bfloat16
 
+    # destructive overlaps are refused by resolved path before anything is written (issue 29):
+    # --out as the run itself, inside it, or holding it; the run is left as it was
+    before = sorted(p.relative_to(straight) for p in straight.rglob("*"))
+    for out_dir, how in ((straight, "is"), (straight / "x", "lies inside"),
+                         (tmp_path / "cli" / ".." / "straight", "is"), (tmp_path, "holds")):
+        rc = main(["export", "--checkpoint-dir", str(straight), "--out", str(out_dir),
+                   "--overwrite"])
+        err = capsys.readouterr().err
+        assert rc == 2 and f"{how} --checkpoint-dir" in err, err
+    assert sorted(p.relative_to(straight) for p in straight.rglob("*")) == before
+
 
 def test_export_refuses_checkpoints_without_a_source_model(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]

@@ -268,9 +268,17 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: 
 
     Returns the files written and ``{"source_model", "step", "params_sha256"}``.
     """
-    from jaxrl_sym.models.hf.export import DEFAULT_MAX_SHARD_BYTES, export_pretrained
+    from jaxrl_sym.models.hf.export import (
+        DEFAULT_MAX_SHARD_BYTES,
+        check_no_overlap,
+        export_pretrained,
+    )
 
     max_shard_bytes = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
+    _, _, first = _export_step(checkpoint_dir, step)
+    check_no_overlap(Path(out_dir).absolute(), {
+        "--checkpoint-dir": checkpoint_dir,
+        "the run's source model": first.get("hparams", {}).get("model_dir")})
     lora = _lora_meta(checkpoint_dir, step)
     if lora is not None or peft:
         if lora is None:

@@ -174,7 +174,9 @@ def export_peft(plan: LoraPlan, adapters: Sequence[Adapter], model: CausalLM,
                          f"{len(plan.names)} targets")
     modules = _modules_of(plan, model)
     out = Path(out_dir).absolute()
-    check_out_dir(out, None, overwrite)
+    base_dir = base_model_name_or_path  # a hub name is no path: nothing of it to overwrite
+    check_out_dir(out, None, overwrite, {"the base model": base_dir if base_dir is not None
+                                         and Path(base_dir).exists() else None})
     tensors: dict[str, np.ndarray] = {}
     for module, (n_in, n_out), ad in zip(modules, plan.shapes, adapters, strict=True):
         a, b = np.asarray(ad["a"], np.float32), np.asarray(ad["b"], np.float32)

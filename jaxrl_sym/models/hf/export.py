@@ -25,10 +25,12 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -142,11 +144,27 @@ def _write_weights(model: CausalLM, tmp: Path, max_shard_bytes: int) -> list[str
     return [*files, INDEX_FILE]
 
 
-def check_out_dir(out: Path, source: Path | None, overwrite: bool) -> None:
-    """An :class:`InputError` for an output directory an export must not write (the source
-    itself, a file, a non-empty directory without ``overwrite``, a missing parent)."""
-    if source is not None and out.resolve() == source.resolve():
-        raise InputError(f"out_dir {out} is the source directory; export into a new directory")
+def check_no_overlap(out: Path, protected: Mapping[str, str | Path | None]) -> None:
+    """An :class:`InputError` when ``out`` is, holds, or lies inside a path an export reads
+    (``protected``: its label → path, e.g. ``{"--checkpoint-dir": run}``): replacing ``out``
+    would delete it. Compared as resolved paths, so links and ``..`` do not hide an overlap."""
+    where = out.resolve()
+    for label, path in protected.items():
+        if path is None:
+            continue
+        p = Path(path).resolve()
+        if where == p or p.is_relative_to(where) or where.is_relative_to(p):
+            how = ("is" if where == p else "holds" if p.is_relative_to(where) else "lies inside")
+            raise InputError(f"out_dir {out} {how} {label} {path}: writing it would replace "
+                             "what the export reads; export into a directory outside it")
+
+
+def check_out_dir(out: Path, source: Path | None, overwrite: bool,
+                  protected: Mapping[str, str | Path | None] | None = None) -> None:
+    """An :class:`InputError` for an output directory an export must not write (the source,
+    what holds it or lies inside it, or another ``protected`` path; a file; a non-empty
+    directory without ``overwrite``; a missing parent)."""
+    check_no_overlap(out, {"the source directory": source, **(protected or {})})
     if out.exists() and not out.is_dir():
         raise InputError(f"out_dir {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -156,10 +174,32 @@ def check_out_dir(out: Path, source: Path | None, overwrite: bool) -> None:
         raise InputError(f"out_dir {out}: parent directory {out.parent} does not exist")
 
 
+_RENAME_EXCHANGE = 2  # linux/fs.h: swap two paths atomically
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False
+    where the kernel, libc or file system cannot, and nothing was changed."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    return rc == 0
+
+
 def swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename ``tmp`` to ``out``; an existing ``out`` is moved aside first and deleted after."""
+    """Rename ``tmp`` to ``out``. An existing ``out`` is exchanged with ``tmp`` atomically, so
+    at every moment ``out`` is the old directory or the new one, never missing (a kill between
+    two renames used to leave none); where the system cannot exchange, it is moved aside first
+    and deleted after."""
     if not out.exists():
         os.rename(tmp, out)
+        return
+    if _exchange(tmp, out):
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old directory
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     os.rename(out, old / out.name)
