@@ -34,12 +34,12 @@ from jaxrl_sym.rl.checkpoint import (
 )
 from jaxrl_sym.rl.cli import add_train_parser
 from jaxrl_sym.rl.config import CheckpointConfig
+from jaxrl_sym.rl.run_files import LOCK_FILE, open_checkpoints
 from jaxrl_sym.rl.tasks import EOS
 from jaxrl_sym.rl.train import (
     TASK_MODEL,
     TASK_RECIPE,
     ResumeMismatchError,
-    open_checkpoints,
     train,
 )
 
@@ -57,7 +57,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     d = tmp_path_factory.mktemp("finished") / "run"
     out = train("grpo", "reverse", steps=STEPS, seed=SEED, checkpoint_dir=str(d),
                 checkpoint_every=EVERY, **RUN)
-    assert sorted(os.listdir(d)) == ["2", "4"]
+    assert steps_in(d) == ["2", "4"]
     return d, out["params_sha256"]
 
 
@@ -69,6 +69,11 @@ def trainer() -> RLTrainer:
                    max_new_tokens=task.max_new_tokens, eos_id=EOS, **TASK_RECIPE)  # lr 1e-3
     model = init_model(preset("tiny", **{**TASK_MODEL, **TINY}), SEED)
     return RLTrainer(model, task.reward, cfg, system="padded")
+
+
+def steps_in(d: Path) -> list[str]:
+    """The checkpoint directory's entries but the run lock (a dot-file that stays)."""
+    return sorted(n for n in os.listdir(d) if n != LOCK_FILE)
 
 
 def copy_run(finished: tuple[Path, str], dst: Path) -> Path:
@@ -120,7 +125,7 @@ def test_random_bytes_in_newest_arrays_fall_back_and_end_like_an_uninterrupted_r
     assert f"{d}/4 is unusable and was skipped" in said and "resuming from step 2" in said
     assert out["params_sha256"] == finished[1]  # replayed 3..4 exactly
     # the damaged step was kept aside for inspection, and step 4 was written again — verified
-    assert sorted(os.listdir(d)) == ["2", "4", "4.corrupt"]
+    assert steps_in(d) == ["2", "4", "4.corrupt"]
     again = train("grpo", "reverse", steps=STEPS, seed=SEED, checkpoint_dir=str(d),
                   resume=True, **RUN)
     assert again["resumed_from"] == 4 and again["skipped_checkpoints"] == []
@@ -200,7 +205,7 @@ def test_all_checkpoints_corrupt_is_a_clear_error_that_changes_nothing(
                              r"be read.*Nothing was loaded or changed"):
         train("grpo", "reverse", steps=STEPS, seed=SEED, checkpoint_dir=str(d), resume=True,
               **RUN)
-    assert sorted(os.listdir(d)) == ["2", "4"]  # nothing moved aside when nothing is good
+    assert steps_in(d) == ["2", "4"]  # nothing moved aside when nothing is good
 
 
 # --------------------------------------------------------------------------- non-finite state
@@ -254,7 +259,7 @@ def test_resume_with_changed_settings_is_refused_unless_overridden(
                                ("--prompts (prompts_per_step)", 4, 8)]
     msg = str(err.value)
     assert "--lr (lr): checkpoint 0.001, given 0.003" in msg and "--resume-anyway" in msg
-    assert sorted(os.listdir(d)) == ["2", "4"]
+    assert steps_in(d) == ["2", "4"]
     with caplog.at_level(logging.WARNING):
         out = train("grpo", "reverse", steps=STEPS + 1, seed=SEED, checkpoint_dir=str(d),
                     resume=True, resume_anyway=True, lr=3e-3, **changed)
@@ -308,10 +313,15 @@ def test_resume_on_a_missing_or_empty_directory_is_an_error(
         train("grpo", "reverse", steps=1, resume=True, **RUN)
     # --resume-or-start: a new run where there is nothing yet, the old one where there is
     with caplog.at_level(logging.WARNING):
-        ckpt, resuming = open_checkpoints(CheckpointConfig(str(typo), resume_or_start=True))
-    assert ckpt is not None and not resuming and typo.is_dir()
+        ckpt, resuming, lock = open_checkpoints(CheckpointConfig(str(typo),
+                                                                 resume_or_start=True))
+    assert ckpt is not None and not resuming and typo.is_dir() and lock is not None
+    lock.release()
     assert "starting a new run" in warnings_text(caplog)
-    assert open_checkpoints(CheckpointConfig(str(finished[0]), resume_or_start=True))[1]
+    ckpt, resuming, lock = open_checkpoints(CheckpointConfig(str(finished[0]),
+                                                             resume_or_start=True))
+    assert resuming and lock is not None
+    lock.release()
 
 
 def test_unwritable_outputs_fail_before_the_first_step(
@@ -379,7 +389,7 @@ def test_sigkill_during_saves_resumes_to_the_uninterrupted_run(
     deadline = time.time() + 300
     try:  # kill as soon as a save of step >= 2 is under way (or the second step dir appears)
         while time.time() < deadline and proc.poll() is None:
-            names = os.listdir(d) if d.exists() else []
+            names = steps_in(d) if d.exists() else []
             if "1" in names and any(n != "1" for n in names):  # step 1 done, step 2 begun
                 break
             time.sleep(0.005)

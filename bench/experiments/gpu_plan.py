@@ -34,10 +34,12 @@ from typing import Any
 from bench import child, presets
 from jaxrl_sym.errors import InputError
 
+_GPU_OUT = str(child.ROOT / "bench" / "results" / "gpu_plan")  # then moved to <device>/<date>/
 PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {"budget_min": 30.0, "dry_run": True, "out": None, "commit": None, "only": None},
-    "full": {"budget_min": 25.0, "dry_run": False, "out": None, "commit": None, "only": None},
-    "gpu": {"budget_min": 25.0, "dry_run": False, "out": None, "commit": None, "only": None},
+    "quick": {"budget_min": 30.0, "dry_run": True, "out": presets.quick_dir("gpu_plan"),
+              "commit": None, "only": None},
+    "full": {"budget_min": 25.0, "dry_run": False, "out": _GPU_OUT, "commit": None, "only": None},
+    "gpu": {"budget_min": 25.0, "dry_run": False, "out": _GPU_OUT, "commit": None, "only": None},
 }
 
 
@@ -169,7 +171,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="minutes for the whole plan; items that no longer fit are skipped")
     p.add_argument("--dry-run", action="store_const", const=True, default=None,
                    help="every item at tiny shapes on this backend (CI's check of the plan)")
-    p.add_argument("--out", default=None, help="folder for plan.jsonl and plan.log")
+    p.add_argument("--out", default=None,
+                   help="folder for plan.jsonl and plan.log (on the device tool: $OUT)")
     p.add_argument("--commit", default=None, help="git commit of the tree (the device has no .git)")
     p.add_argument("--only", default=None, help="comma-separated item names")
     p.add_argument("--report", default=None, metavar="PLAN_JSONL",
@@ -177,8 +180,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = presets.parse(p, PRESETS, argv)
     if args.report:
         return args
-    if not args.out:
-        p.error("--out: a folder for plan.jsonl (on the device tool: $OUT)")
     unknown = set(presets.csv(args.only or "")) - {i.name for i in PLAN}
     if unknown:
         p.error(f"--only {', '.join(sorted(unknown))}: unknown; items are "

@@ -184,9 +184,13 @@ def run_train(args: argparse.Namespace) -> int:
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from jaxrl_sym.rl.plot import plot_run, read_metrics
-    from jaxrl_sym.rl.train import check_output_file, train_run
+    from jaxrl_sym.rl import interrupt
+    from jaxrl_sym.rl.interrupt import Interrupted
+    from jaxrl_sym.rl.run_files import check_output_file
+    from jaxrl_sym.rl.train import train_run
 
+    if dist is None:  # one process: SIGTERM / SIGINT end the run cleanly (rl/interrupt.py)
+        interrupt.install()
     try:
         with _warnings_to_stderr():
             if args.plot:
@@ -197,6 +201,16 @@ def run_train(args: argparse.Namespace) -> int:
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:  # SIGTERM / SIGINT: the step finished or abandoned, state saved
+        print(e.message, file=sys.stderr)
+        return e.exit_code
+    return _report(summary, args, reports)
+
+
+def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) -> int:
+    """Print a finished run (its plot written where asked); the exit code."""
+    from jaxrl_sym.rl.plot import plot_run, read_metrics
+
     hist = summary.pop("history")
     rows = read_metrics(args.metrics) if args.metrics and os.path.exists(args.metrics) else hist
     plot = args.plot or (os.path.splitext(args.metrics)[0] + ".png" if args.metrics else None)

@@ -13,15 +13,14 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrl_sym import systems
-from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.config import (
@@ -35,8 +34,10 @@ from jaxrl_sym.rl.config import (
     task_rl_config,
 )
 from jaxrl_sym.rl.errors import CheckpointError
+from jaxrl_sym.rl.interrupt import Interrupted, abandoned, graceful
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.progress import Bar, GreedyDrift, RunHealth, recipe_line
+from jaxrl_sym.rl.run_files import check_output_file, open_checkpoints, prepare_metrics
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task
@@ -130,112 +131,6 @@ def hparam_diffs(saved: dict[str, Any], given: dict[str, Any]) -> list[tuple[str
             label = f"{FLAGS[key]} ({key})" if key in FLAGS else f"config[{key!r}]"
             out.append((label, saved[key], given[key]))
     return out
-
-
-def _probe_writable(directory: str, what: str) -> None:
-    """Create and delete a file: permission bits alone say nothing for root or read-only mounts."""
-    try:
-        fd, name = tempfile.mkstemp(dir=directory, prefix=".jaxrl-sym-write-check-")
-        os.close(fd)
-        os.remove(name)
-    except OSError as e:
-        raise InputError(f"{what}: cannot write in {directory} ({e.strerror or e}); choose a "
-                         "writable location") from e
-
-
-def check_output_dir(path: str, what: str) -> bool:
-    """Raise :class:`InputError` (naming ``what``, the flag) unless ``path`` is a writable
-    directory or can be created in an existing, writable parent. Returns whether it exists."""
-    path = os.path.abspath(path)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise InputError(f"{what} {path} exists and is not a directory; give a directory")
-        _probe_writable(path, f"{what} {path}")
-        return True
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
-                         "it first or fix the path")
-    _probe_writable(parent, f"{what} {path}")
-    return False
-
-
-def check_output_file(path: str, what: str) -> None:
-    """Raise :class:`InputError` (naming ``what``) unless ``path`` can be written: its parent
-    exists and is writable (files are replaced via a temporary next to them) and an existing
-    ``path`` is a file that opens for appending."""
-    path = os.path.abspath(path)
-    if os.path.isdir(path):
-        raise InputError(f"{what} {path} is a directory; give a file name")
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
-                         "it first or fix the path")
-    _probe_writable(parent, f"{what} {path}")
-    if os.path.exists(path):
-        try:
-            with open(path, "a"):
-                pass
-        except OSError as e:
-            raise InputError(f"{what} {path} cannot be written ({e.strerror or e})") from e
-
-
-def open_checkpoints(cc: CheckpointConfig) -> tuple[Checkpointer | None, bool]:
-    """Open ``cc.directory`` for this run — before the (slow) model set-up, so a wrong path
-    costs nothing. Returns the checkpointer and whether to resume from it."""
-    directory, resume, resume_or_start, keep = cc.directory, cc.resume, cc.resume_or_start, cc.keep
-    wants = cc.resuming
-    if directory is None:  # CheckpointConfig refuses resuming without a directory
-        return None, False
-    flag = "--checkpoint-dir (checkpoint_dir)"
-    exists = check_output_dir(directory, flag)
-    full = os.path.abspath(directory)
-    if not exists and resume and not resume_or_start:
-        raise InputError(f"--resume: {flag} {full} does not exist, so there is nothing to "
-                         "resume. Check the path, or pass --resume-or-start to start a new run "
-                         "there when it holds no checkpoint.")
-    ckpt = Checkpointer(directory, max_to_keep=keep, create=True)
-    latest = ckpt.latest_step()
-    if latest is None:
-        if resume and not resume_or_start:
-            raise InputError(f"--resume: {flag} {full} holds no checkpoint, so there is nothing "
-                             "to resume. Check the path, or pass --resume-or-start to start a "
-                             "new run there.")
-        if resume_or_start:
-            log.warning("no checkpoint in %s: starting a new run there", full)
-        return ckpt, False
-    if not wants:
-        raise InputError(
-            f"checkpoint_dir {full} already holds a checkpoint of step {latest}; pass "
-            "resume=True (--resume) to continue that run, or choose an empty directory for a "
-            "new one")
-    return ckpt, True
-
-
-def _prepare_metrics(path: str, resumed_from: int | None) -> None:
-    """A fresh run starts a fresh log; a resumed one keeps the lines up to its checkpoint."""
-    if resumed_from is not None:
-        _truncate_metrics(path, resumed_from)
-    elif os.path.exists(path):
-        os.remove(path)
-
-
-def _truncate_metrics(path: str, last_step: int) -> None:
-    """Drop lines of steps after the checkpoint being resumed (they will be run again)."""
-    if not os.path.exists(path):
-        return
-    keep = []
-    with open(path) as f:
-        for line in f:
-            try:
-                if json.loads(line).get("step", 0) <= last_step:
-                    keep.append(line if line.endswith("\n") else line + "\n")
-            except json.JSONDecodeError:
-                break  # a line cut by the interruption: it and anything after are dropped
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
 
 
 def train(
@@ -332,9 +227,22 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     task_obj = hf.task if hf else run.task_of()
     if metrics_file:
         check_output_file(metrics_file, "--metrics (metrics_file)")
-    ckpt, resuming = open_checkpoints(checkpoints)
-    rl_cfg = rl if isinstance(rl, RLConfig) else task_rl_config(
-        run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
+    ckpt, resuming, lock = open_checkpoints(checkpoints)
+    try:
+        rl_cfg = rl if isinstance(rl, RLConfig) else task_rl_config(
+            run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
+        return _train(run, rl_cfg, task_obj, hf, ckpt, resuming, checkpoints, metrics_file,
+                      progress, on_step)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any, ckpt: Checkpointer | None,
+           resuming: bool, checkpoints: CheckpointConfig, metrics_file: str | None,
+           progress: bool, on_step: Callable[[dict[str, Any]], None] | None
+           ) -> dict[str, Any]:
+    """:func:`train_run` once its checkpoint directory is open and locked."""
     trainer = _trainer(run, rl_cfg, task_obj, hf)
     trim_host_heap()  # the loaded model's buffers, freed once the trainer copied them
     meta = {"fingerprint": fingerprint(trainer),
@@ -347,7 +255,7 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
         resumed_from, changed, meta["lineage"] = _resume(ckpt, trainer, meta,
                                                          checkpoints.resume_anyway)
     if metrics_file:
-        _prepare_metrics(metrics_file, resumed_from)
+        prepare_metrics(metrics_file, resumed_from)
     if progress:  # what this run trains with, before its first step (stored in meta as well)
         print(recipe_line(rl_cfg, trainer, run), file=sys.stderr)
     t_run = time.perf_counter()
@@ -413,33 +321,62 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
                every: int, meta: dict[str, Any], metrics_file: str | None, bar: Bar,
                on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     """Steps ``steps_done + 1 .. run.steps``: prompts and seed from ``(seed, k)`` only (resume
-    replays), one metrics line each, a checkpoint every ``every`` steps and at the end."""
+    replays), one metrics line each, a checkpoint every ``every`` steps and at the end. SIGTERM
+    or SIGINT stops the loop after the step under way (a second one abandons it), saves the
+    last finished step and raises :class:`~jaxrl_sym.rl.interrupt.Interrupted`."""
     seed, steps = run.seed, run.steps
     history: list[dict[str, Any]] = []
     health = RunHealth()
     drift, probes = _drift(trainer, task, run)
-    while trainer.steps_done < steps:
-        k = trainer.steps_done + 1
-        prompts = task.sample(step_rng(seed, k), run.prompts_per_step)
-        try:
-            m = trainer.step(prompts, seed=step_seed(seed, k))
-        except DivergedError as e:
-            bar.alert(f"DIVERGED at step {e.step}: {e}")
-            raise
-        m["health"] = health.check(m)
-        if drift is not None and m["health"] is None:
-            probed = trainer.greedy(probes, task.max_new_tokens) if drift.due(k) else None
-            m["health"] = drift.check(k, m, probed)
-        history.append(m)
-        if metrics_file:
-            with open(metrics_file, "a") as f:
-                f.write(json.dumps(m) + "\n")
-        if ckpt is not None and ((every and k % every == 0) or k == steps):
-            ckpt.save(k, trainer, meta)
-        bar.advance(m)
-        if on_step is not None:
-            on_step(m)
+    with graceful(jax.process_count() == 1) as stop:
+        while trainer.steps_done < steps and stop.signum is None:
+            k = trainer.steps_done + 1
+            prompts = task.sample(step_rng(seed, k), run.prompts_per_step)
+            try:
+                with stop.step():
+                    m = trainer.step(prompts, seed=step_seed(seed, k))
+            except DivergedError as e:
+                bar.alert(f"DIVERGED at step {e.step}: {e}")
+                raise
+            except BaseException as e:
+                if not abandoned(e):
+                    raise
+                break  # the step committed nothing: the state is step k - 1's
+            m["health"] = health.check(m)
+            if drift is not None and m["health"] is None:
+                probed = trainer.greedy(probes, task.max_new_tokens) if drift.due(k) else None
+                m["health"] = drift.check(k, m, probed)
+            history.append(m)
+            _record(m, k, metrics_file, ckpt if (every and k % every == 0) or k == steps
+                    else None, trainer, meta)
+            bar.advance(m)
+            if on_step is not None:
+                on_step(m)
+        if stop.signum is not None:
+            raise Interrupted(stop.signum, trainer.steps_done, _save_last(trainer, ckpt, meta))
     return history
+
+
+def _record(m: dict[str, Any], k: int, metrics_file: str | None, ckpt: Checkpointer | None,
+            trainer: RLTrainer, meta: dict[str, Any]) -> None:
+    """Step ``k``'s metrics line, then its checkpoint when one is due (``ckpt``)."""
+    if metrics_file:
+        with open(metrics_file, "a") as f:
+            f.write(json.dumps(m) + "\n")
+    if ckpt is not None:
+        ckpt.save(k, trainer, meta)
+
+
+def _save_last(trainer: RLTrainer, ckpt: Checkpointer | None, meta: dict[str, Any]
+               ) -> str | None:
+    """The checkpoint directory holding the last finished step, saving it if it is not yet
+    (None: no checkpoint directory, or no step finished)."""
+    k = trainer.steps_done
+    if ckpt is None or k == 0:
+        return None
+    if ckpt.latest_step() != k:
+        ckpt.save(k, trainer, meta)
+    return os.path.abspath(ckpt.directory)
 
 
 DRIFT_PROBES = 2  # held-out prompts whose greedy responses a checkpoint run watches

@@ -1,0 +1,182 @@
+"""A training run's files: the checkpoint directory (checked, opened and locked before the
+slow model set-up) and the metrics log (checked writable; truncated to the resumed step).
+
+Why one module: every path a run writes is checked the same way — by a probe write, since
+permission bits say nothing for root or read-only mounts — and named by its flag in the error.
+The lock: two trainers on one ``--checkpoint-dir`` used to write the same step numbers, one
+dying with an orbax traceback, the directory holding steps of two runs. A run now holds an
+``fcntl`` lock on ``<dir>/.jaxrl-sym.lock`` (released by the kernel when the process ends, so a
+killed run leaves no stale lock); a second run is refused naming the holder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import tempfile
+import time
+from typing import IO
+
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.checkpoint import Checkpointer
+from jaxrl_sym.rl.config import CheckpointConfig
+
+log = logging.getLogger(__name__)
+LOCK_FILE = ".jaxrl-sym.lock"
+
+
+class RunLock:
+    """An exclusive lock on a checkpoint directory for one training run (see the module)."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, LOCK_FILE)
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> RunLock:
+        f = open(self.path, "a+")  # noqa: SIM115 - held open for the run: the lock lives on it
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise InputError(
+                f"--checkpoint-dir {os.path.dirname(self.path)} is in use by a running training "
+                f"({holder}); wait for it to end, or give this run another directory") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+        f.flush()
+        self._file = f
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing the descriptor releases the lock
+            self._file = None
+
+
+def _probe_writable(directory: str, what: str) -> None:
+    """Create and delete a file: permission bits alone say nothing for root or read-only mounts."""
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".jaxrl-sym-write-check-")
+        os.close(fd)
+        os.remove(name)
+    except OSError as e:
+        raise InputError(f"{what}: cannot write in {directory} ({e.strerror or e}); choose a "
+                         "writable location") from e
+
+
+def check_output_dir(path: str, what: str) -> bool:
+    """Raise :class:`InputError` (naming ``what``, the flag) unless ``path`` is a writable
+    directory or can be created in an existing, writable parent. Returns whether it exists."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise InputError(f"{what} {path} exists and is not a directory; give a directory")
+        _probe_writable(path, f"{what} {path}")
+        return True
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
+                         "it first or fix the path")
+    _probe_writable(parent, f"{what} {path}")
+    return False
+
+
+def check_output_file(path: str, what: str) -> None:
+    """Raise :class:`InputError` (naming ``what``) unless ``path`` can be written: its parent
+    exists and is writable (files are replaced via a temporary next to them) and an existing
+    ``path`` is a file that opens for appending."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        raise InputError(f"{what} {path} is a directory; give a file name")
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
+                         "it first or fix the path")
+    _probe_writable(parent, f"{what} {path}")
+    if os.path.exists(path):
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            raise InputError(f"{what} {path} cannot be written ({e.strerror or e})") from e
+
+
+def open_checkpoints(cc: CheckpointConfig
+                     ) -> tuple[Checkpointer | None, bool, RunLock | None]:
+    """Open and lock ``cc.directory`` for this run — before the (slow) model set-up, so a wrong
+    path costs nothing. Returns the checkpointer, whether to resume from it, and the lock the
+    caller releases when the run ends."""
+    directory, resume, resume_or_start, keep = cc.directory, cc.resume, cc.resume_or_start, cc.keep
+    if directory is None:  # CheckpointConfig refuses resuming without a directory
+        return None, False, None
+    flag = "--checkpoint-dir (checkpoint_dir)"
+    exists = check_output_dir(directory, flag)
+    full = os.path.abspath(directory)
+    if not exists and resume and not resume_or_start:
+        raise InputError(f"--resume: {flag} {full} does not exist, so there is nothing to "
+                         "resume. Check the path, or pass --resume-or-start to start a new run "
+                         "there when it holds no checkpoint.")
+    ckpt = Checkpointer(directory, max_to_keep=keep, create=True)
+    lock = RunLock(ckpt.directory).acquire()
+    try:
+        latest = ckpt.latest_step()
+        return ckpt, _resuming(cc, latest, full), lock
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _resuming(cc: CheckpointConfig, latest: int | None, full: str) -> bool:
+    """Whether this run resumes from the directory's newest step ``latest`` (None: it holds
+    none); an :class:`InputError` where the flags and the directory disagree."""
+    flag = "--checkpoint-dir (checkpoint_dir)"
+    resume, resume_or_start = cc.resume, cc.resume_or_start
+    if latest is None:
+        if resume and not resume_or_start:
+            raise InputError(f"--resume: {flag} {full} holds no checkpoint, so there is nothing "
+                             "to resume. Check the path, or pass --resume-or-start to start a "
+                             "new run there.")
+        if resume_or_start:
+            log.warning("no checkpoint in %s: starting a new run there", full)
+        return False
+    if not cc.resuming:
+        raise InputError(
+            f"checkpoint_dir {full} already holds a checkpoint of step {latest}; pass "
+            "resume=True (--resume) to continue that run, or choose an empty directory for a "
+            "new one")
+    return True
+
+
+def prepare_metrics(path: str, resumed_from: int | None) -> None:
+    """A fresh run starts a fresh log; a resumed one keeps the lines up to its checkpoint."""
+    if resumed_from is not None:
+        truncate_metrics(path, resumed_from)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def truncate_metrics(path: str, last_step: int) -> None:
+    """Drop lines of steps after the checkpoint being resumed (they will be run again)."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line).get("step", 0) <= last_step:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+            except json.JSONDecodeError:
+                break  # a line cut by the interruption: it and anything after are dropped
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
+
+
