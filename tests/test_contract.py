@@ -26,6 +26,8 @@ from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
 
+# engines and trainers here rebuild the same programs (no test counts compiles): compile once
+pytestmark = pytest.mark.share_compiles
 NAMES = ("gpt2", "scan", "shared", "gemmaish")
 
 

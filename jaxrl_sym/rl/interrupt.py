@@ -8,8 +8,9 @@ was lost. Here, inside :func:`graceful`:
 * the first signal is a request: the step under way finishes, its metrics line is written, and
   the loop stops;
 * a second signal abandons the step under way at once (a step commits nothing until it
-  succeeds, so the state is the last finished step's); it is deferred while a checkpoint or a
-  metrics line is being written, so neither is ever half-written by it;
+  succeeds, so the state is the last finished step's); it is ignored while a checkpoint or a
+  metrics line is being written, so neither is ever half-written by it, and where it lands in
+  a garbage-collection callback (Python cannot raise there) the step finishes instead;
 * the loop then saves the last finished step where there is a checkpoint directory and raises
   :class:`Interrupted`, which the CLI prints as one line and turns into exit code 128 + signal.
 
@@ -26,6 +27,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -85,6 +87,16 @@ class StopRequest:
             raise _Abandon()
 
 
+def _quiet_lost_abandon(previous: Any) -> Any:
+    """An unraisable hook that drops an abandon raised where Python cannot propagate it (a
+    garbage-collection callback, e.g. JAX's): the step then finishes instead, with no stray
+    traceback on stderr; every other unraisable exception goes to ``previous``."""
+    def hook(info: Any) -> None:
+        if not isinstance(info.exc_value, _Abandon):
+            previous(info)
+    return hook
+
+
 def abandoned(exc: BaseException) -> bool:
     """Whether ``exc`` is the second signal unwinding a step."""
     return isinstance(exc, _Abandon)
@@ -98,6 +110,7 @@ def install() -> StopRequest:
     stop = StopRequest()
     for s in SIGNALS:
         signal.signal(s, stop.handle)
+    sys.unraisablehook = _quiet_lost_abandon(sys.unraisablehook)
     return stop
 
 
@@ -120,8 +133,11 @@ def graceful(enabled: bool = True) -> Iterator[StopRequest]:
         yield stop
         return
     previous = {s: signal.signal(s, stop.handle) for s in SIGNALS}
+    hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_lost_abandon(hook)
     try:
         yield stop
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        sys.unraisablehook = hook
