@@ -190,6 +190,19 @@ def test_defaults_follow_transformers_config_classes() -> None:
      r"config\.json: rope_parameters\.full_attention\.rope_type='yarn'"),
     ("gemma3_local_global", {"model_type": "gemma3"},
      r"model_type='gemma3' is not supported \(a multimodal Gemma 3; its text_config"),
+    # values outside their domain, and strings where JSON has booleans (issue 29): each named
+    ("gemma3_local_global", {"rope_parameters": {
+        "full_attention": {"factor": 4.0, "rope_theta": 1e6, "rope_type": "linear"},
+        "sliding_attention": {"rope_theta": -5, "rope_type": "default"}}},
+     r"config\.json: rope_theta \(sliding_attention\)=-5 must be a finite number > 0"),
+    ("qwen3_qknorm_sliding", {"rms_norm_eps": 0},
+     r"config\.json: rms_norm_eps=0 must be a finite number > 0"),
+    ("qwen3_qknorm_sliding", {"rms_norm_eps": "1e-6"},
+     r"config\.json: rms_norm_eps='1e-6' must be a finite number > 0"),
+    ("qwen3_qknorm_sliding", {"rope_theta": -1.0, "rope_parameters": None},
+     r"config\.json: rope_theta=-1\.0 must be a finite number > 0"),
+    ("qwen3_qknorm_sliding", {"tie_word_embeddings": "false"},
+     r"config\.json: tie_word_embeddings='false' must be true or false \(a JSON boolean"),
 ])
 def test_unsupported_option_named(tmp_path: Path, case: str, edit: dict, match: str) -> None:
     """An option this loader does not implement is refused naming config.json and the key,

@@ -134,7 +134,7 @@ def _rope_params(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if theta is None:
         theta = 10000.0
     key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
-    return float(theta), _scaling(scaling, raw, key)
+    return _positive({"rope_theta": theta}, "rope_theta"), _scaling(scaling, raw, key)
 
 
 def _scaling(scaling: Any, raw: dict[str, Any], key: str) -> dict[str, Any] | None:
@@ -165,9 +165,9 @@ def _gemma3_rope(raw: dict[str, Any]) -> tuple[tuple[float, dict[str, Any] | Non
     """
     params = raw.get("rope_parameters")
     if params is None:
-        theta = float(raw.get("rope_theta") or 1_000_000.0)
-        return (theta, _scaling(raw.get("rope_scaling"), raw, "rope_scaling")), float(
-            raw.get("rope_local_base_freq") or 10_000.0)
+        theta = _positive_or(raw, "rope_theta", 1_000_000.0)
+        local = _positive_or(raw, "rope_local_base_freq", 10_000.0)
+        return (theta, _scaling(raw.get("rope_scaling"), raw, "rope_scaling")), local
     if not isinstance(params, dict) or not set(params) <= {"full_attention",
                                                             "sliding_attention"}:
         raise InputError("config.json: rope_parameters of a gemma3_text model must map "
@@ -178,8 +178,11 @@ def _gemma3_rope(raw: dict[str, Any]) -> tuple[tuple[float, dict[str, Any] | Non
     if _scaling(local, raw, "rope_parameters.sliding_attention") is not None:
         raise InputError("config.json: rope_parameters.sliding_attention has a rope scaling "
                          "type; this loader scales only Gemma 3's global layers")
-    theta = float(full.get("rope_theta") or raw.get("rope_theta") or 1_000_000.0)
-    local_theta = float(local.get("rope_theta") or raw.get("rope_local_base_freq") or 10_000.0)
+    theta = _positive({"rope_theta": full.get("rope_theta") or raw.get("rope_theta")
+                       or 1_000_000.0}, "rope_theta")
+    local_theta = _positive({"rope_theta (sliding_attention)": local.get("rope_theta")
+                             or raw.get("rope_local_base_freq") or 10_000.0},
+                            "rope_theta (sliding_attention)")
     return (theta, _scaling(full, raw, "rope_parameters.full_attention")), local_theta
 
 
@@ -289,6 +292,20 @@ def _positive(raw: dict[str, Any], key: str) -> float:
     return float(val)
 
 
+def _positive_or(raw: dict[str, Any], key: str, default: float) -> float:
+    """:func:`_positive` where config.json has the key (null: ``default``), else ``default``."""
+    return default if raw.get(key) is None else _positive(raw, key)
+
+
+def _bool(raw: dict[str, Any], key: str, default: bool) -> bool:
+    """A JSON true/false: the string "false" would read as true, the head silently dropped."""
+    val = raw.get(key, default)
+    if not isinstance(val, bool):
+        raise InputError(f"config.json: {key}={val!r} must be true or false (a JSON boolean, "
+                         "not a string or number)")
+    return val
+
+
 def _cap(raw: dict[str, Any], key: str) -> float | None:
     """A soft-cap: a finite number > 0, or None where config.json says null (no cap)."""
     return None if raw.get(key) is None else _positive(raw, key)
@@ -379,8 +396,8 @@ def parse_config(raw: dict[str, Any], dtype: Any = None) -> HFConfig:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        rms_norm_eps=_positive_or(raw, "rms_norm_eps", 1e-6),
+        tie_word_embeddings=_bool(raw, "tie_word_embeddings", False),
         patterns=_layer_patterns(raw, n_layers),
         dtype=dtype or jnp.float32,
         **_rope_fields(raw, head_dim),
