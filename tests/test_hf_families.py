@@ -219,3 +219,21 @@ def test_missing_qk_norm_tensor_named(tmp_path: Path) -> None:
     _rewrite(d / "model.safetensors", lambda t: t.pop("model.layers.1.self_attn.k_norm.weight"))
     with pytest.raises(InputError, match=r"lacks tensor 'model\.layers\.1\.self_attn\.k_norm"):
         load_pretrained(d)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weight_is_refused_naming_tensor_and_file(tmp_path: Path, bad: float) -> None:
+    """A damaged checkpoint (issue 29): one NaN or infinite weight is refused as it loads,
+    naming the file and the tensor — in a bf16 checkpoint as well as an fp32 one."""
+    name = "model.layers.0.mlp.down_proj.weight"
+    for case in ("qwen3_qknorm_sliding", "gemma2_softcap_bf16"):
+        d = _copy(case, tmp_path)
+
+        def poison(t: dict) -> None:
+            w = np.array(t[name])
+            w.reshape(-1)[7] = bad
+            t[name] = w
+
+        _rewrite(d / "model.safetensors", poison)
+        with pytest.raises(InputError, match=rf"model\.safetensors: tensor '{name}' holds 1 NaN"):
+            load_pretrained(d)

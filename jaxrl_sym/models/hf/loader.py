@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 
 from jaxrl_sym.errors import InputError
@@ -146,11 +147,21 @@ def _assign(model: CausalLM, tensors: dict[str, TensorInfo], targets: dict[str, 
             for name in names:
                 target = targets[name]
                 arr = read_tensor(fh, data_start, header[name], name)
+                _check_finite(arr, name, fpath)
                 if target.transpose:
                     arr = arr.T
                 arr = np.ascontiguousarray(arr, dtype=np_dtype)
                 variable_at(model, target.path).set_value(jax.device_put(arr))
                 del arr  # one host copy of one tensor at a time
+
+
+def _check_finite(arr: np.ndarray, name: str, fpath: Path) -> None:
+    """A NaN or infinite weight is refused as it loads (one pass over a tensor already in
+    memory): it would turn every logit into NaN — or, in a masked row, go unnoticed."""
+    if (arr.dtype.kind == "f" or arr.dtype == ml_dtypes.bfloat16) and not np.isfinite(arr).all():
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise InputError(f"{fpath}: tensor {name!r} holds {bad} NaN or infinite values of "
+                         f"{arr.size}; this checkpoint is damaged — re-download or re-export it")
 
 
 def _dtype_from_tensors(raw: dict[str, Any], tensors: dict[str, TensorInfo]) -> Any:
