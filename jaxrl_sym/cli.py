@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_sym import systems
+from jaxrl_sym import jsonl, systems
 from jaxrl_sym.compile_cache import configure_environment
 from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read by bench/
     DECODE_CPU,
@@ -464,8 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             return _refuse(p, "decode", [m["skipped"] for m in report["systems"].values()])
         if args.out:
             with open(args.out, "w") as f:
-                json.dump(report, f, indent=1)
-        print(json.dumps(report) if args.json else decode_table(report))
+                f.write(jsonl.dumps(report, indent=1))
+        print(jsonl.dumps(report) if args.json else decode_table(report))
         return 0 if all("error" not in m and "skipped" not in m
                         for m in report["systems"].values()) else 1
     if args.cmd == "train":

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxrl_sym import systems
+from jaxrl_sym import jsonl, systems
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 
 COMMANDS = ("generate", "export")
@@ -357,7 +357,7 @@ def run(args: argparse.Namespace, refuse: Callable[[list[str]], int]) -> int:
     if dist is not None and not dist.reports():
         return 0  # every process generated the same rows; process 0 prints them
     if args.json:
-        print(json.dumps(report))
+        print(jsonl.dumps(report))
     elif args.cmd == "generate":
         for i, row in enumerate(report["rows"]):
             shown = row["text"] if row["text"] is not None else row["tokens"]

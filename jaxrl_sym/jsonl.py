@@ -1,13 +1,17 @@
-"""One JSON-lines record, parsed with an error that names the file and line.
+"""JSON lines in and out: a record parsed with an error that names the file and line, and
+strict JSON written (:func:`dumps`).
 
 Why a module: user files of JSON lines come in through several doors (length traces for the
 suite, prompt/answer records for RL text tasks); each reports a bad line the same way —
-``path:line: what is wrong`` — so users fix their file instead of reading a traceback.
+``path:line: what is wrong`` — so users fix their file instead of reading a traceback. Out:
+Python's ``json`` writes NaN and Infinity bare, which is not JSON (jq, JavaScript and most
+parsers refuse the line); every record this package prints or logs goes through :func:`dumps`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from jaxrl_sym.errors import InputError
@@ -23,3 +27,19 @@ def parse_object(line: str, where: str, expected: str) -> dict[str, Any]:
     if not isinstance(rec, dict):
         raise InputError(f"{where}: expected {expected}, got {type(rec).__name__}")
     return rec
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (JSON null)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON: a non-finite number is written as null (a bare NaN is not JSON)."""
+    return json.dumps(finite(obj), allow_nan=False, **kw)

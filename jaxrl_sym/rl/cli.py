@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrl_sym import systems
+from jaxrl_sym import jsonl, systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import (
     CheckpointConfig,
@@ -223,7 +222,7 @@ def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) ->
               file=sys.stderr)
         return 0
     if args.json:
-        print(json.dumps(summary))
+        print(jsonl.dumps(summary))
     else:
         print(f"{args.algo} on {args.task}: {summary['steps']} steps"
               + (f" (resumed from {summary['resumed_from']})" if summary["resumed_from"] else "")

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_sym import systems
+from jaxrl_sym import jsonl, systems
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.config import (
@@ -362,7 +362,7 @@ def _record(m: dict[str, Any], k: int, metrics_file: str | None, ckpt: Checkpoin
     """Step ``k``'s metrics line, then its checkpoint when one is due (``ckpt``)."""
     if metrics_file:
         with open(metrics_file, "a") as f:
-            f.write(json.dumps(m) + "\n")
+            f.write(jsonl.dumps(m) + "\n")
     if ckpt is not None:
         ckpt.save(k, trainer, meta)
 
