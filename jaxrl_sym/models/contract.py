@@ -46,7 +46,7 @@ def check_model(model: Any) -> ModelInfo:
         raise InputError(f"{name} is not callable; a model is {CONTRACT}")
     spec = jax.ShapeDtypeStruct((1, 2), jnp.int32)
     try:
-        out = jax.eval_shape(lambda t, p, s: model(t, p, s), spec, spec, spec)
+        out = _abstract(model, lambda m, t, p, s: m(t, p, s), spec, spec, spec)
     except TypeError as err:
         raise InputError(f"{name} cannot be called as {CONTRACT}: {err}. Wrap it in a module "
                          "whose __call__ takes exactly these three arrays.") from err
@@ -59,6 +59,17 @@ def check_model(model: Any) -> ModelInfo:
     if not jnp.issubdtype(out.dtype, jnp.floating):
         raise InputError(f"{name} returned {out.dtype} logits; want a float dtype")
     return ModelInfo(int(out.shape[-1]), str(out.dtype), name)
+
+
+def _abstract(model: Any, call: Any, *args: Any) -> Any:
+    """``jax.eval_shape`` of ``call(model, *args)`` with the model's state as an argument,
+    merged inside the trace as the tracer does: a model whose layers use Flax transforms
+    (``nnx.scan``, ``nnx.remat``, ``nnx.vmap``) cannot be closed over by a JAX transform
+    ("Cannot mutate Param from a different trace level"). Not an nnx module: called as is."""
+    if not isinstance(model, nnx.Module):
+        return jax.eval_shape(lambda *a: call(model, *a), *args)
+    graphdef, state = nnx.split(model)
+    return jax.eval_shape(lambda st, *a: call(nnx.merge(graphdef, st), *a), state, *args)
 
 
 SPLIT = ("model.features(tokens, positions, segment_ids) -> [B, T, D] final hidden states and "
@@ -81,8 +92,8 @@ def check_features(model: Any) -> str | None:
         return f"{name} has no features/head"
     spec = jax.ShapeDtypeStruct((1, 2), jnp.int32)
     try:
-        feats = jax.eval_shape(lambda t, p, s: model.features(t, p, s), spec, spec, spec)
-        split = jax.eval_shape(model.head, feats)
+        feats = _abstract(model, lambda m, t, p, s: m.features(t, p, s), spec, spec, spec)
+        split = _abstract(model, lambda m, f: m.head(f), feats)
     except TypeError as err:
         raise InputError(f"{name}.features/head cannot be called as {SPLIT}: {err}") from err
     whole = jax.eval_shape(lambda t, p, s: model(t, p, s), spec, spec, spec)
