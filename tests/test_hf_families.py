@@ -237,3 +237,16 @@ def test_non_finite_weight_is_refused_naming_tensor_and_file(tmp_path: Path, bad
         _rewrite(d / "model.safetensors", poison)
         with pytest.raises(InputError, match=rf"model\.safetensors: tensor '{name}' holds 1 NaN"):
             load_pretrained(d)
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "garbage header"])
+def test_damaged_safetensors_file_is_named(tmp_path: Path, how: str) -> None:
+    """safetensors' own SafetensorError derives from Exception only and escaped the loader as a
+    traceback (issue 29); now each damage is an InputError naming the file."""
+    d = _copy("qwen3_qknorm_sliding", tmp_path)
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes({"truncated": data[: len(data) // 2], "empty": b"",
+                   "garbage header": data[:8] + b"\xff" * 12 + data[20:]}[how])
+    with pytest.raises(InputError, match=rf"cannot read safetensors file .*{f.name}: .*damaged"):
+        load_pretrained(d)

@@ -61,7 +61,7 @@ def checkpoint_tensors(root: Path) -> dict[str, TensorInfo]:
     A sharded checkpoint's index must agree with its shards: a tensor the index lists but its
     shard lacks, or a shard holding a tensor the index does not list, is an error naming both.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     if (root / INDEX_FILE).exists():
         weight_map = read_json(root / INDEX_FILE, "index").get("weight_map")
@@ -83,8 +83,10 @@ def checkpoint_tensors(root: Path) -> dict[str, TensorInfo]:
                 for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                     sl = f.get_slice(name)
                     out[name] = TensorInfo(fpath, tuple(sl.get_shape()), str(sl.get_dtype()))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise InputError(f"cannot read safetensors file {fpath}: {err}") from None
+        except (OSError, ValueError, RuntimeError, SafetensorError) as err:
+            # SafetensorError derives from Exception only (safetensors 0.8): named here
+            raise InputError(f"cannot read safetensors file {fpath}: {err}; the file is "
+                             "truncated or damaged — re-download or re-export it") from None
     if weight_map is not None:
         for name, fname in weight_map.items():
             info = out.get(name)
