@@ -117,7 +117,7 @@ def test_cli_train_json_metrics_and_plot(tmp_path, capsys) -> None:
     # bad input: one clear line on stderr and exit code 2, no traceback
     assert cli_main(["train", "--task", "parity", "--steps", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "error: unknown task 'parity'" in err and "Traceback" not in err
+    assert "error: --task parity: unknown task 'parity'" in err and "Traceback" not in err
 
 
 def test_progress_line_shows_the_mean_step_time_and_what_is_left() -> None:

@@ -153,4 +153,6 @@ def get_task(name: str, *, min_digits: int = 1, max_digits: int = 3,
         return Task(name, lo, hi, _random_digits, sorted, hi, pw)
     if name == "add":
         return Task(name, lo, hi, _random_sum, _sum_answer, hi + 1, pw)
-    raise InputError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
+    raise InputError(f"--task {name}: unknown task {name!r}; choose one of "
+                     f"{', '.join(TASK_NAMES)} (with --model: word-problems[:K[:N]] or "
+                     "jsonl:FILE)")
