@@ -20,6 +20,8 @@ import tempfile
 import time
 from typing import IO
 
+import jax
+
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.checkpoint import Checkpointer
 from jaxrl_sym.rl.config import CheckpointConfig
@@ -124,12 +126,14 @@ def open_checkpoints(cc: CheckpointConfig
                          "resume. Check the path, or pass --resume-or-start to start a new run "
                          "there when it holds no checkpoint.")
     ckpt = Checkpointer(directory, max_to_keep=keep, create=True)
-    lock = RunLock(ckpt.directory).acquire()
+    # the processes of one multi-process run share the directory: process 0 holds the lock
+    lock = RunLock(ckpt.directory).acquire() if jax.process_index() == 0 else None
     try:
         latest = ckpt.latest_step()
         return ckpt, _resuming(cc, latest, full), lock
     except BaseException:
-        lock.release()
+        if lock is not None:
+            lock.release()
         raise
 
 
