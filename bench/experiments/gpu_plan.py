@@ -57,6 +57,7 @@ class Item:
     dry: tuple[str, ...]
     needs_gpu: bool = False
     projection: str | None = None
+    junit: bool = False  # a pytest run: its result file is JUnit XML, not an experiment's JSON
 
 
 _RL = ("bench", "rlft_step", "--steps", "1", "--out", "{out}")
@@ -66,7 +67,7 @@ PLAN: tuple[Item, ...] = (
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"),
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
-          "--junitxml={out}")),
+          "--junitxml={out}"), junit=True),
     Item("rl_step_bf16mixed_lora16", 6.0,
          "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
          "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (11.69 vs 10.18 GB)",
@@ -95,7 +96,7 @@ def _result(item: Item, path: Path) -> Any:
     """The item's result file, parsed (pytest: the JUnit counts); None where none was written."""
     if not path.exists() or path.stat().st_size == 0:
         return None
-    if item.name == "gpu_tests":
+    if item.junit:
         suite = ET.parse(path).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -113,7 +114,7 @@ def _git_commit() -> str | None:
 def run_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, Any]:
     """Run one item; its row for ``plan.jsonl`` (status, seconds, result, log tail)."""
     out = Path(args.out)
-    res_path = out / f"{item.name}.{'xml' if item.name == 'gpu_tests' else 'json'}"
+    res_path = out / f"{item.name}.{'xml' if item.junit else 'json'}"
     argv = [a.replace("{out}", str(res_path)) for a in (item.dry if args.dry_run else item.gpu)]
     t0 = time.perf_counter()
     res = child.run(child.module(*argv), timeout=timeout, env={"PYTHONUNBUFFERED": "1"})
@@ -125,7 +126,7 @@ def run_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, 
     status = res.status
     if status == "ok" and result is None:  # ran, wrote nothing: an experiment that said why not
         status = "skipped" if item.needs_gpu else "error"
-    if item.name == "gpu_tests" and result and (result["failures"] or result["errors"]):
+    if item.junit and result and (result["failures"] or result["errors"]):
         status = "failed"
     res_path.unlink(missing_ok=True)  # its content is in the row: the device returns 8 files
     return {"status": status, "seconds": round(seconds, 1), "result": result,
