@@ -190,6 +190,14 @@ def test_step_updates_policy_and_runtime_weights() -> None:
         assert np.isfinite(m[key]), key
     assert set(m["seconds"]) >= {"generation", "reference", "reward", "update"}
     assert m["peak_bytes"] > 0 and 0 <= m["padding_fraction"] < 1
+    # per-stage peaks, every stage: on a CPU this process's peak RSS (getrusage, read here
+    # independently), non-decreasing in stage order and never above the peak read afterwards
+    peaks = m["peak_bytes_after_stage"]
+    assert list(peaks) == [k for k in m["seconds"] if k != "total"]
+    if m["peak_source"] == "host_rss":
+        import resource
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        assert list(peaks.values()) == sorted(peaks.values()) and 0 < max(peaks.values()) <= after
 
 
 def _copy(tree):

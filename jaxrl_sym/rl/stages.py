@@ -44,6 +44,7 @@ from jaxrl_sym.rl.state import TrainState, current_lr
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     device_peak_bytes,
+    peak_rss_bytes,
     tree_bytes,
     trim_host_heap,
 )
@@ -66,12 +67,15 @@ class DivergedError(InputError):
 
 class Stopwatch:
     """Per-stage wall-clock seconds, in the order the stages ran (the step's ``seconds``), and
-    where the device keeps allocator statistics (GPU), its peak bytes at each stage's end: the
-    peak only grows, so the stage where it first jumps is the one that reached it."""
+    the peak bytes at each stage's end: the device allocator's where it keeps statistics (GPU),
+    else this process's peak RSS (CPU, where the host memory is the device's; it includes the
+    interpreter and compiler, so it reads higher than the device ledger). Either peak only
+    grows, so the stage where it first jumps is the one that reached it."""
 
     def __init__(self) -> None:
         self.sec: dict[str, float] = {}
         self.peaks: dict[str, int] = {}
+        self.peak_source = "device"  # or "host_rss"
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
@@ -79,8 +83,9 @@ class Stopwatch:
         yield
         self.sec[stage] = time.perf_counter() - t
         peak = device_peak_bytes()
-        if peak is not None:
-            self.peaks[stage] = peak
+        if peak is None:
+            peak, self.peak_source = peak_rss_bytes(), "host_rss"
+        self.peaks[stage] = peak
 
     def move(self, seconds: float, src: str, dst: str) -> None:
         """Re-attribute ``seconds`` measured inside ``src`` to ``dst``."""
@@ -435,4 +440,5 @@ def run_step(ctx: StepContext, state: TrainState, rollout_source: RolloutSource)
     sec["total"] = sum(sec.values())
     out = metrics(ctx, new_state, rollout, layout, rew, metric, per_sample, auxes, sec, cc)
     out["peak_bytes_after_stage"] = clock.peaks
+    out["peak_source"] = clock.peak_source
     return StepOutcome(new_state, {**out, **drawn.report}, drawn.carried)
