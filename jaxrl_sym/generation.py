@@ -87,6 +87,20 @@ def _limits(value: Any) -> int | tuple[int, ...]:
     return _int_at_least(value, name)  # one limit for every row (floats and bools refused)
 
 
+# The lowest sampling temperature: below it logits / temperature reach ~1e30 and the RL ratio
+# exp(lp_new - lp_old) of two forwards that differ in the last bit overflows (vLLM clamps to
+# the same 0.01 with a warning; here it is an error). 0 means greedy.
+MIN_SAMPLING_TEMPERATURE = 0.01
+
+
+def check_sampling_temperature(t: float, name: str = "temperature") -> None:
+    """Refuse a temperature in (0, :data:`MIN_SAMPLING_TEMPERATURE`), naming ``name``."""
+    if 0.0 < t < MIN_SAMPLING_TEMPERATURE:
+        raise InputError(f"{name}={t:g}: sampling below {MIN_SAMPLING_TEMPERATURE} scales the "
+                         "logits into float32 overflow (±inf log-probs); use 0 for greedy "
+                         f"decoding or a temperature >= {MIN_SAMPLING_TEMPERATURE}")
+
+
 def _temperature(value: Any) -> float:
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
@@ -97,6 +111,7 @@ def _temperature(value: Any) -> float:
     if not math.isfinite(t) or t < 0:
         # NaN/inf used to reach softmax and come back as all-zero tokens with NaN log-probs.
         raise InputError(f"temperature={t}: must be finite and >= 0 (0 = greedy)")
+    check_sampling_temperature(t)
     return t
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -141,15 +140,17 @@ def check_generate(args: argparse.Namespace) -> list[str]:
         errors.append("give at least one --prompt TEXT or --prompt-ids 1,2,3")
     if args.max_new_tokens < 1:
         errors.append(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        errors.append(f"--temperature must be finite and >= 0 (0 = greedy), got "
-                      f"{args.temperature}")
+    from jaxrl_sym.errors import SymError
+    from jaxrl_sym.generation import GenerationConfig  # JAX-free: the library's own rules
+
+    try:
+        GenerationConfig(max_new_tokens=1, temperature=args.temperature)
+    except SymError as err:
+        errors.append(f"--temperature: {err}")
     if args.ignore_eos and args.eos_id:
         errors.append("--ignore-eos and --eos-id contradict each other; give one")
     if any(i < 0 for i in args.eos_id or []):
         errors.append(f"--eos-id must be >= 0, got {args.eos_id}")
-    from jaxrl_sym.errors import SymError
-
     if args.mesh is not None:
         from jaxrl_sym.sharding import MeshConfig  # JAX-free
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.errors import RewardError
 
 __all__ = ["RLConfig", "gae", "informative_samples", "merge_aux", "rl_loss", "sample_advantages",
            "token_weights", "whiten"]
@@ -41,7 +42,27 @@ def sample_advantages(rewards: np.ndarray, group_size: int, algo: str, eps: floa
     r = np.asarray(rewards, np.float64)
     if r.ndim != 1 or r.size % group_size:
         raise InputError(f"{r.size} rewards do not split into groups of {group_size}")
-    g = r.reshape(-1, group_size)
+    try:
+        with np.errstate(over="raise"):
+            adv = _advantages(r.reshape(-1, group_size), group_size, algo, eps, adv_norm)
+            out = adv.reshape(-1).astype(np.float32)
+    except FloatingPointError:
+        out = np.full(r.size, np.inf, np.float32)
+    if not np.all(np.isfinite(out)):
+        # finite float64 rewards of ±1e308 overflowed the group statistics: the std became inf
+        # and every advantage 0, a "successful" step that learned nothing
+        i = int(np.argmax(np.abs(r)))
+        raise RewardError(
+            f"rewards of this batch reach {r[i]:g} (sample {i}): the advantages overflow "
+            f"({algo}, adv_norm={adv_norm!r}: squares and float32 must stay finite); scale the "
+            "reward function's output into a moderate range (|r| <= 1e6 is plenty). The step "
+            "was not applied.", i)
+    return out
+
+
+def _advantages(g: np.ndarray, group_size: int, algo: str, eps: float,
+                adv_norm: str) -> np.ndarray:
+    """:func:`sample_advantages` on rewards already shaped [groups, group_size] (float64)."""
     mean = g.mean(axis=1, keepdims=True)
     if algo == "grpo":
         centred = g - mean
@@ -61,7 +82,7 @@ def sample_advantages(rewards: np.ndarray, group_size: int, algo: str, eps: floa
         adv = g - (g.sum(axis=1, keepdims=True) - g) / (group_size - 1)
     else:
         raise InputError(f"sample_advantages: algo {algo!r} has no per-sample advantage")
-    return adv.reshape(-1).astype(np.float32)
+    return adv
 
 
 def informative_samples(rewards: np.ndarray, group_size: int) -> np.ndarray:
@@ -173,7 +194,11 @@ def slot_terms(logits: jax.Array, targets: jax.Array, temperature: float,
     out = {"lp": token_logprobs(logits, targets, temperature)}
     if entropy:
         full = _log_softmax(logits, temperature)
-        out["ent"] = -jnp.sum(jnp.exp(full) * full, axis=-1)
+        # 0·log 0 = 0 for words the model rules out (-inf logits, e.g. unused vocabulary):
+        # exp(-inf)·(-inf) is NaN, and so is its gradient unless the -inf never reaches it
+        live = full > -jnp.inf
+        safe = jnp.where(live, full, 0.0)
+        out["ent"] = -jnp.sum(jnp.where(live, jnp.exp(safe) * safe, 0.0), axis=-1)
     if value_head is not None:
         out["v"] = value_predictions(logits, value_head)
     return out

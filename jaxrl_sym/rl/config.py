@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.generation import check_sampling_temperature
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
 from jaxrl_sym.rl.tasks import Task, get_task
 from jaxrl_sym.rl.text_tasks import is_text_task
@@ -160,6 +161,7 @@ class RLConfig:
         if self.temperature <= 0:
             raise InputError(f"RLConfig.temperature={self.temperature}: RL samples, so it must be "
                              "> 0 (greedy decoding has no log-probs to take a ratio of)")
+        check_sampling_temperature(self.temperature, "RLConfig.temperature")
         for name in ("update_tokens", "logprob_chunk"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

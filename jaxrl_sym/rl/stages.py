@@ -38,6 +38,7 @@ from jaxrl_sym.rl.algorithms import (
     whiten,
 )
 from jaxrl_sym.rl.context import RolloutSource, StepContext, rows_per_chunk
+from jaxrl_sym.rl.errors import RewardError
 from jaxrl_sym.rl.layout import Layout
 from jaxrl_sym.rl.rollout import Drawn, Rollout, compute_rewards, sampling_batch
 from jaxrl_sym.rl.state import TrainState, current_lr
@@ -226,6 +227,13 @@ def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.nda
         arrays["returns"] = layout.scatter(rets)
         arrays["old_values"] = value_slots.astype(np.float32)
         sample_adv = np.array([float(np.mean(a)) for a in advs], np.float32)
+        for name in ("adv", "returns"):
+            if not np.all(np.isfinite(arrays[name])):
+                i = int(np.argmax(np.abs(rewards)))
+                raise RewardError(
+                    f"rewards of this batch reach {rewards[i]:g} (sample {i}): PPO's {name} "
+                    "overflow float32; scale the reward function's output into a moderate "
+                    "range (|r| <= 1e6 is plenty). The step was not applied.", i)
     else:
         sample_adv = sample_advantages(rewards, rollout.group_size, cfg.algo, cfg.adv_eps,
                                        cfg.adv_norm)

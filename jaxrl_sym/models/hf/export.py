@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 
 from jaxrl_sym.errors import InputError
@@ -73,6 +74,23 @@ def _host_tensor(model: CausalLM, path: tuple[Any, ...], transpose: bool) -> np.
     """One parameter as a contiguous host array in HF layout."""
     arr = np.asarray(jax.device_get(_param(model, path)))
     return np.ascontiguousarray(arr.T if transpose else arr)
+
+
+def _finite(name: str, arr: np.ndarray) -> np.ndarray:
+    """``arr``, refused if it holds NaN or inf: the loader refuses such a checkpoint, so writing
+    one would only move the failure to whoever loads it (the export stops before ``--out``
+    changes)."""
+    if arr.dtype.kind == "f" or arr.dtype == ml_dtypes.bfloat16:
+        ok = np.isfinite(arr)
+        if not ok.all():
+            bad = int(arr.size - np.count_nonzero(ok))
+            hint = (" (float16 overflows beyond ±65504: export with --dtype bfloat16 or float32)"
+                    if arr.dtype == np.float16 else "")
+            raise InputError(f"tensor {name!r} of the model being exported holds {bad} NaN or "
+                             f"infinite values of {arr.size}{hint}; nothing was written to the "
+                             "output. NaN weights mean the run diverged: export an earlier "
+                             "checkpoint (--step)")
+    return arr
 
 
 def export_config(model: CausalLM, source_dir: Path) -> dict[str, Any]:
@@ -128,7 +146,7 @@ def _write_weights(model: CausalLM, tmp: Path, max_shard_bytes: int) -> list[str
 
     def write(fname: str, group: list[str]) -> None:
         write_safetensors(tmp / fname, {n: specs[n] for n in group},
-                          lambda n: _host_tensor(model, *names[n]), metadata=meta)
+                          lambda n: _finite(n, _host_tensor(model, *names[n])), metadata=meta)
 
     if len(shards) == 1:
         write(SINGLE_FILE, shards[0])
