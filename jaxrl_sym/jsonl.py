@@ -12,9 +12,33 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 from jaxrl_sym.errors import InputError
+
+
+def read_lines(path: Path, what: str) -> list[tuple[int, str]]:
+    """``(line number, text)`` of every non-blank line of a JSON-lines file.
+
+    Lines end at ``\\n`` only (``\\r\\n`` too): ``str.splitlines`` also splits at U+2028,
+    U+2029 and U+0085, which JSON allows unescaped inside strings, so a valid file
+    was refused as invalid. Each line is decoded on its own, so bytes that are not UTF-8 are
+    reported with their line; ``what`` names the file's role (``--trace``, ``task file``)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise InputError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    out = []
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            line = raw.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"{path}:{n}: bytes that are not UTF-8 at column {err.start + 1} "
+                             f"({raw[err.start:err.end]!r}); save the {what} as UTF-8") from None
+        if line.strip():
+            out.append((n, line))
+    return out
 
 
 def parse_object(line: str, where: str, expected: str) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.jsonl import parse_object
+from jaxrl_sym.jsonl import parse_object, read_lines
 
 # The realistic request's shapes (FIELD_NOTES §5): prompts uniform in ``prompt``, responses
 # log-normal with ``median`` and ``sigma`` capped at ``cap``; the CPU size divides the GPU's
@@ -208,9 +208,7 @@ def _read_rows(path: Path) -> list[tuple[int | None, int, int]]:
         raise InputError(f"--trace {path}: no such file; give a JSONL file of "
                          '{"prompt_len": P, "response_len": R} rows')
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for i, line in read_lines(path, "--trace"):
         where = f"{path}:{i}"
         row = parse_object(line, where, "an object with prompt_len and response_len")
         step = row.get("step")

@@ -59,3 +59,50 @@ def test_metrics_with_nulls_read_back_and_plot(tmp_path) -> None:
     assert back[1]["kl"] is None and back[2]["grad_norm"] is None and back[3]["kl"] == 0.04
     out = plot_run(back, str(tmp_path / "p.png"), "nulls")
     assert (tmp_path / "p.png").stat().st_size > 0 and out == str(tmp_path / "p.png")
+
+
+# ------------------------------------------------------------------ JSON lines in
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=8), max_size=3),
+                min_size=1, max_size=5), st.booleans())
+def test_read_lines_returns_what_json_wrote(tmp_path_factory, recs, crlf: bool) -> None:
+    """Any strings, U+2028/U+2029/U+0085/form feeds included (JSON lets the first three stand unescaped
+    and ``splitlines`` broke lines at them), come back as the stdlib wrote them."""
+    from jaxrl_sym.jsonl import read_lines
+
+    path = tmp_path_factory.mktemp("jl") / "r.jsonl"
+    end = "\r\n" if crlf else "\n"
+    path.write_bytes((end.join(json.dumps(r, ensure_ascii=False) for r in recs) + end)
+                     .encode())
+    got = read_lines(path, "test file")
+    assert [json.loads(line) for _, line in got] == recs
+    assert [n for n, _ in got] == list(range(1, len(recs) + 1))
+
+
+def test_unicode_line_separator_inside_a_prompt_loads(tmp_path) -> None:
+    from jaxrl_sym.rl.text_tasks import load_problems
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": "two\u2028lines\u0085and\u2029more", "answer": 4}\n\n'
+                    '{"prompt": "b", "answer": 2}\n', encoding="utf-8")
+    probs = load_problems(path)
+    assert [p.prompt for p in probs] == ["two\u2028lines\u0085and\u2029more", "b"]
+
+
+def test_bytes_that_are_not_utf8_name_file_line_and_column(tmp_path) -> None:
+    import pytest
+
+    from jaxrl_sym.errors import InputError
+    from jaxrl_sym.rl.text_tasks import load_problems
+    from jaxrl_sym.workloads import load_trace
+
+    task = tmp_path / "t.jsonl"
+    task.write_bytes(b'{"prompt": "a", "answer": 1}\n{"prompt": "caf\xe9", "answer": 2}\n')
+    with pytest.raises(InputError, match=r"t\.jsonl:2: bytes that are not UTF-8 at column 16 "
+                                         r".*save the task file as UTF-8"):
+        load_problems(task)
+    trace = tmp_path / "tr.jsonl"
+    trace.write_bytes(b'\xff{"prompt_len": 2, "response_len": 3}\n')
+    with pytest.raises(InputError, match=r"tr\.jsonl:1: bytes that are not UTF-8 .*--trace"):
+        load_trace(trace, batch=1)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.jsonl import parse_object
+from jaxrl_sym.jsonl import parse_object, read_lines
 from jaxrl_sym.rl.names import TEXT_TASK_NAMES
 
 CORRECT_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
@@ -216,15 +216,9 @@ def load_problems(path: str | Path) -> list[Problem]:
     lines skipped, other keys ignored). A bad record — or a prompt repeated with another
     answer — is an :class:`InputError` naming the file and line; an empty file is one too."""
     path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read task file {path}: {err}") from None
     problems: list[Problem] = []
     first: dict[str, tuple[int, Problem]] = {}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for n, line in read_lines(path, "task file"):
         problem = _record(path, n, line)
         k, other = first.setdefault(problem.prompt, (n, problem))
         if other.answer != problem.answer:  # the reward could not tell which one is right
