@@ -218,7 +218,16 @@ def row_limits(cfg: GenerationConfig, n_rows: int) -> np.ndarray:
 def validate_prompts(
     prompts: Sequence[np.ndarray | Sequence[int]], vocab_size: int, cfg: GenerationConfig
 ) -> list[np.ndarray]:
-    """Check prompts (non-empty 1-D integer token arrays inside the vocabulary) and limits."""
+    """Check prompts (non-empty 1-D integer token arrays inside the vocabulary) and limits.
+
+    Any iterable of prompts is taken (a generator is read once, here); a string or a mapping is
+    refused, naming what was given."""
+    if isinstance(prompts, str | bytes | dict) or not hasattr(prompts, "__iter__") \
+            or getattr(prompts, "ndim", 1) == 0:
+        raise InputError(f"prompts: got {type(prompts).__name__}; pass a list of 1-D token "
+                         "arrays (tokenize text first, e.g. with load_pretrained's tokenizer)")
+    if not hasattr(prompts, "__len__"):
+        prompts = list(prompts)
     if len(prompts) == 0:
         raise InputError("no prompts given: pass a non-empty list of 1-D token arrays")
     out = []

@@ -30,6 +30,16 @@ GEN_SYSTEMS = systems.names(peer=False)  # the systems that run any model of the
 
 
 def _prompt_text(text: str) -> tuple[str, Any]:
+    """``("text", text)``; bytes that are not UTF-8 (Python keeps them in ``argv`` as lone
+    surrogates, which the tokenizer refuses with a TypeError) are an argparse error on the
+    flag."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise argparse.ArgumentTypeError(
+            f"holds bytes that are not UTF-8 at character {err.start + 1} "
+            f"({text[err.start:err.end].encode('utf-8', 'surrogateescape')!r}); give the "
+            "prompt as UTF-8 text (check the terminal's or script's encoding)") from None
     return ("text", text)
 
 

@@ -67,8 +67,8 @@ def test_metrics_with_nulls_read_back_and_plot(tmp_path) -> None:
 @given(st.lists(st.dictionaries(st.text(max_size=4), st.text(max_size=8), max_size=3),
                 min_size=1, max_size=5), st.booleans())
 def test_read_lines_returns_what_json_wrote(tmp_path_factory, recs, crlf: bool) -> None:
-    """Any strings, U+2028/U+2029/U+0085/form feeds included (JSON lets the first three stand unescaped
-    and ``splitlines`` broke lines at them), come back as the stdlib wrote them."""
+    """Any strings, U+2028/U+2029/U+0085 included (JSON lets them stand unescaped and
+    ``splitlines`` broke lines at them), come back as the stdlib wrote them."""
     from jaxrl_sym.jsonl import read_lines
 
     path = tmp_path_factory.mktemp("jl") / "r.jsonl"

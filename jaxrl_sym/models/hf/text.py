@@ -216,6 +216,13 @@ class HFText:
         """Token ids of ``text`` as ``tokenizer(text)["input_ids"]`` gives them."""
         if not isinstance(text, str):
             raise InputError(f"text to encode must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:  # lone surrogates: the tokenizer raises a TypeError
+            raise InputError(f"text to encode holds a character that is not valid Unicode at "
+                             f"index {err.start} ({text[err.start:err.end]!r}, e.g. bytes that "
+                             "were not UTF-8 decoded with surrogateescape); give UTF-8 text"
+                             ) from None
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
