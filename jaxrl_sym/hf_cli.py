@@ -72,6 +72,9 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
                         "template (with the assistant turn opened)")
     g.add_argument("--max-new-tokens", type=int, default=64, help="per row (>= 1)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--extrapolate", action="store_true",
+                   help="generate past the checkpoint's max_position_embeddings (refused "
+                        "without it: the model never saw those positions)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (any integer)")
     g.add_argument("--system", choices=GEN_SYSTEMS, default=systems.REFERENCE,
                    help="; ".join(f"{n}: {systems.get(n).summary}" for n in GEN_SYSTEMS))
@@ -283,6 +286,7 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
     """Load, encode, generate and decode; the report ``--json`` prints."""
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.hf import load_pretrained
+    from jaxrl_sym.models.hf.config import check_positions
     from jaxrl_sym.models.hf.text import HFText, find_eos_ids
 
     t0 = time.perf_counter()
@@ -293,6 +297,11 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
         has_tok = os.path.isfile(os.path.join(args.model, "tokenizer.json"))
     text = HFText(args.model) if has_tok else None
     prompts = _encode_prompts(args, text)
+    longest = max(len(_np_ids(p)) for p in prompts)
+    check_positions(model.cfg.max_position_embeddings, longest + args.max_new_tokens,
+                    f"--max-new-tokens {args.max_new_tokens} after the longest prompt "
+                    f"({longest} tokens)", "lower --max-new-tokens or shorten the prompt; "
+                    "--extrapolate generates past it on purpose", allow=args.extrapolate)
     if args.ignore_eos:
         eos: tuple[int, ...] = ()
     else:

@@ -153,9 +153,11 @@ def chatml_qwen2() -> None:
     tok = AutoTokenizer.from_pretrained(out)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     torch.manual_seed(0)
+    # max_position_embeddings 1024: word-problem prompts in the chat template reach ~290 tokens
+    # with this small vocabulary, and positions past the limit are refused (it changes no weight)
     cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True, rope_theta=1e6,
+                      max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=1e6,
                       bos_token_id=None, eos_token_id=im_end, pad_token_id=0)
     cfg._attn_implementation = "eager"
     model = Qwen2ForCausalLM(cfg).eval()

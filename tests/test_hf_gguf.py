@@ -237,7 +237,12 @@ def test_train_fine_tunes_a_gguf_file(tmp_path: Path) -> None:
     leaves = jax.tree_util.tree_leaves(nnx.state(load_pretrained(path)[0]))
     # an entropy bonus: a non-zero gradient whatever the rewards (all 0 for a random model,
     # and the pretrained recipe has no bonus)
-    out = train("grpo", "word-problems", steps=1, seed=0, prompts_per_step=1, group_size=2,
+    # short prompts: the fixture states 256 positions, a word problem in its byte-level
+    # vocabulary takes ~390 tokens (and positions past the limit are refused)
+    task = tmp_path / "sums.jsonl"
+    task.write_text('{"prompt": "What is 2 + 3?", "answer": 5}\n'
+                    '{"prompt": "What is 4 + 4?", "answer": 8}\n')
+    out = train("grpo", f"jsonl:{task}", steps=1, seed=0, prompts_per_step=1, group_size=2,
                 model_dir=str(path), eval_prompts=0, progress=False,
                 checkpoint_dir=str(tmp_path / "run"),
                 config={"max_new_tokens": 4, "entropy_coef": 0.01})

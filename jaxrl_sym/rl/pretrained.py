@@ -78,6 +78,13 @@ class TokenTextTask:
     def sample(self, rng: np.random.Generator, n: int) -> list[np.ndarray]:
         problems = self.task.sample(rng, n)
         prompts = [self.encode(p) for p in problems]
+        from jaxrl_sym.models.hf.config import check_positions  # JAX: not at CLI import
+
+        i = int(np.argmax([len(p) for p in prompts]))
+        check_positions(self.text.max_positions, len(prompts[i]) + self.max_new_tokens,
+                        f"task {self.task.name}: a prompt of {len(prompts[i])} tokens "
+                        f"({problems[i].prompt[:40]!r}…) with --max-new-tokens "
+                        f"{self.max_new_tokens}", "lower --max-new-tokens or use shorter prompts")
         self._answers = {}
         for p, ids in zip(problems, prompts, strict=True):
             seen = self._answers.setdefault(tuple(ids.tolist()), p)

@@ -89,6 +89,20 @@ class HFConfig:
     attn_softcap: float | None = None      # c * tanh(s / c) on attention scores (Gemma 2)
     final_softcap: float | None = None     # c * tanh(z / c) on output logits (Gemma 2/3)
     inv_freq_local: tuple[float, ...] | None = None  # RoPE of sliding layers if not inv_freq
+    # positions the checkpoint was trained for (None: its config does not say); RoPE computes
+    # any position, so past this the model extrapolates and :func:`check_positions` refuses
+    max_position_embeddings: int | None = None
+
+
+def check_positions(limit: int | None, longest: int, what: str, fix: str,
+                    allow: bool = False) -> None:
+    """Refuse ``longest`` positions (prompt + new tokens) past ``limit`` (a checkpoint's
+    ``max_position_embeddings``; None: unknown): generation and training there ran without a
+    word and gave a model's guesses outside the range it was trained on. ``what`` names the
+    user's thing, ``fix`` the way out; ``allow`` (an explicit opt-in) extrapolates on purpose."""
+    if limit is not None and longest > limit and not allow:
+        raise InputError(f"{what} needs {longest} positions, but the checkpoint was trained "
+                         f"for max_position_embeddings={limit}; {fix}")
 
 
 def parse_dtype(value: Any, what: str) -> Any:
@@ -400,6 +414,8 @@ def parse_config(raw: dict[str, Any], dtype: Any = None) -> HFConfig:
         tie_word_embeddings=_bool(raw, "tie_word_embeddings", False),
         patterns=_layer_patterns(raw, n_layers),
         dtype=dtype or jnp.float32,
+        max_position_embeddings=(None if raw.get("max_position_embeddings") is None
+                                 else _int(raw, "max_position_embeddings")),
         **_rope_fields(raw, head_dim),
         **_arch_fields(raw, head_dim),
     )

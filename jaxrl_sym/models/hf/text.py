@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
+from jaxrl_sym.models.hf.gguf import config_dict, find_gguf, open_gguf
 from jaxrl_sym.models.hf.gguf_text import eos_ids
 
 SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
@@ -207,6 +207,16 @@ class HFText:
     @property
     def vocab_size(self) -> int:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def max_positions(self) -> int | None:
+        """The checkpoint's ``max_position_embeddings`` (``config.json``, or the GGUF file's
+        context length); None when it states none."""
+        gguf_file = find_gguf(self.root)
+        raw = (config_dict(open_gguf(gguf_file)) if gguf_file is not None
+               else read_json(self.root / "config.json", "config"))
+        v = raw.get("max_position_embeddings")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else None
 
     def eos_ids(self) -> tuple[int, ...]:
         """See :func:`find_eos_ids` (an :class:`InputError` naming the files when none)."""
