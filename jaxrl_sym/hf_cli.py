@@ -72,6 +72,9 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
                         "template (with the assistant turn opened)")
     g.add_argument("--max-new-tokens", type=int, default=64, help="per row (>= 1)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--no-memory-check", action="store_true",
+                   help="skip the memory estimate made before generating (a request that does "
+                        "not fit is refused without it)")
     g.add_argument("--extrapolate", action="store_true",
                    help="generate past the checkpoint's max_position_embeddings (refused "
                         "without it: the model never saw those positions)")
@@ -317,6 +320,8 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
 
         mesh = MeshConfig.parse(args.mesh)
     bound = systems.get(args.system).bind(model, systems.BindOptions(mesh=mesh))
+    if not args.no_memory_check:
+        _check_memory(bound, [len(p) for p in prompts], gcfg)
     res = bound.generate([_np_ids(p) for p in prompts], gcfg)
     rows = []
     for p, toks, lps in zip(prompts, res.tokens, res.logprobs, strict=True):
@@ -330,6 +335,20 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
             "mesh": args.mesh,
             "max_new_tokens": args.max_new_tokens, "temperature": gcfg.temperature,
             "seed": gcfg.seed, "eos_ids": list(eos), "seconds": time.perf_counter() - t0}
+
+
+def _check_memory(bound: Any, prompt_lens: list[int], gcfg: Any) -> None:
+    """The system's estimate for this request against the device's (or host's) memory, before
+    anything is allocated: a padded MAX_LEN cache of a billion tokens used to die in XLA with a
+    64 GB RESOURCE_EXHAUSTED traceback, and sym ran without a word."""
+    from jaxrl_sym.runtime.estimate import check_request
+
+    est = bound.estimate(prompt_lens, gcfg)
+    if est is not None:
+        refused = check_request([est], lower="--max-new-tokens or the prompts")[
+            "systems"][est.system]["refused"]
+        if refused:
+            raise _CliError(refused)
 
 
 def _np_ids(ids: list[int]) -> Any:

@@ -75,3 +75,39 @@ def test_max_positions_from_config_and_gguf(tmp_path: Path) -> None:
     (no_limit / "config.json").write_text(json.dumps(
         {k: v for k, v in raw.items() if k != "max_position_embeddings"}))
     assert HFText(no_limit).max_positions is None and HFText(TEXT).max_positions == 1024
+
+
+@pytest.mark.parametrize("system", ["padded", "sym"])
+def test_a_generation_that_cannot_fit_is_refused_before_it_starts(
+        system: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A billion new tokens: padded died in XLA with a 64 GB RESOURCE_EXHAUSTED traceback and
+    sym ran without a word; both are now refused by their estimate, in seconds."""
+    import time
+
+    t0 = time.perf_counter()
+    rc, _, err = _generate(capsys, "--max-new-tokens", str(10**9), "--extrapolate",
+                           "--system", system)
+    assert rc == 2 and time.perf_counter() - t0 < 60
+    assert f"{system}: estimated " in err and "Lower --max-new-tokens or the prompts, or " \
+        "pass --no-memory-check" in err
+
+
+@pytest.mark.parametrize(("p", "n"), [(3, 40), (17, 300), (64, 1000)])
+def test_the_unreplayed_sym_estimate_is_a_lower_bound(p: int, n: int, monkeypatch) -> None:
+    """Past REPLAY_MAX_TOKENS the estimate sizes growing stores at exactly p + n slots instead
+    of replaying the policy: never more than the replayed estimate, so it refuses only what
+    cannot fit."""
+    from jaxrl_sym import systems
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.hf import load_pretrained
+    from jaxrl_sym.runtime import estimate
+
+    model, _, _ = load_pretrained(TEXT)
+    bound = systems.get("sym").bind(model, systems.BindOptions())
+    cfg = GenerationConfig(max_new_tokens=n)
+    replayed = bound.estimate([p] * 4, cfg)
+    monkeypatch.setattr(estimate, "REPLAY_MAX_TOKENS", n - 1)
+    low = bound.estimate([p] * 4, cfg)
+    assert "lower bound" in low.caches_what and "lower bound" not in replayed.caches_what
+    assert low.caches <= replayed.caches and low.total <= replayed.total
+    assert low.weights == replayed.weights and low.caches > 0

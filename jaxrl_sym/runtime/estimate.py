@@ -229,17 +229,28 @@ def plan_estimate(plan: GenerationPlan, weights_bytes: int, b: int, p: int, n: i
     what, temp = _largest(_sym_temporaries(plan, shape, final, cfg))
     kinds = ", ".join(sorted({s.kind.name for s in plan.specs.values()}))
     geometry = f"{len(plan.specs)} stores ({kinds}) × {rows} rows"
+    if plan.growing:
+        geometry += (f", growing capacity {final}" if n <= REPLAY_MAX_TOKENS else
+                     f", growing capacity at least {final} (a lower bound: not replayed)")
     return Estimate(system, weights_bytes + hoisted, _nbytes(stores), growth,
-                    tile * rows * per_token + rows * pcap * 8, temp, what,
-                    f"{geometry}, growing capacity {final}" if plan.growing else geometry)
+                    tile * rows * per_token + rows * pcap * 8, temp, what, geometry)
+
+
+# Above this many new tokens the policy's replay (one dispatch per decode tile) takes seconds
+# to minutes (10**9 tokens: ~25 min); the estimate then sizes growing stores at exactly the
+# slots every row needs, a lower bound that is enough to refuse what cannot fit.
+REPLAY_MAX_TOKENS = 1 << 20
 
 
 def _capacities(plan: GenerationPlan, b: int, p: int, n: int) -> tuple[GroupShape, int, int]:
     """The group's shape, and the growing stores' final and previous capacity (0: none), as
-    the engine's policy reaches them (every row at its limit)."""
+    the engine's policy reaches them (every row at its limit); past
+    :data:`REPLAY_MAX_TOKENS`, the lower bound ``p + n`` and no previous capacity."""
     lens, limits = [p] * b, [n] * b
     opts = plan.options
     shape = GroupShape.plan(lens, limits, min_capacity=opts.min_capacity, max_len=opts.max_len)
+    if n > REPLAY_MAX_TOKENS:
+        return shape, max(shape.capacity, p + n), 0
     (_, dispatches), = replay(lens, limits, min_capacity=opts.min_capacity, tiling=plan.tiling,
                               need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,
                               microbatch_rows=None, compaction=plan.compaction)
@@ -300,14 +311,18 @@ def memory_limit() -> tuple[int | None, str]:
         return None, "unknown"
 
 
-def refusal(est: Estimate, limit: int, source: str) -> str:
-    """Why ``est`` is refused and what to lower, with the breakdown."""
+DECODE_KNOBS = "--batch or --tokens (or --prompt-len)"  # what the decode CLI's user lowers
+
+
+def refusal(est: Estimate, limit: int, source: str, lower: str = DECODE_KNOBS) -> str:
+    """Why ``est`` is refused and what to lower (``lower``: the caller's flags), with the
+    breakdown."""
     return (f"{est.system}: estimated {gb(est.total)} > {source} {gb(limit)}: "
-            f"{est.breakdown()}. Lower --batch or --tokens (or --prompt-len), or pass "
-            "--no-memory-check to run anyway.")
+            f"{est.breakdown()}. Lower {lower}, or pass --no-memory-check to run anyway.")
 
 
-def check_request(estimates: Sequence[Estimate], limit: int | None = None) -> dict[str, Any]:
+def check_request(estimates: Sequence[Estimate], limit: int | None = None,
+                  lower: str = DECODE_KNOBS) -> dict[str, Any]:
     """Whether each system's estimate for one request fits: the memory check the CLI runs
     before it starts any system (JSON-ready). The estimates come from the bound systems
     (:meth:`jaxrl_sym.systems.bound.BoundSystem.estimate`).
@@ -323,5 +338,6 @@ def check_request(estimates: Sequence[Estimate], limit: int | None = None) -> di
     for est in estimates:
         too_big = limit is not None and est.total > limit
         out["systems"][est.system] = {"estimate": est.to_dict(),
-                                      "refused": refusal(est, limit, source) if too_big else None}
+                                      "refused": refusal(est, limit, source, lower)
+                                      if too_big else None}
     return out
