@@ -192,14 +192,15 @@ def test_crash_leaves_no_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         real(path, specs, tensor, metadata=metadata)
 
     monkeypatch.setattr(export_mod, "write_safetensors", flaky)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(InputError, match=r"out_dir .*new: writing the checkpoint failed \(No "
+                                         r"space left on device\); nothing was written"):
         export_pretrained(model, tmp_path / "new", source_dir=src, max_shard_bytes=80_000)
     assert list(tmp_path.iterdir()) == []
     old = tmp_path / "old"
     old.mkdir()
     (old / "config.json").write_text("{}")
     calls.clear()
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(InputError, match="No space"):
         export_pretrained(model, old, source_dir=src, overwrite=True, max_shard_bytes=80_000)
     assert [p.name for p in tmp_path.iterdir()] == ["old"]
     assert (old / "config.json").read_text() == "{}"

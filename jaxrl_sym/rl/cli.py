@@ -213,8 +213,15 @@ def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) ->
     hist = summary.pop("history")
     rows = read_metrics(args.metrics) if args.metrics and os.path.exists(args.metrics) else hist
     plot = args.plot or (os.path.splitext(args.metrics)[0] + ".png" if args.metrics else None)
+    plot_error = None
     if plot and rows:
-        summary["plot"] = plot_run(rows, plot, f"{args.algo} on {args.task}, seed {args.seed}")
+        try:
+            summary["plot"] = plot_run(rows, plot, f"{args.algo} on {args.task}, seed "
+                                                   f"{args.seed}")
+        except OSError as e:  # after the whole run: report it, never lose the summary
+            flag = "--plot" if args.plot else "--metrics (its plot beside it)"
+            plot_error = (f"{flag}: could not write {plot} ({e.strerror or e}); the run "
+                          "finished and its summary is printed")
     summary.update(_first_last(rows))
     summary.update(algo=args.algo, task=args.task, seed=args.seed, system=args.system)
     if not reports:
@@ -231,6 +238,9 @@ def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) ->
                   "last20_reward", "params_sha256", "plot"):
             if summary.get(k) is not None:
                 print(f"  {k}: {summary[k]}")
+    if plot_error:
+        print(f"error: {plot_error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -106,6 +106,14 @@ def plot_run(rows: list[dict[str, Any]], out_png: str | os.PathLike[str], title:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    # written beside and renamed: a failed write (a full disk) leaves no empty or truncated
+    # image under the asked name
+    tmp = f"{out_png}.partial"
+    try:
+        fig.savefig(tmp, dpi=100, format=os.path.splitext(str(out_png))[1][1:] or "png")
+        os.replace(tmp, out_png)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return os.fspath(out_png)

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from jaxrl_sym import jsonl, systems
+from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.config import (
@@ -347,8 +348,8 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
                 probed = trainer.greedy(probes, task.max_new_tokens) if drift.due(k) else None
                 m["health"] = drift.check(k, m, probed)
             history.append(m)
-            _record(m, k, metrics_file, ckpt if (every and k % every == 0) or k == steps
-                    else None, trainer, meta)
+            _record(m, k, metrics_file, ckpt, bool(every and k % every == 0) or k == steps,
+                    trainer, meta)
             bar.advance(m)
             if on_step is not None:
                 on_step(m)
@@ -358,13 +359,31 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
 
 
 def _record(m: dict[str, Any], k: int, metrics_file: str | None, ckpt: Checkpointer | None,
-            trainer: RLTrainer, meta: dict[str, Any]) -> None:
-    """Step ``k``'s metrics line, then its checkpoint when one is due (``ckpt``)."""
+            due: bool, trainer: RLTrainer, meta: dict[str, Any]) -> None:
+    """Step ``k``'s metrics line, then its checkpoint when one is ``due``. A metrics line that
+    cannot be written (a full disk) stops the run with an error naming ``--metrics``, after
+    saving the step where there is a checkpoint directory: the run is resumable, not lost."""
     if metrics_file:
-        with open(metrics_file, "a") as f:
-            f.write(jsonl.dumps(m) + "\n")
-    if ckpt is not None:
+        try:
+            with open(metrics_file, "a") as f:
+                f.write(jsonl.dumps(m) + "\n")
+        except OSError as e:
+            raise InputError(f"--metrics {metrics_file}: could not append step {k} "
+                             f"({e.strerror or e}); the run stopped after step {k}"
+                             f"{_saved_note(trainer, ckpt, meta)}") from None
+    if ckpt is not None and due:
         ckpt.save(k, trainer, meta)
+
+
+def _saved_note(trainer: RLTrainer, ckpt: Checkpointer | None, meta: dict[str, Any]) -> str:
+    """Where the last finished step is saved, for an error that stops a run; saving may fail
+    for the same reason (a full disk), which the note says instead of raising over it."""
+    if ckpt is None:
+        return " (pass --checkpoint-dir to keep a run whose outputs fail to write)"
+    try:
+        return f", saved in {_save_last(trainer, ckpt, meta)} (--resume continues it)"
+    except Exception as e:  # orbax wraps OS errors in its own types
+        return f"; saving it failed too ({type(e).__name__}: {str(e)[:200]})"
 
 
 def _save_last(trainer: RLTrainer, ckpt: Checkpointer | None, meta: dict[str, Any]

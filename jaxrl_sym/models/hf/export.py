@@ -264,6 +264,11 @@ def export_pretrained(model: CausalLM, out_dir: str | Path, *, source_dir: str |
         written.append("config.json")
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
         swap_into_place(tmp, out)
+    except OSError as e:  # a full disk, a quota, a device gone: the user's --out, named
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"out_dir {out}: writing the checkpoint failed ({e.strerror or e}"
+                         f"{': ' + str(e.filename) if e.filename else ''}); nothing was "
+                         "written there (the partial copy was removed)") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,0 +1,89 @@
+"""A full disk never loses a run or leaves a broken file (issue 29): on a filesystem with no
+space left, an export is refused naming its output with nothing left behind, a plot that
+cannot be written comes after the run's summary (and leaves no empty image), and a metrics
+line that cannot be appended stops the run naming ``--metrics`` with the step saved for
+``--resume``. The full filesystem is a 64 kB tmpfs (skipped where mounting is not allowed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jaxrl_sym.errors import InputError
+
+pytestmark = pytest.mark.share_compiles
+QWEN = Path(__file__).parent / "fixtures" / "hf" / "qwen2_tied"
+RUN = ["train", "--task", "reverse", "--steps", "2", "--prompts", "2", "--group", "2",
+       "--eval-prompts", "4", "--no-progress", "--json"]
+
+
+@pytest.fixture
+def full_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a filesystem with no space left."""
+    where = tmp_path / "full"
+    where.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+                           capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        fd = os.open(where / "ballast", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 512):
+                pass
+        except OSError:  # ENOSPC: full
+            pass
+        finally:
+            os.close(fd)
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def _train(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
+    from jaxrl_sym.cli import main
+
+    rc = main([*RUN, *flags])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_an_export_to_a_full_disk_is_refused_and_leaves_nothing(full_dir: Path) -> None:
+    from jaxrl_sym.models.hf import load_pretrained
+    from jaxrl_sym.models.hf.export import export_pretrained
+
+    model, _, _ = load_pretrained(QWEN)
+    with pytest.raises(InputError, match=r"out_dir .*full/out: writing the checkpoint failed "
+                                         r"\(No space left on device\); nothing was written"):
+        export_pretrained(model, full_dir / "out", source_dir=QWEN)
+    assert sorted(p.name for p in full_dir.iterdir()) == ["ballast"]
+
+
+def test_a_plot_that_cannot_be_written_comes_after_the_summary(
+        full_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _train(capsys, "--plot", str(full_dir / "run.png"))
+    assert rc == 1
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == 2  # the run is not lost
+    assert f"error: --plot: could not write {full_dir / 'run.png'} (No space left on device)" \
+        in err
+    assert sorted(p.name for p in full_dir.iterdir()) == ["ballast"]  # no empty image
+
+
+def test_metrics_that_cannot_be_written_stop_the_run_saved_for_resume(
+        full_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = tmp_path / "run"
+    rc, _, err = _train(capsys, "--metrics", str(full_dir / "m.jsonl"),
+                        "--checkpoint-dir", str(ckpt))
+    assert rc == 2
+    assert (f"--metrics {full_dir / 'm.jsonl'}: could not append step 1 (No space left on "
+            f"device); the run stopped after step 1, saved in {ckpt}") in err
+    rc, out, _ = _train(capsys, "--metrics", str(tmp_path / "m.jsonl"), "--checkpoint-dir",
+                        str(ckpt), "--resume")
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and summary["steps"] == 2 and summary["resumed_from"] == 1
