@@ -23,27 +23,42 @@ RUN = ["train", "--task", "reverse", "--steps", "2", "--prompts", "2", "--group"
        "--eval-prompts", "4", "--no-progress", "--json"]
 
 
+def _tmpfs(where: Path, size_kb: int, free_kb: int) -> None:
+    """Mount a ``size_kb`` tmpfs at ``where`` and fill it to ``free_kb`` (0: full)."""
+    where.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs",
+                            str(where)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    fd = os.open(where / "ballast", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.fstat(fd).st_size < (size_kb - free_kb) * 1024 or not free_kb:
+            if not os.write(fd, b"\0" * 512):
+                break
+    except OSError:  # ENOSPC: full
+        pass
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def full_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory on a filesystem with no space left."""
-    where = tmp_path / "full"
-    where.mkdir()
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
-                           capture_output=True)
-    if mount.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
-        fd = os.open(where / "ballast", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"\0" * 512):
-                pass
-        except OSError:  # ENOSPC: full
-            pass
-        finally:
-            os.close(fd)
-        yield where
+        _tmpfs(tmp_path / "full", 64, 0)
+        yield tmp_path / "full"
     finally:
-        subprocess.run(["umount", str(where)], check=False)
+        subprocess.run(["umount", str(tmp_path / "full")], check=False, capture_output=True)
+
+
+@pytest.fixture
+def nearly_full_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory with 16 kB left: room for small files, not for a checkpoint."""
+    try:
+        _tmpfs(tmp_path / "nearly", 256, 16)
+        yield tmp_path / "nearly"
+    finally:
+        subprocess.run(["umount", str(tmp_path / "nearly")], check=False, capture_output=True)
 
 
 def _train(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
@@ -87,3 +102,18 @@ def test_metrics_that_cannot_be_written_stop_the_run_saved_for_resume(
                         str(ckpt), "--resume")
     summary = json.loads(out.strip().splitlines()[-1])
     assert rc == 0 and summary["steps"] == 2 and summary["resumed_from"] == 1
+
+
+def test_a_checkpoint_dir_on_a_full_disk_is_refused_before_any_step(
+        full_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _train(capsys, "--checkpoint-dir", str(full_dir / "run"))
+    assert rc == 2 and (f"--checkpoint-dir {full_dir / 'run'}: cannot write its lock file (No "
+                        "space left on device)") in err
+
+
+def test_a_checkpoint_that_cannot_be_saved_names_the_directory_and_step(
+        nearly_full_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _train(capsys, "--checkpoint-dir", str(nearly_full_dir / "run"))
+    assert rc == 2
+    assert f"error: --checkpoint-dir {nearly_full_dir / 'run'}: saving step 2 failed (" in err
+    assert "the steps already there are untouched" in err

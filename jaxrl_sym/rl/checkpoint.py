@@ -227,9 +227,17 @@ class Checkpointer:
         meta = {**meta, "step": int(step), "digests": digests,
                 "params_sha256": digests["params"]}
         meta["meta_sha256"] = _meta_sha256(meta)
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
-        self.manager.wait_until_finished()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+            self.manager.wait_until_finished()
+        except (OSError, ValueError, RuntimeError) as e:  # orbax wraps a full disk in these
+            raise CheckpointError(
+                f"--checkpoint-dir {self.directory}: saving step {step} failed "
+                f"({_short(e)}); the steps already there are untouched (orbax writes a "
+                "step in a temporary directory and renames it when complete). Free space or "
+                "choose another directory; --resume continues from the newest step saved "
+                "there, if any") from None
 
     # ------------------------------------------------------------------ restore
     def restore(self, trainer: RLTrainer, expected: dict[str, Any], step: int | None = None,

@@ -11,6 +11,7 @@ killed run leaves no stale lock); a second run is refused naming the holder.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -48,11 +49,18 @@ class RunLock:
             raise InputError(
                 f"--checkpoint-dir {os.path.dirname(self.path)} is in use by a running training "
                 f"({holder}); wait for it to end, or give this run another directory") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
-                f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
-        f.flush()
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+            f.flush()
+        except OSError as e:  # a full disk: nothing could be saved there either
+            with contextlib.suppress(OSError):  # close flushes the unwritten bytes again
+                f.close()
+            raise InputError(f"--checkpoint-dir {os.path.dirname(self.path)}: cannot write "
+                             f"its lock file ({e.strerror or e}); free space there or choose "
+                             "another directory") from None
         self._file = f
         return self
 
