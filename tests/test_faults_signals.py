@@ -135,9 +135,12 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     RunLock(str(d)).acquire().release()
 
 
-def test_cli_sigterm_is_one_line_and_exit_143(tmp_path: Path) -> None:
-    """The command line as a scheduler sees it: SIGTERM, then one line naming the checkpoint,
-    exit code 143, no traceback; --resume continues from the step it names."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1],
+                         ids=["SIGTERM", "SIGHUP", "SIGUSR1"])
+def test_cli_signal_is_one_line_and_exit_128_plus_signal(tmp_path: Path, sig: int) -> None:
+    """The command line as a scheduler (SIGTERM, Slurm's SIGUSR1 notice) or a closed terminal
+    (SIGHUP) sees it: one line naming the checkpoint, exit code 128 + signal, no traceback;
+    --resume continues from the step it names."""
     d, m = tmp_path / "run", tmp_path / "m.jsonl"
     cmd = [sys.executable, "-m", "jaxrl_sym.cli", "train", "--task", "reverse", "--steps", "40",
            "--prompts", "2", "--group", "2", "--max-digits", "2", "--eval-prompts", "0",
@@ -147,10 +150,10 @@ def test_cli_sigterm_is_one_line_and_exit_143(tmp_path: Path) -> None:
     while time.time() < deadline and proc.poll() is None and not (
             m.exists() and m.read_text().count("\n") >= 2):
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err
-    lines = [x for x in err.strip().splitlines() if x.startswith("SIGTERM")]
+    assert proc.returncode == 128 + sig, err
+    lines = [x for x in err.strip().splitlines() if x.startswith(signal.Signals(sig).name)]
     assert len(lines) == 2 and "Traceback" not in err, err  # the request, then where it saved
     step = int(lines[1].split("after step ")[1].split(";")[0])
     assert step >= 2 and str(d) in lines[1]

@@ -1,4 +1,5 @@
-"""SIGTERM and SIGINT during training: finish (or abandon) the step, save, say where, exit.
+"""SIGTERM, SIGINT, SIGHUP and SIGUSR1 during training: finish (or abandon) the step, save,
+say where, exit.
 
 Why: a scheduler ends a job with SIGTERM (then SIGKILL after a grace period) and a person with
 Ctrl-C. Python's defaults end the process at once — SIGTERM silently, SIGINT with a traceback,
@@ -29,7 +30,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP: the terminal or ssh session that started the run went away; SIGUSR1: the
+# pre-emption notice schedulers send ahead of SIGTERM (Slurm's --signal=USR1@SECONDS)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 
 class Interrupted(KeyboardInterrupt):
