@@ -57,7 +57,9 @@ def _rl_rows(row: dict[str, Any], projection: dict[str, Any] | None) -> list[str
     for name, r in row["result"]["systems"].items():
         split = r.get("peak_bytes_after_stage")
         if split and "error" not in r:
-            lines.append(f"\n{name}: allocator peak GB after each stage of the warm-up step: "
+            what = ("process peak RSS" if r.get("peak_source") == "host_rss"
+                    else "allocator peak")
+            lines.append(f"\n{name}: {what} GB after each stage of the warm-up step: "
                          + ", ".join(f"{k} {v / GB:.2f}" for k, v in split.items()))
     ratios = row["result"].get("ratios")
     if ratios:

@@ -130,6 +130,7 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
         # first: the peak only grows, so the stage where it first jumps is where it was reached
         # (in a later step every stage shows the warm-up's peak; H100 run of 2026-11-26)
         "peak_bytes_after_stage": warm.get("peak_bytes_after_stage", {}),
+        "peak_source": warm.get("peak_source"),
         "batch_independent_bytes": fixed,
         "memory_budget_bytes": budget,
         "largest_batch_estimate": int(max(0, budget - fixed) // per_sample),
