@@ -113,7 +113,23 @@ def test_a_checkpoint_dir_on_a_full_disk_is_refused_before_any_step(
 
 def test_a_checkpoint_that_cannot_be_saved_names_the_directory_and_step(
         nearly_full_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked before orbax starts (whose threads would print pages of their own errors)."""
+    rc, _, err = _train(capsys, "--checkpoint-dir", str(nearly_full_dir / "run"))
+    assert rc == 2
+    assert f"error: --checkpoint-dir {nearly_full_dir / 'run'}: step 2 needs at least " in err
+    assert "MB are free; nothing was written, the steps already there are untouched" in err
+    assert "Traceback" not in err and "orbax" not in err
+
+
+def test_a_save_that_fails_anyway_names_the_directory_and_step(
+        nearly_full_dir: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk filling between the space check and the write (another process): orbax's
+    error, wrapped in its own types, still ends as one error naming the directory and step."""
+    from jaxrl_sym.rl.checkpoint import Checkpointer
+
+    monkeypatch.setattr(Checkpointer, "_check_space", lambda self, step, state: None)
     rc, _, err = _train(capsys, "--checkpoint-dir", str(nearly_full_dir / "run"))
     assert rc == 2
     assert f"error: --checkpoint-dir {nearly_full_dir / 'run'}: saving step 2 failed (" in err
-    assert "the steps already there are untouched" in err
+    assert err.strip().splitlines()[-1].startswith("error: --checkpoint-dir")

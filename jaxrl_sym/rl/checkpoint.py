@@ -38,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -227,6 +228,7 @@ class Checkpointer:
         meta = {**meta, "step": int(step), "digests": digests,
                 "params_sha256": digests["params"]}
         meta["meta_sha256"] = _meta_sha256(meta)
+        self._check_space(step, state)
         try:
             self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
@@ -238,6 +240,20 @@ class Checkpointer:
                 "step in a temporary directory and renames it when complete). Free space or "
                 "choose another directory; --resume continues from the newest step saved "
                 "there, if any") from None
+
+    def _check_space(self, step: int, state: dict[str, Any]) -> None:
+        """Refuse a save the disk cannot hold, before orbax starts: its background threads
+        report a full disk with pages of their own tracebacks before the error reaches here.
+        The arrays' bytes are a lower bound of the step on disk (orbax adds metadata, and
+        compresses nothing)."""
+        need = sum(int(np.asarray(x).nbytes) for x in jax.tree_util.tree_leaves(state))
+        free = shutil.disk_usage(self.directory).free
+        if free < need:
+            raise CheckpointError(
+                f"--checkpoint-dir {self.directory}: step {step} needs at least "
+                f"{need / 1e6:.1f} MB and {free / 1e6:.1f} MB are free; nothing was written, "
+                "the steps already there are untouched. Free space or choose another "
+                "directory; --resume continues from the newest step saved there, if any")
 
     # ------------------------------------------------------------------ restore
     def restore(self, trainer: RLTrainer, expected: dict[str, Any], step: int | None = None,
