@@ -57,6 +57,10 @@ def _prompt_ids(text: str) -> tuple[str, Any]:
 
 def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]:
     """Add ``generate`` and ``export`` to the top-level sub-parser group; returns them."""
+    return {"generate": _generate_parser(sub, formatter), "export": _export_parser(sub, formatter)}
+
+
+def _generate_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text with a Hugging Face checkpoint",
                        description="Generate for a batch of prompts with a Hugging Face "
                                    "checkpoint directory;\nevery row stops at an EOS id or "
@@ -93,6 +97,10 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
                         "sharded, rows split over data; see README 'Multi-device')")
     Distributed.add_flags(g, "the rows")
     g.add_argument("--json", action="store_true", help="print one JSON object last")
+    return g
+
+
+def _export_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write a Hugging Face checkpoint directory",
                        description="Write a checkpoint directory transformers loads, from a "
                                    "checkpoint directory (--model; e.g. with --dtype) or from "
@@ -116,7 +124,7 @@ def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]
     e.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty --out (only once the new one is complete)")
     e.add_argument("--json", action="store_true", help="print one JSON object last")
-    return {"generate": g, "export": e}
+    return e
 
 
 def _is_gguf(path: str) -> bool:
