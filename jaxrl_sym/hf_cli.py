@@ -308,7 +308,7 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
         has_tok = os.path.isfile(os.path.join(args.model, "tokenizer.json"))
     text = HFText(args.model) if has_tok else None
     prompts = _encode_prompts(args, text)
-    longest = max(len(_np_ids(p)) for p in prompts)
+    longest = max(len(p) for p in prompts)
     check_positions(model.cfg.max_position_embeddings, longest + args.max_new_tokens,
                     f"--max-new-tokens {args.max_new_tokens} after the longest prompt "
                     f"({longest} tokens)", "lower --max-new-tokens or shorten the prompt; "

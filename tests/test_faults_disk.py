@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,42 +24,42 @@ RUN = ["train", "--task", "reverse", "--steps", "2", "--prompts", "2", "--group"
        "--eval-prompts", "4", "--no-progress", "--json"]
 
 
-def _tmpfs(where: Path, size_kb: int, free_kb: int) -> None:
-    """Mount a ``size_kb`` tmpfs at ``where`` and fill it to ``free_kb`` (0: full)."""
+@contextmanager
+def _tmpfs(where: Path, size_kb: int, free_kb: int) -> Iterator[Path]:
+    """A ``size_kb`` tmpfs mounted at ``where``, filled to ``free_kb`` (0: full), unmounted
+    after; skips the test where mounting is not allowed."""
     where.mkdir()
     mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs",
                             str(where)], capture_output=True)
     if mount.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")
-    fd = os.open(where / "ballast", os.O_WRONLY | os.O_CREAT)
     try:
-        while os.fstat(fd).st_size < (size_kb - free_kb) * 1024 or not free_kb:
-            if not os.write(fd, b"\0" * 512):
-                break
-    except OSError:  # ENOSPC: full
-        pass
+        fd = os.open(where / "ballast", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.fstat(fd).st_size < (size_kb - free_kb) * 1024 or not free_kb:
+                if not os.write(fd, b"\0" * 512):
+                    break
+        except OSError:  # ENOSPC: full
+            pass
+        finally:
+            os.close(fd)
+        yield where
     finally:
-        os.close(fd)
+        subprocess.run(["umount", str(where)], check=False, capture_output=True)
 
 
 @pytest.fixture
 def full_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory on a filesystem with no space left."""
-    try:
-        _tmpfs(tmp_path / "full", 64, 0)
-        yield tmp_path / "full"
-    finally:
-        subprocess.run(["umount", str(tmp_path / "full")], check=False, capture_output=True)
+    with _tmpfs(tmp_path / "full", 64, 0) as where:
+        yield where
 
 
 @pytest.fixture
 def nearly_full_dir(tmp_path: Path) -> Iterator[Path]:
     """A directory with 16 kB left: room for small files, not for a checkpoint."""
-    try:
-        _tmpfs(tmp_path / "nearly", 256, 16)
-        yield tmp_path / "nearly"
-    finally:
-        subprocess.run(["umount", str(tmp_path / "nearly")], check=False, capture_output=True)
+    with _tmpfs(tmp_path / "nearly", 256, 16) as where:
+        yield where
 
 
 def _train(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:

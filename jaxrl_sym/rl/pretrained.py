@@ -66,6 +66,7 @@ class TokenTextTask:
     def __init__(self, task: TextTask, text: Any, chat: bool, max_new_tokens: int) -> None:
         self.task, self.text, self.chat = task, text, chat
         self.max_new_tokens = max_new_tokens
+        self.max_positions = text.max_positions  # read once: checked on every sample
         self._answers: dict[tuple[int, ...], Problem] = {}
 
     def encode(self, problem: Problem) -> np.ndarray:
@@ -81,7 +82,7 @@ class TokenTextTask:
         from jaxrl_sym.models.hf.config import check_positions  # JAX: not at CLI import
 
         i = int(np.argmax([len(p) for p in prompts]))
-        check_positions(self.text.max_positions, len(prompts[i]) + self.max_new_tokens,
+        check_positions(self.max_positions, len(prompts[i]) + self.max_new_tokens,
                         f"task {self.task.name}: a prompt of {len(prompts[i])} tokens "
                         f"({problems[i].prompt[:40]!r}…) with --max-new-tokens "
                         f"{self.max_new_tokens}", "lower --max-new-tokens or use shorter prompts")
