@@ -10,7 +10,8 @@ window/full GQA layers with parallel attention+MLP and attention- and final-logi
 RoPE built with ``jnp.stack`` (interleaved pairs, GPT-J/Llama-Meta convention).
 
 ``naive_generate`` is the oracle for any of them: greedy decoding by re-running the full forward
-on the whole sequence at every step — no caches, no shared code with either system.
+on the whole sequence at every step (right-padded to a power-of-two width under ``jit``) — no
+caches, no shared code with either system.
 """
 
 from __future__ import annotations
@@ -251,15 +252,32 @@ def _weights_digest(model: nnx.Module) -> str:
     return h.hexdigest()
 
 
+def _bucket(n: int) -> int:
+    """The forward's width for a sequence of ``n`` tokens: the next power of two, at least 16."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
+@nnx.jit
+def _plain_forward(model: nnx.Module, tokens: jax.Array) -> jax.Array:
+    pos = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+    return model(tokens, pos, jnp.zeros_like(pos))[0]
+
+
 def naive_generate(model: nnx.Module, prompt: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Greedy tokens and their logits rows, re-running the whole sequence at every step.
 
-    Step ``i`` is a forward of the prompt and the ``i`` tokens before it, nothing else, so a run
-    of ``n`` steps is the first ``n`` steps of any longer run of the same model, weights and
-    prompt: steps an earlier call computed are returned, not recomputed (the same forwards, the
-    same bits), and a longer call continues from them. Eager forwards are the suite's costliest
-    oracle (a ``lax.scan`` model recompiles its loop every call), and tests ask for the same
-    prompt several times (a GRPO batch repeats each prompt)."""
+    Step ``i`` is a forward of the prompt and the ``i`` tokens before it, right-padded with
+    zeros to a power-of-two width, and reads the logits at the last real position. Padding after
+    a position cannot reach it in a causal model, which generation presupposes (a token cannot
+    depend on tokens not yet drawn); a model that leaked the future would differ from every
+    cached system here, so the padding can only make this oracle stricter. The forward is the
+    plain model under ``jit`` (one compile per width: eager forwards compiled every operation
+    at every new length, ~1.6 s a step, the suite's costliest oracle).
+
+    A run of ``n`` steps is the first ``n`` steps of any longer run of the same model, weights
+    and prompt: steps an earlier call computed are returned, not recomputed (the same forwards,
+    the same bits), and a longer call continues from them (tests ask for the same prompt
+    several times: a GRPO batch repeats each prompt)."""
     digest = _weights_digest(model)
     known = _NAIVE_RUNS.get(id(model))
     if known is None or known[1] != digest:
@@ -267,9 +285,9 @@ def naive_generate(model: nnx.Module, prompt: np.ndarray, n: int) -> tuple[np.nd
     toks, rows = known[2].setdefault(tuple(int(x) for x in prompt), ([], []))
     seq = [int(x) for x in prompt] + toks
     while len(toks) < n:
-        t = jnp.asarray(seq, jnp.int32)[None]
-        pos = jnp.arange(len(seq), dtype=jnp.int32)[None]
-        logits = np.asarray(model(t, pos, jnp.zeros_like(pos))[0, -1], np.float32)
+        buf = np.zeros((1, _bucket(len(seq))), np.int32)
+        buf[0, :len(seq)] = seq
+        logits = np.asarray(_plain_forward(model, jnp.asarray(buf))[len(seq) - 1], np.float32)
         nxt = int(np.argmax(logits))
         toks.append(nxt)
         rows.append(logits)
