@@ -180,6 +180,16 @@ def test_word_problems_difficulty_by_name() -> None:
     for bad in ("word-problems:1:1", "word-problems:1:1000"):
         with pytest.raises(InputError, match=f"--task {bad}: the largest number N"):
             get_text_task(bad)
+    # D: at most D irrelevant sentences (the templates' four kinds), default 2
+    distracting = ("years old", "kilometres", "favourite colour", "rained")
+    def distractors(task: str) -> list[int]:
+        return [sum(p.prompt.count(d) for d in distracting)
+                for p in get_text_task(task).sample(np.random.default_rng(3), 40)]
+    assert max(distractors("word-problems:1:9:0")) == 0 and is_text_task("word-problems:1:9:0")
+    assert max(distractors("word-problems:1:9:1")) == 1
+    assert max(distractors("word-problems:1:9")) == 2 == get_text_task("word-problems").distractors
+    with pytest.raises(InputError, match="--task word-problems:1:9:3: the distractor count D"):
+        get_text_task("word-problems:1:9:3")
 
 
 @settings(max_examples=60, deadline=None)

@@ -126,7 +126,7 @@ def plot(rows: list[dict[str, Any]], out_png: str) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("pretrained_learning", __doc__, PRESETS)
     p.add_argument("--model", default=None, help="a HF checkpoint directory or a .gguf file")
-    p.add_argument("--task", default=None, help="word-problems[:K[:N]] or jsonl:FILE")
+    p.add_argument("--task", default=None, help="word-problems[:K[:N[:D]]] or jsonl:FILE")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="LoRA arms' learning rate")
     p.add_argument("--arms", default=None, help="comma-separated: " + ", ".join(ARMS))

@@ -154,5 +154,5 @@ def get_task(name: str, *, min_digits: int = 1, max_digits: int = 3,
     if name == "add":
         return Task(name, lo, hi, _random_sum, _sum_answer, hi + 1, pw)
     raise InputError(f"--task {name}: unknown task {name!r}; choose one of "
-                     f"{', '.join(TASK_NAMES)} (with --model: word-problems[:K[:N]] or "
+                     f"{', '.join(TASK_NAMES)} (with --model: word-problems[:K[:N[:D]]] or "
                      "jsonl:FILE)")

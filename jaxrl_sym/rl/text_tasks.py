@@ -243,19 +243,21 @@ class TextTask:
     min_steps: int = 1
     max_steps: int = 3
     largest: int | None = None  # the largest number a template problem states (None: 59)
+    distractors: int = 2  # at most this many irrelevant sentences per template problem
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
         """``n`` problems; a file's records are drawn with replacement."""
         if self.problems is None:
-            return [word_problem(rng, self.min_steps, self.max_steps, largest=self.largest)
-                    for _ in range(n)]
+            return [word_problem(rng, self.min_steps, self.max_steps, self.distractors,
+                                 largest=self.largest) for _ in range(n)]
         idx = rng.integers(0, len(self.problems), size=n)
         return [self.problems[int(i)] for i in idx]
 
 
-_WORD_PROBLEMS = re.compile(r"word-problems(?::(\d+)(?::(\d+))?)?")
+_WORD_PROBLEMS = re.compile(r"word-problems(?::(\d+)(?::(\d+)(?::(\d+))?)?)?")
 MAX_WORD_PROBLEM_STEPS = 4
 LARGEST_NUMBER = (2, 999)  # the range word-problems:K:N accepts for N
+MAX_DISTRACTORS = 2  # word-problems:K:N:D accepts D in 0..2
 
 
 def is_text_task(name: str) -> bool:
@@ -266,8 +268,10 @@ def is_text_task(name: str) -> bool:
 def get_text_task(name: str, *, max_steps: int = 3) -> TextTask:
     """``word-problems`` (1..max_steps operations), ``word-problems:K`` (1..K: the difficulty,
     so a small model can start neither at 0 nor at the ceiling), ``word-problems:K:N`` (and no
-    stated number above N: a 135M model adds 7 and 5, not 47 and 38) or ``jsonl:PATH`` (the file
-    is read and checked now, so a bad record fails before any model is loaded)."""
+    stated number above N: a 135M model adds 7 and 5, not 47 and 38), ``word-problems:K:N:D``
+    (and at most D irrelevant sentences, default 2: a 135M model adds the distractor's number
+    too) or ``jsonl:PATH`` (the file is read and checked now, so a bad record fails before any
+    model is loaded)."""
     m = _WORD_PROBLEMS.fullmatch(name)
     if m is not None:
         k = max_steps if m.group(1) is None else int(m.group(1))
@@ -278,7 +282,11 @@ def get_text_task(name: str, *, max_steps: int = 3) -> TextTask:
         if largest is not None and not LARGEST_NUMBER[0] <= largest <= LARGEST_NUMBER[1]:
             raise InputError(f"--task {name}: the largest number N of word-problems:K:N must "
                              f"be {LARGEST_NUMBER[0]} to {LARGEST_NUMBER[1]}")
-        return TextTask(name, None, 1, k, largest)
+        d = MAX_DISTRACTORS if m.group(3) is None else int(m.group(3))
+        if d > MAX_DISTRACTORS:
+            raise InputError(f"--task {name}: the distractor count D of word-problems:K:N:D must "
+                             f"be 0 to {MAX_DISTRACTORS}")
+        return TextTask(name, None, 1, k, largest, d)
     if name.startswith("jsonl:"):
         return TextTask(name, tuple(load_problems(name.removeprefix("jsonl:"))))
     raise InputError(f"unknown text task {name!r}; choose {', '.join(TEXT_TASK_NAMES)} or "
