@@ -34,8 +34,8 @@ from functools import partial
 
 import numpy as np
 
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.policy import DEFAULT_MAX_PAD_FRACTION, microbatches, replay
-from jaxrl_sym.runtime.prefill import PackedPrompts
 
 
 @dataclass(frozen=True)

@@ -294,7 +294,8 @@ def test_the_feedback_edge_is_a_slot_store_the_step_program_reads() -> None:
     planted = (int(tok0[0]) + 7) % 47
     stores[str(tokens_id)] = {"tok": jnp.full((1, 1), planted, jnp.int32)}
     stores, tok1, _, logits = lm.builder.decode(hoisted, stores, jnp.asarray([3], jnp.int32),
-                                                jnp.int32(1), jnp.int32(3), rows, seed, **kw)
+                                                jnp.int32(1), jnp.int32(3), rows, seed, rows,
+                                                **kw)
     seq = jnp.asarray([[5, 9, 2, planted]], jnp.int32)
     want = model(seq, jnp.arange(4, dtype=jnp.int32)[None], jnp.zeros_like(seq))[0, -1]
     np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(want), atol=1e-4, rtol=0)

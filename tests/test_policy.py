@@ -17,6 +17,7 @@ from zoo import zoo
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.policy import (
     Compaction,
     GroupShape,
@@ -25,7 +26,6 @@ from jaxrl_sym.runtime.policy import (
     next_dispatch,
     replay,
 )
-from jaxrl_sym.runtime.prefill import PackedPrompts
 
 requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=12)
 

@@ -24,8 +24,9 @@ from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.policy import GroupShape
-from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
+from jaxrl_sym.runtime.prefill import packed_prefill
 
 PATTERNS = {"full": (Causal(), Causal()), "window": (Window(3), Causal()),
             "block": (Block(4), Block(4)), "linear": (Linear(), Window(5))}

@@ -191,6 +191,12 @@ class StoreKind:
         (:mod:`jaxrl_sym.runtime.prefill`); every (row, slot) is written at most once."""
         return _scatter(store, k, v, pos, rows, slots)
 
+    def reset(self, spec: StoreSpec, store: Store, rows: jax.Array) -> Store:
+        """Empty the rows where ``rows`` (``[B]`` bool) is set, so a waiting sample can take
+        them (refill, :mod:`jaxrl_sym.runtime.refill`): every slot's position becomes -1, which
+        every read masks; the keys and values stay as they are and are never read."""
+        return {**store, "pos": jnp.where(rows[:, None], -1, store["pos"])}
+
     def capacity(self, spec: StoreSpec, group_capacity: int) -> int:
         """Slots to allocate for a group whose growing capacity is ``group_capacity``: the
         planned size where the plan fixed one (ring, block), else the group's."""
@@ -250,7 +256,12 @@ class StoreKind:
 
 class GrowingStore(StoreKind):
     """Full (prefix) attention: ``k, v [B, C, Hkv, D]``, ``pos [B, C]``; chunk written at slot
-    ``write_index``; capacity C doubles (geometric) when full — one program per capacity."""
+    ``write_index``; capacity C doubles (geometric) when full — one program per capacity.
+
+    A single step's slot wraps modulo C, so a group that refills finished rows can keep its
+    stores at a fixed C that covers one row's span (prompt + response) however long the group
+    lives: a refilled row's slots then wrap over its predecessor's, which the refill reset.
+    Without refill the host grows C before a write would wrap, so the wrap never happens."""
 
     name = "growing"
     grows = True
@@ -260,6 +271,8 @@ class GrowingStore(StoreKind):
         q, k, v, q_pos, k_pos = args[:5]
         if fresh:
             return _fresh(spec, store, args)
+        if q.shape[1] == 1:
+            write_index = write_index % store["pos"].shape[1]
         new = _write(store, k, v, k_pos, write_index)
         if spec.triton_decode and q.shape[1] == 1:
             return _triton_decode(spec, new, q, q_pos, write_index), new
@@ -271,6 +284,12 @@ class GrowingStore(StoreKind):
         pad4 = ((0, 0), (0, extra), (0, 0), (0, 0))
         return {"k": jnp.pad(store["k"], pad4), "v": jnp.pad(store["v"], pad4),
                 "pos": jnp.pad(store["pos"], ((0, 0), (0, extra)), constant_values=-1)}
+
+    def fill(self, spec, store, k, v, pos, rows, slots):
+        return _scatter(store, k, v, pos, rows, self._slot(store, slots))
+
+    def _slot(self, store, slots):
+        return jnp.where(slots >= 0, slots % store["pos"].shape[1], -1)
 
 
 class FixedStore(GrowingStore):
@@ -373,6 +392,10 @@ class StateStore(StoreKind):
         zs = jax.ops.segment_sum(pk, seg, num_segments=b + 1)
         return {"S": store["S"] + sums[:b], "z": store["z"] + zs[:b]}
 
+    def reset(self, spec, store, rows):
+        return {"S": jnp.where(rows[:, None, None, None], 0.0, store["S"]),
+                "z": jnp.where(rows[:, None, None], 0.0, store["z"])}
+
     def slots(self, spec, capacity):
         return 1
 
@@ -419,6 +442,9 @@ class SlotStore(StoreKind):
         return {"tok": lax.dynamic_update_slice(store["tok"], value[:, None].astype(jnp.int32),
                                                 (zero, step % spec.lag))}
 
+    def reset(self, spec, store, rows):
+        return store  # the refill's prefill writes the refilled rows' token 0
+
     def attend(self, spec, store, args, write_index, *, fresh):
         raise TypeError("a slot store feeds a token back; it holds no keys")
 
@@ -441,7 +467,8 @@ def _triton_decode(spec: StoreSpec, new: Store, q: jax.Array, q_pos: jax.Array,
     if spec.live is None:
         raise ValueError(f"store of attention node %{spec.node}: no live-count function planned")
     (live,) = spec.live(write_index)
-    n_live = jnp.full((q.shape[0],), live, jnp.int32)
+    # a wrapped growing store (refill) holds live keys in every slot
+    n_live = jnp.full((q.shape[0],), jnp.minimum(live, new["pos"].shape[1]), jnp.int32)
     out = triton_ops.decode_attention(q[:, 0], new["k"], new["v"], new["pos"], q_pos[:, 0],
                                       n_live, **spec.scoring())
     return out[:, None]

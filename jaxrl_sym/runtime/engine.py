@@ -140,10 +140,12 @@ class SymbolicLM:
         return self._hoisted
 
     def _group(self, group: list[int], prompts: list[np.ndarray], limits: np.ndarray,
-               cfg: GenerationConfig, meter: MemoryMeter, weights_bytes: int) -> DecodeGroup:
-        """The decode group that runs one microbatch (a subclass runs its own: speculative)."""
+               cfg: GenerationConfig, meter: MemoryMeter, weights_bytes: int,
+               waiting: list[int] | None = None) -> DecodeGroup:
+        """The decode group that runs one microbatch (a subclass runs its own: speculative);
+        ``waiting``: rows that refill it as its rows finish."""
         return DecodeGroup(self.plan, self.cache, group, prompts, limits, cfg, meter,
-                           weights_bytes)
+                           weights_bytes, waiting)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], cfg: GenerationConfig, *,
@@ -221,6 +223,14 @@ class SymbolicLM:
         hoisted = self._hoist()
         weights_bytes = tree_bytes(self.leaves) + self._hoisted_bytes
         work = WorkLog()
+        rows = self.plan.options.microbatch_rows
+        if self.plan.options.refill and rows is not None and len(prompts) > rows:
+            # one resident group; the rows past it wait and refill rows as they finish
+            dg = self._group(list(range(rows)), prompts, limits, cfg, meter, weights_bytes,
+                             waiting=list(range(rows, len(prompts))))
+            dg.run(hoisted, out, on_finished)
+            work.merge(dg.work)
+            return 1, work
         groups = self.plan.microbatches([len(p) for p in prompts], limits, max_pad_fraction)
         for k, group in enumerate(groups):
             if out.stopped:

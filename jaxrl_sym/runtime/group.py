@@ -21,10 +21,12 @@ import numpy as np
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.passes.stores import GrowingStore
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch
-from jaxrl_sym.runtime.prefill import PackedPrompts, packed_prefill
+from jaxrl_sym.runtime.prefill import packed_prefill, refill_prefill
 from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache
+from jaxrl_sym.runtime.refill import Refill, refill_shape
 from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
@@ -60,15 +62,27 @@ class DecodeGroup:
     """A microbatch from prefill to its last row's end (see the module docstring).
 
     plan: the model's generation plan (what every decision reads); cache: the engine's compiled
-    programs (shared by its groups, so a program compiles once per engine)."""
+    programs (shared by its groups, so a program compiles once per engine). waiting: request
+    rows that take the group's rows as they free up (:mod:`jaxrl_sym.runtime.refill`); the
+    group is then sized for every one of them and its stores never grow (they wrap)."""
 
     def __init__(self, plan: GenerationPlan, cache: ProgramCache, group: list[int],
                  prompts: list[np.ndarray], limits: np.ndarray, cfg: GenerationConfig,
-                 meter: MemoryMeter, weights_bytes: int) -> None:
+                 meter: MemoryMeter, weights_bytes: int, waiting: list[int] | None = None
+                 ) -> None:
         self.plan, self.cache = plan, cache
         self.cfg, self.meter, self.weights_bytes = cfg, meter, weights_bytes
-        self.shape = plan.group_shape([len(prompts[i]) for i in group],
-                                      [limits[i] for i in group])
+        self.waiting = list(waiting or [])
+        self.refill: Refill | None = plan.options.refill_policy() if self.waiting else None
+        if self.refill is not None:
+            every = [*group, *self.waiting]
+            self.shape = refill_shape([len(prompts[i]) for i in every],
+                                      [int(limits[i]) for i in every], len(group),
+                                      plan.row_multiple)
+        else:
+            self.shape = plan.group_shape([len(prompts[i]) for i in group],
+                                          [limits[i] for i in group])
+        self.all_limits = limits
         self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
         self.buffer = plan.tile_buffer(cfg)  # steps the tile program's output buffers hold
         self.tiling = Tiling(plan.tiling.base, self.buffer)
@@ -86,9 +100,10 @@ class DecodeGroup:
         self._stop_live = 0  # > 0: tiles end on device once live rows fall to it (stop_live)
         self.seed = jax.device_put(np.uint32(cfg.seed))
         self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
-        pos0 = np.full((b,), DEAD_POSITION, np.int32)
-        pos0[:len(group)] = [len(prompts[i]) for i in group]
-        self.pos0 = jax.device_put(pos0)
+        self.pos0_h = np.full((b,), DEAD_POSITION, np.int32)
+        self.pos0_h[:len(group)] = [len(prompts[i]) for i in group]
+        self.pos0 = jax.device_put(self.pos0_h)
+        self.off = np.zeros((b,), np.int32)  # group steps before each row's sample began
         self.stores = cache.run(("init", b, self.capacity), lambda: jax.jit(
             plan.builder.init_stores, static_argnums=(0, 1)).lower(b, self.capacity).compile())
 
@@ -110,12 +125,16 @@ class DecodeGroup:
         last = self.prefill(hoisted)
         while True:
             self.collect(last, out, on_finished)
+            while self.waiting and not out.should_stop() and self.refill_rows(hoisted, out,
+                                                                              on_finished):
+                pass  # a refilled row may end at its token 0, freeing its row again
             if self.done.all() or out.should_stop():
                 return
             live = np.nonzero(~self.done)[0]
             remaining = max(int(self.limits[s]) - len(out.toks[int(self.ids[s])]) for s in live)
             ask = partial(self.next_dispatch, live, steps_done=self.steps_done,
-                          remaining=remaining, tile=self.tile)
+                          remaining=remaining, tile=self.tile,
+                          compaction=NEVER if self.waiting else None)
             d = ask()
             if d.rows < self.rows and self._defer(d, hoisted):
                 d = ask(compaction=NEVER)
@@ -129,7 +148,8 @@ class DecodeGroup:
         asks, it does not decide."""
         return next_dispatch(self.shape, steps_done=steps_done, rows=self.rows,
                              capacity=self.capacity, live=len(live), remaining=remaining,
-                             tile=tile, need=self.plan.growing_need,
+                             tile=tile,
+                             need=None if self.refill is not None else self.plan.growing_need,
                              row_multiple=self.plan.row_multiple,
                              compaction=compaction or self.plan.compaction,
                              grow_with_compaction=grow_with_compaction)
@@ -214,11 +234,11 @@ class DecodeGroup:
         """One decode program: a single step, or a tile of ``d.tile`` steps."""
         self._tile, self._dispatch = d.tile, d
         args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
-                self.row_ids, self.seed)
+                self.row_ids, self.seed, self.off)
         name, tiled, static = self._program()
         ran = None
-        if tiled:  # each row's last response index; -1: finished or filler (already ended)
-            last = np.where(self.done, -1, self.limits - 1).astype(np.int32)
+        if tiled:  # each row's last step (its last response index + off); -1: ended or filler
+            last = np.where(self.done, -1, self.off + self.limits - 1).astype(np.int32)
             args = (*args, np.int32(d.tile), last, np.int32(max(d.stop, self._stop_live)))
             (self.stores, tok, lp, lg, ran), key = self.plan.run(self.cache, name, self.cfg,
                                                                  *args, **static)
@@ -320,6 +340,8 @@ class DecodeGroup:
         self.stores, self.pos0, self.row_ids = self.cache.run(key, build, *cargs)
         del cargs, build  # they hold the pre-compaction stores: free them now, not later
         self.ids = np.where(filler, -1, self.ids[keep])
+        self.pos0_h = np.where(filler, DEAD_POSITION, self.pos0_h[keep]).astype(np.int32)
+        self.off = np.where(filler, 0, self.off[keep]).astype(np.int32)
         self.limits, self.done, self.rows = self.limits[keep], filler.copy(), rows
 
     def grow(self, capacity: int) -> None:
@@ -340,6 +362,65 @@ class DecodeGroup:
             self.meter.observe(self.weights_bytes + tree_bytes(self.stores) + old_bytes,
                                self.cache.temp_bytes[key], step=self.steps_done)
         self.capacity = capacity
+
+    def refill_rows(self, hoisted: tuple[jax.Array, ...], out: Outputs,
+                    on_finished: OnFinished | None) -> bool:
+        """Give free rows (finished, or filler) waiting samples when the refill policy says
+        so — one refill prefill (:func:`refill_prefill`) — and read their token 0; returns
+        whether it refilled. With no live row left every free row is refilled."""
+        free = np.nonzero(self.done)[0]
+        n = (self.refill.take(len(free), len(self.waiting)) if len(free) < len(self.done)
+             else min(len(free), len(self.waiting)))
+        if n == 0:
+            return False
+        slots, new = free[:n], self.waiting[:n]
+        self.waiting = self.waiting[n:]
+        by_slot: list[np.ndarray | None] = [None] * len(self.ids)
+        for r, i in zip(slots, new, strict=True):
+            by_slot[r] = self.prompts[i]
+        # their prompts end just before the slot the next decode step writes
+        pk = PackedPrompts.build(by_slot, self.shape.prompt_slots + self.steps_done,
+                                 vocab=self.plan.vocab_size,
+                                 logits_bytes=self.cfg.prefill_logits_bytes)
+        self.work.computed += pk.positions_computed
+        self.work.needed += pk.prompt_tokens
+        self.work.add("packing", pk.positions_computed - pk.prompt_tokens)
+        self.ids[slots], self.limits[slots] = new, self.all_limits[new]
+        self.done[slots], self.off[slots] = False, self.steps_done
+        self.pos0_h[slots] = [len(self.prompts[i]) - self.steps_done for i in new]
+        self.pos0 = jax.device_put(self.pos0_h)
+        self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
+        mask = np.zeros((len(self.ids),), bool)
+        mask[slots] = True
+        packed = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.source)
+        args = (hoisted, self.stores, *map(jax.device_put, packed), self.row_ids, self.seed,
+                jax.device_put(mask), np.int32(self.steps_done + 1))
+        key, build = refill_program(self.plan, self.cfg, pk, args)
+        self.stores, tok, lp, lg = self.cache.run(key, build, *args)
+        del args, build  # they hold the stores before the refill, donated
+        self._observe(key, step=self.steps_done)
+        self._first_tokens(slots, tok, lp, lg, out, on_finished)
+        return True
+
+    def _first_tokens(self, slots: np.ndarray, tok: Any, lp: Any, lg: Any, out: Outputs,
+                      on_finished: OnFinished | None) -> None:
+        """Read the token 0 a refill sampled for ``slots`` (the other rows' are not theirs)."""
+        tok_h, lp_h = to_host(tok), to_host(lp)
+        lg_h = to_host(lg) if self.cfg.return_logits and out.logits is not None else None
+        finished: list[int] = []
+        for r in slots:
+            i = int(self.ids[r])
+            out.toks[i].append(int(tok_h[r]))
+            out.lps[i].append(float(lp_h[r]))
+            if lg_h is not None:
+                out.logits[i].append(lg_h[r])
+            if int(tok_h[r]) in self.cfg.eos_ids or len(out.toks[i]) >= self.limits[r]:
+                self.done[r] = out.finished[i] = True
+                finished.append(i)
+        if out.progress is not None:
+            out.progress(sum(len(t) for t in out.toks))
+        if finished and on_finished is not None:
+            on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
 
     def _observe(self, key: tuple, step: int) -> None:
         self.meter.observe(self.weights_bytes + tree_bytes(self.stores),
@@ -375,7 +456,7 @@ def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[A
     stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, capacity))
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
     args = (hoisted, stores, i32(rows), i32(), i32(), i32(rows),
-            jax.ShapeDtypeStruct((), np.uint32))
+            jax.ShapeDtypeStruct((), np.uint32), i32(rows))
     name, tiled, static = decode_kind(plan, cfg)
     if tiled:
         args = (*args, i32(), i32(rows), i32())
@@ -389,6 +470,17 @@ def packed_prefill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: Pack
     key = ("packed_prefill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
            cfg.temperature, cfg.return_logits, _caps(args[1]))
     fn = partial(packed_prefill, plan.builder, temperature=cfg.temperature,
+                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
+    return key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile()
+
+
+def refill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
+                   args: tuple[Any, ...]) -> tuple[tuple, Callable[[], Any]]:
+    """The refill of ``pk``'s rows over ``args``: (hoisted, stores, pk's tokens, positions,
+    rows, slots, last, source, row ids, seed, refilled mask, next step)."""
+    key = ("refill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
+           cfg.temperature, cfg.return_logits, _caps(args[1]))
+    fn = partial(refill_prefill, plan.builder, temperature=cfg.temperature,
                  want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
     return key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile()
 

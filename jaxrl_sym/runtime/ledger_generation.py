@@ -44,9 +44,9 @@ from jaxrl_sym.runtime.group import (
     packed_prefill_program,
 )
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_nbytes
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
-from jaxrl_sym.runtime.prefill import PackedPrompts
 
 __all__ = ["GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
 

@@ -23,6 +23,7 @@ from jaxrl_sym.runtime.policy import (
     Compaction,
     Tiling,
 )
+from jaxrl_sym.runtime.refill import Refill
 
 BACKENDS = ("xla", "triton", "auto")
 PREFILLS = ("packed", "block")
@@ -57,6 +58,12 @@ class EngineOptions:
       instead of 29-31 s, but the second step waited 8 s for the background compiles, so two
       steps took 28.7 s against about 32 s; steady state is the same. It pays where spare cores
       compile while the step's reference and update run.
+    refill: with ``microbatch_rows`` R below the request's rows, one group of R resident rows
+      runs the whole request: as rows finish, waiting samples take them (a refill prefill
+      packs their prompts into those rows; :mod:`jaxrl_sym.runtime.refill`), so the batch stays
+      full instead of each group running to its longest row. Its stores are rings sized for
+      one sample's span and never grow. Off by default until the GPU measures it.
+    refill_min_free: free rows a refill waits for (each refill is one prefill dispatch).
     """
 
     backend: str = "xla"
@@ -71,6 +78,8 @@ class EngineOptions:
     compact_min_rows: int = COMPACT_MIN_ROWS
     compact_early: bool = False
     defer_compiles: bool = False
+    refill: bool = False
+    refill_min_free: int = 1
 
     def __post_init__(self) -> None:
         self.tiling()  # each raises an InputError naming its knob
@@ -80,6 +89,11 @@ class EngineOptions:
                              "into rows) or 'block' (the right-aligned prompt rectangle)")
         if self.backend not in BACKENDS:
             raise InputError(f"backend={self.backend!r}: choose 'xla', 'triton' or 'auto'")
+        if self.refill:
+            self.refill_policy()
+            if self.prefill != "packed":
+                raise InputError("refill=True needs prefill='packed': refilled prompts are "
+                                 "packed into the rows they take")
 
     def tiling(self) -> Tiling:
         """The tile policy these options ask for, refused by name when it cannot be."""
@@ -104,6 +118,17 @@ class EngineOptions:
                              "compact down to single rows)")
         return Compaction(float(self.compact_at), int(self.compact_min_rows),
                           bool(self.compact_early))
+
+    def refill_policy(self) -> Refill | None:
+        """The refill rule these options ask for (None: no refill), refused by name when it
+        cannot be."""
+        if not self.refill:
+            return None
+        if isinstance(self.refill_min_free, bool) or not isinstance(self.refill_min_free, int) \
+                or self.refill_min_free < 1:
+            raise InputError(f"refill_min_free={self.refill_min_free!r} must be an int >= 1 "
+                             "(free rows a refill waits for)")
+        return Refill(self.refill_min_free)
 
     def replace(self, **changes: object) -> EngineOptions:
         """A copy with ``changes`` (checked again)."""

@@ -162,6 +162,9 @@ def compile_generation(program: TracedProgram, options: EngineOptions | None = N
     and build the step programs' functions. ``mesh``: a ``jax.sharding.Mesh``, ``"data=4"`` or
     a :class:`~jaxrl_sym.sharding.MeshConfig`. Nothing is compiled by XLA here."""
     options = options if options is not None else EngineOptions()
+    if options.refill and (speculation is not None or mesh is not None):
+        raise InputError("refill=True runs plain decoding on one device for now: drop "
+                         f"{'speculation' if speculation is not None else 'the mesh'} or refill")
     backend = resolve_backend(options.backend)
     tiling, compaction = options.tiling(), options.compaction()
     vocab = int(program.pdg.node(program.pdg.outputs[0]).shape[-1])

@@ -232,15 +232,21 @@ class StepBuilder:
                                                                       dtype=jnp.int32))
         return stores, toks[-1], lps[-1], lgs[-1]
 
-    def decode(self, hoisted, stores, pos0, step, write_index, row_ids, seed, *,
+    def decode(self, hoisted, stores, pos0, step, write_index, row_ids, seed, off, *,
                temperature: float, want_logits: bool):
         """Decode step ``step`` (>= 1): its tokens input is the feedback edge, read from the slot
-        store (the token step ``step-1`` sampled); returns (stores, tokens, log-probs, logits)."""
+        store (the token step ``step-1`` sampled); returns (stores, tokens, log-probs, logits).
+
+        ``off [B]``: the group step before each row's first decode step (0, but for a row a
+        refill gave a sample mid-group), so a row samples its response token ``step - off``
+        under that index's key whatever step of the group it runs at; ``pos0`` is likewise its
+        prompt length minus ``off``."""
         positions = (pos0 + (step - 1))[:, None]
         return self._chunk(hoisted, stores, None, positions, write_index, row_ids, seed,
-                           step=step, temperature=temperature, want_logits=want_logits)
+                           step=step, temperature=temperature, want_logits=want_logits,
+                           off=off)
 
-    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, n, last,
+    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, off, n, last,
                     stop, *, temperature: float, want_logits: bool, k: int,
                     eos: tuple[int, ...] = ()):
         """Decode steps ``step .. step+n-1`` in one program (``n <= k`` is a run-time argument).
@@ -259,7 +265,7 @@ class StepBuilder:
         log-probs [k, B], logits [k, …], steps run); entries past the steps run are zeros.
         """
         def one(st, i):
-            return self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids, seed,
+            return self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids, seed, off,
                                temperature=temperature, want_logits=want_logits)
 
         shapes = jax.eval_shape(lambda: one(stores, jnp.zeros((), jnp.int32))[1:])
@@ -297,13 +303,15 @@ class StepBuilder:
         temperature: float,
         want_logits: bool,
         fresh: bool = False,
+        off: jax.Array | None = None,
     ) -> tuple[Any, ...]:
         """One chunk of every row: evaluate the PDG against the stores, ``sample`` included.
 
         ``tokens`` (a prompt chunk) is the tokens input; ``None`` reads it from the feedback
         edge's slot store. ``step`` is the index of the token this chunk samples in each row's
-        response (0 for prefill): the slot it writes and the sampling key. A chunk samples only
-        its last position — earlier positions' samples would be replaced by the prompt.
+        response (0 for prefill): the slot it writes and, less ``off`` per row (decode), the
+        sampling key. A chunk samples only its last position — earlier positions' samples would
+        be replaced by the prompt.
         """
         pdg = self.pdg
         if tokens is None:  # the feedback edge's slot store feeds the tokens input
@@ -321,6 +329,8 @@ class StepBuilder:
         def sample(node: Any, args: list[jax.Array]) -> tuple[jax.Array, ...]:
             logits = args[0][:, -1].astype(jnp.float32)
             steps = jnp.full(logits.shape[:1], step, jnp.int32)
+            if off is not None:
+                steps = steps - off
             tok, lp = sample_tokens(logits, seed=seed, steps=steps, row_ids=row_ids,
                                     temperature=temperature)
             return tok, lp, logits

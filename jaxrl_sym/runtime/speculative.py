@@ -37,9 +37,9 @@ from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.group import DecodeGroup, OnFinished, Outputs
 from jaxrl_sym.runtime.metrics import MemoryMeter
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import next_pow2
-from jaxrl_sym.runtime.prefill import PackedPrompts
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.runtime.speculative_tile import verify_tile
 from jaxrl_sym.sharding import to_host

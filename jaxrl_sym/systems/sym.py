@@ -21,8 +21,8 @@ from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.estimate import Estimate, estimate_sym
 from jaxrl_sym.runtime.metrics import WorkLog
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.policy import Dispatch, GroupShape, replay
-from jaxrl_sym.runtime.prefill import PackedPrompts
 from jaxrl_sym.runtime.speculative import DRAFTS, SpeculativeLM
 from jaxrl_sym.systems.bound import BoundSystem, max_limit, token_report
 from jaxrl_sym.systems.spec import BindOptions, SystemSpec

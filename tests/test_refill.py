@@ -1,0 +1,156 @@
+"""Refill: finished rows of a resident group take waiting samples (``EngineOptions(refill=True)``).
+
+What must hold (issue 30): a sample's tokens and log-probs depend only on (seed, sample, position)
+— not on which row or refill wave ran it — so generation with refill on equals generation with
+it off, greedy and sampled, with EOS, for every store kind: growing stores (wrapping rings
+under refill), window rings (zoo Gemma-like, ``PlainLM`` window layers) and a recurrent state
+(``PlainLM`` linear layers). Oracles: the same request with refill off (every row resident), and
+the plain model re-run on the whole sequence (``plain_greedy`` / ``naive_generate``, no shared
+code with the runtime). The policy's replay is checked for conservation (every position is
+needed or wasted by a named cause) on hypothesis-drawn requests.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_oracle_plain_model import models as plain_models
+from test_oracle_plain_model import plain_greedy
+from zoo import naive_generate, zoo
+
+from jaxrl_sym import GenerationConfig
+from jaxrl_sym.errors import InputError
+from jaxrl_sym.runtime.engine import SymbolicLM
+from jaxrl_sym.runtime.options import EngineOptions, Speculation
+from jaxrl_sym.runtime.refill import Refill, padded_groups, refill_shape, replay
+
+MODELS = ("gemmaish", "window-softcap", "linear")  # growing+ring, ring+growing, state+ring
+
+
+@cache
+def model(name: str):
+    return zoo()["gemmaish"] if name == "gemmaish" else plain_models(name)[0]
+
+
+@cache
+def engine(name: str, rows: int | None, min_free: int = 1) -> SymbolicLM:
+    """One engine per setting, reused across examples (its programs compile once)."""
+    opts = EngineOptions(min_capacity=4, compact_min_rows=1, microbatch_rows=rows,
+                         refill=rows is not None, refill_min_free=min_free)
+    return SymbolicLM(model(name), opts)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> tuple[list[np.ndarray], GenerationConfig, int, int]:
+    n = draw(st.sampled_from([4, 6]))  # few row buckets: each new one compiles programs
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    lens = rng.integers(1, 14, n)
+    prompts = [rng.integers(1, 40, int(k)).astype(np.int32) for k in lens]
+    if draw(st.booleans()):  # a GRPO-like request: prompts repeated
+        prompts = [prompts[i // 2] for i in range(n)]
+    limits = tuple(int(x) for x in rng.integers(1, 12, n))
+    temperature = draw(st.sampled_from([0.0, 0.7, 1.0]))
+    cfg = GenerationConfig(max_new_tokens=limits, temperature=temperature,
+                           eos_id=draw(st.sampled_from([None, 3, 5])), seed=draw(st.integers(0, 9)),
+                           return_logits=temperature == 0.0)
+    return prompts, cfg, draw(st.sampled_from([1, 3])), draw(st.sampled_from([1, 2]))
+
+
+def assert_same(want, got) -> None:
+    for i, (a, b) in enumerate(zip(want.tokens, got.tokens, strict=True)):
+        assert np.array_equal(a, b), f"sample {i}: {a} without refill, {b} with"
+    for a, b in zip(want.logprobs, got.logprobs, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    if want.logits is not None:
+        for a, b in zip(want.logits, got.logits, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(req=requests())
+def test_refill_gives_the_tokens_of_every_row_resident(name: str, req) -> None:
+    prompts, cfg, rows, min_free = req
+    want = engine(name, None).generate(prompts, cfg)
+    got = engine(name, rows, min_free).generate(prompts, cfg)
+    assert got.stats["groups"] == 1
+    assert_same(want, got)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_refilled_rows_greedy_equal_rerunning_the_plain_model(name: str) -> None:
+    """Seven ragged prompts through 2 resident rows (5 refills, the tail compacted), greedy,
+    against the plain model re-run on the whole sequence at every step."""
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(1, 40, int(k)).astype(np.int32) for k in (5, 13, 1, 8, 3, 11, 6)]
+    limits = (7, 2, 8, 5, 8, 1, 6)
+    got = engine(name, 2).generate(prompts, GenerationConfig(max_new_tokens=limits,
+                                                             return_logits=True))
+    assert got.stats["dispatches"] > 0 and got.stats["groups"] == 1
+    if name == "gemmaish":
+        want = [naive_generate(model(name), p, n) for p, n in zip(prompts, limits, strict=True)]
+        toks, rows = [w[0] for w in want], [w[1] for w in want]
+    else:
+        toks, rows = [], []
+        for i in range(0, len(prompts), 4):  # the oracle's buffer holds 4 rows
+            t, r = plain_greedy(name, prompts[i:i + 4], limits[i:i + 4], ())
+            toks += t
+            rows += r
+    for i, (a, b) in enumerate(zip(toks, got.tokens, strict=True)):
+        assert np.array_equal(a, b), f"{name} sample {i}: plain {a}, refilled {b}"
+    for a, b in zip(rows, got.logits, strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-4, rtol=0)
+
+
+def test_a_refill_that_ends_at_its_first_token_frees_its_row_again() -> None:
+    """Limits of 1: every refilled sample ends at the token its refill samples, so rows are
+    refilled again before any decode step; all samples still come out."""
+    prompts = [np.array([1 + i, 2, 3], np.int32) for i in range(6)]
+    cfg = GenerationConfig(max_new_tokens=(1, 1, 1, 1, 4, 1))
+    want = engine("gemmaish", None).generate(prompts, cfg)
+    got = engine("gemmaish", 2).generate(prompts, cfg)
+    assert [len(t) for t in got.tokens] == [1, 1, 1, 1, 4, 1]
+    assert_same(want, got)
+
+
+def test_refill_settings_are_refused_by_name() -> None:
+    with pytest.raises(InputError, match="refill=True needs prefill='packed'"):
+        EngineOptions(refill=True, prefill="block")
+    with pytest.raises(InputError, match="refill_min_free=0"):
+        EngineOptions(refill=True, refill_min_free=0)
+    with pytest.raises(InputError, match="drop speculation or refill"):
+        from jaxrl_sym.runtime.speculative import SpeculativeLM
+
+        SpeculativeLM(model("gemmaish"), EngineOptions(refill=True, microbatch_rows=2),
+                      speculation=Speculation(2))
+    with pytest.raises(InputError, match=r"Refill\.min_free"):
+        Refill(min_free=0)
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(1, 300), st.integers(1, 400)), min_size=1,
+                     max_size=40), rows=st.integers(1, 16), min_free=st.integers(1, 6),
+       layout=st.sampled_from(["ring", "lifetime"]))
+def test_replay_accounts_for_every_position(lens, rows, min_free, layout) -> None:
+    """Every computed position is needed (each prompt token once, each response token after
+    the first once) or wasted by a named cause, with or without refill; a ring never holds
+    more than the request's longest span per row."""
+    prompts, limits = [p for p, _ in lens], [n for _, n in lens]
+    needed = sum(prompts) + sum(n - 1 for n in limits)
+    for run in (replay(prompts, limits, rows=rows, refill=Refill(min_free, layout)),
+                replay(prompts, limits, rows=rows, refill=None), padded_groups(prompts, limits,
+                                                                               rows=rows)):
+        assert run.needed == needed
+        assert run.computed == needed + sum(run.waste.values())
+        assert all(v >= 0 for v in run.waste.values())
+    ring = replay(prompts, limits, rows=rows, refill=Refill(min_free, "ring"))
+    shape = refill_shape(prompts, limits, min(rows, len(limits)))
+    assert shape.capacity >= max(p + n for p, n in lens) and shape.prompt_slots >= max(prompts)
+    assert ring.peak_slots <= shape.rows * shape.capacity
