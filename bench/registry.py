@@ -43,6 +43,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                         "scenarios, one process per system (resumable JSONL + tables + plots)"),
     Experiment("rlft_step", "one GRPO step, sym vs padded, stage by stage"),
     Experiment("waste", "where sym's token positions go on realistic lengths, per cause"),
+    Experiment("refill", "refill vs compaction vs padded groups through R resident rows: "
+                         "the policy's replay with an H100 projection, and measured on CPU"),
     Experiment("speculative", "speculative decoding vs plain, sym and padded"),
     Experiment("row_cost", "decode step cost vs live rows"),
     Experiment("sharding", "RL step and generation vs device count (virtual CPU devices)"),

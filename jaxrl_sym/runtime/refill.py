@@ -118,6 +118,7 @@ class RefillRun:
     """What a request costs under one schedule (row counters, no model): the benchmark's row."""
 
     decode_dispatches: int = 0
+    decode_steps: int = 0  # decode steps over all dispatches (each reads the weights once)
     prefill_dispatches: int = 0
     computed: int = 0  # token positions computed (decode rows x steps + packed prefill slots)
     needed: int = 0  # positions the samples needed: prompt tokens + response tokens - 1 each
@@ -130,7 +131,7 @@ class RefillRun:
         return 1.0 - self.needed / self.computed if self.computed else 0.0
 
     def row(self) -> dict:
-        return {"decode_dispatches": self.decode_dispatches,
+        return {"decode_dispatches": self.decode_dispatches, "decode_steps": self.decode_steps,
                 "prefill_dispatches": self.prefill_dispatches,
                 "programs": len(self.programs), "computed": self.computed,
                 "needed": self.needed, "waste": round(self.waste_share(), 4),
@@ -266,6 +267,7 @@ def _decode(out: RefillRun, st: _Rows, k: int, capacity: int) -> None:
     live = st.live()
     emitted = sum(min(k, st.left[r]) for r in live)
     out.decode_dispatches += 1
+    out.decode_steps += k
     out.computed += b * k
     out.needed += emitted
     out.waste["tile_overrun"] += len(live) * k - emitted
@@ -286,6 +288,7 @@ def padded_groups(prompt_lens: Sequence[int], limits: Sequence[int], *, rows: in
         steps = max(lims) - 1
         out.prefill_dispatches += 1
         out.decode_dispatches += steps
+        out.decode_steps += steps
         out.computed += rows * p + rows * steps
         out.needed += sum(lens) + sum(x - 1 for x in lims)
         out.waste["prompt_padding"] += len(lims) * p - sum(lens)
