@@ -1,0 +1,86 @@
+"""The programs a decode group runs, by shape: one definition of each, built from arrays or
+``jax.ShapeDtypeStruct``s alike. The group (:mod:`jaxrl_sym.runtime.group`) runs them, and the
+generation ledger (:mod:`jaxrl_sym.runtime.ledger_generation`) compiles the same functions at
+shapes that never run (``python -m bench project --workload decode``), so a projection cannot
+drift from the engine. Each returns the program's cache key and the function that compiles it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_sym.generation import GenerationConfig
+from jaxrl_sym.runtime.packing import PackedPrompts
+from jaxrl_sym.runtime.plan import GenerationPlan
+from jaxrl_sym.runtime.prefill import packed_prefill, refill_prefill
+
+
+def _caps(stores: Any) -> tuple[tuple[str, int], ...]:
+    """The stores' slot counts by name (what distinguishes programs over stores of a group)."""
+    return tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
+
+
+def decode_kind(plan: GenerationPlan, cfg: GenerationConfig) -> tuple[str, bool, dict[str, Any]]:
+    """The decode program a group runs: (name, tiled, static arguments)."""
+    buffer = plan.tile_buffer(cfg)
+    if buffer == 1:
+        return "decode", False, {}
+    return "decode_tile", True, {"k": buffer, "eos": tuple(cfg.eos_ids)}
+
+
+def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[Any, ...],
+                   rows: int, capacity: int) -> tuple[tuple, Callable[[], Any]]:
+    """The decode program of a group at ``rows`` and ``capacity``, from abstract arguments (its
+    stores as ``init_stores`` makes them; ``hoisted`` arrays or ShapeDtypeStructs)."""
+    stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, capacity))
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
+    args = (hoisted, stores, i32(rows), i32(), i32(), i32(rows),
+            jax.ShapeDtypeStruct((), np.uint32), i32(rows))
+    name, tiled, static = decode_kind(plan, cfg)
+    if tiled:
+        args = (*args, i32(), i32(rows), i32())
+    return plan.program(name, cfg, *args, **static)
+
+
+def packed_prefill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
+                           args: tuple[Any, ...]) -> tuple[tuple, Callable[[], Any]]:
+    """The packed prefill of ``pk`` over ``args``: (hoisted, stores, pk's tokens, positions,
+    rows, slots, last, source, row ids, seed), arrays or ShapeDtypeStructs."""
+    key = ("packed_prefill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
+           cfg.temperature, cfg.return_logits, _caps(args[1]))
+    fn = partial(packed_prefill, plan.builder, temperature=cfg.temperature,
+                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
+    return key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile()
+
+
+def refill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
+                   args: tuple[Any, ...]) -> tuple[tuple, Callable[[], Any]]:
+    """The refill of ``pk``'s rows over ``args``: (hoisted, stores, pk's tokens, positions,
+    rows, slots, last, source, row ids, seed, refilled mask, next step)."""
+    key = ("refill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
+           cfg.temperature, cfg.return_logits, _caps(args[1]))
+    fn = partial(refill_prefill, plan.builder, temperature=cfg.temperature,
+                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
+    return key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile()
+
+
+def grow_program(plan: GenerationPlan, name: str, store: Any, rows: int, capacity: int
+                 ) -> tuple[tuple, Callable[[], Any]]:
+    """Growing store ``name`` (arrays or ShapeDtypeStructs) copied into ``capacity`` slots."""
+    key = ("grow", rows, capacity,
+           tuple((n, a.shape, str(a.dtype)) for n, a in sorted(store.items())))
+    grow = plan.specs[int(name)].kind.grow
+    return key, lambda: jax.jit(grow, static_argnums=1).lower(store, capacity).compile()
+
+
+def compact_program(plan: GenerationPlan, args: tuple[Any, ...], rows: int, new_rows: int
+                    ) -> tuple[tuple, Callable[[], Any]]:
+    """A group's compaction from ``rows`` to ``new_rows`` over ``args`` (stores, kept slots,
+    filler mask, first positions, row ids)."""
+    key = ("compact", rows, new_rows, _caps(args[0]))
+    return key, lambda: jax.jit(plan.builder.compact).lower(*args).compile()
