@@ -286,10 +286,10 @@ class GrowingStore(StoreKind):
                 "pos": jnp.pad(store["pos"], ((0, 0), (0, extra)), constant_values=-1)}
 
     def fill(self, spec, store, k, v, pos, rows, slots):
-        return _scatter(store, k, v, pos, rows, self._slot(store, slots))
-
-    def _slot(self, store, slots):
-        return jnp.where(slots >= 0, slots % store["pos"].shape[1], -1)
+        """As any store, but a slot past the end wraps (a refilled prompt in a ring); a
+        speculative verify's slots past the end stay dropped (``_slot`` is the identity)."""
+        return _scatter(store, k, v, pos, rows, jnp.where(slots >= 0,
+                                                          slots % store["pos"].shape[1], -1))
 
 
 class FixedStore(GrowingStore):

@@ -203,29 +203,14 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
     while True:
         w = pcap + step - 1  # the slot decode step ``step`` writes
         if waiting:
-            free = len(st.free())
-            # with no live row left, every free row is refilled whatever min_free asks
-            take = refill.take(free, len(waiting)) if st.live() else min(free, len(waiting))
-            if take:
-                new, waiting = waiting[:take], waiting[take:]
-                into = dict(zip(st.free(), new, strict=False))
-                for r, i in into.items():
-                    st.sample[r], st.first[r], st.left[r] = i, w - prompt_lens[i], limits[i] - 1
-                _prefill(out, "refill", {r: prompt_lens[i] for r, i in into.items()},
-                         len(st.sample), w, capacity)
+            waiting = _refill(out, st, waiting, refill, w, prompt_lens, limits, capacity)
         live = st.live()
         if not live:
             return out
         k = max(1, min(tile, max(st.left[r] for r in live)))
         if not waiting:  # the tail: compaction as without refill
-            new_rows = compaction.target(len(st.sample), len(live))
-            if new_rows < len(st.sample):
-                out.programs.add(("compact", len(st.sample), new_rows, capacity))
-                keep = live + [live[0]] * (new_rows - len(live))
-                st = _Rows([st.sample[r] if j < len(live) else -1 for j, r in enumerate(keep)],
-                           [st.first[r] for r in keep],
-                           [st.left[r] if j < len(live) else 0 for j, r in enumerate(keep)])
-                live = st.live()
+            st = _compact(out, st, compaction, capacity)
+            live = st.live()
         if ring:  # fixed: no live row's span may wrap onto itself
             need = ring_need([st.first[r] for r in live],
                              [w + min(k, st.left[r]) - 1 for r in live])
@@ -243,6 +228,35 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
         st.left = [max(0, x - k) for x in st.left]
         step += k
         tile = tiling.after(k, ended)
+
+
+def _refill(out: RefillRun, st: _Rows, waiting: list[int], refill: Refill, w: int,
+            prompt_lens: Sequence[int], limits: Sequence[int], capacity: int) -> list[int]:
+    """Refill free rows as the policy says (every free row when none is live); the samples
+    still waiting after it."""
+    free = len(st.free())
+    take = refill.take(free, len(waiting)) if st.live() else min(free, len(waiting))
+    if not take:
+        return waiting
+    into = dict(zip(st.free(), waiting[:take], strict=False))
+    for r, i in into.items():
+        st.sample[r], st.first[r], st.left[r] = i, w - prompt_lens[i], int(limits[i]) - 1
+    _prefill(out, "refill", {r: prompt_lens[i] for r, i in into.items()}, len(st.sample), w,
+             capacity)
+    return waiting[take:]
+
+
+def _compact(out: RefillRun, st: _Rows, compaction: Compaction, capacity: int) -> _Rows:
+    """The rows after the compaction the rule asks for (themselves when it does not pay)."""
+    live = st.live()
+    new_rows = compaction.target(len(st.sample), len(live))
+    if new_rows >= len(st.sample):
+        return st
+    out.programs.add(("compact", len(st.sample), new_rows, capacity))
+    keep = live + [live[0]] * (new_rows - len(live))
+    return _Rows([st.sample[r] if j < len(live) else -1 for j, r in enumerate(keep)],
+                 [st.first[r] for r in keep],
+                 [st.left[r] if j < len(live) else 0 for j, r in enumerate(keep)])
 
 
 def _prefill(out: RefillRun, kind: str, lens: dict[int, int], rows: int, end: int,
