@@ -186,6 +186,8 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
     :func:`refill_shape` (a ring at a fixed capacity, or the ``lifetime`` layout growing)."""
     first = list(range(min(rows, len(limits))))
     waiting = list(range(len(first), len(limits))) if refill is not None else []
+    if not waiting:  # nothing to refill: the engine runs an ordinary group
+        refill = None
     ring = refill is not None and refill.layout == "ring"
     if refill is None:
         shape = GroupShape.plan(prompt_lens, limits, min_capacity=min_capacity)
