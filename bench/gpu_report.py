@@ -99,6 +99,8 @@ def render(rows: list[dict[str, Any]], projections: dict[str, str | None]) -> st
             out.append(f"No result ({r['status']}): {r['tail'][-300:]}")
         elif r["item"] == "gpu_tests":
             out.append("JUnit counts: " + ", ".join(f"{k} {v}" for k, v in r["result"].items()))
+        elif "markdown" in r["result"]:  # an experiment that renders its own table (refill)
+            out.append(r["result"]["markdown"])
         elif "rows" in r["result"]:
             out += _kernel_rows(r)
         else:

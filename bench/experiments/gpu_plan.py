@@ -89,6 +89,12 @@ PLAN: tuple[Item, ...] = (
          (*_RL, "--preset", "gpu", "--systems", "padded"),
          (*_RL_DRY, "--systems", "padded"),
          projection="bench/results/projection/rl_step_gpu_h100.json"),
+    Item("refill", 3.0,
+         "refill vs compaction vs padded groups of R on the GPU-sized realistic request, where "
+         "a decode step is memory-bound (replay-projected at 512 samples: refill 1.8x / 1.5x "
+         "faster than compaction at R = 32 / 64; on the 2-core CPU it is slower)",
+         ("bench", "refill", "--preset", "gpu", "--out", "{out}"),
+         ("bench", "refill", "--preset", "quick", "--out", "{out}")),
 )
 
 

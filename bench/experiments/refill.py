@@ -148,8 +148,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("refill", __doc__, PRESETS)
-    p.add_argument("--out", default=None, help="directory for refill.{jsonl,md} (default: "
-                                               "print only)")
+    p.add_argument("--out", default=None, help="directory for refill.{jsonl,md}, or FILE.json "
+                                               "(rows + table; default: print only)")
     return presets.parse(p, PRESETS, argv)
 
 
@@ -162,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     rows += [r for n in args.samples for k in args.rows if k < n for r in measure(g, n, k)]
     md = f"`{presets.command('refill', argv)}`\n\n{table(rows)}"
     print(md)
-    if args.out:
+    if args.out and args.out.endswith(".json"):  # one file (the GPU plan's item result)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"rows": rows, "markdown": md}))
+    elif args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "refill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
