@@ -47,7 +47,7 @@ def _nll_padded(model, seqs):
         per_seq = jnp.sum(jnp.where(mask, tgt, 0.0), axis=1) / jnp.maximum(lens - 1, 1)
         return -jnp.mean(per_seq)
 
-    return jax.value_and_grad(loss)(state)
+    return jax.jit(jax.value_and_grad(loss))(state)  # eager would compile every op
 
 
 def _nll_packed(engine, model, seqs):
@@ -70,7 +70,7 @@ def _nll_packed(engine, model, seqs):
         tgt = jnp.take_along_axis(lp, jnp.asarray(nxt)[..., None], axis=-1)[..., 0]
         return -jnp.sum(jnp.where(valid, tgt * weight, 0.0)) / len(seqs)
 
-    val, g = jax.value_and_grad(loss)(leaves)
+    val, g = jax.jit(jax.value_and_grad(loss))(leaves)
     return val, jax.tree_util.tree_unflatten(treedef, g)
 
 
