@@ -3,8 +3,8 @@
 What must hold (issue 30): a sample's tokens and log-probs depend only on (seed, sample, position)
 — not on which row or refill wave ran it — so generation with refill on equals generation with
 it off, greedy and sampled, with EOS, for every store kind: growing stores (wrapping rings
-under refill), window rings (zoo Gemma-like, ``PlainLM`` window layers) and a recurrent state
-(``PlainLM`` linear layers). Oracles: the same request with refill off (every row resident), and
+under refill), window rings (zoo Gemma-like, ``PlainLM`` window layers), a recurrent state
+(``PlainLM`` linear layers), block rings and user-sized (``max_len``) stores (DecoderLM). Oracles: the same request with refill off (every row resident), and
 the plain model re-run on the whole sequence (``plain_greedy`` / ``naive_generate``, no shared
 code with the runtime). The policy's replay is checked for conservation (every position is
 needed or wasted by a named cause) on hypothesis-drawn requests.
@@ -12,6 +12,7 @@ needed or wasted by a named cause) on hypothesis-drawn requests.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cache
 
 import numpy as np
@@ -115,6 +116,33 @@ def test_a_refill_that_ends_at_its_first_token_frees_its_row_again() -> None:
     got = engine("gemmaish", 2).generate(prompts, cfg)
     assert [len(t) for t in got.tokens] == [1, 1, 1, 1, 4, 1]
     assert_same(want, got)
+
+
+@pytest.mark.parametrize("kind", ["block", "fixed"])
+def test_block_and_user_sized_stores_refill_too(kind: str) -> None:
+    """The store kinds the zoo models do not plan: block rings (``Block`` pattern) and stores
+    the user sized (``max_len``: fixed, wrapping under refill), on the library's DecoderLM;
+    sampled with EOS, refill on equals off. A row over ``max_len`` is still refused by row."""
+    from flax import nnx
+
+    from jaxrl_sym.models.lm import DecoderLM, preset
+    from jaxrl_sym.ops.attention import Block
+
+    patterns = (Block(4), Block(4)) if kind == "block" else preset("tiny").patterns
+    model = DecoderLM(dataclasses.replace(preset("tiny"), patterns=patterns),
+                      rngs=nnx.Rngs(2))
+    max_len = None if kind == "block" else 40
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(1, 60, int(k)).astype(np.int32) for k in (3, 9, 1, 6, 12, 4, 7)]
+    cfg = GenerationConfig(max_new_tokens=(9, 4, 12, 6, 3, 10, 5), temperature=1.0, seed=2,
+                           eos_id=7)
+    opts = EngineOptions(min_capacity=4, compact_min_rows=1, max_len=max_len)
+    want = SymbolicLM(model, opts).generate(prompts, cfg)
+    lm = SymbolicLM(model, opts.replace(microbatch_rows=2, refill=True))
+    assert_same(want, lm.generate(prompts, cfg))
+    if max_len is not None:
+        with pytest.raises(InputError, match="max_len=40: row 4 needs"):
+            lm.generate(prompts, dataclasses.replace(cfg, max_new_tokens=(9, 4, 12, 6, 30, 10, 5)))
 
 
 def test_refill_settings_are_refused_by_name() -> None:

@@ -85,7 +85,7 @@ class DecodeGroup:
             every = [*group, *self.waiting]
             self.shape = refill_shape([len(prompts[i]) for i in every],
                                       [int(limits[i]) for i in every], len(group),
-                                      plan.row_multiple)
+                                      plan.row_multiple, plan.options.max_len)
         else:
             self.shape = plan.group_shape([len(prompts[i]) for i in group],
                                           [limits[i] for i in group])

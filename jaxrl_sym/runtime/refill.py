@@ -99,12 +99,15 @@ def grown(capacity: int, need: int, bound: int) -> int:
 
 
 def refill_shape(prompt_lens: Sequence[int], limits: Sequence[int], rows: int,
-                 row_multiple: int = 1) -> GroupShape:
+                 row_multiple: int = 1, max_len: int | None = None) -> GroupShape:
     """The geometry of a refilling group of ``rows`` resident rows over every sample it will
     run: the prompt block fits the longest prompt (a refilled prompt ends at the write slot,
     which is never before the block's end), and the growing stores are rings fixed at the
     longest span any sample needs — its prompt plus its limit — on the length grid, so they
-    never grow however many waves the group runs (``total`` is never reached: no growth)."""
+    never grow however many waves the group runs (``total`` is never reached: no growth).
+    ``max_len``: the user's cap on prompt + response, refused by row as without refill."""
+    if max_len is not None:
+        GroupShape.plan(prompt_lens, limits, min_capacity=1, max_len=max_len)
     pcap = length_bucket(max(prompt_lens))
     span = max(int(n) + int(m) for n, m in zip(prompt_lens, limits, strict=True))
     return GroupShape(row_bucket(rows, row_multiple), pcap, pcap + span, length_bucket(span))
