@@ -33,7 +33,7 @@ from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch
 from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache
-from jaxrl_sym.runtime.refill import Refill, refill_shape
+from jaxrl_sym.runtime.refill import REFILL_PACK_PER_OCTAVE, Refill, refill_shape
 from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
@@ -388,7 +388,8 @@ class DecodeGroup:
         # their prompts end just before the slot the next decode step writes
         pk = PackedPrompts.build(by_slot, self.shape.prompt_slots + self.steps_done,
                                  vocab=self.plan.vocab_size,
-                                 logits_bytes=self.cfg.prefill_logits_bytes)
+                                 logits_bytes=self.cfg.prefill_logits_bytes,
+                                 per_octave=REFILL_PACK_PER_OCTAVE)
         self.work.computed += pk.positions_computed
         self.work.needed += pk.prompt_tokens
         self.work.add("packing", pk.positions_computed - pk.prompt_tokens)

@@ -60,19 +60,20 @@ def _ffd(order: Sequence[int], size: Sequence[int], length: int
     return place, fill
 
 
-def _pack(order: Sequence[int], size: Sequence[int], lens: Sequence[int], pack_row: int
+def _pack(order: Sequence[int], size: Sequence[int], lens: Sequence[int], pack_row: int,
+          per_octave: int = PACK_PER_OCTAVE
           ) -> tuple[int, dict[int, tuple[int, int]], list[int]]:
     """Row length and placement: the shortest grid length (within :data:`PACK_TRIES` steps of
     an even split) at which the prompts fit ``ceil(total / pack_row)`` rows; else more rows."""
     n_rows = -(-sum(lens) // pack_row)
     floor = min(PACK_MIN, pack_row)
     first = length = length_bucket(max(max(lens), -(-sum(lens) // n_rows)),
-                                   per_octave=PACK_PER_OCTAVE, minimum=floor)
+                                   per_octave=per_octave, minimum=floor)
     for _ in range(PACK_TRIES):
         place, fill = _ffd(order, size, length)
         if len(fill) <= n_rows:
             return length, place, fill
-        length = length_bucket(length + 1, per_octave=PACK_PER_OCTAVE, minimum=floor)
+        length = length_bucket(length + 1, per_octave=per_octave, minimum=floor)
     place, fill = _ffd(order, size, first)
     return first, place, fill
 
@@ -112,11 +113,13 @@ class PackedPrompts:
 
     @staticmethod
     def build(prompts: Sequence[np.ndarray | None], pcap: int, *, vocab: int,
-              logits_bytes: int, pack_row: int | None = PACK_ROW) -> PackedPrompts:
+              logits_bytes: int, pack_row: int | None = PACK_ROW,
+              per_octave: int = PACK_PER_OCTAVE) -> PackedPrompts:
         """Pack the prompts of batch slots ``0..R-1`` (None: a filler slot); chunks of packed
-        rows keep their fp32 logits under ``logits_bytes``. The row count is rounded up on the
-        16-per-octave grid (empty rows are packing tail), so requests whose prompt totals drift
-        share prefill programs.
+        rows keep their fp32 logits under ``logits_bytes``. Row length and count are rounded up
+        on a grid of ``per_octave`` steps per octave (empty rows are packing tail), so requests
+        whose prompt totals drift share prefill programs. ``pcap``: the slot each prompt ends
+        just before (the prompt block's width, or a refill's write slot).
 
         Identical prompts (a GRPO group's G samples of one prompt) are packed once: the copies'
         ``source`` names the first slot holding that prompt, their ``last`` its last token, so
@@ -129,8 +132,8 @@ class PackedPrompts:
         # default rows: the longest prompt's; a request of at most PACK_MIN tokens: one row
         row = pack_row or (PACK_MIN if sum(lens) <= PACK_MIN else max(lens))
         length, place, fill = _pack(order, [len(p) if p is not None else 0 for p in prompts],
-                                    lens, row)
-        used = length_bucket(len(fill), per_octave=PACK_PER_OCTAVE, minimum=1)
+                                    lens, row, per_octave)
+        used = length_bucket(len(fill), per_octave=per_octave, minimum=1)
         g = max(1, min(logits_bytes // (4 * length * vocab), used))
         n_rows = -(-used // g) * g
         tokens = np.zeros((n_rows, length), np.int32)
