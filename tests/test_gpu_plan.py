@@ -25,7 +25,7 @@ def _plan(*args: str) -> subprocess.CompletedProcess:
 def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> None:
     # the fp32 items run rlft_step with the flags the bf16 item covers; the bf16 item runs
     # both systems, LoRA and bf16-mixed: one of each code path
-    items = "gpu_tests,rl_step_bf16mixed_lora16,decode_kernel_batch1"
+    items = "gpu_tests,rl_step_bf16mixed_lora16,decode_kernel_batch1,refill"
     proc = _plan("--dry-run", "--out", str(tmp_path), "--only", items, "--commit", "feedbee")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(x) for x in (tmp_path / "plan.jsonl").read_text().splitlines()]
@@ -43,11 +43,15 @@ def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> 
     # a GPU-only experiment says why it did not run, and the row says skipped
     assert by["decode_kernel_batch1"]["status"] == "skipped"
     assert "needs a GPU" in by["decode_kernel_batch1"]["tail"]
+    # refill: the replay and the measured rows, sym with and without refill beside padded
+    systems_run = {r["system"] for r in by["refill"]["result"]["rows"] if r["part"] == "measured"}
+    assert systems_run == {"sym compaction", "sym refill", "padded (groups of R)"}
     # the item's own result file is folded into the row (the device returns 8 files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.jsonl", "plan.log"]
     md = gpu_report.write(tmp_path / "plan.jsonl",
                           {i.name: i.projection for i in gpu_plan.PLAN}).read_text()
     assert "| sym |" in md and "| padded |" in md and "(miss)" in md
+    assert "| sym refill |" in md
 
 
 def test_items_that_no_longer_fit_the_budget_are_skipped_not_started(tmp_path: Path) -> None:
