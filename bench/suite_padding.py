@@ -4,7 +4,7 @@ Why from the request and not measured: the work each system launches is a determ
 of the prompt lengths, the per-row limits and its own buffer policy, so counting it on the host is
 exact and costs nothing. For the symbolic runtime the count calls the host loop's own policy
 (:mod:`jaxrl_sym.runtime.policy`: aligned microbatches, row buckets, decode tiles, compaction,
-geometric growth of growing stores; :mod:`jaxrl_sym.runtime.prefill`: packing) — the same
+geometric growth of growing stores; :mod:`jaxrl_sym.runtime.packing`: packing) — the same
 functions the engine executes, not a copy of them.
 
 Two fractions, both "computed but not needed / computed":
