@@ -35,3 +35,11 @@ def peer_report(report: dict[str, Any], command: str, out: str | None) -> None:
     if out:
         Path(out).write_text(text)
     print(text)
+
+
+def write_table(out: str | Path, stem: str, rows: list[dict[str, Any]], md: str) -> None:
+    """An experiment's rows as ``out/stem.jsonl`` and its rendered table as ``out/stem.md``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / f"{stem}.md").write_text(md + "\n")

@@ -32,6 +32,7 @@ from typing import Any
 from bench import presets
 from bench.experiments.suite import grid
 from bench.projection import devices
+from bench.record import write_table
 from bench.requests import realistic_request
 from jaxrl_sym import systems
 from jaxrl_sym.runtime.engine import SymbolicLM
@@ -166,8 +167,5 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"rows": rows, "markdown": md}))
     elif args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "refill.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (out / "refill.md").write_text(md + "\n")
+        write_table(args.out, "refill", rows, md)
     return 0

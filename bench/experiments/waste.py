@@ -18,15 +18,14 @@ padded's.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench import presets
 from bench.experiments.suite import grid
+from bench.record import write_table
 from bench.requests import realistic_request as request
 from jaxrl_sym import systems
 from jaxrl_sym.runtime.engine import SymbolicLM
@@ -124,8 +123,5 @@ def main(argv: list[str] | None = None) -> int:
           f"Decode key slots:\n\n{key_table(rows)}")
     print(md)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "waste_realistic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (out / "waste_realistic.md").write_text(md + "\n")
+        write_table(args.out, "waste_realistic", rows, md)
     return 0
