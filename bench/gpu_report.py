@@ -72,10 +72,12 @@ def _kernel_rows(row: dict[str, Any]) -> list[str]:
     info = row["result"]["info"]
     lines = [f"Copy bandwidth {info['copy_gbps']:.0f} GB/s (read+write); L2 flushed "
              f"({info['flush_bytes'] >> 20} MiB) before every launch.", "",
-             "| dtype | heads q/kv/d | batch | length | splits | us | KV MB | GB/s | % copy |",
-             "|" + "---|" * 9]
+             "| variant | dtype | heads q/kv/d | batch | length | splits | us | KV MB | GB/s "
+             "| % copy |",
+             "|" + "---|" * 10]
     for k in row["result"]["rows"]:
-        lines.append(f"| {k['dtype']} | {k['hq']}/{k['hkv']}/{k['d']} | {k['batch']} | "
+        lines.append(f"| {k.get('variant', 'before')} | {k['dtype']} | "
+                     f"{k['hq']}/{k['hkv']}/{k['d']} | {k['batch']} | "
                      f"{k['length']} | {k['splits']} | {k['us']:.1f} | {k['kv_mb']:.1f} | "
                      f"{k['gbps']:.0f} | {k['pct_copy']:.1f} |")
     return lines

@@ -19,6 +19,21 @@ WHY a head group per program: with grouped-query attention the ``Hq // Hkv`` que
 a kv head read the same keys; loading K/V once per group divides the memory traffic (the whole
 cost of decode) by the group size. The group is padded to ``BLOCK_H >= 16`` rows so the scores
 are a ``tl.dot`` (tensor cores need M >= 16); padded rows are masked.
+
+WHY the combine in the last program (:func:`decode_split_combine_kernel`): at batch 1 the whole
+step is a few microseconds of bytes, so a second launch for the combine (plus its wait for the
+whole split grid) is a large share of it. Each split program stores its partial state, then takes
+a ticket from a per-(row, kv head) counter (an atomic, zeroed before the launch); the program
+that draws the last ticket has seen every other split's release and combines the group's
+partials itself. One launch per decode step at any split count.
+
+WHY ``LIVE_LOADS``: with positions loaded first and K/V loads predicated on visibility, every
+K/V load waits for its position load, a dependent round trip to memory per block. When every
+live slot is (or is an empty slot that would be) visible — a causal store, or a ring no longer
+than its window — the loads are predicated on the live range only and issue at once; the scores
+are still masked by position, and values of invisible slots are zeroed after the load, so empty
+slots holding garbage (even NaN) cannot leak. For a window over a long append-only store the
+predicated loads stay: they skip the bytes outside the window.
 """
 
 from __future__ import annotations
@@ -56,6 +71,7 @@ def decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     F32_DOT: tl.constexpr,
+    LIVE_LOADS: tl.constexpr,
 ):
     """One (row b, kv head, split) program: partial softmax over a chunk of the live slots.
 
@@ -64,6 +80,74 @@ def decode_split_kernel(
     no reduce launch follows: ``acc`` is then ``[B, HQ, 1, DV]`` in the output dtype and holds the
     normalised result (one launch per decode step instead of two).
     """
+    _split_program(q_ptr, k_ptr, v_ptr, kvpos_ptr, qpos_ptr, nlive_ptr, m_ptr, l_ptr, acc_ptr,
+                   CAP, HQ, HKV, D, DV, NUM_SPLITS, LOOKBACK, PERIOD, QK_SCALE, SCALE, SOFTCAP,
+                   BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT, LIVE_LOADS)
+
+
+@triton.jit
+def decode_split_combine_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    kvpos_ptr,
+    qpos_ptr,
+    nlive_ptr,
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    o_ptr,
+    ticket_ptr,
+    CAP: tl.constexpr,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    LOOKBACK: tl.constexpr,
+    PERIOD: tl.constexpr,
+    QK_SCALE: tl.constexpr,
+    SCALE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    LIVE_LOADS: tl.constexpr,
+):
+    """:func:`decode_split_kernel` and :func:`decode_reduce_kernel` in one launch
+    (``NUM_SPLITS > 1``): each program stores its partial state, then draws a ticket from the
+    counter of its (row, kv head) (``ticket_ptr [B * HKV]`` int32, zero at launch); the program
+    with the last ticket combines the group's ``HQ // HKV`` query heads into ``o [B, HQ, DV]``.
+
+    Ordering: the barrier makes all of this program's partial stores happen before its ticket
+    (acquire-release, GPU scope); the last ticket's acquire then orders every other split's
+    stores before its loads, which go to L2 (``.cg``), not to a possibly stale L1.
+    """
+    _split_program(q_ptr, k_ptr, v_ptr, kvpos_ptr, qpos_ptr, nlive_ptr, m_ptr, l_ptr, acc_ptr,
+                   CAP, HQ, HKV, D, DV, NUM_SPLITS, LOOKBACK, PERIOD, QK_SCALE, SCALE, SOFTCAP,
+                   BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT, LIVE_LOADS)
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + b * HKV + hk, 1, sem="acq_rel", scope="gpu")
+    if ticket == NUM_SPLITS - 1:
+        for g in tl.static_range(HQ // HKV):
+            _combine_row(m_ptr, l_ptr, acc_ptr, o_ptr, b.to(tl.int64) * HQ + hk * (HQ // HKV) + g,
+                         DV, NUM_SPLITS, BLOCK_DV)
+
+
+@triton.jit
+def _split_program(q_ptr, k_ptr, v_ptr, kvpos_ptr, qpos_ptr, nlive_ptr, m_ptr, l_ptr, acc_ptr,
+                   CAP: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                   DV: tl.constexpr, NUM_SPLITS: tl.constexpr, LOOKBACK: tl.constexpr,
+                   PERIOD: tl.constexpr, QK_SCALE: tl.constexpr, SCALE: tl.constexpr,
+                   SOFTCAP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr,
+                   LIVE_LOADS: tl.constexpr):
+    """The (row, kv head, split) program's partial state over its chunk, stored (see
+    :func:`_store_split`)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -78,7 +162,7 @@ def decode_split_kernel(
     m_i, l_i, acc = _attend_chunk(
         q, k_ptr + b64 * (CAP * HKV * D) + hk * D, v_ptr + b64 * (CAP * HKV * DV) + hk * DV,
         kvpos_ptr + b64 * CAP, qpos, lo, hi, HKV, D, DV, LOOKBACK, PERIOD, QK_SCALE, SCALE,
-        SOFTCAP, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT)
+        SOFTCAP, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT, LIVE_LOADS)
     _store_split(m_ptr, l_ptr, acc_ptr, m_i, l_i, acc, b64 * HQ + heads, h_mask, sp, DV,
                  NUM_SPLITS, BLOCK_DV)
 
@@ -116,9 +200,11 @@ def _attend_chunk(q, k_base, v_base, kvpos_row, qpos, lo, hi, HKV: tl.constexpr,
                   D: tl.constexpr, DV: tl.constexpr, LOOKBACK: tl.constexpr,
                   PERIOD: tl.constexpr, QK_SCALE: tl.constexpr, SCALE: tl.constexpr,
                   SOFTCAP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr):
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr,
+                  LIVE_LOADS: tl.constexpr):
     """The partial softmax state ``(m, l, acc)`` of the query group over slots ``[lo, hi)`` of
-    one row and kv head (``k_base`` / ``v_base`` / ``kvpos_row``: that row's and head's start)."""
+    one row and kv head (``k_base`` / ``v_base`` / ``kvpos_row``: that row's and head's start);
+    K/V loads predicated on the live range (``LIVE_LOADS``) or on visibility (module docstring)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -129,18 +215,24 @@ def _attend_chunk(q, k_base, v_base, kvpos_row, qpos, lo, hi, HKV: tl.constexpr,
         n = start + offs_n
         kpos = tl.load(kvpos_row + n, mask=n < hi, other=-1)
         valid = visible(qpos, kpos, LOOKBACK, PERIOD)
-        # Masked-off slots (empty, outside the window/block) are not fetched: a predicated-off
-        # load moves no bytes, so a window over a long append-only store reads ~w slots of K/V.
+        if LIVE_LOADS:  # noqa: SIM108 (a constexpr branch: one side is compiled)
+            fetch = n < hi  # issued without waiting for kpos; the scores are masked below
+        else:
+            # Masked-off slots (empty, outside the window/block) are not fetched: a predicated-
+            # off load moves no bytes, so a window over a long append-only store reads ~w slots.
+            fetch = valid
         k = tl.load(
             k_base + n[:, None] * (HKV * D) + offs_d[None, :],
-            mask=valid[:, None] & (offs_d < D)[None, :],
+            mask=fetch[:, None] & (offs_d < D)[None, :],
             other=0.0,
         )
         v = tl.load(
             v_base + n[:, None] * (HKV * DV) + offs_dv[None, :],
-            mask=valid[:, None] & (offs_dv < DV)[None, :],
+            mask=fetch[:, None] & (offs_dv < DV)[None, :],
             other=0.0,
         )
+        if LIVE_LOADS:
+            v = tl.where(valid[:, None], v, 0.0)  # an empty slot's garbage (NaN) times p = 0
         m_i, l_i, acc = online_softmax(q, k, v, valid[None, :], m_i, l_i, acc, QK_SCALE, SCALE,
                                        SOFTCAP, F32_DOT)
     return m_i, l_i, acc
@@ -190,16 +282,25 @@ def decode_reduce_kernel(
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
-    row = b.to(tl.int64) * HQ + h
+    _combine_row(m_ptr, l_ptr, acc_ptr, o_ptr, b.to(tl.int64) * HQ + h, DV, NUM_SPLITS,
+                 BLOCK_DV)
+
+
+@triton.jit
+def _combine_row(m_ptr, l_ptr, acc_ptr, o_ptr, row, DV: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                 BLOCK_DV: tl.constexpr):
+    """The output of (row, query head) index ``row`` from its ``NUM_SPLITS`` partial states
+    (:func:`decode_reduce_kernel`'s formula); the loads bypass L1 (written by other programs)."""
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_dv = tl.arange(0, BLOCK_DV)
     dv_mask = offs_dv < DV
-    m = tl.load(m_ptr + row * NUM_SPLITS + offs_s)
-    l_s = tl.load(l_ptr + row * NUM_SPLITS + offs_s)
+    m = tl.load(m_ptr + row * NUM_SPLITS + offs_s, cache_modifier=".cg")
+    l_s = tl.load(l_ptr + row * NUM_SPLITS + offs_s, cache_modifier=".cg")
     acc = tl.load(
         acc_ptr + (row * NUM_SPLITS + offs_s)[:, None] * DV + offs_dv[None, :],
         mask=dv_mask[None, :],
         other=0.0,
+        cache_modifier=".cg",
     )
     m_max = tl.max(m, 0)
     m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)

@@ -33,7 +33,7 @@ def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> 
     by = {r["item"]: r for r in rows}
     assert all(r["commit"] == "feedbee" and r["dry_run"] and r["versions"]["jax"] for r in rows)
     # the gpu tests are collected here and skip without a GPU (none failed, none missing)
-    assert by["gpu_tests"]["result"] == {"tests": 6, "failures": 0, "errors": 0, "skipped": 6}
+    assert by["gpu_tests"]["result"] == {"tests": 8, "failures": 0, "errors": 0, "skipped": 8}
     rl = by["rl_step_bf16mixed_lora16"]["result"]
     assert rl["config"]["precision"] == "bf16-mixed" and rl["config"]["lora_rank"] == 4
     for system in ("sym", "padded"):
@@ -75,3 +75,17 @@ def test_report_of_the_committed_h100_run_keeps_its_numbers() -> None:
     md = gpu_report.render(gpu_report.load(plan), {i.name: i.projection for i in gpu_plan.PLAN})
     assert "| sym | 5.87 | 3.69 | 0.02 | 2.16 | 9.41 | 11.69 (+24%)" in md
     assert "| padded | 18.72 |" in md  # the rerun's row replaces the budget-skipped one
+
+
+def test_kernel_rows_render_each_variant() -> None:
+    """The decode-kernel item measures the kernel now beside the first run's layout; the report
+    keeps both rows apart (rows of the committed first run carry no variant: 'before')."""
+    row = {"variant": "now", "dtype": "bfloat16", "hq": 14, "hkv": 2, "d": 64, "batch": 1,
+           "length": 4096, "splits": 32, "us": 9.5, "kv_mb": 2.1, "gbps": 221.0,
+           "pct_copy": 8.0}
+    old = {k: v for k, v in row.items() if k != "variant"} | {"splits": 16, "us": 14.0}
+    result = {"info": {"copy_gbps": 2760.0, "flush_bytes": 128 << 20}, "rows": [row, old]}
+    lines = gpu_report._kernel_rows({"result": result})
+    assert any(x.startswith("| now | bfloat16 | 14/2/64 | 1 | 4096 | 32 | 9.5 |") for x in lines)
+    assert any(x.startswith("| before | bfloat16 | 14/2/64 | 1 | 4096 | 16 | 14.0 |")
+               for x in lines)

@@ -16,6 +16,12 @@ without the kernel is timed too; the kernel's time is the difference per iterati
 queued ahead of the GPU, so host dispatch is not in the figure; the kernel launches (split and
 combine) are, as they are in a decode step. The op timed is ``triton_ops.decode_attention`` itself:
 the runtime's own split policy and launch path.
+
+Variants (``--variants``), each row measured in each, side by side: ``now`` is the kernel as the
+runtime calls it (splits of at least 2 blocks, the combine in the split launch, K/V loads not
+waiting on positions for a causal store); ``before`` is the layout the first H100 run measured
+(splits of at least 4 blocks, a second launch for the combine, every K/V load predicated on its
+position), so one run says what the batch-1 work (issue 31, item 4) bought.
 """
 
 from __future__ import annotations
@@ -41,10 +47,10 @@ FLUSH_BYTES = 128 << 20
 # heads: Hq/Hkv/D triples: MHA (GPT-2-like), GQA 4:1 (Llama-like), GQA 7:1 (Qwen2.5-0.5B)
 _ALL = {"lengths": "1024,2048,4096,8192,16384,32768", "batches": "1,64",
         "dtypes": ("bfloat16", "float32"), "heads": ("16/16/64", "32/8/128", "14/2/64"),
-        "iters": 30, "reps": 5, "out": None}
+        "iters": 30, "reps": 5, "out": None, "variants": "now,before"}
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {**_ALL, "lengths": "1024", "batches": "1", "dtypes": ("bfloat16",),
-              "heads": ("16/16/64",), "iters": 10, "reps": 3},
+              "heads": ("16/16/64",), "iters": 10, "reps": 3, "variants": "now"},
     "full": _ALL,
     "gpu": _ALL,
 }
@@ -105,8 +111,16 @@ def chained_seconds(
     return (t1 - t0) / n
 
 
+VARIANTS: dict[str, dict[str, Any]] = {
+    "now": {},
+    "before": {"combine": "launch", "live_loads": False, "min_blocks": 4},
+}
+"""``decode_attention`` keywords per variant (``min_blocks`` picks the split count)."""
+
+
 @dataclass(frozen=True)
 class Row:
+    variant: str
     dtype: str
     hq: int
     hkv: int
@@ -121,7 +135,7 @@ class Row:
 
 
 def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_bw: float,
-              n: int, reps: int) -> Row:
+              n: int, reps: int, variant: str = "now") -> Row:
     from jaxrl_sym.backends import triton_ops
     from jaxrl_sym.ops.attention import Causal
 
@@ -133,14 +147,17 @@ def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_b
     kv_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
     q_pos = jnp.full((b,), length - 1, jnp.int32)
     n_live = jnp.full((b,), length, jnp.int32)
-    op = lambda *a: triton_ops.decode_attention(*a, pattern=Causal())
+    kw = dict(VARIANTS[variant])
+    min_blocks = kw.pop("min_blocks", None)
+    splits = (triton_ops._num_splits(b, hkv, length, 64) if min_blocks is None
+              else triton_ops._num_splits(b, hkv, length, 64, min_blocks))
+    op = lambda *a: triton_ops.decode_attention(*a, pattern=Causal(), num_splits=splits, **kw)
     t = chained_seconds(op, q, (k, v, kv_pos, q_pos, n_live), n, reps)
     kv_bytes = 2 * b * length * hkv * d * dt.itemsize
     bw = kv_bytes / t
-    splits = triton_ops._num_splits(b, hkv, length, 64)
     del k, v
-    return Row(dt.name, hq, hkv, d, b, length, splits, t * 1e6, kv_bytes / 1e6, bw / 1e9,
-               100 * bw / copy_bw)
+    return Row(variant, dt.name, hq, hkv, d, b, length, splits, t * 1e6, kv_bytes / 1e6,
+               bw / 1e9, 100 * bw / copy_bw)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,8 +165,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("decode_kernel", __doc__, PRESETS)
     p.add_argument("--lengths", default=None, help="comma-separated K/V lengths")
     p.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated kernel variants, of {', '.join(VARIANTS)}")
     p.add_argument("--out", default=None, help="also write rows and the device info here (JSON)")
-    return presets.parse(p, PRESETS, argv)
+    args = presets.parse(p, PRESETS, argv)
+    unknown = sorted(set(presets.csv(args.variants, str)) - set(VARIANTS))
+    if unknown:
+        p.error(f"--variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,19 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     device = jax.devices()[0].device_kind
     print(f"device: {device}; copy bandwidth (read+write) {copy_bw / 1e9:.0f} GB/s; "
           f"L2 flushed ({FLUSH_BYTES >> 20} MiB) before every launch")
-    print(f"{'dtype':>8} {'heads':>9} {'B':>3} {'length':>6} {'splits':>6} {'us':>8} "
-          f"{'KV MB':>8} {'GB/s':>6} {'%copy':>6}")
+    variants = presets.csv(args.variants, str)
+    print(f"{'variant':>7} {'dtype':>8} {'heads':>9} {'B':>3} {'length':>6} {'splits':>6} "
+          f"{'us':>8} {'KV MB':>8} {'GB/s':>6} {'%copy':>6}")
     rows = []
     for dtype in args.dtypes:
         for heads in args.heads:
             hq, hkv, d = (int(x) for x in heads.split("/"))
             for b in presets.csv(args.batches, int):
                 for length in presets.csv(args.lengths, int):
-                    r = bench_one(b, length, hq, hkv, d, dtype, copy_bw, args.iters, args.reps)
-                    rows.append(r)
-                    print(f"{r.dtype:>8} {heads:>9} {b:>3} {length:>6} {r.splits:>6} "
-                          f"{r.us:>8.1f} {r.kv_mb:>8.1f} {r.gbps:>6.0f} {r.pct_copy:>5.0f}%",
-                          flush=True)
+                    for variant in variants:
+                        r = bench_one(b, length, hq, hkv, d, dtype, copy_bw, args.iters,
+                                      args.reps, variant)
+                        rows.append(r)
+                        print(f"{variant:>7} {r.dtype:>8} {heads:>9} {b:>3} {length:>6} "
+                              f"{r.splits:>6} {r.us:>8.1f} {r.kv_mb:>8.1f} {r.gbps:>6.0f} "
+                              f"{r.pct_copy:>5.0f}%", flush=True)
     if args.out:
         info = {"device": device, "copy_gbps": copy_bw / 1e9, "flush_bytes": FLUSH_BYTES,
                 "jax": jax.__version__, "date": time.strftime("%Y-%m-%d"),

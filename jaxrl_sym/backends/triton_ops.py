@@ -7,10 +7,9 @@
 * :func:`linear_decode` / :func:`linear_packed` — linear attention (phi = elu + 1), recurrent step
   and chunked packed forward.
 
-All run under ``jax.jit`` (the lengths are device arrays, so one compile serves every length up to
-the capacity), on a GPU through jax-triton or on the CPU through Triton's interpreter (see
-:mod:`jaxrl_sym.backends.launch`). Semantics are those of
-:func:`jaxrl_sym.ops.attention.reference_attention`; the tests check them against it.
+All run under ``jax.jit`` (lengths are device arrays: one compile for every length up to the
+capacity), on a GPU via jax-triton or on the CPU in Triton's interpreter (:mod:`.launch`), with
+:func:`jaxrl_sym.ops.attention.reference_attention`'s semantics (the tests check them against it).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +30,6 @@ from kernels import LOG2E
 _TARGET_PROGRAMS = 512
 """Split-K aims for ~4 programs per SM of an H100 (132 SMs): enough to hide memory latency."""
 _MAX_SPLITS = 64
-_INT32_MAX = 2**31 - 1
 
 
 def _pow2(n: int) -> int:
@@ -88,23 +86,38 @@ def _check_int32(op: str, **arrays: jax.Array) -> None:
 
 def _check_size(op: str, *shapes: tuple[int, ...]) -> None:
     for s in shapes:
-        if math.prod(s) > _INT32_MAX:
+        if math.prod(s) >= 2**31:  # int32 element offsets
             raise InputError(f"{op}(): an array of shape {s} exceeds the kernels' int32 indexing")
 
 
 # --------------------------------------------------------------------------- decode attention
 
 
-def _num_splits(batch: int, kv_heads: int, capacity: int, block_n: int) -> int:
+_MIN_SPLIT_BLOCKS = 2
+"""Blocks per split at least (was 4: at batch 1, GPT-2's 12 kv heads x 4 splits = 48 programs on
+132 SMs at 1k slots); 2 doubles the programs while each writes ~1/8 of what it reads."""
+
+
+def _num_splits(batch: int, kv_heads: int, capacity: int, block_n: int,
+                min_blocks: int = _MIN_SPLIT_BLOCKS) -> int:
     """Static number of split-K chunks from the capacity and the grid's other dimensions.
 
     Enough (row, kv head, split) programs to fill the GPU (~4 per SM), never more splits than
-    there are 4-block chunks in the capacity, a power of two (the reduce kernel's tl.arange).
+    there are ``min_blocks``-block chunks in the capacity, a power of two (the combine's
+    tl.arange).
     """
     want = max(1, -(-_TARGET_PROGRAMS // max(1, batch * kv_heads)))
-    cap = max(1, capacity // (4 * block_n))
+    cap = max(1, capacity // (min_blocks * block_n))
     n = min(want, cap, _MAX_SPLITS)
     return 1 << (n.bit_length() - 1)
+
+
+def _live_loads(mask: KernelMask, capacity: int) -> bool:
+    """Every live slot of a store this long may be visible (causal; a ring no longer than its
+    window or block): K/V loads need not wait for positions, and skip no byte by waiting."""
+    reach = [x for x in ((mask.lookback + 1) if mask.lookback is not None else None, mask.period)
+             if x is not None]
+    return all(capacity <= r for r in reach)
 
 
 def _check_decode_args(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_pos: jax.Array,
@@ -151,6 +164,8 @@ def decode_attention(
     softcap: float = 0.0,
     num_splits: int | None = None,
     block_n: int = 64,
+    combine: Literal["in_split", "launch"] = "in_split",
+    live_loads: bool | None = None,
 ) -> jax.Array:
     """Attention of one query token per row over a slot store; returns ``[B, Hq, Dv]`` in q.dtype.
 
@@ -165,37 +180,58 @@ def decode_attention(
       softcap: attention-logit soft-capping ``c * tanh(s / c)`` (0 = none), as ``attend``.
       num_splits: split-K chunks (a power of two); default from the capacity and B * Hkv.
       block_n: slots per inner step (power of two >= 16).
+      combine: ``"in_split"``: the last split program of each row and kv head combines (one
+        launch); ``"launch"``: a second kernel does (the old layout, kept for GPU A/B runs).
+      live_loads: K/V loads of every live slot not waiting for positions (True), or of visible
+        slots only (False); default :func:`_live_loads`. Same results; bytes and latency differ.
 
     Semantics: ``reference_attention`` with Tq = 1 and one segment over slots ``[0, n_live)``; a
     query with position < 0 or without any visible key gets 0.
     """
     op = "decode_attention"
     mask = _kernel_mask(pattern, op)
-    b, hq, d = q.shape
+    _, hq, d = q.shape
     _, cap, hkv, _ = k_store.shape
     dv = v_store.shape[-1]
     num_splits = _check_decode_args(q, k_store, v_store, kv_pos, q_pos, n_live, block_n,
                                     num_splits)
+    if combine not in ("in_split", "launch"):
+        raise InputError(f"{op}(): combine must be 'in_split' or 'launch', got {combine!r}")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    kmod = _launch.import_kernels("decode_attention")
-    block_dv = _block(dv)
     consts = dict(
         CAP=cap, HQ=hq, HKV=hkv, D=d, DV=dv, NUM_SPLITS=num_splits, **mask.constexprs(),
         QK_SCALE=scale * LOG2E, SCALE=scale, SOFTCAP=float(softcap),
         BLOCK_H=max(16, _pow2(hq // hkv)), BLOCK_N=block_n, BLOCK_D=_block(d),
-        BLOCK_DV=block_dv, F32_DOT=_f32_dot(q.dtype),
+        BLOCK_DV=_block(dv), F32_DOT=_f32_dot(q.dtype),
+        LIVE_LOADS=_live_loads(mask, cap) if live_loads is None else bool(live_loads),
     )
+    return _launch_decode((q, k_store, v_store, kv_pos, q_pos, n_live), consts, combine)
+
+
+def _launch_decode(inputs: tuple[jax.Array, ...], consts: dict[str, Any], combine: str
+                   ) -> jax.Array:
+    """One launch (one split, or the combine in the split launch) or two (split, then combine)."""
+    kmod = _launch.import_kernels("decode_attention")
+    q = inputs[0]
+    b, hq, hkv, dv, num_splits = (q.shape[0], consts["HQ"], consts["HKV"], consts["DV"],
+                                  consts["NUM_SPLITS"])
+    parts = _split_outputs(b, hq, dv, num_splits, q.dtype)
+    if num_splits > 1 and combine == "in_split":
+        *_, out, _tickets = _launch.launch(
+            kmod.decode_split_combine_kernel, grid=(b, hkv, num_splits), inputs=inputs,
+            out_shapes=[*parts, jax.ShapeDtypeStruct((b, hq, dv), q.dtype),
+                        jax.ShapeDtypeStruct((b * hkv,), jnp.int32)],
+            constexprs=consts, num_warps=4, num_stages=2, zeroed_outputs=(4,))
+        return out
     m_part, l_part, acc = _launch.launch(
-        kmod.decode_split_kernel, grid=(b, hkv, num_splits),
-        inputs=(q, k_store, v_store, kv_pos, q_pos, n_live),
-        out_shapes=_split_outputs(b, hq, dv, num_splits, q.dtype), constexprs=consts,
-        num_warps=4, num_stages=2)
+        kmod.decode_split_kernel, grid=(b, hkv, num_splits), inputs=inputs, out_shapes=parts,
+        constexprs=consts, num_warps=4, num_stages=2)
     if num_splits == 1:
         return acc.reshape(b, hq, dv)
     (out,) = _launch.launch(
         kmod.decode_reduce_kernel, grid=(b, hq), inputs=(m_part, l_part, acc),
         out_shapes=[jax.ShapeDtypeStruct((b, hq, dv), q.dtype)],
-        constexprs=dict(HQ=hq, DV=dv, NUM_SPLITS=num_splits, BLOCK_DV=block_dv),
+        constexprs=dict(HQ=hq, DV=dv, NUM_SPLITS=num_splits, BLOCK_DV=consts["BLOCK_DV"]),
         num_warps=4, num_stages=1)
     return out
 
