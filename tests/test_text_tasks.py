@@ -96,6 +96,36 @@ def test_reward_levels(answer: int, wrong: int) -> None:
     assert reward(f"it is {wrong}", answer) == 0.0
 
 
+@given(st.integers(-1000, 1000), st.integers(-1000, 1000),
+       st.sampled_from([0.0, 0.1, 0.3, 0.49]))
+def test_format_weight_levels(answer: int, wrong: int, w: float) -> None:
+    """``--partial-weight`` on a text task is the format's weight: 0 rewards the exact answer
+    alone (any format), and a correct answer outscores every wrong one for all w < 0.5."""
+    if wrong == answer:
+        wrong += 1
+    assert reward(f"#### {answer}", answer, w) == pytest.approx(1.0)
+    assert reward(f"it is {answer}", answer, w) == pytest.approx(1 - w)
+    assert reward(f"#### {wrong}", answer, w) == pytest.approx(w)
+    assert reward(f"\\boxed{{{wrong}}}", answer, w) == pytest.approx(w / 2)
+    assert min(reward(f"it is {answer}", answer, w), reward(f"\\boxed{{{answer}}}", answer, w)) \
+        > max(reward(f"#### {wrong}", answer, w), reward(f"it is {wrong}", answer, w))
+
+
+def test_format_weight_refused_where_a_wrong_answer_could_win() -> None:
+    from jaxrl_sym.rl.config import RunConfig
+
+    for bad in (0.5, 0.8, -0.1, True, "0.1"):
+        with pytest.raises(InputError, match="--partial-weight"):
+            reward("#### 3", 3, bad)
+        with pytest.raises(InputError, match="--partial-weight"):
+            RunConfig(task="word-problems", model_dir="/ckpt", partial_weight=bad)
+    # the default of a checkpoint's text task is the format weight, of a token task its own
+    assert RunConfig(task="word-problems", model_dir="/ckpt").reward_weight == 0.2
+    assert RunConfig(task="word-problems", model_dir="/ckpt", partial_weight=0.0
+                     ).reward_weight == 0.0
+    assert RunConfig(task="reverse").reward_weight == 0.5
+
+
 _LINE = re.compile(r"(\d+) ([-+*/]) (\d+) = (\d+)")
 
 
@@ -214,3 +244,17 @@ def test_no_stated_number_exceeds_the_bound_and_the_answer_follows(seed: int, st
             assert int(got) == want >= 0
             x = want
         assert p.answer == (x if x is not None else stated[0])
+
+
+def test_the_run_weight_reaches_the_checkpoint_task_reward() -> None:
+    """``train`` builds the text task with the run's weight (``setup(format_weight=...)``): an
+    unformatted correct answer earns 1 - w through the token interface the trainer calls."""
+    from jaxrl_sym.rl.pretrained import setup
+
+    fixture = str(Path(__file__).parent / "fixtures" / "text" / "chatml_qwen2")
+    for w in (0.0, 0.2):
+        task = setup(fixture, "word-problems:1:9", max_new_tokens=16, format_weight=w).task
+        (prompt,) = task.sample(np.random.default_rng(0), 1)
+        answer = task._problem(prompt).answer
+        response = task.text.encode(f"it is {answer}")
+        assert task.reward(prompt, response) == pytest.approx(1 - w)

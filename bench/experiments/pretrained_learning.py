@@ -29,7 +29,7 @@ _FIXTURE = str(child.ROOT / "tests" / "fixtures" / "text" / "chatml_qwen2")
 # one operation (after an opening amount that may itself be boxes x per box) on numbers up to
 # 9: untrained SmolLM2-135M-Instruct answers 7.8% exactly and 32.8% in the '#### N' format (64
 # held-out prompts, 96 tokens, fp32; 3% / 25% on 32 prompts); word-problems:1 gave 0.0%
-_RUN = {"task": "word-problems:1:9", "seed": 0}
+_RUN = {"task": "word-problems:1:9", "seed": 0, "partial_weight": None}
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {**_RUN, "model": _FIXTURE, "steps": 2, "prompts": 2, "group": 2, "tokens": 12,
               "eval_prompts": 4, "lr": 1e-3, "lora_rank": 2, "arms": "lora-fp32",
@@ -64,7 +64,8 @@ def run_arm(args: argparse.Namespace, arm: str, before: bool) -> dict[str, Any]:
                 model_dir=args.model, prompts_per_step=1 if before else args.prompts,
                 group_size=args.group, eval_prompts=args.eval_prompts, progress=False,
                 config={"max_new_tokens": args.tokens, **({} if lr is None else {"lr": lr})},
-                precision=precision, lora={"rank": args.lora_rank} if lora else None)
+                precision=precision, lora={"rank": args.lora_rank} if lora else None,
+                partial_weight=args.partial_weight)
     hist = out.pop("history")
     return {"arm": arm, "before": before, "steps": out["steps"], "lr": lr,
             "exact_match": out["final_exact_match"], "format_rate": out["final_format_rate"],
@@ -82,7 +83,8 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
              "held-out prompts", "",
              f"`python -m bench pretrained_learning --preset {args.preset} --model "
              f"{Path(args.model).name}`: {args.steps} steps x {args.prompts} prompts x "
-             f"{args.group} samples, max {args.tokens} new tokens.", "",
+             f"{args.group} samples, max {args.tokens} new tokens, reward "
+             f"{_reward_words(args.partial_weight)}.", "",
              "| arm | exact match before | after | format before | after | state B/param "
              "(master+optimizer+ref+frozen+copy) | train s | health |",
              "|---|---:|---:|---:|---:|---|---:|---|"]
@@ -106,7 +108,14 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict[str, Any]], out_png: str) -> None:
+def _reward_words(partial_weight: float | None) -> str:
+    from jaxrl_sym.rl.text_tasks import FORMAT_WEIGHT
+
+    w = FORMAT_WEIGHT if partial_weight is None else partial_weight
+    return "exact answer only" if w == 0 else f"{1 - w:g} exact + {w:g} format"
+
+
+def plot(rows: list[dict[str, Any]], out_png: str, partial_weight: float | None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +126,7 @@ def plot(rows: list[dict[str, Any]], out_png: str) -> None:
         if not r["before"]:
             ax.plot(range(1, len(r["reward_curve"]) + 1), r["reward_curve"], label=r["arm"])
     ax.set_xlabel("step")
-    ax.set_ylabel("mean reward (0.8 exact + 0.2 format)")
+    ax.set_ylabel(f"mean reward ({_reward_words(partial_weight)})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out_png, dpi=100)
@@ -130,6 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="LoRA arms' learning rate")
     p.add_argument("--arms", default=None, help="comma-separated: " + ", ".join(ARMS))
+    p.add_argument("--partial-weight", type=float, default=None,
+                   help="the reward's weight on the '#### N' format (default: the task's, 0.2; "
+                        "0: the exact answer only)")
     p.add_argument("--out", default=None, help="OUT.jsonl, OUT.md and OUT.png")
     args = presets.parse(p, PRESETS, argv)
     bad = [a for a in args.arms.split(",") if a not in ARMS]
@@ -160,5 +172,5 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if out is not None:
         Path(f"{out}.md").write_text(text)
-        plot(rows, f"{out}.png")
+        plot(rows, f"{out}.png", args.partial_weight)
     return 0

@@ -24,7 +24,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import check_sampling_temperature
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
 from jaxrl_sym.rl.tasks import Task, get_task
-from jaxrl_sym.rl.text_tasks import is_text_task
+from jaxrl_sym.rl.text_tasks import FORMAT_WEIGHT, check_format_weight, is_text_task
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import Precision
@@ -307,12 +307,17 @@ class RunConfig:
         _at_least(self.eval_prompts, 0, f"eval_prompts={self.eval_prompts} (--eval-prompts)")
         if self.model_dir is None and not is_text_task(self.task):
             self.task_of()  # the task's own rules: its name, digits, reward weight
+        elif self.partial_weight is not None:
+            check_format_weight(self.partial_weight)  # a text task's: the format's weight
 
     @property
     def reward_weight(self) -> float:
-        """The task reward's partial-credit weight (the recipe's when unset)."""
+        """The task reward's partial-credit weight (the recipe's when unset): for a text task of
+        a checkpoint (``model_dir``), the weight of the answer format."""
         pw = self.partial_weight
-        return TASK_REWARD["partial_weight"] if pw is None else pw
+        if pw is not None:
+            return pw
+        return FORMAT_WEIGHT if self.model_dir is not None else TASK_REWARD["partial_weight"]
 
     def task_of(self) -> Task:
         """The built-in token task this run trains on (:func:`~jaxrl_sym.rl.tasks.get_task`)."""

@@ -27,9 +27,11 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.text_tasks import (
+    FORMAT_WEIGHT,
     TEXT_TASK_NAMES,
     Problem,
     TextTask,
+    check_format_weight,
     exact_match,
     extract_answer,
     get_text_task,
@@ -63,9 +65,12 @@ class TokenTextTask:
     a prompt the task did not sample in its latest ``sample`` call is an error, not a zero.
     """
 
-    def __init__(self, task: TextTask, text: Any, chat: bool, max_new_tokens: int) -> None:
+    def __init__(self, task: TextTask, text: Any, chat: bool, max_new_tokens: int,
+                 format_weight: float = FORMAT_WEIGHT) -> None:
+        check_format_weight(format_weight)
         self.task, self.text, self.chat = task, text, chat
         self.max_new_tokens = max_new_tokens
+        self.format_weight = format_weight
         self.max_positions = text.max_positions  # read once: checked on every sample
         self._answers: dict[tuple[int, ...], Problem] = {}
 
@@ -106,7 +111,8 @@ class TokenTextTask:
 
     def reward(self, prompt: Sequence[int] | np.ndarray,
                response: Sequence[int] | np.ndarray) -> float:
-        return reward(self.response_text(response), self._problem(prompt).answer)
+        return reward(self.response_text(response), self._problem(prompt).answer,
+                      self.format_weight)
 
     def exact_match(self, prompt: Sequence[int] | np.ndarray,
                     response: Sequence[int] | np.ndarray) -> float:
@@ -147,7 +153,8 @@ class PretrainedRun:
 
 
 def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None,
-          dtype: str | None = None) -> PretrainedRun | None:
+          dtype: str | None = None, format_weight: float = FORMAT_WEIGHT
+          ) -> PretrainedRun | None:
     """The pretrained side of a run, or None for the built-in model and token tasks.
 
     Cheap: reads the tokenizer, chat template, EOS ids and (for ``jsonl:``) the task file — the
@@ -172,7 +179,8 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
     text = HFText(root)
     eos = text.eos_ids()
     limit = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-    token_task = TokenTextTask(get_text_task(task), text, text.chat_template is not None, limit)
+    token_task = TokenTextTask(get_text_task(task), text, text.chat_template is not None, limit,
+                               format_weight)
     return PretrainedRun(os.path.abspath(model_dir), token_task, eos[0], dtype)
 
 

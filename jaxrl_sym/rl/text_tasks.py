@@ -8,9 +8,11 @@ JSONL of ``{"prompt": ..., "answer": ...}`` instead.
 
 Reward (:func:`reward`): the answer is extracted from the response (``#### 42``, else
 ``\\boxed{42}``, else the last number; ``1,234``/``$5``/``2.50`` parsed exactly as fractions).
-``0.8`` for the exact answer plus up to ``0.2`` for the format (``####``: 0.2, boxed: 0.1), so any
-correct response scores at least 0.8 and any wrong one at most 0.2: the exact answer strictly
-dominates, while a policy that has not found answers yet still gets a signal for the format.
+``1 - w`` for the exact answer plus up to ``w`` for the format (``####``: w, boxed: w/2), with
+``w = FORMAT_WEIGHT = 0.2`` unless a run sets ``--partial-weight``: any correct response scores at
+least 0.8 and any wrong one at most 0.2, so the exact answer strictly dominates, while a policy
+that has not found answers yet still gets a signal for the format. ``w = 0`` rewards the exact
+answer only (two SmolLM2 runs with w = 0.2 learned the format first while exact match fell).
 
 Pure Python (no JAX): the CLI can check a ``jsonl:`` task file before importing JAX.
 """
@@ -30,7 +32,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.jsonl import parse_object, read_lines
 from jaxrl_sym.rl.names import TEXT_TASK_NAMES
 
-CORRECT_WEIGHT, FORMAT_WEIGHT = 0.8, 0.2
+FORMAT_WEIGHT = 0.2  # the default w of reward(): see the module docstring
 FORMAT_CREDIT = {"hash": 1.0, "boxed": 0.5, "last": 0.0, None: 0.0}
 INSTRUCTION = "Solve the problem. Give the final answer as '#### <number>'."
 
@@ -80,11 +82,22 @@ def extract_answer(text: str) -> Extracted:
     return Extracted(None, None)
 
 
-def reward(response: str, answer: Fraction | int) -> float:
-    """``0.8 * correct + 0.2 * format`` in [0, 1]; see the module docstring."""
+def reward(response: str, answer: Fraction | int,
+           format_weight: float = FORMAT_WEIGHT) -> float:
+    """``(1 - w) * correct + w * format`` in [0, 1], ``w = format_weight``; see the module
+    docstring."""
+    check_format_weight(format_weight)
     ex = extract_answer(response)
     correct = ex.value is not None and ex.value == Fraction(answer)
-    return CORRECT_WEIGHT * correct + FORMAT_WEIGHT * FORMAT_CREDIT[ex.source]
+    return (1.0 - format_weight) * correct + format_weight * FORMAT_CREDIT[ex.source]
+
+
+def check_format_weight(w: float) -> None:
+    """The format's weight must leave the exact answer dominant: ``0 <= w < 0.5``."""
+    if isinstance(w, bool) or not isinstance(w, int | float) or not 0.0 <= w < 0.5:
+        raise InputError(f"--partial-weight {w!r}: a text task's format weight must be in "
+                         "[0, 0.5) so that a correct answer outscores any wrong one (0: the "
+                         "exact answer only)")
 
 
 def exact_match(response: str, answer: Fraction | int) -> float:

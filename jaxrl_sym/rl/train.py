@@ -224,7 +224,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     """
     checkpoints = checkpoints or CheckpointConfig()
     user_limit = rl.max_new_tokens if isinstance(rl, RLConfig) else rl.get("max_new_tokens")
-    hf = setup_pretrained(run.model_dir, run.task, max_new_tokens=user_limit)
+    hf = setup_pretrained(run.model_dir, run.task, max_new_tokens=user_limit,
+                          format_weight=run.reward_weight)
     task_obj = hf.task if hf else run.task_of()
     if metrics_file:
         check_output_file(metrics_file, "--metrics (metrics_file)")
