@@ -130,3 +130,36 @@ def test_the_ledger_holds_the_frozen_base_once_and_no_second_reference() -> None
     base = sum(int(np.asarray(x).nbytes) for x in lora.state.frozen)
     got = next(b["bytes"] for b in led["peak"]["buffers"] if b["name"].startswith("frozen"))
     assert got == base
+
+
+@pytest.mark.parametrize("system", ["padded", "sym"])
+def test_the_merged_copy_is_freed_for_the_update_and_renewed_by_the_commit(
+        system: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound systems' merged weights are not alive while the update runs (its peak): no
+    live device array is one of them, and the systems hold only their shapes; the commit gives
+    them the updated merge (checked against merging the new adapters here), and a second step
+    generates from it."""
+    from jaxrl_sym.rl import stages
+    from jaxrl_sym.weights.lora import merged_leaves
+
+    trainer = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG, system=system, lora=LORA)
+    bound = trainer.forwards.bound(trainer.system)
+    before = {id(x) for x in bound.leaves}
+    seen: dict[str, Any] = {}
+    real = stages.update
+
+    def spy(ctx, state, layout, arrays):
+        seen["alive"] = before & {id(x) for x in jax.live_arrays()}
+        seen["abstract"] = all(isinstance(x, jax.ShapeDtypeStruct) for x in bound.leaves)
+        seen["engine"] = getattr(getattr(bound, "engine", None), "leaves", None)
+        return real(ctx, state, layout, arrays)
+
+    monkeypatch.setattr(stages, "update", spy)
+    trainer.step(TASK.sample(np.random.default_rng(3), 2), seed=3)
+    assert seen["alive"] == set() and seen["abstract"] and seen["engine"] is None
+    st = trainer.state
+    want = merged_leaves(trainer.view.lora, st.frozen, st.params["lm"])
+    for got, w in zip(bound.leaves, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(w))
+    monkeypatch.setattr(stages, "update", real)
+    trainer.step(TASK.sample(np.random.default_rng(4), 2), seed=4)  # generates from the new merge

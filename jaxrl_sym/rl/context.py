@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import jax
 import optax
 
 from jaxrl_sym.rl.algorithms import RLConfig
@@ -77,6 +78,26 @@ class Forwards:
         """Every bound system gets the policy's new weights (the commit)."""
         for bound in self._bound.values():
             bound.set_params(leaves)
+
+    def forward_leaves(self, state: Any) -> list[jax.Array]:
+        """The forward's weights of ``state`` (a :class:`TrainState`): what ``set_params``
+        takes."""
+        assert self._weights is not None
+        return self._weights.compute_copy(state.params["lm"], state.frozen)
+
+    def release_params(self, cfg: RLConfig) -> bool:
+        """Before an update: where the forward's weights are a copy of the trained ones (bf16
+        cast, LoRA merge; ``Weights.copies``), every bound system drops it — the update
+        differentiates through its own cast/merge, and the commit brings a fresh copy — so it is
+        freed for the update's peak. Programs are built first (they read the model's weights
+        when built). Returns whether anything was released; the caller restores the copy
+        (``set_params``) if the update does not commit."""
+        if self._weights is None or not self._weights.copies:
+            return False
+        for system, bound in self._bound.items():
+            self.fns(system, cfg)
+            bound.release_params()
+        return True
 
 
 @dataclass(frozen=True)

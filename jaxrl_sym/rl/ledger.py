@@ -65,8 +65,10 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
         held.append(tree_buffer("reference weights", "reference", state.ref))
     if state.frozen is not None:
         held.append(tree_buffer("frozen base weights (LoRA)", "weights", state.frozen))
-    if trainer.precision.mixed or state.frozen is not None:
-        # the forward's copy (bf16 cast, LoRA merge), alive beside the masters (refreshed)
+    held_update = list(held)  # the update runs without the forward's copy (released)
+    if trainer.view.copies:
+        # the forward's copy (bf16 cast, LoRA merge), alive beside the masters until the
+        # update (Forwards.release_params), then refreshed by the commit
         held.append(tree_buffer(f"forward's {trainer.precision.compute} copy of the weights",
                                 "weights", jax.eval_shape(trainer.view.forward,
                                                           state.params["lm"], state.frozen)))
@@ -83,7 +85,8 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
         moments.append(moment("reference", size.name, held, _batch(size), size.buffers()))
     for what, count, size, extra in _update(ctx, fns, state, lay):
         programs.append(("update", count, size))
-        moments.append(moment("update", what, held, extra, _batch(size), size.buffers()))
+        moments.append(moment("update", what, held_update, extra, _batch(size),
+                              size.buffers()))
     return StepLedger(Ledger(ctx.system.name, tuple(moments)), tuple(programs),
                       tuple(int(x) for x in lay.shape))
 

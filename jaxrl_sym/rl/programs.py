@@ -36,6 +36,11 @@ class Weights(Protocol):
 
     def forward(self, lm: Any, frozen: Any) -> list[jax.Array]: ...
 
+    def compute_copy(self, lm: Any, frozen: Any) -> list[jax.Array]: ...
+
+    @property
+    def copies(self) -> bool: ...
+
 
 class Programs:
     """The runtime's :class:`ProgramCache` keyed by (name, argument shapes), plus the peak of

@@ -309,6 +309,25 @@ def update(ctx: StepContext, state: TrainState, layout: Layout, arrays: Arrays
     return state.replace(params=params, opt_state=opt_state, step=state.step + 1), auxes
 
 
+def _update_without_forward_copy(ctx: StepContext, state: TrainState, layout: Layout,
+                                 arrays: Arrays) -> tuple[TrainState, list[dict[str, float]]]:
+    """:func:`update`, with the bound systems' copy of the forward's weights (bf16 cast, LoRA
+    merge) released first (:meth:`Forwards.release_params`): the update never reads it and the
+    commit replaces it, so holding it would only add a model's weights to the update's peak.
+    If the update raises, the systems get the state's forward weights back (a diverged update
+    hands back its state, which the trainer commits)."""
+    trim_host_heap()  # generation's freed stores leave RSS before the update's peak
+    released = ctx.forwards.release_params(ctx.cfg)
+    try:
+        return update(ctx, state, layout, arrays)
+    except DivergedError:
+        raise  # the trainer commits the state it carries: set_params follows
+    except BaseException:
+        if released and not any(x.is_deleted() for x in jax.tree_util.tree_leaves(state.params)):
+            ctx.forwards.set_params(ctx.forwards.forward_leaves(state))
+        raise
+
+
 def _nonfinite(aux: dict[str, float]) -> list[str]:
     return sorted(k for k, v in aux.items() if not math.isfinite(v))
 
@@ -442,8 +461,7 @@ def run_step(ctx: StepContext, state: TrainState, rollout_source: RolloutSource)
         with clock("advantage"):
             arrays, per_sample = advantages(ctx, state, layout, rollout, rew, ref)
         with clock("update"):
-            trim_host_heap()  # generation's freed stores leave RSS before the update's peak
-            new_state, auxes = update(ctx, state, layout, arrays)
+            new_state, auxes = _update_without_forward_copy(ctx, state, layout, arrays)
     sec = clock.sec
     sec["total"] = sum(sec.values())
     out = metrics(ctx, new_state, rollout, layout, rew, metric, per_sample, auxes, sec, cc)

@@ -159,6 +159,13 @@ class Bound:
         """The policy's new weights (the step's commit calls this after every update)."""
         self.leaves = leaves
 
+    def release_params(self) -> None:
+        """Hold only the weights' shapes until the next :meth:`set_params`: the step calls this
+        before its update when the forward's weights are a copy (bf16 cast, LoRA merge) that
+        the update never reads and the commit replaces, so the copy is freed for the update's
+        peak instead of living beside it. Programs built later still see the model's shapes."""
+        self.leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in self.leaves]
+
     def layout(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], *,
                row_len: int | None, share_prompts: bool = False) -> Layout:
         return self.system.layout(prompts, responses, row_len=row_len,
@@ -274,6 +281,10 @@ class SymBound(Bound):
     def set_params(self, leaves: list[jax.Array]) -> None:
         super().set_params(leaves)
         self.engine.set_params(leaves)
+
+    def release_params(self) -> None:
+        super().release_params()
+        self.engine.release_params()
 
     def generate(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> GenerationResult:
         return self.engine.generate(prompts, gcfg, on_finished=None)

@@ -134,7 +134,18 @@ class SymbolicLM:
         self.leaves = self.plan.place(jax.tree_util.tree_leaves(state))
         self._hoisted = None
 
+    def release_params(self) -> None:
+        """Drop the parameters (and what was hoisted from them) until the next
+        :meth:`set_params`: a trainer frees its forward copy of the weights while its update,
+        which never reads them, holds its peak. Generating in between is an error."""
+        self.leaves = None
+        self._hoisted = None
+        self._hoisted_bytes = 0
+
     def _hoist(self) -> tuple[jax.Array, ...]:
+        if self.leaves is None:
+            raise RuntimeError("SymbolicLM: its parameters were released (release_params) and "
+                               "not set again; call set_params before generating")
         if self._hoisted is None:
             self._hoisted, self._hoisted_bytes = self.plan.hoist(self.cache, self.leaves)
         return self._hoisted

@@ -107,6 +107,12 @@ class WeightView:
         return [jnp.array(x, dtype=d, copy=True) if d is not None and _floating(x) else x
                 for x, d in zip(leaves, self.original_dtypes, strict=True)]
 
+    @property
+    def copies(self) -> bool:
+        """Whether the forward's weights are a copy of the trained ones (a cast to the compute
+        dtype, or LoRA's merge), not the trained leaves themselves."""
+        return self.lora is not None or self.precision.mixed
+
     @cached_property
     def _forward(self) -> Any:
         return jax.jit(self.forward)
