@@ -86,16 +86,18 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
              f"{args.group} samples, max {args.tokens} new tokens, reward "
              f"{_reward_words(args.partial_weight)}.", "",
              "| arm | exact match before | after | format before | after | state B/param "
-             "(master+optimizer+ref+frozen+copy) | train s | health |",
-             "|---|---:|---:|---:|---:|---|---:|---|"]
+             "(master+optimizer+ref+frozen+copy) | update-state B/param (no copy) | train s "
+             "| health |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---|"]
     for arm in args.arms.split(","):
         b = next((r for r in rows if r["arm"] == arm and r["before"]), None)
         a = next((r for r in rows if r["arm"] == arm and not r["before"]), None)
         if b is None or a is None:
             continue
         per = "+".join(f"{v:.2f}" for v in a["state_bytes_per_param"].values())
+        upd = sum(v for k, v in a["state_bytes_per_param"].items() if k != "compute_copy")
         lines.append(f"| {arm} | {b['exact_match']:.3f} | {a['exact_match']:.3f} | "
-                     f"{b['format_rate']:.3f} | {a['format_rate']:.3f} | {per} | "
+                     f"{b['format_rate']:.3f} | {a['format_rate']:.3f} | {per} | {upd:.2f} | "
                      f"{a['train_seconds']:.0f} | {a['health'] or '-'} |")
     lines += ["", "Peak bytes after each stage of the fine-tuning run (GB; the device's, or on a "
               "CPU the process's peak RSS: they only grow, so the first stage that reaches the "

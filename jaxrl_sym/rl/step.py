@@ -265,7 +265,9 @@ class RLTrainer:
     def state_bytes_per_param(self) -> dict[str, float]:
         """Resident bytes per model parameter, by part (activations excluded): the trained
         weights (``master``), the optimiser state, the reference and the forward's copy of the
-        weights (0 where the policy needs none). What a precision or LoRA saves shows here."""
+        weights (0 where the policy needs none). What a precision or LoRA saves shows here. The
+        update holds all parts but ``compute_copy``, which is released before it (its
+        "update-state" bytes are the sum of the others)."""
         st = self.state
         forward = jax.eval_shape(self.view.forward, st.params["lm"], st.frozen)
         n = max(1, sum(int(np.prod(x.shape)) for x in forward))  # the model's parameters
