@@ -45,7 +45,8 @@ def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> 
     assert "needs a GPU" in by["decode_kernel_batch1"]["tail"]
     # refill: the replay and the measured rows, sym with and without refill beside padded
     systems_run = {r["system"] for r in by["refill"]["result"]["rows"] if r["part"] == "measured"}
-    assert systems_run == {"sym compaction", "sym refill", "padded (groups of R)"}
+    assert systems_run == {"sym compaction", "sym refill", "padded (groups of R)",
+                           "tunix (groups of R)"}  # the peer: measured, or why not
     # the item's own result file is folded into the row (the device returns 8 files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.jsonl", "plan.log"]
     md = gpu_report.write(tmp_path / "plan.jsonl",
