@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from functools import cache
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -216,3 +217,28 @@ def test_a_grpo_step_with_refill_is_the_step_without() -> None:
         assert np.array_equal(a, b)
         np.testing.assert_allclose(la, lb, atol=1e-5, rtol=0)
     assert abs(m0["loss"] - m1["loss"]) <= 1e-6
+
+
+def test_the_engine_estimate_prices_the_refilling_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SymbolicLM.estimate`` with refill: the stores of one group of R rows at the refill
+    shape — equal to the bytes of the stores the run allocates (read off the group), and below
+    the estimate of the same request without refill (every row resident)."""
+    from jaxrl_sym.runtime import group as group_mod
+
+    held: list[int] = []
+    real_init = group_mod.DecodeGroup.__init__
+
+    def spy(self, *a, **kw):
+        real_init(self, *a, **kw)
+        held.append(sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(self.stores)))
+
+    monkeypatch.setattr(group_mod.DecodeGroup, "__init__", spy)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(1, 40, 9).astype(np.int32) for _ in range(7)]
+    cfg = GenerationConfig(max_new_tokens=11)
+    lm = engine("gemmaish", 3)
+    est = lm.estimate([len(p) for p in prompts], cfg)
+    lm.generate(prompts, cfg)
+    assert held and est.caches == max(held), (est.breakdown(), held)
+    every_row = SymbolicLM(model("gemmaish"), EngineOptions(min_capacity=4))
+    assert every_row.estimate([len(p) for p in prompts], cfg).caches > est.caches

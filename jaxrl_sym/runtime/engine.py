@@ -26,6 +26,7 @@ from jaxrl_sym.generation import (
 )
 from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.passes.stores import StoreSpec
+from jaxrl_sym.runtime.estimate import Estimate, plan_estimate
 from jaxrl_sym.runtime.group import DecodeGroup, Outputs
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
@@ -133,6 +134,15 @@ class SymbolicLM:
         """Swap in new parameters (same structure); hoisted values are recomputed lazily."""
         self.leaves = self.plan.place(jax.tree_util.tree_leaves(state))
         self._hoisted = None
+
+    def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
+        """The bytes this engine, with its own options (refill, microbatches, capacities), will
+        hold for these prompts (:func:`~jaxrl_sym.runtime.estimate.plan_estimate`, sized at
+        the longest prompt and limit); compiles and runs nothing."""
+        limits = row_limits(cfg, len(prompt_lens))
+        weights = tree_bytes(self.leaves) if self.leaves is not None else 0
+        return plan_estimate(self.plan, weights, len(prompt_lens), int(max(prompt_lens)),
+                             int(limits.max()), cfg)
 
     def release_params(self) -> None:
         """Drop the parameters (and what was hoisted from them) until the next

@@ -46,6 +46,7 @@ from jaxrl_sym.ops.attention import attention_p
 from jaxrl_sym.runtime.metrics import device_memory_limit
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import GroupShape, replay
+from jaxrl_sym.runtime.refill import refill_shape
 from jaxrl_sym.tracer.flatten import eval_jaxpr
 from jaxrl_sym.tracer.trace import trace_model
 
@@ -245,9 +246,15 @@ REPLAY_MAX_TOKENS = 1 << 20
 def _capacities(plan: GenerationPlan, b: int, p: int, n: int) -> tuple[GroupShape, int, int]:
     """The group's shape, and the growing stores' final and previous capacity (0: none), as
     the engine's policy reaches them (every row at its limit); past
-    :data:`REPLAY_MAX_TOKENS`, the lower bound ``p + n`` and no previous capacity."""
+    :data:`REPLAY_MAX_TOKENS`, the lower bound ``p + n`` and no previous capacity. A refilling
+    engine (``refill`` with ``microbatch_rows`` below ``b``) holds one group of R rows at
+    :func:`~jaxrl_sym.runtime.refill.refill_shape`."""
     lens, limits = [p] * b, [n] * b
     opts = plan.options
+    if opts.refill and opts.microbatch_rows is not None and b > opts.microbatch_rows:
+        # one resident group of R rows, its rings fixed at the longest span: it never grows
+        shape = refill_shape(lens, limits, opts.microbatch_rows, plan.row_multiple, opts.max_len)
+        return shape, shape.capacity, 0
     shape = GroupShape.plan(lens, limits, min_capacity=opts.min_capacity, max_len=opts.max_len)
     if n > REPLAY_MAX_TOKENS:
         return shape, max(shape.capacity, p + n), 0
