@@ -212,6 +212,8 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
                [int(limits[i]) - 1 for i in first] + [0] * (b - len(first)))
     _prefill(out, "prefill", {r: prompt_lens[i] for r, i in enumerate(first)}, b, pcap,
              capacity)
+    # the stores exist from the first prefill on, even if every sample ends at its token 0
+    out.peak_slots = max(out.peak_slots, b * capacity)
     step, tile = 1, tiling.first()
     while True:
         w = pcap + step - 1  # the slot decode step ``step`` writes
