@@ -108,6 +108,26 @@ def test_entropy_and_its_gradient_with_ruled_out_words_are_finite() -> None:
     np.testing.assert_allclose(got, -(p * np.log(p)).sum(-1), rtol=1e-5)
     g = np.asarray(jax.grad(lambda x: ent(x).sum())(jnp.asarray(logits)))
     assert np.all(np.isfinite(g)) and np.all(g[..., 30:] == 0)
+    # on the live words, the gradient autodiff gives the plain formula restricted to them
+    w = rng.normal(size=(3, 5)).astype(np.float32)
+    naive = lambda x: -(jax.nn.softmax(x) * jax.nn.log_softmax(x)).sum(-1)
+    want = jax.grad(lambda x: (naive(x) * w).sum())(jnp.asarray(logits[..., :30]))
+    got_g = jax.grad(lambda x: (ent(x) * w).sum())(jnp.asarray(logits))
+    np.testing.assert_allclose(np.asarray(got_g)[..., :30], np.asarray(want), atol=1e-6)
+
+
+def test_entropy_gradient_equals_autodiff_of_the_formula_at_any_temperature() -> None:
+    """The entropy's hand-written backward (it keeps no [slots × vocab] buffer but the logits)
+    against jax.grad of ``-sum softmax · log_softmax`` of ``logits / T``, finite logits."""
+    rng = np.random.default_rng(2)
+    logits = jnp.asarray(rng.normal(size=(4, 7, 50)) * 3, jnp.float32)
+    targets = jnp.zeros((4, 7), jnp.int32)
+    w = jnp.asarray(rng.normal(size=(4, 7)), jnp.float32)
+    for t in (1.0, 0.7, 1.3):
+        naive = lambda x, t=t: -(jax.nn.softmax(x / t) * jax.nn.log_softmax(x / t)).sum(-1)
+        got = jax.grad(lambda x, t=t: (slot_terms(x, targets, t)["ent"] * w).sum())(logits)
+        want = jax.grad(lambda x, n=naive: (n(x) * w).sum())(logits)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ exports of garbage
