@@ -13,6 +13,7 @@ systems share the loss code and agree to float rounding.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -158,36 +159,40 @@ def _scaled(logits: jax.Array, temperature: float) -> jax.Array:
 
 
 @jax.custom_vjp
-def softmax_entropy(x: jax.Array) -> jax.Array:
-    """``-sum p log p`` of ``softmax(x)`` over the last axis, with ``0 · log 0 = 0`` for words
-    the model rules out (``-inf`` logits), value and gradient finite.
+def logprob_and_entropy(x: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(log p(target), -sum p log p)`` of ``softmax(x)`` over the last axis, with
+    ``0 · log 0 = 0`` for words the model rules out (``-inf`` logits): value and gradient
+    finite. The log-prob is :func:`token_logprobs`' computation (the reference's), op for op.
 
-    Why a custom VJP: under autodiff the masked form (``where(live, p · log p, 0)``) keeps the
-    log-softmax, the mask and its masked copy for the backward — ``[slots × vocab]`` buffers
-    each (Qwen2.5's 151,936 words × a 1,024-slot chunk: 0.62 GB in fp32, measured in the GPU
-    projection's update temporaries). Here the backward keeps only ``x`` (which the caller's
-    log-probs read anyway), its log-sum-exp and H, and recomputes ``p``:
-    ``dH/dx_i = -p_i (log p_i + H)``, 0 where ``p_i = 0``."""
-    return _entropy_fwd(x)[0]
+    Why one custom VJP for both: under autodiff the entropy's masked form keeps a log-softmax,
+    its mask and a masked copy for the backward, and the log-prob's log-sum-exp another softmax
+    — ``[slots × vocab]`` fp32 buffers each (Qwen2.5's 151,936 words × a 1,024-slot chunk:
+    0.62 GB apiece, seen in the GPU projection's update temporaries). Here the backward keeps
+    only ``x``, its log-sum-exp and H, and recomputes ``p`` in one fused expression:
+    ``d lp / dx = onehot - p`` and ``dH/dx_i = -p_i (log p_i + H)`` (0 where ``p_i = 0``)."""
+    return _lp_ent_fwd(x, targets)[0]
 
 
-def _entropy_fwd(x: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    lse = jax.nn.logsumexp(x, axis=-1, keepdims=True)
-    logp = x - lse
+def _lp_ent_fwd(x: jax.Array, targets: jax.Array) -> tuple[tuple[jax.Array, jax.Array], Any]:
+    picked = jnp.take_along_axis(x, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    lse = jax.nn.logsumexp(x, axis=-1)
+    logp = x - lse[..., None]
     p = jnp.exp(logp)
     h = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
-    return h, (x, lse, h)
+    return (picked - lse, h), (x, lse, h, targets)
 
 
-def _entropy_bwd(res: tuple[jax.Array, jax.Array, jax.Array], g: jax.Array
-                 ) -> tuple[jax.Array]:
-    x, lse, h = res
-    logp = x - lse
+def _lp_ent_bwd(res: Any, g: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+    x, lse, h, targets = res
+    g_lp, g_h = g
+    logp = x - lse[..., None]
     p = jnp.exp(logp)
-    return (jnp.where(p > 0, -p * (logp + h[..., None]), 0.0) * g[..., None],)
+    onehot = jnp.arange(x.shape[-1], dtype=jnp.int32) == targets[..., None].astype(jnp.int32)
+    d_ent = jnp.where(p > 0, -p * (logp + h[..., None]), 0.0)
+    return g_lp[..., None] * (onehot - p) + g_h[..., None] * d_ent, None
 
 
-softmax_entropy.defvjp(_entropy_fwd, _entropy_bwd)
+logprob_and_entropy.defvjp(_lp_ent_fwd, _lp_ent_bwd)
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float) -> jax.Array:
@@ -220,9 +225,11 @@ def slot_terms(logits: jax.Array, targets: jax.Array, temperature: float,
     one chunk at once) and hand :func:`loss_from_terms` the same arrays the unchunked loss sees.
     """
     # the same computation as the reference's log-probs, so identical weights give d = 0 exactly
-    out = {"lp": token_logprobs(logits, targets, temperature)}
     if entropy:
-        out["ent"] = softmax_entropy(_scaled(logits, temperature))
+        lp, ent = logprob_and_entropy(_scaled(logits, temperature), targets)
+        out = {"lp": lp, "ent": ent}
+    else:
+        out = {"lp": token_logprobs(logits, targets, temperature)}
     if value_head is not None:
         out["v"] = value_predictions(logits, value_head)
     return out
