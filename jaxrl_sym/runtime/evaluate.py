@@ -23,6 +23,7 @@ import sympy
 
 from jaxrl_sym.ops.attention import attention_p
 from jaxrl_sym.ops.sampling import sample_p
+from jaxrl_sym.passes.positions import Crossing, PositionTail
 from jaxrl_sym.pdg.ir import PDG, Node
 
 Handler = Callable[[Node, list[Any]], Any]
@@ -109,7 +110,8 @@ def dynamic_nodes(pdg: PDG) -> frozenset[int]:
 
 def evaluate(pdg: PDG, static: Mapping[int, tuple[Any, ...]], tokens: Any, positions: Any,
                    segment_ids: Any = None, *, attention: Handler = bind,
-                   sample: Handler | None = None, dynamic_only: bool = False
+                   sample: Handler | None = None, dynamic_only: bool = False,
+                   at: tuple[Any, Any, PositionTail] | None = None
                    ) -> dict[int, tuple[Any, ...]]:
     """A model's PDG on one batch of sequence inputs ``[B, T]``: the one evaluator behind every
     program that runs a model (see the module docstring). What differs between those programs
@@ -118,8 +120,11 @@ def evaluate(pdg: PDG, static: Mapping[int, tuple[Any, ...]], tokens: Any, posit
 
     static: node id → values of the weights and constants (then every node is computed: a
     forward), or of the hoisted boundary with ``dynamic_only`` (only per-position nodes are
-    computed: a step program). ``segment_ids`` None: one segment per row. Returns every value
-    computed, by node id.
+    computed: a step program). ``segment_ids`` None: one segment per row. ``at = (rows, pos,
+    tail)``: the position-wise tail after the last attention
+    (:func:`~jaxrl_sym.passes.positions.position_tail`) runs only at the pairs ``(rows[i],
+    pos[i])``, its values ``[pairs, 1, ...]`` (a prefill's sampler reads one position per row).
+    Returns every value computed, by node id.
     """
     vals = dict(static)
     vals[pdg.input_id("tokens")] = (tokens,)
@@ -129,8 +134,30 @@ def evaluate(pdg: PDG, static: Mapping[int, tuple[Any, ...]], tokens: Any, posit
     handlers: dict[Any, Handler] = {attention_p: attention}
     if sample is not None:
         handlers[sample_p] = sample
-    return evaluate_nodes(pdg, vals, {"B": positions.shape[0], "T": positions.shape[1]}, handlers,
-                    only=dynamic_nodes(pdg) if dynamic_only else None)
+    extents = {"B": positions.shape[0], "T": positions.shape[1]}
+    only = dynamic_nodes(pdg) if dynamic_only else None
+    if at is None:
+        return evaluate_nodes(pdg, vals, extents, handlers, only=only)
+    rows, pos, tail = at
+    head = (only or frozenset(n.id for n in pdg.nodes)) - tail.members
+    vals = evaluate_nodes(pdg, vals, extents, handlers, only=head)
+    inside = dict(vals)
+    for c in tail.crossings:
+        outs = list(inside[c.node])
+        outs[c.out] = _gather(outs[c.out], c, rows, pos)
+        inside[c.node] = tuple(outs)
+    done = evaluate_nodes(pdg, inside, {"B": rows.shape[0], "T": 1}, handlers,
+                          order=tail.nodes, only=tail.members)
+    return {**vals, **{nid: done[nid] for nid in tail.nodes if nid in done}}
+
+
+def _gather(x: Any, c: Crossing, rows: Any, pos: Any) -> Any:
+    """``x`` at the pairs ``(rows[i], pos[i])``: its row axis becomes the pairs, its position
+    axis (if any) one position; other axes keep their place."""
+    if c.pos_axis is None:
+        return jnp.take(x, rows, axis=c.row_axis)
+    y = jnp.moveaxis(x, (c.row_axis, c.pos_axis), (0, 1))[rows, pos][:, None]
+    return jnp.moveaxis(y, (0, 1), (c.row_axis, c.pos_axis))
 
 
 def constant_values(consts: tuple[tuple[int, Any], ...]) -> dict[int, tuple[Any, ...]]:

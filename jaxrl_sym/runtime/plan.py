@@ -22,6 +22,7 @@ from jaxrl_sym.backends.launch import backend_name
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.passes.generation import add_generation_loop
+from jaxrl_sym.passes.positions import position_tail
 from jaxrl_sym.passes.storage import StoragePlan, StorePlan, live_count_fn, plan_storage
 from jaxrl_sym.passes.stores import StoreSpec
 from jaxrl_sym.pdg.ir import PDG
@@ -176,7 +177,8 @@ def compile_generation(program: TracedProgram, options: EngineOptions | None = N
         specs = {n: dataclasses.replace(s, capacity=s.kind.speculative_capacity(s, speculation.k))
                  for n, s in specs.items()}
     builder = StepBuilder(pdg, specs, slot_specs(pdg, storage, bindings),
-                          constant_values(program.consts), backend, mesh=make_mesh(mesh))
+                          constant_values(program.consts), backend, mesh=make_mesh(mesh),
+                          tail=position_tail(pdg))
     growing = tuple(str(n) for n, s in specs.items() if s.kind.grows)
     fns = [live_count_fn(pdg.symbols, storage.for_node(int(g)), bindings) for g in growing]
     # live slots of the growing stores after writing slot t (None: nothing grows)

@@ -105,11 +105,12 @@ def _packed(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any]
     def body(carry, chunk):
         st, best = carry
         tok_c, pos_c, row_c, slot_c, start = chunk
-        st, logits = _evaluate_chunk(builder, hoisted, st, tok_c, pos_c, row_c, slot_c, batch)
-        flat = logits.reshape(-1, vocab)
         idx = last - start * tokens.shape[1]
-        here = (idx >= 0) & (idx < flat.shape[0])
-        picked = jnp.take(flat, jnp.clip(idx, 0, flat.shape[0] - 1), axis=0)
+        n = tok_c.shape[0] * tok_c.shape[1]
+        here = (idx >= 0) & (idx < n)
+        at = jnp.clip(idx, 0, n - 1)
+        st, picked = _evaluate_chunk(builder, hoisted, st, tok_c, pos_c, row_c, slot_c, batch,
+                                     at)
         return (st, jnp.where(here[:, None], picked.astype(jnp.float32), best)), None
 
     init = (stores, jnp.zeros((batch, vocab), jnp.float32))
@@ -123,9 +124,11 @@ def _packed(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any]
 
 def _evaluate_chunk(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
                     tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-                    batch: int) -> tuple[dict[str, Any], jax.Array]:
+                    batch: int, at: jax.Array) -> tuple[dict[str, Any], jax.Array]:
     """The model on packed rows; each attention node attends within them (masked primitive)
-    and its store takes the rows' keys/values (``StoreKind.fill``)."""
+    and its store takes the rows' keys/values (``StoreKind.fill``). Returns the logits at the
+    flat positions ``at`` ``[batch, V]``: the position-wise tail runs there only where the plan
+    found one (``builder.tail``), else on every position and the logits are picked after."""
     new = dict(stores)
     target = jnp.where(rows >= 0, rows, batch).reshape(-1)  # out of range: dropped
     flat_slots = slots.reshape(-1)
@@ -139,6 +142,11 @@ def _evaluate_chunk(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[s
         return bind(node, args)  # attention within the packed rows: the masked primitive
 
     segments = jnp.where(rows >= 0, rows, batch)
+    length = tokens.shape[1]
+    pairs = None if builder.tail is None else (at // length, at % length, builder.tail)
     out = evaluate(builder.pdg, builder.static_values(hoisted), tokens, positions, segments,
-                   attention=attn, dynamic_only=True)
-    return new, out[builder.pdg.outputs[0]][0]
+                   attention=attn, dynamic_only=True, at=pairs)
+    logits = out[builder.pdg.outputs[0]][0]
+    if pairs is not None:
+        return new, logits[:, 0]
+    return new, jnp.take(logits.reshape(-1, logits.shape[-1]), at, axis=0)

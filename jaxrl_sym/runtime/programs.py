@@ -21,6 +21,7 @@ from jax import lax
 from jaxrl_sym.backends import triton_ops
 from jaxrl_sym.ops.attention import attention_p
 from jaxrl_sym.ops.sampling import sample as sample_tokens
+from jaxrl_sym.passes.positions import PositionTail
 from jaxrl_sym.passes.storage import StoragePlan, live_count_fn
 from jaxrl_sym.passes.stores import SlotSpec, SlotStore, StoreSpec, take_rows
 from jaxrl_sym.pdg.ir import PDG
@@ -135,6 +136,9 @@ class StepBuilder:
     consts: dict[int, tuple[Any, ...]]
     backend: str = "xla"
     mesh: Any = None  # a jax.sharding.Mesh: stores' rows stay split over its data axes
+    # the position-wise nodes after the last attention (passes.positions): a prefill runs them
+    # on the positions its sampler reads only; None: every position
+    tail: PositionTail | None = None
 
     def store_sharding(self, stores: Any) -> Any:
         """Where stores of this row count live: rows split over the mesh's data axes, or
@@ -335,8 +339,12 @@ class StepBuilder:
                                     temperature=temperature)
             return tok, lp, logits
 
+        b, t = positions.shape
+        at = None
+        if t > 1 and self.tail is not None:  # a prompt chunk: the sampler reads its last position
+            at = (jnp.arange(b), jnp.full((b,), t - 1), self.tail)
         out = evaluate(pdg, self.static_values(hoisted), tokens, positions,
-                             attention=attn, sample=sample, dynamic_only=True)
+                             attention=attn, sample=sample, dynamic_only=True, at=at)
         for nid, sp in self.slots.items():
             new_stores[str(nid)] = sp.kind.write(sp, stores[str(nid)], out[sp.source][0], step)
         tok, lp, logits = out[pdg.outputs[1]]
