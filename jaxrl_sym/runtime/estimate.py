@@ -272,7 +272,9 @@ def _sym_temporaries(plan: GenerationPlan, shape: GroupShape, final: int,
     attention scores of a prefill chunk and of a decode step."""
     rows, vocab, pcap = shape.rows, plan.vocab_size, shape.prompt_slots
     chunk = cfg.prefill_chunk(rows, pcap, vocab)
-    temps = [(f"prefill logits {rows}×{chunk}×{vocab} fp32", rows * chunk * vocab * F32),
+    # with a position-wise tail (passes.positions) the head runs on the sampled positions only
+    per_row = 1 if plan.builder.tail is not None else chunk
+    temps = [(f"prefill logits {rows}×{per_row}×{vocab} fp32", rows * per_row * vocab * F32),
              (f"decode logits {rows}×{vocab} fp32", rows * vocab * F32)]
     for nid, spec in plan.specs.items():
         hq = int(_q_node(plan, nid).shape[2])
