@@ -29,7 +29,7 @@ _FIXTURE = str(child.ROOT / "tests" / "fixtures" / "text" / "chatml_qwen2")
 # one operation (after an opening amount that may itself be boxes x per box) on numbers up to
 # 9: untrained SmolLM2-135M-Instruct answers 7.8% exactly and 32.8% in the '#### N' format (64
 # held-out prompts, 96 tokens, fp32; 3% / 25% on 32 prompts); word-problems:1 gave 0.0%
-_RUN = {"task": "word-problems:1:9", "seed": 0, "partial_weight": None}
+_RUN = {"task": "word-problems:1:9", "seed": 0, "partial_weight": None, "temperature": None}
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {**_RUN, "model": _FIXTURE, "steps": 2, "prompts": 2, "group": 2, "tokens": 12,
               "eval_prompts": 4, "lr": 1e-3, "lora_rank": 2, "arms": "lora-fp32",
@@ -63,7 +63,9 @@ def run_arm(args: argparse.Namespace, arm: str, before: bool) -> dict[str, Any]:
     out = train("grpo", args.task, 1 if before else args.steps, seed=args.seed,
                 model_dir=args.model, prompts_per_step=1 if before else args.prompts,
                 group_size=args.group, eval_prompts=args.eval_prompts, progress=False,
-                config={"max_new_tokens": args.tokens, **({} if lr is None else {"lr": lr})},
+                config={"max_new_tokens": args.tokens, **({} if lr is None else {"lr": lr}),
+                        **({} if args.temperature is None else
+                           {"temperature": args.temperature})},
                 precision=precision, lora={"rank": args.lora_rank} if lora else None,
                 partial_weight=args.partial_weight)
     hist = out.pop("history")
@@ -84,7 +86,8 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
              f"`python -m bench pretrained_learning --preset {args.preset} --model "
              f"{Path(args.model).name}`: {args.steps} steps x {args.prompts} prompts x "
              f"{args.group} samples, max {args.tokens} new tokens, reward "
-             f"{_reward_words(args.partial_weight)}.", "",
+             f"{_reward_words(args.partial_weight)}, sampling temperature "
+             f"{1.0 if args.temperature is None else args.temperature:g}.", "",
              "| arm | exact match before | after | format before | after | state B/param "
              "(master+optimizer+ref+frozen+copy) | update-state B/param (no copy) | train s "
              "| health |",
@@ -141,6 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="LoRA arms' learning rate")
     p.add_argument("--arms", default=None, help="comma-separated: " + ", ".join(ARMS))
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature of the rollouts (default: RLConfig's, 1.0)")
     p.add_argument("--partial-weight", type=float, default=None,
                    help="the reward's weight on the '#### N' format (default: the task's, 0.2; "
                         "0: the exact answer only)")
