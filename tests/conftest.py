@@ -50,7 +50,7 @@ if os.environ.get("JAXRL_SYM_TEST_XLA_DEFAULTS") != "1" and _cpu_only() and \
 
 import jax  # noqa: E402  (after XLA_FLAGS: the CPU client reads them when it starts)
 
-# Hypothesis' 200 ms deadline measures wall time, which a loaded 2-core CI machine (two workers
+# Hypothesis' 200 ms deadline measures wall time, which a loaded 2-core CI machine (its workers
 # compiling at once) blows through on tests that never set their own; the example counts stay
 # the tests' own (an explicit @settings wins over a profile).
 settings.register_profile("ci", deadline=None)
@@ -121,7 +121,7 @@ def unwritable_dir(tmp_path: Path) -> Path:
     pytest.skip("no unwritable directory available")
 
 
-# The longest files first: `make test` gives whole files to two workers (pytest-xdist
+# The longest files first: `make test` gives whole files to its workers (pytest-xdist
 # --dist loadfile --no-loadscope-reorder), and a long file started last would run alone at the
 # end. Without --no-loadscope-reorder xdist sorts files by their number of tests instead, which
 # put the one-test learning run last. Measured with --durations on the CI machine, except the
