@@ -20,7 +20,7 @@ a kv head read the same keys; loading K/V once per group divides the memory traf
 cost of decode) by the group size. The group is padded to ``BLOCK_H >= 16`` rows so the scores
 are a ``tl.dot`` (tensor cores need M >= 16); padded rows are masked.
 
-WHY the combine in the last program (:func:`decode_split_combine_kernel`): at batch 1 the whole
+WHY the combine in the last program (``COMBINE``): at batch 1 the whole
 step is a few microseconds of bytes, so a second launch for the combine (plus its wait for the
 whole split grid) is a large share of it. Each split program stores its partial state, then takes
 a ticket from a per-(row, kv head) counter (an atomic, zeroed before the launch); the program
@@ -55,47 +55,6 @@ def decode_split_kernel(
     m_ptr,
     l_ptr,
     acc_ptr,
-    CAP: tl.constexpr,
-    HQ: tl.constexpr,
-    HKV: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    LOOKBACK: tl.constexpr,
-    PERIOD: tl.constexpr,
-    QK_SCALE: tl.constexpr,
-    SCALE: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    F32_DOT: tl.constexpr,
-    LIVE_LOADS: tl.constexpr,
-):
-    """One (row b, kv head, split) program: partial softmax over a chunk of the live slots.
-
-    Outputs (fp32): ``m [B, HQ, NUM_SPLITS]`` running max in log2 units, ``l`` its normaliser,
-    ``acc [B, HQ, NUM_SPLITS, DV]`` the unnormalised weighted values. When ``NUM_SPLITS == 1``
-    no reduce launch follows: ``acc`` is then ``[B, HQ, 1, DV]`` in the output dtype and holds the
-    normalised result (one launch per decode step instead of two).
-    """
-    _split_program(q_ptr, k_ptr, v_ptr, kvpos_ptr, qpos_ptr, nlive_ptr, m_ptr, l_ptr, acc_ptr,
-                   CAP, HQ, HKV, D, DV, NUM_SPLITS, LOOKBACK, PERIOD, QK_SCALE, SCALE, SOFTCAP,
-                   BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT, LIVE_LOADS)
-
-
-@triton.jit
-def decode_split_combine_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    kvpos_ptr,
-    qpos_ptr,
-    nlive_ptr,
-    m_ptr,
-    l_ptr,
-    acc_ptr,
     o_ptr,
     ticket_ptr,
     CAP: tl.constexpr,
@@ -115,27 +74,37 @@ def decode_split_combine_kernel(
     BLOCK_DV: tl.constexpr,
     F32_DOT: tl.constexpr,
     LIVE_LOADS: tl.constexpr,
+    COMBINE: tl.constexpr,
 ):
-    """:func:`decode_split_kernel` and :func:`decode_reduce_kernel` in one launch
-    (``NUM_SPLITS > 1``): each program stores its partial state, then draws a ticket from the
-    counter of its (row, kv head) (``ticket_ptr [B * HKV]`` int32, zero at launch); the program
-    with the last ticket combines the group's ``HQ // HKV`` query heads into ``o [B, HQ, DV]``.
+    """One (row b, kv head, split) program: partial softmax over a chunk of the live slots.
 
-    Ordering: the barrier makes all of this program's partial stores happen before its ticket
-    (acquire-release, GPU scope); the last ticket's acquire then orders every other split's
-    stores before its loads, which go to L2 (``.cg``), not to a possibly stale L1.
+    Outputs (fp32): ``m [B, HQ, NUM_SPLITS]`` running max in log2 units, ``l`` its normaliser,
+    ``acc [B, HQ, NUM_SPLITS, DV]`` the unnormalised weighted values. When ``NUM_SPLITS == 1``
+    no combine follows: ``acc`` is then ``[B, HQ, 1, DV]`` in the output dtype and holds the
+    normalised result.
+
+    ``COMBINE`` (``NUM_SPLITS > 1``): :func:`decode_reduce_kernel`'s work in this launch. Each
+    program, having stored its partial state, draws a ticket from the counter of its (row, kv
+    head) (``ticket_ptr [B * HKV]`` int32, zero at launch); the program with the last ticket
+    combines the group's ``HQ // HKV`` query heads into ``o [B, HQ, DV]``. Ordering: the barrier
+    makes all of this program's partial stores happen before its ticket (acquire-release, GPU
+    scope); the last ticket's acquire then orders every other split's stores before its loads,
+    which go to L2 (``.cg``), not to a possibly stale L1. Without ``COMBINE``, ``o`` and
+    ``ticket`` are unused placeholders.
     """
     _split_program(q_ptr, k_ptr, v_ptr, kvpos_ptr, qpos_ptr, nlive_ptr, m_ptr, l_ptr, acc_ptr,
                    CAP, HQ, HKV, D, DV, NUM_SPLITS, LOOKBACK, PERIOD, QK_SCALE, SCALE, SOFTCAP,
                    BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT, LIVE_LOADS)
-    b = tl.program_id(0)
-    hk = tl.program_id(1)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(ticket_ptr + b * HKV + hk, 1, sem="acq_rel", scope="gpu")
-    if ticket == NUM_SPLITS - 1:
-        for g in tl.static_range(HQ // HKV):
-            _combine_row(m_ptr, l_ptr, acc_ptr, o_ptr, b.to(tl.int64) * HQ + hk * (HQ // HKV) + g,
-                         DV, NUM_SPLITS, BLOCK_DV)
+    if COMBINE:
+        b = tl.program_id(0)
+        hk = tl.program_id(1)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + b * HKV + hk, 1, sem="acq_rel", scope="gpu")
+        if ticket == NUM_SPLITS - 1:
+            for g in tl.static_range(HQ // HKV):
+                _combine_row(m_ptr, l_ptr, acc_ptr, o_ptr,
+                             b.to(tl.int64) * HQ + hk * (HQ // HKV) + g, DV, NUM_SPLITS,
+                             BLOCK_DV)
 
 
 @triton.jit

@@ -215,17 +215,17 @@ def _launch_decode(inputs: tuple[jax.Array, ...], consts: dict[str, Any], combin
     q = inputs[0]
     b, hq, hkv, dv, num_splits = (q.shape[0], consts["HQ"], consts["HKV"], consts["DV"],
                                   consts["NUM_SPLITS"])
-    parts = _split_outputs(b, hq, dv, num_splits, q.dtype)
-    if num_splits > 1 and combine == "in_split":
-        *_, out, _tickets = _launch.launch(
-            kmod.decode_split_combine_kernel, grid=(b, hkv, num_splits), inputs=inputs,
-            out_shapes=[*parts, jax.ShapeDtypeStruct((b, hq, dv), q.dtype),
-                        jax.ShapeDtypeStruct((b * hkv,), jnp.int32)],
-            constexprs=consts, num_warps=4, num_stages=2, zeroed_outputs=(4,))
+    fused = num_splits > 1 and combine == "in_split"
+    combined = ((b, hq, dv), q.dtype) if fused else ((1,), q.dtype)  # else a placeholder
+    m_part, l_part, acc, out, _tickets = _launch.launch(
+        kmod.decode_split_kernel, grid=(b, hkv, num_splits), inputs=inputs,
+        out_shapes=[*_split_outputs(b, hq, dv, num_splits, q.dtype),
+                    jax.ShapeDtypeStruct(*combined),
+                    jax.ShapeDtypeStruct((b * hkv,) if fused else (1,), jnp.int32)],
+        constexprs={**consts, "COMBINE": fused}, num_warps=4, num_stages=2,
+        zeroed_outputs=(4,) if fused else ())
+    if fused:
         return out
-    m_part, l_part, acc = _launch.launch(
-        kmod.decode_split_kernel, grid=(b, hkv, num_splits), inputs=inputs, out_shapes=parts,
-        constexprs=consts, num_warps=4, num_stages=2)
     if num_splits == 1:
         return acc.reshape(b, hq, dv)
     (out,) = _launch.launch(
