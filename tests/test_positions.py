@@ -104,3 +104,23 @@ def test_prefill_runs_the_tail_at_the_sampled_positions_only(prefill: str) -> No
         np.testing.assert_allclose(x, y, atol=1e-5)
     for x, y in zip(a.logits, b.logits, strict=True):
         np.testing.assert_allclose(x, y, atol=1e-4)
+
+
+@pytest.mark.parametrize(("name", "prefill"), [("gemmaish", "packed"), ("gpt2", "block")])
+def test_tail_cut_prefill_equals_rerunning_the_plain_model(name: str, prefill: str) -> None:
+    """Non-DecoderLM models, an odd batch of ragged prompts, a seed not used elsewhere: greedy
+    tokens and the first token's logits (the tail's output at the sampled prompt position)
+    equal re-running the plain model on the whole sequence (``naive_generate``: no runtime
+    code)."""
+    from zoo import naive_generate
+
+    model = _model(name)
+    rng = np.random.default_rng(20261126)
+    prompts = [rng.integers(1, 50, int(n)).astype(np.int32) for n in rng.integers(1, 23, 5)]
+    lm = SymbolicLM(model, EngineOptions(prefill=prefill))
+    assert lm.plan.builder.tail is not None
+    res = lm.generate(prompts, GenerationConfig(max_new_tokens=4, return_logits=True))
+    for p, toks, logits in zip(prompts, res.tokens, res.logits, strict=True):
+        want, rows = naive_generate(model, p, 4)
+        np.testing.assert_array_equal(toks, want)
+        np.testing.assert_allclose(logits[0], rows[0], atol=1e-4)
