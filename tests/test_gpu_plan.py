@@ -26,7 +26,7 @@ def _plan(*args: str) -> subprocess.CompletedProcess:
 def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> None:
     # the fp32 items run rlft_step with the flags the bf16 item covers; the bf16 item runs
     # both systems, LoRA and bf16-mixed: one of each code path
-    items = "gpu_tests,rl_step_bf16mixed_lora16,decode_kernel_batch1,refill"
+    items = "gpu_tests,decode_kernel_batch1,refill,rl_step_bf16mixed_lora16"
     proc = _plan("--dry-run", "--out", str(tmp_path), "--only", items, "--commit", "feedbee")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(x) for x in (tmp_path / "plan.jsonl").read_text().splitlines()]
@@ -48,6 +48,10 @@ def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> 
     systems_run = {r["system"] for r in by["refill"]["result"]["rows"] if r["part"] == "measured"}
     assert systems_run == {"sym compaction", "sym refill", "padded (groups of R)",
                            "tunix (groups of R)"}  # the peer: measured, or why not
+    # on the CPU refill's tokens equal compaction's (the GPU records how far they agree)
+    agree = [r["agreement_with_compaction"] for r in by["refill"]["result"]["rows"]
+             if r["system"] == "sym refill" and r["part"] == "measured"]
+    assert agree and all(a["identical"] == 1.0 and a["prefix"] == 1.0 for a in agree)
     # the item's own result file is folded into the row (the device returns 8 files)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.jsonl", "plan.log"]
     md = gpu_report.write(tmp_path / "plan.jsonl",
@@ -94,3 +98,15 @@ def test_kernel_rows_render_each_variant() -> None:
     assert any(x.startswith("| now | bfloat16 | 14/2/64 | 1 | 4096 | 32 | 9.5 |") for x in lines)
     assert any(x.startswith("| before | bfloat16 | 14/2/64 | 1 | 4096 | 16 | 14.0 |")
                for x in lines)
+
+
+def test_refill_agreement_counts_identical_samples_and_the_prefix_before_a_difference() -> None:
+    from bench.experiments.refill import agreement
+
+    a = [[5, 6, 7, 8], [1, 2], [9, 9, 9, 9]]
+    b = [[5, 6, 0, 0], [1, 2], [9, 9, 9, 9, 4]]  # differ at token 2; equal; b runs one longer
+    got = agreement(a, b)
+    assert got["identical"] == 1 / 3
+    assert got["prefix"] == (2 / 4 + 1.0 + 4 / 5) / 3
+    assert got["first_divergence_min"] == 2 / 4
+    assert agreement(a, a) == {"identical": 1.0, "prefix": 1.0, "first_divergence_min": 1.0}

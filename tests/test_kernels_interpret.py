@@ -294,6 +294,23 @@ def test_decode_combine_in_split_many_splits_one_launch():
     _close(outs["in_split"], _ref_decode(*args, Causal(), 0.25), "f32")
 
 
+def test_decode_kernel_bench_variants_equal_the_reference():
+    """Each layout the GPU plan's kernel item times (``bench decode_kernel --variants``), as the
+    benchmark calls it, gives the reference's output: a variant's keywords are checked here
+    before a device minute is spent on them."""
+    from bench.experiments.decode_kernel import VARIANTS, variant_op
+
+    rng = np.random.default_rng(23)
+    args = _decode_case(rng, b=1, cap=512, hkv=2, g=4, d=16, dt="f32", n_live=[512],
+                        layout="holes")
+    expected = _ref_decode(*args, Causal(), 0.25)
+    splits = {}
+    for variant in VARIANTS:
+        op, splits[variant] = variant_op(variant, 1, 2, 512)
+        _close(op(*args), expected, "f32")
+    assert splits["now"] > splits["wide"] > 1  # the split policy and the first run's differ
+
+
 # --------------------------------------------------------------------------- linear attention
 
 

@@ -21,7 +21,8 @@ Variants (``--variants``), each row measured in each, side by side: ``now`` is t
 runtime calls it (splits of at least 2 blocks, the combine in the split launch, K/V loads not
 waiting on positions for a causal store); ``before`` is the layout the first H100 run measured
 (splits of at least 4 blocks, a second launch for the combine, every K/V load predicated on its
-position), so one run says what the batch-1 work (issue 31, item 4) bought.
+position), so one run says what the batch-1 work (issue 31, item 4) bought; ``launch``,
+``predicated`` and ``wide`` each undo one of the three changes, to say which one did what.
 """
 
 from __future__ import annotations
@@ -113,9 +114,16 @@ def chained_seconds(
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "now": {},
+    "launch": {"combine": "launch"},
+    "predicated": {"live_loads": False},
+    "wide": {"min_blocks": 4},
     "before": {"combine": "launch", "live_loads": False, "min_blocks": 4},
 }
-"""``decode_attention`` keywords per variant (``min_blocks`` picks the split count)."""
+"""``decode_attention`` keywords per variant (``min_blocks`` picks the split count). ``launch``,
+``predicated`` and ``wide`` each undo one of the three batch-1 changes (the combine in the split
+launch, K/V loads not waiting on positions, splits of 2 blocks): the second H100 run measured
+``now`` 1.3-1.8x faster than ``before`` at 4k with many kv heads but up to 1.5x slower at 32k
+with 4-7 query heads per kv head, with all three changed at once."""
 
 
 @dataclass(frozen=True)
@@ -134,10 +142,22 @@ class Row:
     pct_copy: float
 
 
-def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_bw: float,
-              n: int, reps: int, variant: str = "now") -> Row:
+def variant_op(variant: str, b: int, hkv: int, length: int) -> tuple[Callable[..., Any], int]:
+    """``triton_ops.decode_attention`` over a causal store as ``variant`` calls it, and its
+    split count (the runtime's own policy, or with ``min_blocks`` the first run's)."""
     from jaxrl_sym.backends import triton_ops
     from jaxrl_sym.ops.attention import Causal
+
+    kw = dict(VARIANTS[variant])
+    min_blocks = kw.pop("min_blocks", None)
+    splits = (triton_ops._num_splits(b, hkv, length, 64) if min_blocks is None
+              else triton_ops._num_splits(b, hkv, length, 64, min_blocks))
+    return (lambda *a: triton_ops.decode_attention(*a, pattern=Causal(), num_splits=splits,
+                                                   **kw)), splits
+
+
+def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_bw: float,
+              n: int, reps: int, variant: str = "now") -> Row:
 
     dt = jnp.dtype(dtype)
     key = jax.random.split(jax.random.key(0), 3)
@@ -147,11 +167,7 @@ def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_b
     kv_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
     q_pos = jnp.full((b,), length - 1, jnp.int32)
     n_live = jnp.full((b,), length, jnp.int32)
-    kw = dict(VARIANTS[variant])
-    min_blocks = kw.pop("min_blocks", None)
-    splits = (triton_ops._num_splits(b, hkv, length, 64) if min_blocks is None
-              else triton_ops._num_splits(b, hkv, length, 64, min_blocks))
-    op = lambda *a: triton_ops.decode_attention(*a, pattern=Causal(), num_splits=splits, **kw)
+    op, splits = variant_op(variant, b, hkv, length)
     t = chained_seconds(op, q, (k, v, kv_pos, q_pos, n_live), n, reps)
     kv_bytes = 2 * b * length * hkv * d * dt.itemsize
     bw = kv_bytes / t

@@ -63,14 +63,31 @@ class Item:
 _RL = ("bench", "rlft_step", "--steps", "1", "--out", "{out}")
 _RL_DRY = ("bench", "rlft_step", "--preset", "quick", "--out", "{out}")
 PLAN: tuple[Item, ...] = (
-    Item("gpu_tests", 1.0, "compiled Triton kernels against XLA (2026-11-26: 6 passed, 46 s)",
+    Item("gpu_tests", 1.0, "compiled Triton kernels against XLA (2026-11-26b: 8 passed, 54 s)",
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"),
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"), junit=True),
-    Item("rl_step_bf16mixed_lora16", 6.0,
+    Item("decode_kernel_batch1", 2.5,
+         "batch-1 decode-attention bandwidth, the kernel now (2-block splits, combine in the "
+         "split launch, K/V loads not waiting on positions), each change undone alone, and the "
+         "first run's layout (2026-11-26b: now 1.3-1.8x faster at 4k with many kv heads, up to "
+         "1.5x slower at 32k with 4-7 query heads per kv head)",
+         ("bench", "decode_kernel", "--preset", "gpu", "--batches", "1",
+          "--lengths", "4096,32768", "--variants", "now,launch,predicated,wide,before",
+          "--out", "{out}"),
+         ("bench", "decode_kernel", "--preset", "quick", "--out", "{out}"), needs_gpu=True),
+    Item("refill", 6.0,
+         "refill vs compaction vs padded groups of R on the GPU-sized realistic request, where "
+         "a decode step is memory-bound (replay-projected at 512 samples: refill 1.8x / 1.5x "
+         "faster than compaction at R = 32 / 64; on the 2-core CPU it is slower); 2026-11-26b: "
+         "no row in 276 s (tokens differed from compaction's on the GPU; now recorded)",
+         ("bench", "refill", "--preset", "gpu", "--out", "{out}"),
+         ("bench", "refill", "--preset", "quick", "--out", "{out}")),
+    Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
-         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (11.69 vs 10.18 GB)",
+         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
+         "10.09 GB measured, 11.32 vs 9.81 projected)",
          (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16"),
          (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4"),
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
@@ -80,23 +97,10 @@ PLAN: tuple[Item, ...] = (
          (*_RL, "--preset", "gpu", "--systems", "sym"),
          (*_RL_DRY, "--systems", "sym"),
          projection="bench/results/projection/rl_step_gpu_h100.json"),
-    Item("decode_kernel_batch1", 1.2,
-         "batch-1 decode-attention bandwidth, the kernel now (2-block splits, combine in the "
-         "split launch, K/V loads not waiting on positions) beside the first run's layout "
-         "(2-18% of copy bandwidth at 1-32k)",
-         ("bench", "decode_kernel", "--preset", "gpu", "--batches", "1",
-          "--lengths", "4096,32768", "--out", "{out}"),
-         ("bench", "decode_kernel", "--preset", "quick", "--out", "{out}"), needs_gpu=True),
     Item("rl_step_fp32_padded", 2.0, "padded's fp32 peak in the same tree as sym's",
          (*_RL, "--preset", "gpu", "--systems", "padded"),
          (*_RL_DRY, "--systems", "padded"),
          projection="bench/results/projection/rl_step_gpu_h100.json"),
-    Item("refill", 3.0,
-         "refill vs compaction vs padded groups of R on the GPU-sized realistic request, where "
-         "a decode step is memory-bound (replay-projected at 512 samples: refill 1.8x / 1.5x "
-         "faster than compaction at R = 32 / 64; on the 2-core CPU it is slower)",
-         ("bench", "refill", "--preset", "gpu", "--out", "{out}"),
-         ("bench", "refill", "--preset", "quick", "--out", "{out}")),
 )
 
 
