@@ -271,10 +271,10 @@ class GrowingStore(StoreKind):
         q, k, v, q_pos, k_pos = args[:5]
         if fresh:
             return _fresh(spec, store, args)
-        if q.shape[1] == 1:
-            write_index = write_index % store["pos"].shape[1]
-        new = _write(store, k, v, k_pos, write_index)
+        slot = write_index % store["pos"].shape[1] if q.shape[1] == 1 else write_index
+        new = _write(store, k, v, k_pos, slot)
         if spec.triton_decode and q.shape[1] == 1:
+            # the live count of the unwrapped index: once wrapped, every slot is live
             return _triton_decode(spec, new, q, q_pos, write_index), new
         return _masked(spec, q, q_pos, new), new  # write first, then one masked pass
 
