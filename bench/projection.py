@@ -135,13 +135,18 @@ def roofline(row: dict[str, Any], dev: dict[str, Any]) -> dict[str, Any]:
 
 
 def calibration(report: dict[str, Any], dev: dict[str, Any]) -> list[dict[str, Any]]:
-    """Projected vs the committed run on this device (``bench/results/<device>/rlft_step_*``)."""
+    """Projected vs the newest committed run on this device of the same configuration
+    (precision, LoRA rank, update tokens, preset): :func:`measured_runs`. A configuration never
+    run on the device gets no rows, not another configuration's."""
+    want = run_config(report["config"])
     rows = []
     for name, r in report["systems"].items():
-        path = ROOT / "bench" / "results" / dev["results"] / f"rlft_step_{name}.json"
-        if "error" in r or not path.exists():
+        runs = [m for m in measured_runs(dev) if name in m["systems"]
+                and run_config(m["config"]) == want]
+        if "error" in r or not runs:
             continue
-        got = json.loads(path.read_text())["systems"][name]
+        run = max(runs, key=lambda m: m["date"])
+        got = run["systems"][name]
         proj = r["projection"]
         pairs = {"peak GB": (proj["peak"] / GB, got["peak_bytes"] / GB),
                  "update s": (proj["seconds"].get("update", 0.0), got["seconds"]["update"]),
@@ -149,8 +154,32 @@ def calibration(report: dict[str, Any], dev: dict[str, Any]) -> list[dict[str, A
                                           got["seconds"]["generation"])}
         for what, (p, m) in pairs.items():
             rows.append({"system": name, "what": what, "projected": p, "measured": m,
-                         "miss": p / m - 1 if m else None, "source": str(path.relative_to(ROOT))})
+                         "miss": p / m - 1 if m else None, "source": run["source"]})
     return rows
+
+
+def run_config(cfg: dict[str, Any]) -> tuple[Any, ...]:
+    """What must agree between a projection and a run for one to calibrate the other (the
+    first H100 run's reports predate ``precision`` and ``lora_rank``: fp32, no LoRA)."""
+    return (cfg.get("preset"), cfg.get("precision") or "fp32", cfg.get("lora_rank") or 0,
+            cfg.get("update_tokens"))
+
+
+def measured_runs(dev: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every committed RL-step run on ``dev``: the first run's ``rlft_step_<system>.json`` and
+    the GPU plan's ``rl_step*`` rows (``<date>/plan.jsonl``), each with its config and date."""
+    base = ROOT / "bench" / "results" / dev["results"]
+    runs = []
+    for path in sorted(base.glob("rlft_step_*.json")):
+        rep = json.loads(path.read_text())
+        runs.append({**rep, "source": str(path.relative_to(ROOT))})
+    for path in sorted(base.glob("*/plan.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row["item"].startswith("rl_step") and row["status"] == "ok" and row["result"]:
+                runs.append({**row["result"],
+                             "source": f"{path.relative_to(ROOT)} ({row['item']})"})
+    return runs
 
 
 def render(report: dict[str, Any]) -> str:

@@ -67,3 +67,64 @@ def test_suite_quick_dry_run_plans_every_scenario() -> None:
 
 def test_no_bench_module_compares_system_names() -> None:
     assert _name_compares(ROOT / "bench") == []
+
+
+def test_a_projection_is_calibrated_by_the_device_run_of_its_own_configuration() -> None:
+    """The committed H100 runs (first run: fp32, no precision key; the GPU plan's rows:
+    bf16-mixed + LoRA 16 twice, fp32 once): a projection takes the newest run that shares its
+    precision, LoRA rank and update tokens, and a configuration never run gets no rows."""
+    import json
+
+    from bench.child import ROOT
+    from bench.projection import calibration, devices
+
+    h100 = devices()["h100"]
+
+    def report(**cfg: object) -> dict:
+        proj = {"peak": 5e9, "seconds": {"update": 1.0, "generation floor": 0.5}}
+        return {"config": {"preset": "gpu", "precision": "fp32", "lora_rank": None,
+                           "update_tokens": 4096, **cfg},
+                "systems": {"sym": {"projection": proj}, "padded": {"projection": proj}}}
+
+    def measured(item: str, system: str) -> float:  # read here from the committed plan rows
+        for line in (ROOT / "bench/results/nvidia-h100-80gb-hbm3/2026-11-26b/plan.jsonl"
+                     ).read_text().splitlines():
+            row = json.loads(line)
+            if row["item"] == item:
+                return row["result"]["systems"][system]["peak_bytes"] / 1e9
+        raise AssertionError(item)
+
+    rows = calibration(report(precision="bf16-mixed", lora_rank=16), h100)
+    peaks = {r["system"]: r for r in rows if r["what"] == "peak GB"}
+    assert set(peaks) == {"sym", "padded"}
+    for name in ("sym", "padded"):  # the newer of the two bf16 runs (2026-11-26b)
+        assert "2026-11-26b" in peaks[name]["source"]
+        assert peaks[name]["measured"] == measured("rl_step_bf16mixed_lora16", name)
+        assert abs(peaks[name]["miss"] - (5.0 / peaks[name]["measured"] - 1)) < 1e-12
+    fp32 = {r["system"]: r for r in calibration(report(), h100) if r["what"] == "peak GB"}
+    assert all("rl_step_fp32" in r["source"] for r in fp32.values())  # not the first run
+    assert fp32["sym"]["measured"] != peaks["sym"]["measured"]
+    assert calibration(report(update_tokens=1280), h100) == []
+
+
+def test_recalibrate_rewrites_the_device_rows_and_keeps_the_hand_note(tmp_path) -> None:
+    import json
+    import shutil
+
+    from bench.child import ROOT
+    from bench.experiments import project
+
+    src = ROOT / "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16"
+    shutil.copy(src.with_suffix(".json"), tmp_path / "p.json")
+    stale = json.loads((tmp_path / "p.json").read_text())
+    stale.pop("config", None)  # a report written before the config was stored
+    stale["calibration"] = []
+    (tmp_path / "p.json").write_text(json.dumps(stale))
+    (tmp_path / "p.md").write_text("# title\n\n> a note by hand\n\n`python -m bench project "
+                                   "--preset gpu`\n\nold tables\n")
+    assert project.main(["--recalibrate", str(tmp_path / "p.json")]) == 0
+    md = (tmp_path / "p.md").read_text()
+    assert md.startswith("# RL step projected") and "\n> a note by hand\n" in md
+    assert "old tables" not in md and "2026-11-26b/plan.jsonl (rl_step_bf16mixed_lora16)" in md
+    got = json.loads((tmp_path / "p.json").read_text())
+    assert got["config"]["precision"] == "bf16-mixed" and got["config"]["lora_rank"] == 16

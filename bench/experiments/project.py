@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--update-tokens", type=int, default=None,
                    help="RLConfig.update_tokens: token slots per training micro-batch")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
+    p.add_argument("--recalibrate", default=None, metavar="OUT_JSON",
+                   help="run nothing: set OUT.json's projection beside the newest committed "
+                        "device run of its configuration and re-render OUT.md (a note written "
+                        "by hand between the title and the command line is kept)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = presets.parse(p, PRESETS, argv)
     if args.device not in devices():
@@ -90,12 +95,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return projection_decode.main(argv)
     args = parse_args(argv)
+    if args.recalibrate:
+        return recalibrate(Path(args.recalibrate))
     if args.child:
         print(json.dumps(run_child(args)))
         return 0
     device = devices()[args.device]
     report: dict[str, Any] = {"command": presets.command("project", argv),
-                              "preset": args.preset, "device": device, "systems": {}}
+                              "preset": args.preset, "device": device, "systems": {},
+                              "config": config(args)}
     for name in presets.csv(args.systems):
         res = child.run(child.experiment("project", *(argv or []), "--child", name),
                         env=_CHILD_ENV)
@@ -116,6 +124,35 @@ def main(argv: list[str] | None = None) -> int:
         out.with_suffix(".json").write_text(json.dumps(report, indent=1))
         out.with_suffix(".md").write_text(text + "\n")
     return 0 if all("error" not in r for r in report["systems"].values()) else 1
+
+
+def recalibrate(path: Path) -> int:
+    """Re-set a committed projection beside the device runs committed since (no compiles)."""
+    if not path.is_file():
+        raise SystemExit(f"--recalibrate {path}: no such projection report (OUT.json)")
+    report = json.loads(path.read_text())
+    if "config" not in report:  # written before the config was stored: its command says it
+        words = shlex.split(report["command"])
+        report["config"] = config(parse_args(words[words.index("project") + 1:]))
+    report["calibration"] = calibration(report, report["device"])
+    md = path.with_suffix(".md")
+    old = md.read_text() if md.exists() else ""
+    text = render(report)
+    note = old.split("\n`python -m bench project", 1)[0].split("\n", 1)[1:] if old else []
+    if note and note[0].strip():
+        title, rest = text.split("\n", 1)
+        text = f"{title}\n{note[0].rstrip()}\n{rest}"
+    path.write_text(json.dumps(report, indent=1))
+    md.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def config(args: argparse.Namespace) -> dict[str, Any]:
+    """The projected step's configuration in ``rlft_step``'s report keys (what a measured run
+    must share to calibrate it: :func:`bench.projection.run_config`)."""
+    return {"preset": args.preset, "precision": args.precision or "fp32",
+            "lora_rank": args.lora_rank, "update_tokens": args.update_tokens}
 
 
 def _workload(argv: list[str] | None) -> str:
