@@ -34,27 +34,26 @@ def _workload(args: Namespace) -> tuple[list[np.ndarray], list[int], list[np.nda
 def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     """``name``'s step ledger on the preset's workload (and the trainer, for a measurement)."""
     from bench.experiments import rlft_step
-    from jaxrl_sym import systems
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.lm import init_model, preset
-    from jaxrl_sym.rl import RLConfig, RLTrainer
+    from jaxrl_sym.rl import RLTrainer
     from jaxrl_sym.rl.ledger import step_ledger
+    from jaxrl_sym.runtime.options import EngineOptions
     from jaxrl_sym.weights.lora_config import LoraConfig
 
     _, limits, expanded = _workload(args)
     model = init_model(preset("small", **rlft_step.model_config(args)), args.seed)
-    cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
-                   max_new_tokens=max(limits), eos_id=None, lr=1e-4,
-                   update_tokens=args.update_tokens or None)
+    cfg = rlft_step.rl_config(args, limits)
     lora = None if not args.lora_rank else LoraConfig(rank=args.lora_rank)
-    trainer = RLTrainer(model, rlft_step.reward_fn, cfg, system=name,
+    engine = EngineOptions(**json.loads(args.engine)) if args.engine else None
+    trainer = RLTrainer(model, rlft_step.reward_fn, cfg, system=name, engine=engine,
                         precision=args.precision or "fp32", lora=lora)
     # generation reads the trainer's forward weights (a bf16 copy, LoRA merged): the model
     # the estimate and the decode bytes are taken of
     st = trainer.state
     model = trainer.view.compute_model(trainer.graphdef, trainer.treedef, st.params["lm"],
                                        st.frozen)
-    bound = systems.get(name).bind(model)
+    bound = trainer.forwards.bound(trainer.system)  # the trainer's own generation options
     gcfg = GenerationConfig(max_new_tokens=max(limits))
     est = bound.estimate([len(p) for p in expanded], gcfg)
     # projected for an accelerator, where the trainer scores the reference during generation
@@ -84,11 +83,12 @@ def decode_bytes(model: Any, prompt_lens: list[int], limits: list[int],
 
 
 def largest_batches(bound: Any, expanded: list[np.ndarray], gcfg: Any, ledger: dict[str, Any],
-                    est: Any) -> dict[str, int]:
+                    est: Any) -> dict[str, int | None]:
     """Samples that fit each device: generation's stores grow with the batch, the reference and
     update programs do not (``update_tokens`` fixes their micro-batch), so the largest batch is
     where generation's moment reaches the limit. Generation's bytes are the system's own
-    estimate at B and 2B samples, extended linearly (its stores are per row)."""
+    estimate at B and 2B samples, extended linearly (its stores are per row). None: generation
+    holds a fixed number of rows whatever the batch (refill), so no batch size is refused."""
     others = max((m["total"] for s, m in ledger["stages"].items() if s != "generation"),
                  default=0)
     gen = ledger["stages"].get("generation")
@@ -96,12 +96,17 @@ def largest_batches(bound: Any, expanded: list[np.ndarray], gcfg: Any, ledger: d
     base = (gen["total"] if gen else 0) - own  # state (+ an overlapped reference chunk)
     b = len(expanded)
     e2 = bound.estimate([len(p) for p in expanded] * 2, gcfg)
-    per_sample = max(1.0, ((e2.total - e2.weights) - own) / b)
+    per_sample = ((e2.total - e2.weights) - own) / b
     fixed = base + own - per_sample * b
-    out = {}
+    out: dict[str, int | None] = {}
     for name, d in devices().items():
         limit = d["memory"] * d["jax_fraction"]
-        out[name] = 0 if others > limit else max(0, int((limit - fixed) // per_sample))
+        if others > limit or base + own > limit:
+            out[name] = 0
+        elif per_sample < 1024:  # resident rows fixed (refill): no bound from generation
+            out[name] = None
+        else:
+            out[name] = max(0, int((limit - fixed) // per_sample))
     return out
 
 
@@ -162,7 +167,8 @@ def run_config(cfg: dict[str, Any]) -> tuple[Any, ...]:
     """What must agree between a projection and a run for one to calibrate the other (the
     first H100 run's reports predate ``precision`` and ``lora_rank``: fp32, no LoRA)."""
     return (cfg.get("preset"), cfg.get("precision") or "fp32", cfg.get("lora_rank") or 0,
-            cfg.get("update_tokens"))
+            cfg.get("update_tokens"), cfg.get("logprob_chunk"),
+            json.dumps(json.loads(cfg["engine"]), sort_keys=True) if cfg.get("engine") else None)
 
 
 def measured_runs(dev: dict[str, Any]) -> list[dict[str, Any]]:
@@ -202,7 +208,8 @@ def render(report: dict[str, Any]) -> str:
         if "error" in r:
             continue
         p, s = r["projection"], r["projection"]["seconds"]
-        fit = ", ".join(f"{k} {v}" for k, v in r["largest_batch"].items())
+        fit = ", ".join(f"{k} {'any (rows resident fixed)' if v is None else v}"
+                        for k, v in r["largest_batch"].items())
         lines.append(f"| {name} | {r['layout_shape'][0]}×{r['layout_shape'][1]} | "
                      f"{p['peak'] / GB:.2f} | {'yes' if p['fits'] else 'NO'} | "
                      f"{s.get('update', 0):.2f} | {s.get('reference', 0):.2f} | "

@@ -66,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train LoRA adapters of this rank instead of every weight")
     p.add_argument("--update-tokens", type=int, default=None,
                    help="RLConfig.update_tokens: token slots per training micro-batch")
+    p.add_argument("--logprob-chunk", type=int, default=None,
+                   help="RLConfig.logprob_chunk: token slots whose logits exist at once")
+    p.add_argument("--engine", default=None, metavar="JSON",
+                   help="EngineOptions fields for the trainer's generation, e.g. "
+                        "'{\"microbatch_rows\": 32, \"refill\": true}' (as rlft_step's)")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     p.add_argument("--recalibrate", default=None, metavar="OUT_JSON",
                    help="run nothing: set OUT.json's projection beside the newest committed "
@@ -152,7 +157,8 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     """The projected step's configuration in ``rlft_step``'s report keys (what a measured run
     must share to calibrate it: :func:`bench.projection.run_config`)."""
     return {"preset": args.preset, "precision": args.precision or "fp32",
-            "lora_rank": args.lora_rank, "update_tokens": args.update_tokens}
+            "lora_rank": args.lora_rank, "update_tokens": args.update_tokens,
+            "engine": args.engine, "logprob_chunk": args.logprob_chunk}
 
 
 def _workload(argv: list[str] | None) -> str:

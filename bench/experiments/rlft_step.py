@@ -81,17 +81,26 @@ def reward_fn(prompt: np.ndarray, response: np.ndarray) -> float:
     return float(np.mean(response % 2 == 0))
 
 
+def rl_config(args: argparse.Namespace, limits: list[int]) -> Any:
+    """The step's RLConfig (GRPO, one epoch, the workload's longest response; the flags given
+    override the config's defaults, the others keep them): the projection's too."""
+    from jaxrl_sym.rl import RLConfig
+
+    chunk = {"logprob_chunk": args.logprob_chunk} if args.logprob_chunk else {}
+    return RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
+                    max_new_tokens=max(limits), eos_id=None, lr=1e-4,
+                    update_tokens=args.update_tokens or None, **chunk)
+
+
 def run_system(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.models.lm import init_model, preset
-    from jaxrl_sym.rl import RLConfig, RLTrainer
+    from jaxrl_sym.rl import RLTrainer
     from jaxrl_sym.runtime.metrics import device_memory_limit, peak_rss_bytes, tree_bytes
     from jaxrl_sym.runtime.options import EngineOptions
     from jaxrl_sym.weights.lora_config import LoraConfig
 
     prompts, limits = workload(args)
-    cfg = RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
-                   max_new_tokens=max(limits), eos_id=None, lr=1e-4,
-                   update_tokens=args.update_tokens or None)
+    cfg = rl_config(args, limits)
     engine = EngineOptions(**json.loads(args.engine)) if args.engine else None
     trainer = RLTrainer(init_model(preset("small", **model_config(args)), args.seed), reward_fn,
                         cfg, system=args.system, engine=engine, precision=args.precision,
@@ -222,6 +231,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "of every weight")
     p.add_argument("--update-tokens", type=int, default=None,
                    help="RLConfig.update_tokens: token slots per training micro-batch")
+    p.add_argument("--logprob-chunk", type=int, default=None,
+                   help="RLConfig.logprob_chunk: token slots whose logits exist at once")
     p.add_argument("--engine", default=None, metavar="JSON",
                    help="EngineOptions fields for the trainer's generation, e.g. "
                         "'{\"min_capacity\": 16}' (default: the RL trainer's own)")
@@ -266,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     # "preset" in the report: the model (cpu/gpu), as the committed reports have it
     config = {"preset": args.model, **{k: getattr(args, k) for k in (
         "scale", "prompts", "group", "sigma", "beta", "steps", "seed", "precision")}}
-    for k in ("memory_budget", "update_tokens", "engine", "lora_rank"):
+    for k in ("memory_budget", "update_tokens", "engine", "lora_rank", "logprob_chunk"):
         if getattr(args, k):
             config[k] = getattr(args, k)
     _, limits = workload(args)

@@ -241,8 +241,16 @@ class DecoderLM(nnx.Module):
         return self.final_norm(x)
 
     def head(self, features: jax.Array) -> jax.Array:
-        """Tied fp32 head: ``features [..., d_model] -> logits [..., V]``; position-wise."""
-        return features.astype(jnp.float32) @ self.embed.embedding[...].astype(jnp.float32).T
+        """Tied head with fp32 logits: ``features [..., d_model] -> logits [..., V]``;
+        position-wise. The product accumulates in fp32 from the weights' own dtype: upcasting
+        a bf16 embedding first would materialise a ``[V, d_model]`` fp32 copy (0.54 GB at
+        Qwen's vocabulary, plus a transposed one on XLA:CPU) for the same logits — a bf16
+        times bf16 product is exact in fp32. Contracting ``d`` on both operands (no ``.T``)
+        leaves the layout to XLA."""
+        emb = self.embed.embedding[...]
+        dt = jnp.promote_types(features.dtype, emb.dtype)
+        return jnp.einsum("...d,vd->...v", features.astype(dt), emb.astype(dt),
+                          preferred_element_type=jnp.float32)
 
 
 def init_model(cfg: LMConfig, seed: int = 0) -> DecoderLM:

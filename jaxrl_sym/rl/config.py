@@ -102,10 +102,13 @@ class RLConfig:
       Needs a model with the contract's optional ``features``/``head`` split; without it the
       step runs unchunked and its ``logprob_chunking`` stat says why. A batch of at most this
       many slots runs unchunked too (one chunk would hold the same logits and its recomputed
-      backward more). None: off (unchunked). The default, 1024, from ``bench/logprob_memory.py``
-      at a 151,936 vocabulary: its update ran 62 s where 256 took 100 s (4,096 slots, loaded
-      2-core CPU), and its peak at 16,384 slots is 4.4 GB against 23.0 GB unchunked (256:
-      3.5 GB).
+      backward more). None: off (unchunked). The default, 256, is chosen for what a GPU pays:
+      the chunk's backward holds about three ``[chunk x vocab]`` fp32 buffers, 1.8 GB at 1024
+      slots of Qwen2.5's 151,936-word vocabulary and 0.45 GB at 256 (the projected update peak
+      at the GPU preset, bf16-mixed + LoRA 16, one 1,280-slot row: 6.43 -> 5.03 GB;
+      ``bench/results/projection.md``), while the head's flops are the same at any chunk. On a
+      CPU a smaller chunk is slower (``bench/logprob_memory.py``: 100 s vs 62 s at 1024, 4,096
+      slots, loaded 2-core CPU): set 1024 there if time matters more than memory.
     tis_cap: truncated importance sampling (verl, slime) for the gap between the generation's
       log-probs and the trainer's own at the same weights (bf16 generation vs a recompute,
       another system's kernels): each token's policy gradient is weighted by
@@ -143,7 +146,7 @@ class RLConfig:
     share_prompts: bool = True
     overlap_reference: bool | None = None
     update_tokens: int | None = None
-    logprob_chunk: int | None = 1024
+    logprob_chunk: int | None = 256
     tis_cap: float | None = None
 
     def __post_init__(self) -> None:

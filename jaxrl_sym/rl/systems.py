@@ -72,7 +72,8 @@ class BindArgs:
       (:class:`~jaxrl_sym.runtime.options.EngineOptions`; a
       :class:`~jaxrl_sym.runtime.options.Speculation` or None: plain decoding). mesh / budget:
       the trainer's device mesh and :class:`~jaxrl_sym.sharding.MemoryBudget` (None: one device,
-      no check). logprob_chunk: the forward's logits chunk (None: whole logits).
+      no check). logprob_chunk: the forward's logits chunk (None: whole logits; the
+      trainer passes ``RLConfig.logprob_chunk``, the knob's one default).
     """
 
     model: nnx.Module
@@ -80,7 +81,7 @@ class BindArgs:
     speculation: Speculation | None = None
     mesh: Any = None
     budget: Any = None
-    logprob_chunk: int | None = 1024
+    logprob_chunk: int | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,12 @@ class Bound:
     def generate(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> GenerationResult:
         """Sample a response for each (already validated, G-fold expanded) prompt."""
         raise NotImplementedError
+
+    def estimate(self, prompt_lens: Sequence[int], gcfg: GenerationConfig) -> Any:
+        """The bytes :meth:`generate` will hold for these prompts, compiling nothing (an
+        :class:`~jaxrl_sym.runtime.estimate.Estimate`): the registered system's estimate on the
+        current policy; a system whose generation has options of its own prices those."""
+        return self.system.spec.bind(self.model()).estimate(prompt_lens, gcfg)
 
     def generate_until(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
                        stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
@@ -288,6 +295,10 @@ class SymBound(Bound):
 
     def generate(self, prompts: list[np.ndarray], gcfg: GenerationConfig) -> GenerationResult:
         return self.engine.generate(prompts, gcfg, on_finished=None)
+
+    def estimate(self, prompt_lens: Sequence[int], gcfg: GenerationConfig) -> Any:
+        """The trainer's engine prices its own options (refill, microbatch rows, capacities)."""
+        return self.engine.estimate(prompt_lens, gcfg)
 
     def generate_until(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
                        stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
