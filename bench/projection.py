@@ -183,8 +183,9 @@ def measured_runs(dev: dict[str, Any]) -> list[dict[str, Any]]:
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if row["item"].startswith("rl_step") and row["status"] == "ok" and row["result"]:
+                tree = f", tree {row['commit'][:7]}" if row.get("commit") else ""
                 runs.append({**row["result"],
-                             "source": f"{path.relative_to(ROOT)} ({row['item']})"})
+                             "source": f"{path.relative_to(ROOT)} ({row['item']}{tree})"})
     return runs
 
 

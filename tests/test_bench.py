@@ -125,6 +125,7 @@ def test_recalibrate_rewrites_the_device_rows_and_keeps_the_hand_note(tmp_path) 
     assert project.main(["--recalibrate", str(tmp_path / "p.json")]) == 0
     md = (tmp_path / "p.md").read_text()
     assert md.startswith("# RL step projected") and "\n> a note by hand\n" in md
-    assert "old tables" not in md and "2026-11-26b/plan.jsonl (rl_step_bf16mixed_lora16)" in md
+    assert "old tables" not in md
+    assert "2026-11-26b/plan.jsonl (rl_step_bf16mixed_lora16, tree b0d2181)" in md
     got = json.loads((tmp_path / "p.json").read_text())
     assert got["config"]["precision"] == "bf16-mixed" and got["config"]["lora_rank"] == 16
