@@ -26,7 +26,8 @@ def _plan(*args: str) -> subprocess.CompletedProcess:
 def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> None:
     # the fp32 items run rlft_step with the flags the bf16 item covers; the bf16 item runs
     # both systems, LoRA and bf16-mixed: one of each code path
-    items = "gpu_tests,decode_kernel_batch1,refill,rl_step_bf16mixed_lora16"
+    items = ("gpu_tests,rl_step_bf16mixed_lora16,rl_step_sym_memory_knobs,decode_kernel_batch1,"
+             "refill")
     proc = _plan("--dry-run", "--out", str(tmp_path), "--only", items, "--commit", "feedbee")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(x) for x in (tmp_path / "plan.jsonl").read_text().splitlines()]
@@ -41,6 +42,10 @@ def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> 
         r = rl["systems"][system]
         assert r["peak_bytes"] > 0 and r["seconds"]["update"] > 0 and r["useful_tokens"] > 0
     assert rl["ratios"]["step_seconds"] > 0
+    # sym with its memory knobs: the engine options and the micro-batch reach the trainer
+    knobs = by["rl_step_sym_memory_knobs"]["result"]
+    assert knobs["config"]["update_tokens"] == 256 and "refill" in knobs["config"]["engine"]
+    assert set(knobs["systems"]) == {"sym"} and knobs["systems"]["sym"]["peak_bytes"] > 0
     # a GPU-only experiment says why it did not run, and the row says skipped
     assert by["decode_kernel_batch1"]["status"] == "skipped"
     assert "needs a GPU" in by["decode_kernel_batch1"]["tail"]

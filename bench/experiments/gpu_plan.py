@@ -58,6 +58,7 @@ class Item:
     needs_gpu: bool = False
     projection: str | None = None
     junit: bool = False  # a pytest run: its result file is JUnit XML, not an experiment's JSON
+    env: tuple[tuple[str, str], ...] = ()  # set for the GPU run only (GPU-only XLA flags)
 
 
 _RL = ("bench", "rlft_step", "--steps", "1", "--out", "{out}")
@@ -68,6 +69,26 @@ PLAN: tuple[Item, ...] = (
           "--junitxml={out}"),
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"), junit=True),
+    Item("rl_step_bf16mixed_lora16", 6.5,
+         "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
+         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
+         "10.09 GB measured; since then logprob_chunk 256 and the head without an fp32 "
+         "embedding copy: 9.55 vs 8.03 projected)",
+         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16"),
+         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4"),
+         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
+    Item("rl_step_sym_memory_knobs", 3.5,
+         "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
+         "rows with refill, update micro-batches of one 1,280-slot row; projected 5.03 GB, 0.63x "
+         "padded's 8.03 (bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16_sym_"
+         "update1280_refill32.md): the peak and what the knobs cost in step time",
+         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16",
+          "--systems", "sym", "--update-tokens", "1280",
+          "--engine", '{"microbatch_rows": 32, "refill": true}'),
+         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4", "--systems", "sym",
+          "--update-tokens", "256", "--engine", '{"microbatch_rows": 4, "refill": true}'),
+         projection="bench/results/projection/"
+                    "rl_step_gpu_h100_bf16mixed_lora16_sym_update1280_refill32.json"),
     Item("decode_kernel_batch1", 2.5,
          "batch-1 decode-attention bandwidth, the kernel now (2-block splits, combine in the "
          "split launch, K/V loads not waiting on positions), each change undone alone, and the "
@@ -84,13 +105,14 @@ PLAN: tuple[Item, ...] = (
          "no row in 276 s (tokens differed from compaction's on the GPU; now recorded)",
          ("bench", "refill", "--preset", "gpu", "--out", "{out}"),
          ("bench", "refill", "--preset", "quick", "--out", "{out}")),
-    Item("rl_step_bf16mixed_lora16", 6.5,
-         "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
-         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
-         "10.09 GB measured, 11.32 vs 9.81 projected)",
-         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16"),
-         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4"),
-         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
+    Item("rl_step_padded_no_autotune", 2.5,
+         "padded's bf16-mixed + LoRA 16 step with XLA's GPU autotuner off: its 10.09 GB peak is "
+         "reached in generation, which compiles on every call and which the ledger puts at 5.68 "
+         "GB; if the peak falls near the ledger's, the rest was the autotuner's scratch",
+         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16",
+          "--systems", "padded"),
+         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4", "--systems", "padded"),
+         env=(("XLA_FLAGS", "--xla_gpu_autotune_level=0"),)),
     Item("rl_step_fp32_sym", 2.7,
          "sym's fp32 full fine-tuning peak after the cost-model work (first run 44.9 GB vs "
          "padded 33.5; projected 24.65 vs 21.77)",
@@ -129,7 +151,8 @@ def run_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, 
     res_path = out / f"{item.name}.{'xml' if item.junit else 'json'}"
     argv = [a.replace("{out}", str(res_path)) for a in (item.dry if args.dry_run else item.gpu)]
     t0 = time.perf_counter()
-    res = child.run(child.module(*argv), timeout=timeout, env={"PYTHONUNBUFFERED": "1"})
+    env = {"PYTHONUNBUFFERED": "1", **({} if args.dry_run else dict(item.env))}
+    res = child.run(child.module(*argv), timeout=timeout, env=env)
     seconds = time.perf_counter() - t0
     with open(out / "plan.log", "a") as f:
         f.write(f"===== {item.name}: {' '.join(argv)} ({res.status}, {seconds:.0f} s)\n"
@@ -142,7 +165,8 @@ def run_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, 
         status = "failed"
     res_path.unlink(missing_ok=True)  # its content is in the row: the device returns 8 files
     return {"status": status, "seconds": round(seconds, 1), "result": result,
-            "tail": child.tail(res.stderr or res.stdout, 12), "command": " ".join(argv)}
+            "tail": child.tail(res.stderr or res.stdout, 12), "command": " ".join(argv),
+            "env": dict(item.env)}
 
 
 def _environment(args: argparse.Namespace) -> dict[str, Any]:
