@@ -115,3 +115,24 @@ def test_refill_agreement_counts_identical_samples_and_the_prefix_before_a_diffe
     assert got["prefix"] == (2 / 4 + 1.0 + 4 / 5) / 3
     assert got["first_divergence_min"] == 2 / 4
     assert agreement(a, a) == {"identical": 1.0, "prefix": 1.0, "first_divergence_min": 1.0}
+
+
+def test_every_items_xla_flags_parse() -> None:
+    """An item's environment reaches its child on the device; a misspelt XLA flag would abort
+    it there after the machine's start. XLA:CPU parses GPU flags too and refuses unknown ones:
+    each item's ``XLA_FLAGS`` is checked here (and a misspelt one is refused, so the check can
+    fail)."""
+    import os
+    import subprocess
+    import sys
+
+    flags = {dict(i.env)["XLA_FLAGS"] for i in gpu_plan.PLAN if "XLA_FLAGS" in dict(i.env)}
+    assert flags  # the plan has items that set XLA flags
+
+    def parses(value: str) -> bool:
+        env = {**os.environ, "XLA_FLAGS": value, "JAX_PLATFORMS": "cpu"}
+        return subprocess.run([sys.executable, "-c", "import jax.numpy as j; j.ones(1).sum()"],
+                              env=env, capture_output=True, timeout=120).returncode == 0
+
+    assert all(parses(f) for f in flags), flags
+    assert not parses("--xla_gpu_enable_comand_buffer=+WHILE")

@@ -58,7 +58,7 @@ class Item:
     needs_gpu: bool = False
     projection: str | None = None
     junit: bool = False  # a pytest run: its result file is JUnit XML, not an experiment's JSON
-    env: tuple[tuple[str, str], ...] = ()  # set for the GPU run only (GPU-only XLA flags)
+    env: tuple[tuple[str, str], ...] = ()  # set for the item (dry runs too: XLA checks flags)
 
 
 _RL = ("bench", "rlft_step", "--steps", "1", "--out", "{out}")
@@ -89,6 +89,15 @@ PLAN: tuple[Item, ...] = (
           "--update-tokens", "256", "--engine", '{"microbatch_rows": 4, "refill": true}'),
          projection="bench/results/projection/"
                     "rl_step_gpu_h100_bf16mixed_lora16_sym_update1280_refill32.json"),
+    Item("rl_step_sym_while_graphs", 3.5,
+         "sym's bf16-mixed + LoRA 16 step with XLA's while loops and conditionals inside CUDA "
+         "graphs: a decode tile is a lax.while_loop, whose condition XLA:GPU otherwise copies to "
+         "the host every iteration (a sync per decode step); generation s against item 2's sym "
+         "(3.71 s on 2026-11-26b, 7.9x its roofline floor)",
+         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16",
+          "--systems", "sym"),
+         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4", "--systems", "sym"),
+         env=(("XLA_FLAGS", "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"),)),
     Item("decode_kernel_batch1", 2.5,
          "batch-1 decode-attention bandwidth, the kernel now (2-block splits, combine in the "
          "split launch, K/V loads not waiting on positions), each change undone alone, and the "
@@ -151,7 +160,7 @@ def run_item(item: Item, args: argparse.Namespace, timeout: float) -> dict[str, 
     res_path = out / f"{item.name}.{'xml' if item.junit else 'json'}"
     argv = [a.replace("{out}", str(res_path)) for a in (item.dry if args.dry_run else item.gpu)]
     t0 = time.perf_counter()
-    env = {"PYTHONUNBUFFERED": "1", **({} if args.dry_run else dict(item.env))}
+    env = {"PYTHONUNBUFFERED": "1", **dict(item.env)}  # XLA:CPU parses (and refuses) GPU flags
     res = child.run(child.module(*argv), timeout=timeout, env=env)
     seconds = time.perf_counter() - t0
     with open(out / "plan.log", "a") as f:
