@@ -36,6 +36,8 @@ class Weights(Protocol):
 
     def forward(self, lm: Any, frozen: Any) -> list[jax.Array]: ...
 
+    def call(self, fn: Any, lm: Any, frozen: Any, *args: Any) -> Any: ...
+
     def compute_copy(self, lm: Any, frozen: Any) -> list[jax.Array]: ...
 
     @property
@@ -103,7 +105,15 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     fwd = (lambda lm, frozen: lm) if weights is None else weights.forward
     policy = lambda params, frozen: {**params, "lm": fwd(params["lm"], frozen)}
     values = lambda params, frozen, inputs: values0(policy(params, frozen), inputs)
-    loss = lambda params, frozen, inputs, arrays: loss0(policy(params, frozen), inputs, arrays)
+
+    def loss(params: Any, frozen: Any, inputs: Any, arrays: Any) -> Any:
+        if weights is None:
+            return loss0(params, inputs, arrays)
+        rest = {k: v for k, v in params.items() if k != "lm"}
+        return weights.call(lambda lm, rest, inputs, arrays: loss0({**rest, "lm": lm}, inputs,
+                                                                   arrays),
+                            params["lm"], frozen, rest, inputs, arrays)
+
     grad_fn = jax.value_and_grad(loss, has_aux=True)  # w.r.t. params, never the frozen part
 
     def update(params, opt_state, frozen, inputs, arrays):

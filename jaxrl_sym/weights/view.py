@@ -26,6 +26,7 @@ from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.weights.lora import LoraPlan, init_adapters, merged_leaves
+from jaxrl_sym.weights.lora_apply import lora_call
 from jaxrl_sym.weights.precision import Precision
 
 __all__ = ["WeightView", "cast_floating", "check_precision"]
@@ -67,8 +68,9 @@ class WeightView:
     reference(leaves, frozen): the frozen KL reference: LoRA's base itself (adapters off: no
       second copy), else a copy of the leaves in the compute dtype.
     forward(lm, frozen): the leaves every forward reads: cast to the compute dtype, LoRA's
-      merged ``W + scale · A @ B``. Traceable: inside the update it is what ``jax.grad``
-      differentiates through.
+      merged ``W + scale · A @ B``. Traceable.
+    call(fn, lm, frozen, *args): ``fn`` over those leaves without forming LoRA's merged
+      weights where a matmul is all that reads them: what the update differentiates.
     original(lm, frozen): the policy's leaves in the dtypes the model came with (export).
     """
 
@@ -101,6 +103,15 @@ class WeightView:
         if self.lora is None:
             return cast_floating(lm, self.precision.compute)
         return merged_leaves(self.lora, frozen, lm, dtype=self.precision.compute)
+
+    def call(self, fn: Any, lm: Any, frozen: Any, *args: Any) -> Any:
+        """``fn(self.forward(lm, frozen), *args)``, with LoRA's targets read as ``x @ W +
+        scale · (x @ A) @ B`` wherever they only feed a matmul
+        (:func:`~jaxrl_sym.weights.lora_apply.lora_call`): the update's gradient then forms
+        no merged weight, no ``A @ B`` and no ``[in, out]`` gradient per target."""
+        if self.lora is None:
+            return fn(self.forward(lm, frozen), *args)
+        return lora_call(fn, self.lora, self.precision.compute)(frozen, lm, *args)
 
     def original(self, lm: Any, frozen: Any = None) -> list[Any]:
         leaves = lm if self.lora is None else merged_leaves(self.lora, frozen, lm)
