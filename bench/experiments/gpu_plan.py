@@ -72,15 +72,15 @@ PLAN: tuple[Item, ...] = (
     Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
          "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
-         "10.09 GB measured; since then logprob_chunk 256 and the head without an fp32 "
-         "embedding copy: 9.55 vs 8.03 projected)",
+         "10.09 GB measured; since then logprob_chunk 256, the head without an fp32 embedding "
+         "copy and LoRA's update without merged weights: 8.91 vs 7.36 projected)",
          (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16"),
          (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4"),
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_memory_knobs", 3.5,
          "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
-         "rows with refill, update micro-batches of one 1,280-slot row; projected 5.03 GB, 0.63x "
-         "padded's 8.03 (bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16_sym_"
+         "rows with refill, update micro-batches of one 1,280-slot row; projected 4.34 GB, 0.59x "
+         "padded's 7.36 (bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16_sym_"
          "update1280_refill32.md): the peak and what the knobs cost in step time",
          (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16",
           "--systems", "sym", "--update-tokens", "1280",

@@ -22,12 +22,13 @@ Why merged weights and not a LoRA layer inside the model:
 * **Free reference policy.** The base leaves themselves are the reference model (adapters off);
   no second copy of the weights exists.
 
-The price: a merged copy of each targeted weight is formed inside the program (one weight at a
-time is live when XLA schedules it next to its use; in the worst case all targeted weights at
-once), and its backward forms ``dL/dW`` ``[in, out]`` for each target before reducing it to
-``dL/dA = scale · dL/dW @ B.T`` and ``dL/dB = scale · A.T @ dL/dW``. A LoRA layer would avoid
-both; for a frozen-base RL step the optimiser state is what the adapters save (float32 Adam
-moments of ``r · (in + out)`` instead of ``in · out`` numbers per weight).
+The price, in a gradient program: a merged copy of each targeted weight, its ``A @ B`` and its
+``[in, out]`` gradient ``dL/dW`` before the reduction to ``dL/dA``, ``dL/dB``. The RL update
+therefore does not differentiate through this function but through
+:func:`jaxrl_sym.weights.lora_apply.lora_call` (the same model, ``x @ W + scale · (x @ A) @ B``
+at each matmul that reads a target); merged leaves remain what generation, export and
+evaluation read. The optimiser state is what the adapters save (float32 Adam moments of
+``r · (in + out)`` instead of ``in · out`` numbers per weight).
 """
 
 from __future__ import annotations
