@@ -102,18 +102,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     """
     split = logits_fn if isinstance(logits_fn, SplitForward) and cfg.logprob_chunk else None
     ref_lp, values0, loss0 = _heads(cfg, logits_fn, split)
-    fwd = (lambda lm, frozen: lm) if weights is None else weights.forward
-    policy = lambda params, frozen: {**params, "lm": fwd(params["lm"], frozen)}
-    values = lambda params, frozen, inputs: values0(policy(params, frozen), inputs)
-
-    def loss(params: Any, frozen: Any, inputs: Any, arrays: Any) -> Any:
-        if weights is None:
-            return loss0(params, inputs, arrays)
-        rest = {k: v for k, v in params.items() if k != "lm"}
-        return weights.call(lambda lm, rest, inputs, arrays: loss0({**rest, "lm": lm}, inputs,
-                                                                   arrays),
-                            params["lm"], frozen, rest, inputs, arrays)
-
+    values, loss = _through_weights(weights, values0, loss0)
     grad_fn = jax.value_and_grad(loss, has_aux=True)  # w.r.t. params, never the frozen part
 
     def update(params, opt_state, frozen, inputs, arrays):
@@ -134,6 +123,28 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     status = {"logprob_chunking": chunking_status(logits_fn, cfg.logprob_chunk)}
     return {**status, **_jitted(dict(ref=ref_lp, values=values, grad=grad_fn, update=update,
                                      apply=apply, accumulate=accumulate), shardings)}
+
+
+def _through_weights(weights: Weights | None, values0: Any, loss0: Any) -> tuple[Any, Any]:
+    """``values(params, frozen, inputs)`` and ``loss(params, frozen, inputs, arrays)`` over the
+    policy's forward leaves: the values read them formed (a cast, LoRA's merge); the loss, which
+    the update differentiates, reads them through ``weights.call`` (LoRA without merged
+    weights, :mod:`jaxrl_sym.weights.lora_apply`)."""
+    fwd = (lambda lm, frozen: lm) if weights is None else weights.forward
+    policy = lambda params, frozen: {**params, "lm": fwd(params["lm"], frozen)}
+
+    def values(params: Any, frozen: Any, inputs: Any) -> Any:
+        return values0(policy(params, frozen), inputs)
+
+    def loss(params: Any, frozen: Any, inputs: Any, arrays: Any) -> Any:
+        if weights is None:
+            return loss0(params, inputs, arrays)
+        rest = {k: v for k, v in params.items() if k != "lm"}
+        return weights.call(lambda lm, rest, inputs, arrays: loss0({**rest, "lm": lm}, inputs,
+                                                                   arrays),
+                            params["lm"], frozen, rest, inputs, arrays)
+
+    return values, loss
 
 
 def _jitted(fns: dict[str, Any], shardings: dict[str, Any] | None) -> dict[str, Any]:
