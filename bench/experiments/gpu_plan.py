@@ -63,6 +63,9 @@ class Item:
 
 _RL = ("bench", "rlft_step", "--steps", "1", "--out", "{out}")
 _RL_DRY = ("bench", "rlft_step", "--preset", "quick", "--out", "{out}")
+# the configuration people run: bf16-mixed + LoRA 16 at the gpu preset (dry: rank 4, quick)
+_BF16 = (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16")
+_BF16_DRY = (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4")
 PLAN: tuple[Item, ...] = (
     Item("gpu_tests", 1.0, "compiled Triton kernels against XLA (2026-11-26b: 8 passed, 54 s)",
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
@@ -74,18 +77,18 @@ PLAN: tuple[Item, ...] = (
          "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
          "10.09 GB measured; since then logprob_chunk 256, the head without an fp32 embedding "
          "copy and LoRA's update without merged weights: 8.91 vs 7.36 projected)",
-         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16"),
-         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4"),
+         _BF16,
+         _BF16_DRY,
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_memory_knobs", 3.5,
          "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
          "rows with refill, update micro-batches of one 1,280-slot row; projected 4.34 GB, 0.59x "
          "padded's 7.36 (bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16_sym_"
          "update1280_refill32.md): the peak and what the knobs cost in step time",
-         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16",
+         (*_BF16,
           "--systems", "sym", "--update-tokens", "1280",
           "--engine", '{"microbatch_rows": 32, "refill": true}'),
-         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4", "--systems", "sym",
+         (*_BF16_DRY, "--systems", "sym",
           "--update-tokens", "256", "--engine", '{"microbatch_rows": 4, "refill": true}'),
          projection="bench/results/projection/"
                     "rl_step_gpu_h100_bf16mixed_lora16_sym_update1280_refill32.json"),
@@ -94,9 +97,9 @@ PLAN: tuple[Item, ...] = (
          "graphs: a decode tile is a lax.while_loop, whose condition XLA:GPU otherwise copies to "
          "the host every iteration (a sync per decode step); generation s against item 2's sym "
          "(3.71 s on 2026-11-26b, 7.9x its roofline floor)",
-         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16",
+         (*_BF16,
           "--systems", "sym"),
-         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4", "--systems", "sym"),
+         (*_BF16_DRY, "--systems", "sym"),
          env=(("XLA_FLAGS", "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"),)),
     Item("decode_kernel_batch1", 2.5,
          "batch-1 decode-attention bandwidth, the kernel now (2-block splits, combine in the "
@@ -118,9 +121,9 @@ PLAN: tuple[Item, ...] = (
          "padded's bf16-mixed + LoRA 16 step with XLA's GPU autotuner off: its 10.09 GB peak is "
          "reached in generation, which compiles on every call and which the ledger puts at 5.68 "
          "GB; if the peak falls near the ledger's, the rest was the autotuner's scratch",
-         (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16",
+         (*_BF16,
           "--systems", "padded"),
-         (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4", "--systems", "padded"),
+         (*_BF16_DRY, "--systems", "padded"),
          env=(("XLA_FLAGS", "--xla_gpu_autotune_level=0"),)),
     Item("rl_step_fp32_sym", 2.7,
          "sym's fp32 full fine-tuning peak after the cost-model work (first run 44.9 GB vs "
