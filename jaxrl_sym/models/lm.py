@@ -29,6 +29,7 @@ from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.ops.attention import Causal, Pattern, Window, attend
+from jaxrl_sym.ops.head import head_logits
 
 # --------------------------------------------------------------------------- config
 
@@ -242,15 +243,11 @@ class DecoderLM(nnx.Module):
 
     def head(self, features: jax.Array) -> jax.Array:
         """Tied head with fp32 logits: ``features [..., d_model] -> logits [..., V]``;
-        position-wise. The product accumulates in fp32 from the weights' own dtype: upcasting
-        a bf16 embedding first would materialise a ``[V, d_model]`` fp32 copy (0.54 GB at
-        Qwen's vocabulary, plus a transposed one on XLA:CPU) for the same logits — a bf16
-        times bf16 product is exact in fp32. Contracting ``d`` on both operands (no ``.T``)
-        leaves the layout to XLA."""
-        emb = self.embed.embedding[...]
-        dt = jnp.promote_types(features.dtype, emb.dtype)
-        return jnp.einsum("...d,vd->...v", features.astype(dt), emb.astype(dt),
-                          preferred_element_type=jnp.float32)
+        position-wise. The product accumulates in fp32 from the weights' own dtype, and its
+        backward multiplies in that dtype too (:func:`jaxrl_sym.ops.head.head_logits`):
+        upcasting a bf16 embedding would materialise a ``[V, d_model]`` fp32 copy (0.54 GB
+        at Qwen's vocabulary) for the same logits."""
+        return head_logits(features, self.embed.embedding[...])
 
 
 def init_model(cfg: LMConfig, seed: int = 0) -> DecoderLM:

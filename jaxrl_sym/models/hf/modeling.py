@@ -27,6 +27,7 @@ from flax import nnx
 
 from jaxrl_sym.models.hf.config import HFConfig
 from jaxrl_sym.ops.attention import Pattern, Window, attend
+from jaxrl_sym.ops.head import head_logits
 
 _ACT = {
     "silu": jax.nn.silu,
@@ -234,10 +235,11 @@ class CausalLM(nnx.Module):
 
     The head is the embedding matrix when ``tie_word_embeddings`` (no ``lm_head`` parameter
     exists then), else its own ``lm_head``. Logits are accumulated and returned in float32
-    (``preferred_element_type``) without upcasting a bf16 head matrix, which at a 150k
-    vocabulary would be a second, 4-byte copy of the largest weight. Gemma's final soft-cap
-    ``c * tanh(z / c)`` is applied to those float32 logits (transformers applies it in the
-    model dtype, so in bf16 the two differ by bf16 rounding only).
+    (:func:`~jaxrl_sym.ops.head.head_logits`) without upcasting a bf16 head matrix, forward or
+    backward, which at a 150k vocabulary would be a second, 4-byte copy of the largest weight.
+    Gemma's final soft-cap ``c * tanh(z / c)`` is applied to those float32 logits
+    (transformers applies it in the model dtype, so in bf16 the two differ by bf16 rounding
+    only).
     """
 
     def __init__(self, cfg: HFConfig) -> None:
@@ -264,11 +266,9 @@ class CausalLM(nnx.Module):
         """``features [..., hidden] -> float32 logits [..., vocab]``, soft-capped for Gemma;
         position-wise, so applying it chunk by chunk gives the same logits."""
         if self.cfg.tie_word_embeddings:
-            w = self.model.embed_tokens.embedding[...]
-            logits = jnp.einsum("...d,vd->...v", features, w, preferred_element_type=jnp.float32)
+            logits = head_logits(features, self.model.embed_tokens.embedding[...])
         else:
-            w = self.lm_head.kernel[...]
-            logits = jnp.einsum("...d,dv->...v", features, w, preferred_element_type=jnp.float32)
+            logits = head_logits(features, self.lm_head.kernel[...], False)
         cap = self.cfg.final_softcap
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
