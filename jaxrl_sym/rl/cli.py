@@ -98,6 +98,9 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
                    help="token slots per training micro-batch (gradients accumulate over "
                         "micro-batches: less memory, same update); default: the whole batch, "
                         "or 512 for a --model checkpoint")
+    t.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
+                   help="recompute each layer's activations in the update's backward instead "
+                        "of keeping them (default: on; --no-remat is faster, uses more memory)")
     t.add_argument("--tis-cap", type=float, default=None, metavar="C",
                    help="truncated importance sampling: weight each token's gradient by "
                         "min(pi_trainer / pi_generation, C), for precision or kernel mismatch "
@@ -296,7 +299,7 @@ def train_configs(args: argparse.Namespace
              ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
              ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
              ("update_tokens", args.update_tokens), ("lr", args.lr),
-             ("tis_cap", args.tis_cap))
+             ("tis_cap", args.tis_cap), ("remat", args.remat))
     rl = {"algo": args.algo, "group_size": args.group, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints

@@ -23,6 +23,7 @@ from jaxrl_sym.rl.algorithms import (
     value_predictions,
 )
 from jaxrl_sym.rl.logprobs import LogitsFn, SplitForward, chunked_terms, chunking_status
+from jaxrl_sym.rl.remat import remat_between_attention
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.sharding import lowerable
@@ -95,6 +96,9 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     and optimiser state come back where they went in (nothing drifts to one device) and the
     batch's rows are split over the data axes; the loss is the same sum, partitioned by XLA.
 
+    ``cfg.remat`` rematerialises the loss's layers in its backward
+    (:func:`~jaxrl_sym.rl.remat.remat_between_attention`).
+
     weights: the precision/LoRA policy (:class:`~jaxrl_sym.weights.view.WeightView`): the
     policy's forward reads ``weights.forward(params["lm"], frozen)`` (a bf16 cast, LoRA's merge)
     inside each program, so the gradient w.r.t. the trained leaves goes through it; the
@@ -103,6 +107,8 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     split = logits_fn if isinstance(logits_fn, SplitForward) and cfg.logprob_chunk else None
     ref_lp, values0, loss0 = _heads(cfg, logits_fn, split)
     values, loss = _through_weights(weights, values0, loss0)
+    if cfg.remat:
+        loss = remat_between_attention(loss)
     grad_fn = jax.value_and_grad(loss, has_aux=True)  # w.r.t. params, never the frozen part
 
     def update(params, opt_state, frozen, inputs, arrays):

@@ -1,0 +1,135 @@
+"""Recompute each layer in the update's backward: ``jax.checkpoint`` between attention calls.
+
+Why: the update's gradient program keeps, for the backward, every activation of every layer —
+at Qwen2.5-0.5B's shape that is mostly the MLP's ``[tokens, 4864]`` intermediates, ~91 MB per
+layer per 1,280 token slots in bf16 (XLA's buffer assignment, compiled on the CPU), 2.2 GB over
+24 layers: the largest term of the projected RL-step peak once attention recomputes its scores
+(``bench/results/projection.md``). Gradient checkpointing is what every trainer offers for this
+(TRL's ``gradient_checkpointing``, verl's ``enable_gradient_checkpointing``, MaxText's
+``remat_policy``): keep each layer's input, recompute the layer in the backward.
+
+How, for any contract model: a model's only sequence mixing is ``attend``, so its function
+(after the LoRA rewrite, :mod:`jaxrl_sym.weights.lora_apply`, whatever system built it: the
+symbolic runtime's PDG interpreter or the padded model itself) is a chain of position-wise
+segments joined by attention calls. :func:`remat_between_attention` traces the function to a
+jaxpr, cuts it at every attention equation, and evaluates each segment between two cuts under
+``jax.checkpoint``: the backward keeps only what crosses a cut (the residual stream, the next
+attention's q/k/v — which attention's own rule keeps anyway — and the weights, which are alive
+regardless) and recomputes the rest of the segment, one segment at a time, because a segment's
+recomputation sits inside its own transposed checkpoint. Equations that manage their own
+backward stay outside any segment: attention (its rule recomputes the scores from q/k/v),
+custom-VJP calls (the Triton kernels, the head's product) and loops (the chunked log-prob scan
+rematerialises its body already). Measured on the CPU (``tests/test_remat.py`` checks the
+numbers; the projection reports the peak): the gradient program's per-layer temporaries fall
+from ~91 MB to ~7.5 MB at 1,280 slots of Qwen2.5's width, for ~25% more update flops.
+
+The values are the same computation in the same order (only when they are computed differs), so
+losses and gradients equal the function's own to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.extend import core as jcore
+
+from jaxrl_sym.ops.attention import attention_p
+
+__all__ = ["remat_between_attention", "segments"]
+
+# equations that differentiate themselves: kept out of the checkpointed segments
+_OWN_BACKWARD = frozenset({"custom_vjp_call", "scan", "while"})
+
+
+def _cut(eqn: Any) -> bool:
+    return eqn.primitive is attention_p or eqn.primitive.name in _OWN_BACKWARD
+
+
+def segments(eqns: Sequence[Any]) -> list[tuple[int, int, bool]]:
+    """``(start, stop, checkpointed)`` ranges covering ``eqns`` in order: each cut equation
+    alone (not checkpointed), the runs between them checkpointed."""
+    out: list[tuple[int, int, bool]] = []
+    start = 0
+    for i, eqn in enumerate(eqns):
+        if _cut(eqn):
+            if i > start:
+                out.append((start, i, True))
+            out.append((i, i + 1, False))
+            start = i + 1
+    if start < len(eqns):
+        out.append((start, len(eqns), True))
+    return out
+
+
+def remat_between_attention(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with every segment between attention calls rematerialised in its backward (see
+    the module docstring). Same arguments and result as ``fn``; traceable, differentiable."""
+
+    def call(*args: Any) -> Any:
+        closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+        out = _run(closed, jax.tree_util.tree_leaves(args))
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), out)
+
+    return call
+
+
+def _run(closed: jcore.ClosedJaxpr, flat_args: list[Any]) -> list[Any]:
+    jaxpr = closed.jaxpr
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, closed.consts, strict=True))
+    env.update(zip(jaxpr.invars, flat_args, strict=True))
+    eqns = jaxpr.eqns
+    last = _last_reads(eqns, jaxpr.outvars)
+    for start, stop, remat in segments(eqns):
+        seg = eqns[start:stop]
+        ins, outs = _boundary(seg, last, stop)
+        run = _segment_fn(seg, ins, outs)
+        results = (jax.checkpoint(run) if remat else run)(*[env[v] for v in ins])
+        env.update(zip(outs, results, strict=True))
+    return [v.val if isinstance(v, jcore.Literal) else env[v] for v in jaxpr.outvars]
+
+
+def _last_reads(eqns: Sequence[Any], outvars: Sequence[Any]) -> dict[Any, int]:
+    """Each variable's last reader: an equation's index, ``len(eqns)`` if returned."""
+    last: dict[Any, int] = {}
+    for i, eqn in enumerate(eqns):
+        for v in eqn.invars:
+            if not isinstance(v, jcore.Literal):
+                last[v] = i
+    for v in outvars:
+        if not isinstance(v, jcore.Literal):
+            last[v] = len(eqns)
+    return last
+
+
+def _boundary(seg: Sequence[Any], last: dict[Any, int], stop: int
+              ) -> tuple[list[Any], list[Any]]:
+    """(variables the segment reads from before it, variables it defines that are read at or
+    after ``stop``), each in first-use order."""
+    defined = {v for eqn in seg for v in eqn.outvars}
+    ins: dict[Any, None] = {}
+    for eqn in seg:
+        for v in eqn.invars:
+            if not isinstance(v, jcore.Literal) and v not in defined:
+                ins.setdefault(v)
+    outs = [v for eqn in seg for v in eqn.outvars if last.get(v, -1) >= stop]
+    return list(ins), outs
+
+
+def _segment_fn(seg: Sequence[Any], ins: list[Any], outs: list[Any]) -> Callable[..., list[Any]]:
+    """The segment's equations as a function of its inputs, bound as ``jax.core.eval_jaxpr``
+    binds them."""
+
+    def run(*xs: Any) -> list[Any]:
+        local = dict(zip(ins, xs, strict=True))
+        read = lambda v: v.val if isinstance(v, jcore.Literal) else local[v]
+        for eqn in seg:
+            params = eqn.primitive.get_bind_params(eqn.params)
+            with eqn.ctx.manager:
+                ans = eqn.primitive.bind(*[read(v) for v in eqn.invars], **params)
+            local.update(zip(eqn.outvars, ans if eqn.primitive.multiple_results else [ans],
+                             strict=True))
+        return [local[v] for v in outs]
+
+    return run
