@@ -59,7 +59,12 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     # projected for an accelerator, where the trainer scores the reference during generation
     sl = step_ledger(trainer, expanded, limits, overlap=args.preset == "gpu", generation=est)
     ledger = sl.ledger.to_dict()
-    weights = ledger["peak"]["by_kind"].get("weights", 0)
+    # what a decode step reads: the forward's weights (the bf16 copy, LoRA merged), not every
+    # weight the peak holds (at a generation peak also LoRA's frozen base, the master copy)
+    from flax import nnx
+
+    from jaxrl_sym.runtime.metrics import tree_bytes
+    weights = tree_bytes(nnx.state(model, nnx.Param))
     return {"_trainer": trainer, "ledger": ledger, "layout_shape": sl.layout_shape,
             "programs": [{"stage": s, "count": c, **dataclasses.asdict(p)}
                          for s, c, p in sl.programs],
@@ -165,8 +170,10 @@ def calibration(report: dict[str, Any], dev: dict[str, Any]) -> list[dict[str, A
 
 def run_config(cfg: dict[str, Any]) -> tuple[Any, ...]:
     """What must agree between a projection and a run for one to calibrate the other (the
-    first H100 run's reports predate ``precision`` and ``lora_rank``: fp32, no LoRA)."""
+    first H100 run's reports predate ``precision`` and ``lora_rank``: fp32, no LoRA; every run
+    before ``RLConfig.remat`` kept the activations: remat off)."""
     return (cfg.get("preset"), cfg.get("precision") or "fp32", cfg.get("lora_rank") or 0,
+            bool(cfg.get("remat", False)),
             cfg.get("update_tokens"), cfg.get("logprob_chunk"),
             json.dumps(json.loads(cfg["engine"]), sort_keys=True) if cfg.get("engine") else None)
 

@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", default=None, metavar="JSON",
                    help="EngineOptions fields for the trainer's generation, e.g. "
                         "'{\"microbatch_rows\": 32, \"refill\": true}' (as rlft_step's)")
+    p.add_argument("--no-remat", action="store_true",
+                   help="RLConfig.remat=False: keep the layers' activations for the backward")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     p.add_argument("--recalibrate", default=None, metavar="OUT_JSON",
                    help="run nothing: set OUT.json's projection beside the newest committed "
@@ -158,7 +160,8 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     must share to calibrate it: :func:`bench.projection.run_config`)."""
     return {"preset": args.preset, "precision": args.precision or "fp32",
             "lora_rank": args.lora_rank, "update_tokens": args.update_tokens,
-            "engine": args.engine, "logprob_chunk": args.logprob_chunk}
+            "engine": args.engine, "logprob_chunk": args.logprob_chunk,
+            "remat": not args.no_remat}
 
 
 def _workload(argv: list[str] | None) -> str:
