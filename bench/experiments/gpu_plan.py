@@ -75,15 +75,16 @@ PLAN: tuple[Item, ...] = (
     Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
          "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
-         "10.09 GB measured; since then logprob_chunk 256, the head without an fp32 embedding "
-         "copy and LoRA's update without merged weights: 8.91 vs 7.36 projected)",
+         "10.09 GB measured; since then logprob_chunk 256, the head's bf16 backward, LoRA's "
+         "update without merged weights and the layers recomputed in the backward (remat): "
+         "5.39 vs 5.68 projected, both in generation)",
          _BF16,
          _BF16_DRY,
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_memory_knobs", 3.5,
          "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
-         "rows with refill, update micro-batches of one 1,280-slot row; projected 4.34 GB, 0.59x "
-         "padded's 7.36 (bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16_sym_"
+         "rows with refill, update micro-batches of one 1,280-slot row; projected 3.18 GB, 0.56x "
+         "padded's 5.68 (bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16_sym_"
          "update1280_refill32.md): the peak and what the knobs cost in step time",
          (*_BF16,
           "--systems", "sym", "--update-tokens", "1280",

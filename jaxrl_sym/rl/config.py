@@ -112,7 +112,7 @@ class RLConfig:
     remat: recompute each layer's activations in the update's backward instead of keeping them
       (gradient checkpointing between attention calls, :mod:`jaxrl_sym.rl.remat`; every
       system). On by default for what a GPU pays: at the GPU preset's micro-batch it removes
-      ~2 GB of the update's temporaries (Qwen2.5-0.5B, 1,280 slots, bf16) for ~25% more update
+      ~2 GB of the update's temporaries (Qwen2.5-0.5B, 1,280 slots, bf16) for ~27% more update
       flops. False: keep them (faster where memory is plentiful).
     tis_cap: truncated importance sampling (verl, slime) for the gap between the generation's
       log-probs and the trainer's own at the same weights (bf16 generation vs a recompute,

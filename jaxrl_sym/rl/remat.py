@@ -21,7 +21,7 @@ backward stay outside any segment: attention (its rule recomputes the scores fro
 custom-VJP calls (the Triton kernels, the head's product) and loops (the chunked log-prob scan
 rematerialises its body already). Measured on the CPU (``tests/test_remat.py`` checks the
 numbers; the projection reports the peak): the gradient program's per-layer temporaries fall
-from ~91 MB to ~7.5 MB at 1,280 slots of Qwen2.5's width, for ~25% more update flops.
+from ~91 MB to ~7.5 MB at 1,280 slots of Qwen2.5's width, for ~27% more update flops.
 
 The values are the same computation in the same order (only when they are computed differs), so
 losses and gradients equal the function's own to float rounding.
