@@ -138,9 +138,10 @@ def recalibrate(path: Path) -> int:
     if not path.is_file():
         raise SystemExit(f"--recalibrate {path}: no such projection report (OUT.json)")
     report = json.loads(path.read_text())
-    if "config" not in report:  # written before the config was stored: its command says it
-        words = shlex.split(report["command"])
-        report["config"] = config(parse_args(words[words.index("project") + 1:]))
+    if "config" not in report:  # written before the config was stored: its command says it,
+        words = shlex.split(report["command"])  # and RLConfig.remat did not exist yet (off)
+        report["config"] = {**config(parse_args(words[words.index("project") + 1:])),
+                            "remat": False}
     report["calibration"] = calibration(report, report["device"])
     md = path.with_suffix(".md")
     old = md.read_text() if md.exists() else ""
