@@ -37,7 +37,7 @@ def _loss(model: nnx.Module):
     return loss, leaves
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(layers=st.integers(1, 3), rows=st.integers(1, 2), length=st.integers(2, 9),
        seed=st.integers(0, 1000))
 def test_loss_and_gradients_equal_the_plain_model(layers: int, rows: int, length: int,
