@@ -74,7 +74,8 @@ def train_argv(args: argparse.Namespace, model: Path) -> list[str]:
     argv = ["train", "--model", str(model), "--task", "word-problems", "--prompts", "1",
             "--group", str(args.group), "--max-new-tokens", str(args.tokens), "--steps", "1",
             "--eval-prompts", "0", "--no-progress", "--json"]
-    return argv + (["--update-tokens", str(args.update_tokens)] if args.update_tokens else [])
+    return argv + (["--update-tokens", str(args.update_tokens)] if args.update_tokens else []) \
+        + (["--no-remat"] if args.no_remat else [])
 
 
 def measure(args: argparse.Namespace, model: Path) -> dict[str, Any]:
@@ -134,6 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("pretrained_memory", __doc__, PRESETS)
     p.add_argument("--update-tokens", type=int, default=None,
                    help="train --update-tokens (default: the pretrained recipe's)")
+    p.add_argument("--no-remat", action="store_true",
+                   help="train --no-remat: keep the layers' activations for the backward")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     return presets.parse(p, PRESETS, argv)
 
