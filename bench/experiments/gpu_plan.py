@@ -93,6 +93,12 @@ PLAN: tuple[Item, ...] = (
           "--update-tokens", "256", "--engine", '{"microbatch_rows": 4, "refill": true}'),
          projection="bench/results/projection/"
                     "rl_step_gpu_h100_bf16mixed_lora16_sym_update1280_refill32.json"),
+    Item("rl_step_padded_bf16mixed_lora16", 2.5,
+         "padded alone, bf16-mixed + LoRA 16, default flags: the baseline for the knobs item "
+         "in the same tree (2026-11-26b: 10.09 GB; projected 5.68)",
+         (*_BF16, "--systems", "padded"),
+         (*_BF16_DRY, "--systems", "padded"),
+         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_while_graphs", 3.5,
          "sym's bf16-mixed + LoRA 16 step with XLA's while loops and conditionals inside CUDA "
          "graphs: a decode tile is a lax.while_loop, whose condition XLA:GPU otherwise copies to "
