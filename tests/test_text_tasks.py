@@ -81,7 +81,7 @@ def test_reward_bounded_and_exact_answer_dominant(response: str, answer: int) ->
     if extract_answer(response).value == answer:
         assert r >= 0.8
     else:
-        assert r <= 0.2
+        assert r == 0.0  # the format is paid only with the right answer
 
 
 @given(st.integers(-1000, 1000), st.integers(-1000, 1000))
@@ -91,8 +91,8 @@ def test_reward_levels(answer: int, wrong: int) -> None:
     assert reward(f"... #### {answer}", answer) == 1.0
     assert reward(f"\\boxed{{{answer}}}", answer) == pytest.approx(0.9)
     assert reward(f"it is {answer}", answer) == 0.8
-    assert reward(f"#### {wrong}", answer) == pytest.approx(0.2)
-    assert reward(f"\\boxed{{{wrong}}}", answer) == pytest.approx(0.1)
+    assert reward(f"#### {wrong}", answer) == 0.0
+    assert reward(f"\\boxed{{{wrong}}}", answer) == 0.0
     assert reward(f"it is {wrong}", answer) == 0.0
 
 
@@ -100,13 +100,14 @@ def test_reward_levels(answer: int, wrong: int) -> None:
        st.sampled_from([0.0, 0.1, 0.3, 0.49]))
 def test_format_weight_levels(answer: int, wrong: int, w: float) -> None:
     """``--partial-weight`` on a text task is the format's weight: 0 rewards the exact answer
-    alone (any format), and a correct answer outscores every wrong one for all w < 0.5."""
+    alone (any format); a wrong answer scores 0 whatever its format."""
     if wrong == answer:
         wrong += 1
     assert reward(f"#### {answer}", answer, w) == pytest.approx(1.0)
     assert reward(f"it is {answer}", answer, w) == pytest.approx(1 - w)
-    assert reward(f"#### {wrong}", answer, w) == pytest.approx(w)
-    assert reward(f"\\boxed{{{wrong}}}", answer, w) == pytest.approx(w / 2)
+    assert reward(f"\\boxed{{{answer}}}", answer, w) == pytest.approx(1 - w / 2)
+    assert reward(f"#### {wrong}", answer, w) == 0.0
+    assert reward(f"\\boxed{{{wrong}}}", answer, w) == 0.0
     assert min(reward(f"it is {answer}", answer, w), reward(f"\\boxed{{{answer}}}", answer, w)) \
         > max(reward(f"#### {wrong}", answer, w), reward(f"it is {wrong}", answer, w))
 

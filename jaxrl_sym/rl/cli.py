@@ -92,8 +92,9 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
                    help="after warm-up: constant, or decay to the end of the run")
     t.add_argument("--partial-weight", type=float, default=None,
                    help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
-                        "(default: 0.5); with --model, the weight of the '#### N' format, in "
-                        "[0, 0.5) (default: 0.2; 0: the exact answer only)")
+                        "(default: 0.5); with --model, the weight of the '#### N' format in a "
+                        "correct answer's reward, in [0, 0.5) (default: 0.2; 0: the exact answer "
+                        "only)")
     t.add_argument("--update-tokens", type=int, default=None, metavar="N",
                    help="token slots per training micro-batch (gradients accumulate over "
                         "micro-batches: less memory, same update); default: the whole batch, "

@@ -8,11 +8,13 @@ JSONL of ``{"prompt": ..., "answer": ...}`` instead.
 
 Reward (:func:`reward`): the answer is extracted from the response (``#### 42``, else
 ``\\boxed{42}``, else the last number; ``1,234``/``$5``/``2.50`` parsed exactly as fractions).
-``1 - w`` for the exact answer plus up to ``w`` for the format (``####``: w, boxed: w/2), with
-``w = FORMAT_WEIGHT = 0.2`` unless a run sets ``--partial-weight``: any correct response scores at
-least 0.8 and any wrong one at most 0.2, so the exact answer strictly dominates, while a policy
-that has not found answers yet still gets a signal for the format. ``w = 0`` rewards the exact
-answer only (two SmolLM2 runs with w = 0.2 learned the format first while exact match fell).
+A correct answer scores ``1 - w`` plus up to ``w`` for its format (``####``: w, boxed: w/2); a
+wrong or missing answer scores 0 whatever its format. ``w = FORMAT_WEIGHT = 0.2`` unless a run
+sets ``--partial-weight``; ``w = 0`` rewards the exact answer alone. The format is paid only with
+the right answer because, paid on its own (``w`` for any ``#### N``), it was reward-hacked: two
+SmolLM2-135M runs learned the format first while exact match fell. Gated, it breaks ties among
+correct samples in favour of the parseable format, so runs that chase the answer do not drop it
+(exact-only runs fell from 27% to 0.4-11% formatted).
 
 Pure Python (no JAX): the CLI can check a ``jsonl:`` task file before importing JAX.
 """
@@ -84,20 +86,21 @@ def extract_answer(text: str) -> Extracted:
 
 def reward(response: str, answer: Fraction | int,
            format_weight: float = FORMAT_WEIGHT) -> float:
-    """``(1 - w) * correct + w * format`` in [0, 1], ``w = format_weight``; see the module
-    docstring."""
+    """``correct * ((1 - w) + w * format)`` in [0, 1], ``w = format_weight``: the format counts
+    only with the right answer (see the module docstring)."""
     check_format_weight(format_weight)
     ex = extract_answer(response)
-    correct = ex.value is not None and ex.value == Fraction(answer)
-    return (1.0 - format_weight) * correct + format_weight * FORMAT_CREDIT[ex.source]
+    if ex.value is None or ex.value != Fraction(answer):
+        return 0.0
+    return (1.0 - format_weight) + format_weight * FORMAT_CREDIT[ex.source]
 
 
 def check_format_weight(w: float) -> None:
-    """The format's weight must leave the exact answer dominant: ``0 <= w < 0.5``."""
+    """The format's weight must leave the answer the larger part of the reward: ``0 <= w < 0.5``."""
     if isinstance(w, bool) or not isinstance(w, int | float) or not 0.0 <= w < 0.5:
         raise InputError(f"--partial-weight {w!r}: a text task's format weight must be in "
-                         "[0, 0.5) so that a correct answer outscores any wrong one (0: the "
-                         "exact answer only)")
+                         "[0, 0.5) so that the exact answer carries most of a correct response's "
+                         "reward (0: the exact answer only, any format)")
 
 
 def exact_match(response: str, answer: Fraction | int) -> float:
