@@ -90,6 +90,11 @@ def linear_kernels(model: nnx.Module) -> list[tuple[tuple, str]]:
 
 def oracle_forward(model: nnx.Module, by_name: dict[str, tuple], scale: float) -> jax.Array:
     """Logits with ``W + scale * A B`` written into the nested parameter dict."""
+    return run(oracle_model(model, by_name, scale))
+
+
+def oracle_model(model: nnx.Module, by_name: dict[str, tuple], scale: float) -> nnx.Module:
+    """``model`` with ``W + scale * A B`` written into its nested parameter dict."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tree = nnx.to_pure_dict(params)
     for keys, name in linear_kernels(model):
@@ -104,7 +109,7 @@ def oracle_forward(model: nnx.Module, by_name: dict[str, tuple], scale: float) -
         node[keys[-1]] = (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
     fresh = jax.tree.map(lambda x: x, params)
     nnx.replace_by_pure_dict(fresh, tree)
-    return run(nnx.merge(graphdef, fresh, rest))
+    return nnx.merge(graphdef, fresh, rest)
 
 
 def loss_of(logits: jax.Array) -> jax.Array:

@@ -46,8 +46,13 @@ def test_at_initialisation_the_policy_and_the_reference_are_the_base_model() -> 
     lora, _, _, _ = setup()
     base = _leaves(init_model(MODEL, 0))
     assert all(np.array_equal(a, b) for a, b in zip(_leaves(lora.model()), base, strict=True))
-    got = [np.asarray(x) for x in lora.policy_leaves()]
-    assert all(np.array_equal(a, b) for a, b in zip(got, base, strict=True))
+    # what generation reads: the adapters (B = 0), then the frozen base itself, unmerged: no
+    # second copy of the model's weights
+    got = lora.policy_leaves()
+    n = 2 * len(lora.view.lora.indices)
+    assert all(x is y for x, y in zip(got[n:], lora.state.frozen, strict=True))
+    assert not any(np.any(np.asarray(b)) for b in got[1:n:2])
+    assert all(np.array_equal(np.asarray(a), b) for a, b in zip(got[n:], base, strict=True))
     # adapters off: the reference is the frozen base itself, no second copy
     assert lora.state.ref is lora.state.frozen
     assert all(np.array_equal(np.asarray(a), b)
@@ -133,18 +138,22 @@ def test_the_ledger_holds_the_frozen_base_once_and_no_second_reference() -> None
 
 
 @pytest.mark.parametrize("system", ["padded", "sym"])
-def test_the_merged_copy_is_freed_for_the_update_and_renewed_by_the_commit(
+def test_generation_reads_the_base_unmerged_and_the_adapters_renew_at_the_commit(
         system: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bound systems' merged weights are not alive while the update runs (its peak): no
-    live device array is one of them, and the systems hold only their shapes; the commit gives
-    them the updated merge (checked against merging the new adapters here), and a second step
-    generates from it."""
+    """The bound systems read the frozen base itself (the state's arrays, never a merged copy)
+    and the adapters; the adapters' forward copies are not alive while the update runs (its
+    peak) and the systems hold only shapes; after the commit the bound model's logits equal the
+    merged-weight oracle of the new adapters (``test_lora.oracle_forward``, no LoRA code), and
+    a second step generates from it."""
+    from test_lora import oracle_forward, run
+
     from jaxrl_sym.rl import stages
-    from jaxrl_sym.weights.lora import merged_leaves
 
     trainer = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG, system=system, lora=LORA)
     bound = trainer.forwards.bound(trainer.system)
-    before = {id(x) for x in bound.leaves}
+    n = 2 * len(trainer.view.lora.indices)
+    assert all(x is y for x, y in zip(bound.leaves[n:], trainer.state.frozen, strict=True))
+    before = {id(x) for x in bound.leaves[:n]}
     seen: dict[str, Any] = {}
     real = stages.update
 
@@ -158,8 +167,13 @@ def test_the_merged_copy_is_freed_for_the_update_and_renewed_by_the_commit(
     trainer.step(TASK.sample(np.random.default_rng(3), 2), seed=3)
     assert seen["alive"] == set() and seen["abstract"] and seen["engine"] is None
     st = trainer.state
-    want = merged_leaves(trainer.view.lora, st.frozen, st.params["lm"])
-    for got, w in zip(bound.leaves, want, strict=True):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(w))
+    assert all(x is y for x, y in zip(bound.leaves[n:], st.frozen, strict=True))
+    plan = trainer.view.lora
+    by_name = {name: (np.asarray(ad["a"]), np.asarray(ad["b"]))
+               for name, ad in zip(plan.names, st.params["lm"], strict=True)}
+    assert any(np.any(b) for _, b in by_name.values())  # the step moved the adapters
+    want = oracle_forward(init_model(MODEL, 0), by_name, plan.scale)
+    np.testing.assert_allclose(np.asarray(run(bound.model())), np.asarray(want), rtol=1e-5,
+                               atol=1e-5)
     monkeypatch.setattr(stages, "update", real)
-    trainer.step(TASK.sample(np.random.default_rng(4), 2), seed=4)  # generates from the new merge
+    trainer.step(TASK.sample(np.random.default_rng(4), 2), seed=4)  # generates from the new one

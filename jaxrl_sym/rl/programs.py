@@ -37,7 +37,7 @@ class Weights(Protocol):
 
     def forward(self, lm: Any, frozen: Any) -> list[jax.Array]: ...
 
-    def call(self, fn: Any, lm: Any, frozen: Any, *args: Any) -> Any: ...
+    def reference_leaves(self, ref: Any) -> list[jax.Array]: ...
 
     def compute_copy(self, lm: Any, frozen: Any) -> list[jax.Array]: ...
 
@@ -100,13 +100,12 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     (:func:`~jaxrl_sym.rl.remat.remat_between_attention`).
 
     weights: the precision/LoRA policy (:class:`~jaxrl_sym.weights.view.WeightView`): the
-    policy's forward reads ``weights.forward(params["lm"], frozen)`` (a bf16 cast, LoRA's merge)
-    inside each program, so the gradient w.r.t. the trained leaves goes through it; the
-    reference reads its leaves as they are. None: ``params["lm"]`` as they are.
+    policy's forward reads ``weights.forward(params["lm"], frozen)`` (a bf16 cast; LoRA's
+    unmerged model) inside each program, so the gradient w.r.t. the trained leaves goes through
+    it; the reference reads ``weights.reference_leaves(ref)``. None: the leaves as they are.
     """
     split = logits_fn if isinstance(logits_fn, SplitForward) and cfg.logprob_chunk else None
-    ref_lp, values0, loss0 = _heads(cfg, logits_fn, split)
-    values, loss = _through_weights(weights, values0, loss0)
+    ref_lp, values, loss = _through_weights(weights, *_heads(cfg, logits_fn, split))
     if cfg.remat:
         loss = remat_between_attention(loss)
     grad_fn = jax.value_and_grad(loss, has_aux=True)  # w.r.t. params, never the frozen part
@@ -131,26 +130,27 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
                                      apply=apply, accumulate=accumulate), shardings)}
 
 
-def _through_weights(weights: Weights | None, values0: Any, loss0: Any) -> tuple[Any, Any]:
-    """``values(params, frozen, inputs)`` and ``loss(params, frozen, inputs, arrays)`` over the
-    policy's forward leaves: the values read them formed (a cast, LoRA's merge); the loss, which
-    the update differentiates, reads them through ``weights.call`` (LoRA without merged
-    weights, :mod:`jaxrl_sym.weights.lora_apply`)."""
+def _through_weights(weights: Weights | None, ref0: Any, values0: Any, loss0: Any
+                     ) -> tuple[Any, Any, Any]:
+    """``ref(leaves, inputs, targets)``, ``values(params, frozen, inputs)`` and ``loss(params,
+    frozen, inputs, arrays)`` over the leaves the policy's forward reads
+    (``weights.forward``: a cast to the compute dtype; with LoRA the unmerged model's leaves,
+    :mod:`jaxrl_sym.weights.lora_model`): the loss's gradient w.r.t. the trained leaves goes
+    through them. The reference reads ``weights.reference_leaves(ref)``."""
     fwd = (lambda lm, frozen: lm) if weights is None else weights.forward
+    ref_leaves = (lambda leaves: leaves) if weights is None else weights.reference_leaves
     policy = lambda params, frozen: {**params, "lm": fwd(params["lm"], frozen)}
+
+    def ref(leaves: Any, inputs: Any, targets: Any) -> Any:
+        return ref0(ref_leaves(leaves), inputs, targets)
 
     def values(params: Any, frozen: Any, inputs: Any) -> Any:
         return values0(policy(params, frozen), inputs)
 
     def loss(params: Any, frozen: Any, inputs: Any, arrays: Any) -> Any:
-        if weights is None:
-            return loss0(params, inputs, arrays)
-        rest = {k: v for k, v in params.items() if k != "lm"}
-        return weights.call(lambda lm, rest, inputs, arrays: loss0({**rest, "lm": lm}, inputs,
-                                                                   arrays),
-                            params["lm"], frozen, rest, inputs, arrays)
+        return loss0(policy(params, frozen), inputs, arrays)
 
-    return values, loss
+    return ref, values, loss
 
 
 def _jitted(fns: dict[str, Any], shardings: dict[str, Any] | None) -> dict[str, Any]:

@@ -269,9 +269,8 @@ class RLTrainer:
         update holds all parts but ``compute_copy``, which is released before it (its
         "update-state" bytes are the sum of the others)."""
         st = self.state
-        forward = jax.eval_shape(self.view.forward, st.params["lm"], st.frozen)
-        n = max(1, sum(int(np.prod(x.shape)) for x in forward))  # the model's parameters
-        copy = tree_nbytes(forward) if self.precision.mixed or st.frozen is not None else 0
+        n = max(1, self.view.n_params)  # the model's parameters
+        copy = tree_nbytes(self.view.forward_copy(st.params["lm"], st.frozen))
         ref = st.ref if st.ref is not None and st.ref is not st.frozen else None
         parts = {"master": tree_nbytes(self.params), "optimizer": tree_nbytes(self.opt_state),
                  "reference": tree_nbytes(ref) if ref else 0,

@@ -22,11 +22,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.weights.lora import LoraPlan, init_adapters, merged_leaves
-from jaxrl_sym.weights.lora_apply import lora_call
+from jaxrl_sym.weights.lora_model import lora_leaves, lora_model, zero_adapters
 from jaxrl_sym.weights.precision import Precision
 
 __all__ = ["WeightView", "cast_floating", "check_precision"]
@@ -67,11 +68,14 @@ class WeightView:
       dtype), copied; None without LoRA.
     reference(leaves, frozen): the frozen KL reference: LoRA's base itself (adapters off: no
       second copy), else a copy of the leaves in the compute dtype.
-    forward(lm, frozen): the leaves every forward reads: cast to the compute dtype, LoRA's
-      merged ``W + scale · A @ B``. Traceable.
-    call(fn, lm, frozen, *args): ``fn`` over those leaves without forming LoRA's merged
-      weights where a matmul is all that reads them: what the update differentiates.
-    original(lm, frozen): the policy's leaves in the dtypes the model came with (export).
+    forward(lm, frozen): the leaves every forward reads, cast to the compute dtype; with LoRA
+      the leaves of the unmerged :class:`~jaxrl_sym.weights.lora_model.LoraModel` (adapters,
+      then the frozen base itself): no merged copy of the model is ever formed. Traceable.
+    reference_leaves(ref): the same for the reference's leaves (LoRA: the base, adapters off).
+    forward_copy(lm, frozen): shapes of the forward's leaves that are new arrays (casts,
+      adapters) rather than the trainer's own: what the forward holds beyond the state.
+    original(lm, frozen): the policy's leaves in the dtypes the model came with, LoRA merged
+      (export).
     """
 
     def __init__(self, precision: Precision, leaves: Sequence[Any],
@@ -79,6 +83,7 @@ class WeightView:
         self.precision = precision
         self.lora = lora
         self.original_dtypes = [getattr(x, "dtype", None) for x in leaves]
+        self.n_params = sum(int(np.prod(np.shape(x), dtype=np.int64)) for x in leaves)
 
     def trainable(self, leaves: Sequence[Any], key: jax.Array | None = None) -> Any:
         if self.lora is None:
@@ -100,18 +105,31 @@ class WeightView:
         return [jnp.array(x, copy=True) for x in cast_floating(leaves, self.precision.compute)]
 
     def forward(self, lm: Any, frozen: Any = None) -> list[Any]:
+        dt = self.precision.compute
         if self.lora is None:
-            return cast_floating(lm, self.precision.compute)
-        return merged_leaves(self.lora, frozen, lm, dtype=self.precision.compute)
+            return cast_floating(lm, dt)
+        adapters = [dict(zip(ad, cast_floating(list(ad.values()), dt), strict=True)) for ad in lm]
+        return lora_leaves(adapters, cast_floating(frozen, dt))
 
-    def call(self, fn: Any, lm: Any, frozen: Any, *args: Any) -> Any:
-        """``fn(self.forward(lm, frozen), *args)``, with LoRA's targets read as ``x @ W +
-        scale · (x @ A) @ B`` wherever they only feed a matmul
-        (:func:`~jaxrl_sym.weights.lora_apply.lora_call`): the update's gradient then forms
-        no merged weight, no ``A @ B`` and no ``[in, out]`` gradient per target."""
+    def reference_leaves(self, ref: Any) -> list[Any]:
+        """The leaves the reference's forward reads (traceable): ``ref`` itself, or with LoRA
+        the frozen base under adapters that add exactly nothing (``A = B = 0``)."""
         if self.lora is None:
-            return fn(self.forward(lm, frozen), *args)
-        return lora_call(fn, self.lora, self.precision.compute)(frozen, lm, *args)
+            return ref
+        return lora_leaves(zero_adapters(self.lora, jnp.dtype(self.precision.compute)),
+                           cast_floating(ref, self.precision.compute))
+
+    def forward_copy(self, lm: Any, frozen: Any = None) -> list[jax.ShapeDtypeStruct]:
+        """Shapes of the forward's leaves that are arrays of their own (a dtype cast, LoRA's
+        adapters); the frozen base in the compute dtype is read in place."""
+        dt = jnp.dtype(self.precision.compute)
+        own = list(lm) if self.lora is None else list(frozen)
+        extra = [] if self.lora is None else [x for ad in lm for x in ad.values()]
+        moved = [x for x in own if _floating(x) and x.dtype != dt]
+        if self.lora is None and not moved:
+            return []
+        return [jax.ShapeDtypeStruct(np.shape(x), dt if _floating(x) else x.dtype)
+                for x in moved + extra]
 
     def original(self, lm: Any, frozen: Any = None) -> list[Any]:
         leaves = lm if self.lora is None else merged_leaves(self.lora, frozen, lm)
@@ -120,21 +138,25 @@ class WeightView:
 
     @property
     def copies(self) -> bool:
-        """Whether the forward's weights are a copy of the trained ones (a cast to the compute
-        dtype, or LoRA's merge), not the trained leaves themselves."""
+        """Whether the forward reads arrays of its own (a cast to the compute dtype, LoRA's
+        adapters) rather than only the trainer's leaves themselves."""
         return self.lora is not None or self.precision.mixed
 
     @cached_property
     def _forward(self) -> Any:
         return jax.jit(self.forward)
 
-    def compute_copy(self, lm: Any, frozen: Any = None) -> list[Any]:
-        """The forward's weights as device arrays: ``lm`` itself when no cast or merge is
-        needed (fp32 and bf16 policies without LoRA), else one compiled program on the device
-        (a fresh bf16 / merged copy after each update, the old one freed when the systems drop
-        it)."""
+    def compute_copy(self, lm: Any, frozen: Any = None) -> list[jax.Array]:
+        """The forward's weights as device arrays: ``lm`` itself when no cast is needed (fp32
+        and bf16 policies without LoRA), else cast by one compiled program on the device (a
+        fresh copy after each update, the old one freed when the systems drop it). LoRA's
+        frozen base is passed through as it is (cast only if stored in another dtype)."""
         dt = jnp.dtype(self.precision.compute)
-        if self.lora is None and all(not _floating(x) or x.dtype == dt for x in lm):
+        if self.lora is not None:
+            # the adapters cast on the device (flat, as lora_leaves orders them), then the
+            # frozen base itself when it is already in the compute dtype
+            return list(self._forward(lm, [])) + cast_floating(frozen, dt)
+        if all(not _floating(x) or x.dtype == dt for x in lm):
             return list(lm)
         return self._forward(lm, frozen)
 
@@ -142,9 +164,15 @@ class WeightView:
                       frozen: Any = None) -> nnx.Module:
         """A model over ``compute_copy(lm, frozen)`` whose modules compute in the compute dtype
         (see the module docstring)."""
-        model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(
-            treedef, self.compute_copy(lm, frozen)))
         dt = jnp.dtype(self.precision.compute)
+        leaves = self.compute_copy(lm, frozen)
+        if self.lora is None:
+            model = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+        else:
+            n = 2 * len(self.lora.indices)
+            base = nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves[n:]))
+            adapters = [{"a": leaves[i], "b": leaves[i + 1]} for i in range(0, n, 2)]
+            model = lora_model(base, self.lora, adapters, dt)
         for _, module in nnx.iter_modules(model):
             for attr in ("dtype", "param_dtype"):
                 value = getattr(module, attr, None)
