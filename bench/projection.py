@@ -57,7 +57,13 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     gcfg = GenerationConfig(max_new_tokens=max(limits))
     est = bound.estimate([len(p) for p in expanded], gcfg)
     # projected for an accelerator, where the trainer scores the reference during generation
-    sl = step_ledger(trainer, expanded, limits, overlap=args.preset == "gpu", generation=est)
+    compiler = None
+    if getattr(args, "compile_for", None):
+        from bench import gpu_compile
+
+        compiler = gpu_compile.compiler(args.compile_for)
+    sl = step_ledger(trainer, expanded, limits, overlap=args.preset == "gpu", generation=est,
+                     compiler=compiler)
     ledger = sl.ledger.to_dict()
     # what a decode step reads: the forward's weights (the bf16 copy, LoRA merged), not every
     # weight the peak holds (at a generation peak also LoRA's frozen base, the master copy)

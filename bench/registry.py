@@ -52,6 +52,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                                  "vs unchunked log-probs"),
     Experiment("project", "an RL step's peak memory (a ledger of named buffers) and time, "
                           "projected to a GPU from XLA's memory/cost analysis; nothing runs"),
+    Experiment("gpu_compile", "the padded generation program compiled for an H100 on a machine "
+                              "without one: XLA:GPU's buffer assignment beside the CPU's",
+               cheap=False),
     Experiment("pretrained_memory", "peak RSS of one GRPO step of a SmolLM2-135M-shaped "
                                     "checkpoint on CPU, beside its ledger", cheap=False),
     Experiment("pretrained_learning", "a pretrained checkpoint fine-tuned with GRPO (LoRA / "

@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run nothing: set OUT.json's projection beside the newest committed "
                         "device run of its configuration and re-render OUT.md (a note written "
                         "by hand between the title and the command line is kept)")
+    p.add_argument("--compile-for", default=None, metavar="TARGET",
+                   help="compile the step's programs for this GPU (h100) instead of this CPU: "
+                        "XLA:GPU's own buffer assignment, no GPU needed (bench/gpu_compile.py; "
+                        "scripts/gpu_compile_deps.sh first)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = presets.parse(p, PRESETS, argv)
     if args.device not in devices():
@@ -87,6 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
     """One system's ledger (and measurement): runs in its own process."""
+    if args.compile_for:  # before JAX starts its backends: the CUDA plugin must be found
+        from bench import gpu_compile
+
+        why = gpu_compile.unavailable()
+        if why is not None:
+            raise SystemExit(f"--compile-for {args.compile_for}: {why}")
     from bench.projection import measure_step, system_ledger
 
     out = system_ledger(args, args.child)
@@ -110,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     device = devices()[args.device]
     report: dict[str, Any] = {"command": presets.command("project", argv),
                               "preset": args.preset, "device": device, "systems": {},
-                              "config": config(args)}
+                              "config": config(args),
+                              "compiled_for": args.compile_for or "cpu"}
     for name in presets.csv(args.systems):
         res = child.run(child.experiment("project", *(argv or []), "--child", name),
                         env=_CHILD_ENV)

@@ -21,11 +21,10 @@ runs rather than a model of it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 
 from jaxrl_sym.rl.stages import row_chunks
@@ -45,14 +44,18 @@ class StepLedger:
 
 
 def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[int], *,
-                overlap: bool = False, generation: Any = None) -> StepLedger:
+                overlap: bool = False, generation: Any = None,
+                compiler: Compiler | None = None) -> StepLedger:
     """The ledger of one step of ``trainer`` (an :class:`~jaxrl_sym.rl.step.RLTrainer`) on
     ``prompts`` (already expanded G-fold) whose responses have ``limits`` tokens.
 
     ``overlap``: the trainer scores the reference during generation (on an accelerator), which
     applies to systems that can (their ``generate_scoring`` overlaps).
     ``generation``: the generating system's :class:`~jaxrl_sym.runtime.estimate.Estimate` for
-    these prompts (None: no generation moment)."""
+    these prompts (None: no generation moment).
+    ``compiler``: ``compiler(fn, *args) -> Compiled`` for the step's programs (None: jit's own
+    ``fn.lower(*args).compile()`` on this machine; the bench passes a compile for a GPU it does
+    not have, ``bench/gpu_compile.py``)."""
     ctx, state = trainer.context, trainer.state
     responses = [np.ones(int(n), np.int32) for n in limits]
     lay = ctx.system.pad_rows(
@@ -66,15 +69,18 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     if state.frozen is not None:
         held.append(tree_buffer("frozen base weights (LoRA)", "weights", state.frozen))
     held_update = list(held)  # the update runs without the forward's copy (released)
-    if trainer.view.copies:
-        # the forward's copy (bf16 cast, LoRA merge), alive beside the masters until the
-        # update (Forwards.release_params), then refreshed by the commit
-        held.append(tree_buffer(f"forward's {trainer.precision.compute} copy of the weights",
-                                "weights", jax.eval_shape(trainer.view.forward,
-                                                          state.params["lm"], state.frozen)))
+    copy = trainer.view.forward_copy(state.params["lm"], state.frozen)
+    if copy:
+        # the forward's own arrays (a bf16 cast; LoRA's adapters), alive beside the masters
+        # until the update (Forwards.release_params), then refreshed by the commit
+        held.append(tree_buffer(f"forward's {trainer.precision.compute} copy of the weights"
+                                if trainer.view.lora is None else
+                                f"LoRA adapters in {trainer.precision.compute} (forward)",
+                                "weights", copy))
     moments: list[Moment] = []
     programs: list[tuple[str, int, ProgramSize]] = []
-    ref_sizes = _reference(ctx, fns, state, lay) if state.ref else []
+    compiler = compiler or _here
+    ref_sizes = _reference(ctx, fns, state, lay, compiler) if state.ref else []
     if generation is not None:
         gen = _generation_buffers(generation)
         if overlap and ref_sizes and _scores_while_generating(ctx.system):
@@ -83,7 +89,7 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     for count, size in ref_sizes:
         programs.append(("reference", count, size))
         moments.append(moment("reference", size.name, held, _batch(size), size.buffers()))
-    for what, count, size, extra in _update(ctx, fns, state, lay):
+    for what, count, size, extra in _update(ctx, fns, state, lay, compiler):
         programs.append(("update", count, size))
         moments.append(moment("update", what, held_update, extra, _batch(size),
                               size.buffers()))
@@ -128,23 +134,33 @@ def _arrays(lay: Any, sl: slice) -> dict[str, np.ndarray]:
             "adv": z}
 
 
-def _compile(name: str, fn: Any, held_bytes: int, *args: Any) -> ProgramSize:
-    size = ProgramSize.of(name, fn.lower(*args).compile())
+Compiler = Callable[..., Any]
+"""``compiler(fn, *args) -> jax.stages.Compiled``: how the ledger compiles a program."""
+
+
+def _here(fn: Any, *args: Any) -> Any:
+    return fn.lower(*args).compile()
+
+
+def _compile(compiler: Compiler, name: str, fn: Any, held_bytes: int, *args: Any
+             ) -> ProgramSize:
+    size = ProgramSize.of(name, compiler(fn, *args))
     return size.with_batch(max(0, size.args - held_bytes))
 
 
-def _reference(ctx: Any, fns: Any, state: Any, lay: Any) -> list[tuple[int, ProgramSize]]:
+def _reference(ctx: Any, fns: Any, state: Any, lay: Any, compiler: Compiler
+               ) -> list[tuple[int, ProgramSize]]:
     out = []
     ref_bytes = tree_buffer("", "reference", state.ref).nbytes
     for sl, count in _slices(ctx, lay):
         inputs = tuple(x[sl] for x in lay.inputs)
         name = f"ref[{lay.targets[sl].shape[0]}x{lay.shape[1]}]"
-        out.append((count, _compile(name, fns["ref"], ref_bytes, state.ref, inputs,
+        out.append((count, _compile(compiler, name, fns["ref"], ref_bytes, state.ref, inputs,
                                     lay.targets[sl])))
     return out
 
 
-def _update(ctx: Any, fns: Any, state: Any, lay: Any
+def _update(ctx: Any, fns: Any, state: Any, lay: Any, compiler: Compiler
             ) -> list[tuple[str, int, ProgramSize, list[Buffer]]]:
     """(what, times run, program, buffers held besides the state) of the update stage."""
     params, opt, frozen = state.params, state.opt_state, state.frozen
@@ -154,7 +170,7 @@ def _update(ctx: Any, fns: Any, state: Any, lay: Any
     slices = _slices(ctx, lay)
     if len(slices) == 1 and slices[0][1] == 1:
         sl = slices[0][0]
-        size = _compile(f"update[{lay.shape[0]}x{lay.shape[1]}]", fns["update"],
+        size = _compile(compiler, f"update[{lay.shape[0]}x{lay.shape[1]}]", fns["update"],
                         p_bytes + o_bytes + f_bytes, params, opt, frozen,
                         tuple(x[sl] for x in lay.inputs), _arrays(lay, sl))
         return [("update", 1, size, [])]
@@ -165,14 +181,15 @@ def _update(ctx: Any, fns: Any, state: Any, lay: Any
     for i, (sl, count) in enumerate(slices):
         rows, args = lay.targets[sl].shape[0], (tuple(x[sl] for x in lay.inputs), _arrays(lay, sl))
         if i == 0:
-            first = _compile(f"grad[{rows}x{lay.shape[1]}]", fns["grad"], p_bytes + f_bytes,
-                             params, frozen, *args)
+            first = _compile(compiler, f"grad[{rows}x{lay.shape[1]}]", fns["grad"],
+                             p_bytes + f_bytes, params, frozen, *args)
             out.append((first.name, 1, first, []))
             count -= 1
         if count:
-            acc = _compile(f"accumulate[{rows}x{lay.shape[1]}]", fns["accumulate"],
+            acc = _compile(compiler, f"accumulate[{rows}x{lay.shape[1]}]", fns["accumulate"],
                            2 * p_bytes + f_bytes, params, params, frozen, *args)
             out.append((acc.name, count, acc, [grads]))
-    apply = _compile("apply", fns["apply"], 2 * p_bytes + o_bytes, params, opt, params)
+    apply = _compile(compiler, "apply", fns["apply"], 2 * p_bytes + o_bytes, params, opt,
+                     params)
     out.append(("apply", 1, apply, [grads]))
     return out
