@@ -72,20 +72,11 @@ PLAN: tuple[Item, ...] = (
           "--junitxml={out}"),
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"), junit=True),
-    Item("rl_step_bf16mixed_lora16", 6.5,
-         "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
-         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
-         "10.09 GB measured; since then logprob_chunk 256, the head's bf16 backward, LoRA's "
-         "update without merged weights and the layers recomputed in the backward (remat): "
-         "5.39 vs 5.68 projected, both in generation)",
-         _BF16,
-         _BF16_DRY,
-         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_memory_knobs", 3.5,
          "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
-         "rows with refill, update micro-batches of one 1,280-slot row; projected 3.18 GB, 0.56x "
-         "padded's 5.68 (bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16_sym_"
-         "update1280_refill32.md): the peak and what the knobs cost in step time",
+         "rows with refill, update micro-batches of one 1,280-slot row; 2026-11-27: 5.12 GB "
+         "(0.536x padded's 9.55), step 9.02 s; since then LoRA runs unmerged in every program "
+         "(no 0.99 GB merged copy beside the frozen base)",
          (*_BF16,
           "--systems", "sym", "--update-tokens", "1280",
           "--engine", '{"microbatch_rows": 32, "refill": true}'),
@@ -95,9 +86,19 @@ PLAN: tuple[Item, ...] = (
                     "rl_step_gpu_h100_bf16mixed_lora16_sym_update1280_refill32.json"),
     Item("rl_step_padded_bf16mixed_lora16", 2.5,
          "padded alone, bf16-mixed + LoRA 16, default flags: the baseline for the knobs item "
-         "in the same tree (2026-11-26b: 10.09 GB; projected 5.68)",
+         "in the same tree (2026-11-27: 9.55 GB, step 15.75 s); since then its prefill no "
+         "longer stacks every chunk's logits (-2.18 GB, H100 compile) and LoRA runs unmerged",
          (*_BF16, "--systems", "padded"),
          (*_BF16_DRY, "--systems", "padded"),
+         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
+    Item("rl_step_bf16mixed_lora16", 6.5,
+         "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
+         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
+         "10.09 GB measured; since then logprob_chunk 256, the head's bf16 backward, LoRA's "
+         "update without merged weights and the layers recomputed in the backward (remat): "
+         "5.39 vs 5.68 projected, both in generation)",
+         _BF16,
+         _BF16_DRY,
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_while_graphs", 3.5,
          "sym's bf16-mixed + LoRA 16 step with XLA's while loops and conditionals inside CUDA "
@@ -124,14 +125,6 @@ PLAN: tuple[Item, ...] = (
          "no row in 276 s (tokens differed from compaction's on the GPU; now recorded)",
          ("bench", "refill", "--preset", "gpu", "--out", "{out}"),
          ("bench", "refill", "--preset", "quick", "--out", "{out}")),
-    Item("rl_step_padded_no_autotune", 2.5,
-         "padded's bf16-mixed + LoRA 16 step with XLA's GPU autotuner off: its 10.09 GB peak is "
-         "reached in generation, which compiles on every call and which the ledger puts at 5.68 "
-         "GB; if the peak falls near the ledger's, the rest was the autotuner's scratch",
-         (*_BF16,
-          "--systems", "padded"),
-         (*_BF16_DRY, "--systems", "padded"),
-         env=(("XLA_FLAGS", "--xla_gpu_autotune_level=0"),)),
     Item("rl_step_fp32_sym", 2.7,
          "sym's fp32 full fine-tuning peak after the cost-model work (first run 44.9 GB vs "
          "padded 33.5; projected 24.65 vs 21.77)",
