@@ -154,6 +154,8 @@ def test_token_task_rewards_decoded_responses() -> None:
         right = text.encode(f"so #### {p.answer}<|im_end|>")
         wrong = text.encode(f"so #### {p.answer + 1}")
         assert run.task.reward(ids, right) == 1.0 and run.task.exact_match(ids, right) == 1.0
-        assert run.task.reward(ids, wrong) == pytest.approx(0.2)
+        assert run.task.reward(ids, wrong) == 0.0  # the format pays only with the answer
+        bare = text.encode(f"so it is {p.answer}")
+        assert run.task.reward(ids, bare) == pytest.approx(0.8)
     with pytest.raises(InputError, match=r"did not sample last"):
         run.task.reward(np.asarray([1, 2, 3]), np.asarray([4]))
