@@ -186,7 +186,8 @@ def run_config(cfg: dict[str, Any]) -> tuple[Any, ...]:
 
 def measured_runs(dev: dict[str, Any]) -> list[dict[str, Any]]:
     """Every committed RL-step run on ``dev``: the first run's ``rlft_step_<system>.json`` and
-    the GPU plan's ``rl_step*`` rows (``<date>/plan.jsonl``), each with its config and date."""
+    the GPU plan's ``rl_step*`` rows (``<date>/plan.jsonl``) run with the default XLA flags, each
+    with its config and date."""
     base = ROOT / "bench" / "results" / dev["results"]
     runs = []
     for path in sorted(base.glob("rlft_step_*.json")):
@@ -195,7 +196,10 @@ def measured_runs(dev: dict[str, Any]) -> list[dict[str, Any]]:
     for path in sorted(base.glob("*/plan.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            if row["item"].startswith("rl_step") and row["status"] == "ok" and row["result"]:
+            # a row run under its own XLA flags (autotuner off, command buffers) is a variant,
+            # not the configuration's measurement
+            if (row["item"].startswith("rl_step") and row["status"] == "ok" and row["result"]
+                    and not row.get("env")):
                 tree = f", tree {row['commit'][:7]}" if row.get("commit") else ""
                 runs.append({**row["result"],
                              "source": f"{path.relative_to(ROOT)} ({row['item']}{tree})"})
