@@ -75,22 +75,27 @@ def _mesh(target: str) -> Any:
     return topologies.make_mesh(topo, (1,), ("x",))
 
 
-def compile_for(fn: Any, *args: Any, target: str = "h100", dump_to: str | None = None) -> Any:
+def compile_for(fn: Any, *args: Any, target: str = "h100", dump_to: str | None = None,
+                kwargs: dict[str, Any] | None = None) -> Any:
     """``fn`` (jitted or not) lowered for ``target`` at the shapes of ``args`` (arrays or
     ``ShapeDtypeStruct`` trees; placed replicated on the compile-only device) and compiled,
-    never run. ``dump_to``: a folder for XLA's dumps (the buffer assignment
-    :func:`temp_buffers` reads)."""
+    never run. ``kwargs``: static keyword arguments of the lowering, as given. ``dump_to``: a
+    folder for XLA's dumps (the buffer assignment :func:`temp_buffers` reads)."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
 
     _path()
     sharding = NamedSharding(_mesh(target), PartitionSpec())
-    structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype,
-                                                          sharding=sharding), args)
+    def struct(x: Any) -> Any:
+        if not hasattr(x, "dtype"):  # a static argument (a Python int): as it is
+            return x
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
+    structs = jax.tree.map(struct, args)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     opts = dict(OPTIONS, **({"xla_dump_to": dump_to} if dump_to else {}))
-    return jitted.lower(*structs).compile(compiler_options=opts)
+    return jitted.lower(*structs, **(kwargs or {})).compile(compiler_options=opts)
 
 
 class _Analysed:
@@ -112,13 +117,16 @@ class _Analysed:
 
 
 def compiler(target: str) -> Any:
-    """``compiler(fn, *args)`` for :func:`jaxrl_sym.rl.ledger.step_ledger`: every program of
-    the step compiled for ``target`` (its memory) and for this machine (its counts)."""
+    """``compiler(build)`` for the ledgers (:func:`jaxrl_sym.rl.ledger.step_ledger`,
+    :func:`jaxrl_sym.runtime.ledger_generation.sym_ledger`): every program compiled for
+    ``target`` (its memory) and for this machine (its counts); ``build`` a
+    :class:`~jaxrl_sym.runtime.programs.Build`."""
     why = unavailable()
     if why is not None:
         raise RuntimeError(why)
-    return lambda fn, *args: _Analysed(compile_for(fn, *args, target=target),
-                                       fn.lower(*args).compile())
+    return lambda build: _Analysed(
+        compile_for(build.jitted, *build.args, target=target, kwargs=dict(build.kwargs)),
+        build())
 
 
 def cost_analysis(compiled: Any) -> dict[str, float]:

@@ -37,22 +37,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", default=None, help=f"one of {', '.join(gpu_compile.TARGETS)}")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16"),
                    help="dtype of the weights generation reads (bf16: bf16-mixed's copy)")
+    p.add_argument("--runtime-ledger", action="store_true",
+                   help="instead of the padded program: the symbolic runtime's generation "
+                        "ledger (its own programs over its policy's dispatches), every program "
+                        "compiled for the target")
+    p.add_argument("--rows", type=int, default=None,
+                   help="with --runtime-ledger: EngineOptions.microbatch_rows (resident rows)")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     return presets.parse(p, PRESETS, argv)
 
 
-def program(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """The padded generation program of the workload, its abstract arguments, and the shape."""
+def _model(args: argparse.Namespace) -> tuple[Any, Any, list[Any], Any]:
+    """The workload's model (abstract: shapes only), its state in the weights' dtype, the
+    expanded prompts and the generation config."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.lm import init_model, preset
 
     dtype = jnp.bfloat16 if args.precision == "bf16" else jnp.float32
-    args.beta = 0.0
     model = nnx.eval_shape(lambda: init_model(
         preset("small", **rlft_step.model_config(args), dtype=dtype), args.seed))
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
@@ -60,7 +65,40 @@ def program(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, A
         nnx.split(model)[1])
     prompts, limits = rlft_step.workload(args)
     expanded = [p for p in prompts for _ in range(args.group)]
-    gcfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
+    return model, state, expanded, GenerationConfig(max_new_tokens=tuple(int(x) for x in limits))
+
+
+def sym_generation(args: argparse.Namespace) -> dict[str, Any]:
+    """The runtime's generation ledger for the workload, its programs compiled for the target:
+    the peak moment with its named buffers."""
+    import jax
+
+    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+    from jaxrl_sym.runtime.options import EngineOptions
+    from jaxrl_sym.runtime.plan import compile_generation
+    from jaxrl_sym.tracer.trace import trace_model
+
+    model, state, expanded, gcfg = _model(args)
+    program, _, _ = trace_model(model)
+    plan = compile_generation(program, EngineOptions(microbatch_rows=args.rows))
+    leaves = jax.tree_util.tree_leaves(state)
+    out = {}
+    for key, comp in (("gpu", gpu_compile.compiler(args.target)), ("cpu", None)):
+        t0 = time.perf_counter()
+        led = sym_ledger(plan, leaves, expanded, gcfg, compiler=comp).ledger
+        peak = max(led.moments, key=lambda m: m.total)
+        out[key] = {"peak": peak.total, "moment": f"{peak.stage}: {peak.what}",
+                    "buffers": [{"name": b.name, "bytes": b.nbytes}
+                                for b in sorted(peak.buffers, key=lambda b: -b.nbytes)[:8]],
+                    "seconds": time.perf_counter() - t0}
+    return out
+
+
+def program(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The padded generation program of the workload, its abstract arguments, and the shape."""
+    from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
+
+    model, state, expanded, gcfg = _model(args)
     batch = left_pad_prompts(model, expanded, gcfg)
     inputs = (batch.tokens, batch.positions, batch.prompt_lens, batch.limits)
     shape = {"rows": batch.batch, "prompt_len": batch.prompt_len, "steps": batch.steps,
@@ -124,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     why = gpu_compile.unavailable()
     if why is not None:
         raise InputError(f"gpu_compile: {why}")
+    if args.runtime_ledger:
+        print(json.dumps(sym_generation(args), indent=1))
+        return 0
     report = run(args)
     report["command"] = "python -m bench gpu_compile " + shlex.join(
         argv if argv is not None else sys.argv[1:])

@@ -30,6 +30,7 @@ import numpy as np
 from jaxrl_sym.rl.stages import row_chunks
 from jaxrl_sym.rl.systems import Bound
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
+from jaxrl_sym.runtime.programs import Build
 
 __all__ = ["StepLedger", "step_ledger"]
 
@@ -53,9 +54,9 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     applies to systems that can (their ``generate_scoring`` overlaps).
     ``generation``: the generating system's :class:`~jaxrl_sym.runtime.estimate.Estimate` for
     these prompts (None: no generation moment).
-    ``compiler``: ``compiler(fn, *args) -> Compiled`` for the step's programs (None: jit's own
-    ``fn.lower(*args).compile()`` on this machine; the bench passes a compile for a GPU it does
-    not have, ``bench/gpu_compile.py``)."""
+    ``compiler``: ``compiler(build) -> Compiled`` for the step's programs
+    (:class:`~jaxrl_sym.runtime.programs.Build`; None: compiled on this machine; the bench
+    passes a compile for a GPU it does not have, ``bench/gpu_compile.py``)."""
     ctx, state = trainer.context, trainer.state
     responses = [np.ones(int(n), np.int32) for n in limits]
     lay = ctx.system.pad_rows(
@@ -134,17 +135,17 @@ def _arrays(lay: Any, sl: slice) -> dict[str, np.ndarray]:
             "adv": z}
 
 
-Compiler = Callable[..., Any]
-"""``compiler(fn, *args) -> jax.stages.Compiled``: how the ledger compiles a program."""
+Compiler = Callable[[Build], Any]
+"""``compiler(build) -> jax.stages.Compiled``: how the ledger compiles a program."""
 
 
-def _here(fn: Any, *args: Any) -> Any:
-    return fn.lower(*args).compile()
+def _here(build: Build) -> Any:
+    return build()
 
 
 def _compile(compiler: Compiler, name: str, fn: Any, held_bytes: int, *args: Any
              ) -> ProgramSize:
-    size = ProgramSize.of(name, compiler(fn, *args))
+    size = ProgramSize.of(name, compiler(Build(fn, args)))
     return size.with_batch(max(0, size.args - held_bytes))
 
 

@@ -2,12 +2,12 @@
 ``jax.ShapeDtypeStruct``s alike. The group (:mod:`jaxrl_sym.runtime.group`) runs them, and the
 generation ledger (:mod:`jaxrl_sym.runtime.ledger_generation`) compiles the same functions at
 shapes that never run (``python -m bench project --workload decode``), so a projection cannot
-drift from the engine. Each returns the program's cache key and the function that compiles it.
+drift from the engine. Each returns the program's cache key and its
+:class:`~jaxrl_sym.runtime.programs.Build` (called: compiled here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -18,6 +18,7 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.prefill import packed_prefill, refill_prefill
+from jaxrl_sym.runtime.programs import Build
 
 
 def _caps(stores: Any) -> tuple[tuple[str, int], ...]:
@@ -34,7 +35,7 @@ def decode_kind(plan: GenerationPlan, cfg: GenerationConfig) -> tuple[str, bool,
 
 
 def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[Any, ...],
-                   rows: int, capacity: int) -> tuple[tuple, Callable[[], Any]]:
+                   rows: int, capacity: int) -> tuple[tuple, Build]:
     """The decode program of a group at ``rows`` and ``capacity``, from abstract arguments (its
     stores as ``init_stores`` makes them; ``hoisted`` arrays or ShapeDtypeStructs)."""
     stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, capacity))
@@ -48,39 +49,39 @@ def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[A
 
 
 def packed_prefill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
-                           args: tuple[Any, ...]) -> tuple[tuple, Callable[[], Any]]:
+                           args: tuple[Any, ...]) -> tuple[tuple, Build]:
     """The packed prefill of ``pk`` over ``args``: (hoisted, stores, pk's tokens, positions,
     rows, slots, last, source, row ids, seed), arrays or ShapeDtypeStructs."""
     key = ("packed_prefill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
            cfg.temperature, cfg.return_logits, _caps(args[1]))
     fn = partial(packed_prefill, plan.builder, temperature=cfg.temperature,
                  want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
-    return key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile()
+    return key, Build(jax.jit(fn, donate_argnums=(1,)), tuple(args))
 
 
 def refill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
-                   args: tuple[Any, ...]) -> tuple[tuple, Callable[[], Any]]:
+                   args: tuple[Any, ...]) -> tuple[tuple, Build]:
     """The refill of ``pk``'s rows over ``args``: (hoisted, stores, pk's tokens, positions,
     rows, slots, last, source, row ids, seed, refilled mask, next step)."""
     key = ("refill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
            cfg.temperature, cfg.return_logits, _caps(args[1]))
     fn = partial(refill_prefill, plan.builder, temperature=cfg.temperature,
                  want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
-    return key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile()
+    return key, Build(jax.jit(fn, donate_argnums=(1,)), tuple(args))
 
 
 def grow_program(plan: GenerationPlan, name: str, store: Any, rows: int, capacity: int
-                 ) -> tuple[tuple, Callable[[], Any]]:
+                 ) -> tuple[tuple, Build]:
     """Growing store ``name`` (arrays or ShapeDtypeStructs) copied into ``capacity`` slots."""
     key = ("grow", rows, capacity,
            tuple((n, a.shape, str(a.dtype)) for n, a in sorted(store.items())))
     grow = plan.specs[int(name)].kind.grow
-    return key, lambda: jax.jit(grow, static_argnums=1).lower(store, capacity).compile()
+    return key, Build(jax.jit(grow, static_argnums=1), (store, capacity))
 
 
 def compact_program(plan: GenerationPlan, args: tuple[Any, ...], rows: int, new_rows: int
-                    ) -> tuple[tuple, Callable[[], Any]]:
+                    ) -> tuple[tuple, Build]:
     """A group's compaction from ``rows`` to ``new_rows`` over ``args`` (stores, kept slots,
     filler mask, first positions, row ids)."""
     key = ("compact", rows, new_rows, _caps(args[0]))
-    return key, lambda: jax.jit(plan.builder.compact).lower(*args).compile()
+    return key, Build(jax.jit(plan.builder.compact), tuple(args))

@@ -47,6 +47,7 @@ from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
+from jaxrl_sym.runtime.programs import Build
 
 __all__ = ["GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
 
@@ -87,14 +88,16 @@ class GenerationLedger:
 class _Programs:
     """Compile-once sizes by cache key, and how often each ran."""
 
-    def __init__(self, sizes: Sizes | None) -> None:
+    def __init__(self, sizes: Sizes | None, compiler: Callable[[Build], Any] | None = None
+                 ) -> None:
         self.sizes = sizes if sizes is not None else {}
+        self.compile = compiler or (lambda build: build())
         self.runs: dict[tuple, list[int]] = {}  # key -> [calls, steps]
         self.stages: dict[tuple, str] = {}
 
-    def size(self, key: tuple, stage: str, name: str, build: Callable[[], Any]) -> ProgramSize:
+    def size(self, key: tuple, stage: str, name: str, build: Build) -> ProgramSize:
         if key not in self.sizes:
-            self.sizes[key] = ProgramSize.of(name, build())
+            self.sizes[key] = ProgramSize.of(name, self.compile(build))
         self.stages.setdefault(key, stage)
         return self.sizes[key]
 
@@ -111,16 +114,19 @@ class _Programs:
 
 
 def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np.ndarray],
-               cfg: GenerationConfig, *, sizes: Sizes | None = None) -> GenerationLedger:
+               cfg: GenerationConfig, *, sizes: Sizes | None = None,
+               compiler: Callable[[Build], Any] | None = None) -> GenerationLedger:
     """The ledger of ``plan`` generating for ``prompts`` with ``cfg`` (every row to its limit),
-    its weights ``leaves`` arrays or ShapeDtypeStructs. ``sizes``: compiled sizes to reuse."""
+    its weights ``leaves`` arrays or ShapeDtypeStructs. ``sizes``: compiled sizes to reuse.
+    ``compiler(build) -> Compiled``: how each program compiles (None: here; the bench compiles
+    for a GPU it does not have, ``bench/gpu_compile.py``)."""
     lens = [len(p) for p in prompts]
     limits = [int(x) for x in row_limits(cfg, len(prompts))]
     hoisted = jax.eval_shape(plan.builder.hoist, list(leaves))
     held = [Buffer("weights", "weights", tree_nbytes(list(leaves))),
             Buffer("hoisted weight values", "weights", tree_nbytes(hoisted))]
     args = plan.builder.assemble(list(leaves), hoisted)
-    opts, progs = plan.options, _Programs(sizes)
+    opts, progs = plan.options, _Programs(sizes, compiler)
     tiling = Tiling(plan.tiling.base, plan.tile_buffer(cfg))  # as DecodeGroup sizes its tiles
     plans = replay(lens, limits, min_capacity=opts.min_capacity, tiling=tiling,
                    need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,

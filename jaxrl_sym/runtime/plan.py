@@ -30,7 +30,7 @@ from jaxrl_sym.runtime.evaluate import constant_values
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.policy import Compaction, GroupShape, Tiling, microbatches
-from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder, slot_specs, store_specs
+from jaxrl_sym.runtime.programs import Build, ProgramCache, StepBuilder, slot_specs, store_specs
 from jaxrl_sym.sharding import data_size, global_args, make_mesh, tree_shardings
 from jaxrl_sym.tracer.trace import TracedProgram
 
@@ -126,22 +126,18 @@ class GenerationPlan:
 
     # ------------------------------------------------------------------ programs
     def program(self, name: str, cfg: GenerationConfig, *args: Any, **static: Any
-                ) -> tuple[tuple, Callable[[], Any]]:
+                ) -> tuple[tuple, Build]:
         """The cache key of the prefill/decode(-tile) program for these arguments (arrays or
         ``jax.ShapeDtypeStruct``s) and the function that compiles it."""
         stores = args[1]
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
         key = (name, args[2].shape, caps, cfg.temperature, cfg.return_logits,
                *sorted(static.items()))
-        fn = getattr(self.builder, name)
-
-        def build() -> Any:
-            jitted = jax.jit(fn, static_argnames=("temperature", "want_logits", *static),
-                             donate_argnums=(1,))
-            return jitted.lower(*args, temperature=cfg.temperature,
-                                want_logits=cfg.return_logits, **static).compile()
-
-        return key, build
+        jitted = jax.jit(getattr(self.builder, name),
+                         static_argnames=("temperature", "want_logits", *static),
+                         donate_argnums=(1,))
+        kwargs = {"temperature": cfg.temperature, "want_logits": cfg.return_logits, **static}
+        return key, Build(jitted, tuple(args), tuple(kwargs.items()))
 
     def run(self, cache: ProgramCache, name: str, cfg: GenerationConfig, *args: Any,
             **static: Any) -> tuple[Any, tuple]:

@@ -30,6 +30,21 @@ from jaxrl_sym.runtime.metrics import executable_temp_bytes
 from jaxrl_sym.sharding import data_size, global_args, replicated, rows_sharding
 
 
+@dataclass(frozen=True)
+class Build:
+    """A program to compile: the jitted function and the arguments (arrays or
+    ``jax.ShapeDtypeStruct``s) it is lowered at, ``kwargs`` its static keyword arguments.
+    Calling it compiles for this machine (what the caches do); a ledger may hand the same
+    function and arguments to another compiler (``bench/gpu_compile.py``: for a GPU)."""
+
+    jitted: Any
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self) -> Any:
+        return self.jitted.lower(*self.args, **dict(self.kwargs)).compile()
+
+
 @dataclass
 class ProgramCache:
     """AOT-compiled executables keyed by (name, shape key); counts compiles and dispatches.
