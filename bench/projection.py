@@ -179,7 +179,7 @@ def run_config(cfg: dict[str, Any]) -> tuple[Any, ...]:
     first H100 run's reports predate ``precision`` and ``lora_rank``: fp32, no LoRA; every run
     before ``RLConfig.remat`` kept the activations: remat off)."""
     return (cfg.get("preset"), cfg.get("precision") or "fp32", cfg.get("lora_rank") or 0,
-            bool(cfg.get("remat", False)),
+            bool(cfg.get("remat", False)), cfg.get("overlap_reference"),
             cfg.get("update_tokens"), cfg.get("logprob_chunk"),
             json.dumps(json.loads(cfg["engine"]), sort_keys=True) if cfg.get("engine") else None)
 

@@ -91,6 +91,17 @@ PLAN: tuple[Item, ...] = (
          (*_BF16, "--systems", "padded"),
          (*_BF16_DRY, "--systems", "padded"),
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
+    Item("rl_step_sym_knobs_no_overlap", 3.5,
+         "item 2 with the reference scored after generation instead of during it: the H100 "
+         "held ~1.9 GB in sym's generation beyond every program the ledger compiles (for the "
+         "H100: the runtime's generation 1.82 GB, an overlapped reference chunk 0.19); the "
+         "leading suspect is the temporaries of reference chunks queued asynchronously behind "
+         "the decode tiles (86 per step), each allocated when enqueued",
+         (*_BF16,
+          "--systems", "sym", "--update-tokens", "1280",
+          "--engine", '{"microbatch_rows": 32, "refill": true}', "--no-overlap-reference"),
+         (*_BF16_DRY, "--systems", "sym", "--update-tokens", "256",
+          "--engine", '{"microbatch_rows": 4, "refill": true}', "--no-overlap-reference")),
     Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
          "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "

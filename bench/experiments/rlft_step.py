@@ -89,7 +89,9 @@ def rl_config(args: argparse.Namespace, limits: list[int]) -> Any:
     chunk = {"logprob_chunk": args.logprob_chunk} if args.logprob_chunk else {}
     return RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
                     max_new_tokens=max(limits), eos_id=None, lr=1e-4,
-                    update_tokens=args.update_tokens or None, remat=not args.no_remat, **chunk)
+                    update_tokens=args.update_tokens or None, remat=not args.no_remat,
+                    overlap_reference=False if getattr(args, "no_overlap_reference", False)
+                    else None, **chunk)
 
 
 def run_system(args: argparse.Namespace) -> dict[str, Any]:
@@ -238,6 +240,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "'{\"min_capacity\": 16}' (default: the RL trainer's own)")
     p.add_argument("--no-remat", action="store_true",
                    help="RLConfig.remat=False: keep the layers' activations for the backward")
+    p.add_argument("--no-overlap-reference", action="store_true",
+                   help="RLConfig.overlap_reference=False: score the reference after generation, "
+                        "not during it (on an accelerator it overlaps by default)")
     p.add_argument("--out", default=None,
                    help="write the report here (default bench/results/<device>/rlft_step_"
                         "<model>.json)")
@@ -280,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {"preset": args.model, **{k: getattr(args, k) for k in (
         "scale", "prompts", "group", "sigma", "beta", "steps", "seed", "precision")},
               "remat": not args.no_remat}
+    if args.no_overlap_reference:
+        config["overlap_reference"] = False
     for k in ("memory_budget", "update_tokens", "engine", "lora_rank", "logprob_chunk"):
         if getattr(args, k):
             config[k] = getattr(args, k)
