@@ -107,3 +107,37 @@ def test_merge_aux_is_the_token_weighted_whole(parts) -> None:
     assert np.isclose(m["loss"], sum(a for a, _, _ in parts))
     assert np.isclose(m["kl"], sum(b * x for _, b, x in parts) / n)
     assert m["ratio_max"] == max(a + b for a, b, _ in parts)
+
+
+class _Pending:
+    """A dispatched chunk's fake device result: records when the host waited for it."""
+
+    def __init__(self, k: int, waited: set[int]) -> None:
+        self.k, self.waited = k, waited
+
+    def block_until_ready(self) -> _Pending:
+        self.waited.add(self.k)
+        return self
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs, st.integers(1, 4), st.integers(0, 2**16))
+def test_at_most_max_inflight_reference_chunks_are_in_flight(lens, inflight, seed) -> None:
+    """When chunk k is dispatched, the host has waited for every chunk up to k - max_inflight:
+    never more than ``max_inflight`` hold their temporaries at once (XLA:GPU holds an
+    execution's temporaries from its enqueue to its end)."""
+    prompts, responses = _make(lens, seed)
+    waited: set[int] = set()
+    seen: list[set[int]] = []
+
+    def dispatch(lay: Layout) -> _Pending:
+        seen.append(set(waited))
+        return _Pending(len(seen) - 1, waited)
+
+    ov = ReferenceOverlap(prompts, max(64, max(p + r for p, r in lens)), dispatch, min_rows=1,
+                          max_rows=1, max_inflight=inflight)
+    for i in range(len(lens)):
+        ov.on_finished([i], [responses[i]])
+    for k, before in enumerate(seen):
+        assert set(range(k - inflight + 1)) <= before, (k, before)
+        assert not before & set(range(max(0, k - inflight + 1), k)), (k, before)

@@ -12,6 +12,14 @@ are read back only in :meth:`collect`, after generation.
 
 Chunks have a fixed row length for the whole step (prompt + response can never exceed it) and a
 bucketed number of rows, so a steady-state run reuses a handful of compiled programs.
+
+At most :data:`MAX_INFLIGHT` chunks are in flight: before dispatching another, the host waits
+for the oldest. Why: an XLA:GPU execution holds its temporaries from when it is *enqueued* until
+it completes, so when many rows finish in one decode tile (the tail of a batch), every chunk
+dispatched back to back held its temporaries at once behind the decode work — each ~0.19 GB at
+Qwen2.5-0.5B's shape with 1,280-slot chunks, and on the H100 sym's generation held ~1.9 GB that
+no single compiled program explains (``bench/results/projection.md``, 2026-11-27). The wait
+only holds the host while the device still has the queued chunks to run.
 """
 
 from __future__ import annotations
@@ -19,10 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrl_sym.rl.layout import Layout, packed_layout
 from jaxrl_sym.sharding import to_host
+
+MAX_INFLIGHT = 2  # reference chunks dispatched and not yet finished, at most (module docstring)
 
 
 class ReferenceOverlap:
@@ -36,11 +47,13 @@ class ReferenceOverlap:
       min_rows: dispatch a chunk once this many finished samples are waiting.
       max_rows: at most this many packed rows per dispatched chunk (None: no limit) — a chunk's
         ``[slots × vocab]`` logits must fit beside generation's stores.
+      max_inflight: chunks dispatched and not yet finished, at most (the host waits for the
+        oldest before dispatching past it).
     """
 
     def __init__(self, prompts: Sequence[np.ndarray], row_len: int,
                  dispatch: Callable[[Layout], Any], *, min_rows: int,
-                 max_rows: int | None = None) -> None:
+                 max_rows: int | None = None, max_inflight: int = MAX_INFLIGHT) -> None:
         self.prompts = list(prompts)
         self.row_len = int(row_len)
         self.dispatch = dispatch
@@ -48,6 +61,7 @@ class ReferenceOverlap:
         self.min_rows = max(1, int(min_rows))
         if self.max_rows is not None:
             self.min_rows = min(self.min_rows, self.max_rows)
+        self.max_inflight = max(1, int(max_inflight))
         self._pending: list[tuple[int, np.ndarray]] = []
         self._chunks: list[tuple[list[int], Layout, Any]] = []
         self.overlapped_samples = 0
@@ -65,7 +79,7 @@ class ReferenceOverlap:
             lay = packed_layout([self.prompts[i] for i in ids], [r for _, r in self._pending],
                                 row_len=self.row_len)
             if self.max_rows is None or lay.shape[0] <= self.max_rows:
-                self._chunks.append((ids, lay, self.dispatch(lay)))
+                self._chunks.append((ids, lay, self._dispatch(lay)))
                 self._pending = []
                 return
             # Too many rows for one program: dispatch the samples packed into the first
@@ -74,9 +88,16 @@ class ReferenceOverlap:
             head = Layout(lay.system, tuple(x[:self.max_rows] for x in lay.inputs),
                           lay.targets[:self.max_rows], tuple(lay.spans[k] for k in keep),
                           sum(len(self.prompts[ids[k]]) + len(self._pending[k][1]) for k in keep))
-            self._chunks.append(([ids[k] for k in keep], head, self.dispatch(head)))
+            self._chunks.append(([ids[k] for k in keep], head, self._dispatch(head)))
             kept = set(keep)
             self._pending = [x for k, x in enumerate(self._pending) if k not in kept]
+
+    def _dispatch(self, lay: Layout) -> Any:
+        """Dispatch ``lay``'s chunk once fewer than ``max_inflight`` earlier ones may still run:
+        the host waits for the one ``max_inflight`` back (and so for all before it)."""
+        if len(self._chunks) >= self.max_inflight:
+            jax.block_until_ready(self._chunks[-self.max_inflight][2])
+        return self.dispatch(lay)
 
     def collect(self, n: int, responses: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Score what is still waiting, then return the reference log-probs of all ``n``
