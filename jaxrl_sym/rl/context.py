@@ -87,7 +87,7 @@ class Forwards:
 
     def release_params(self, cfg: RLConfig) -> bool:
         """Before an update: where the forward's weights are a copy of the trained ones (bf16
-        cast, LoRA merge; ``Weights.copies``), every bound system drops it — the update
+        cast, LoRA adapters; ``Weights.copies``), every bound system drops it — the update
         differentiates through its own cast/merge, and the commit brings a fresh copy — so it is
         freed for the update's peak. Programs are built first (they read the model's weights
         when built). Returns whether anything was released; the caller restores the copy

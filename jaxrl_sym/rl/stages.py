@@ -312,7 +312,7 @@ def update(ctx: StepContext, state: TrainState, layout: Layout, arrays: Arrays
 def _update_without_forward_copy(ctx: StepContext, state: TrainState, layout: Layout,
                                  arrays: Arrays) -> tuple[TrainState, list[dict[str, float]]]:
     """:func:`update`, with the bound systems' copy of the forward's weights (bf16 cast, LoRA
-    merge) released first (:meth:`Forwards.release_params`): the update never reads it and the
+    adapters) released first (:meth:`Forwards.release_params`): the update never reads it and the
     commit replaces it, so holding it would only add a model's weights to the update's peak.
     If the update raises, the systems get the state's forward weights back (a diverged update
     hands back its state, which the trainer commits)."""

@@ -255,8 +255,8 @@ class RLTrainer:
 
     def policy_leaves(self) -> list[jax.Array]:
         """The leaves every forward of the current policy reads: the trained ones themselves, or
-        a copy made on the device (bf16 cast, LoRA merge) — what the bound systems generate
-        with, refreshed at each commit."""
+        a copy made on the device (bf16 cast; LoRA: the adapters beside the frozen base) — what
+        the bound systems generate with, refreshed at each commit."""
         return self.view.compute_copy(self.state.params["lm"], self.state.frozen)
 
     def params_sha256(self) -> str:

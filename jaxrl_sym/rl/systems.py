@@ -162,7 +162,7 @@ class Bound:
 
     def release_params(self) -> None:
         """Hold only the weights' shapes until the next :meth:`set_params`: the step calls this
-        before its update when the forward's weights are a copy (bf16 cast, LoRA merge) that
+        before its update when the forward's weights are a copy (bf16 cast, LoRA adapters) that
         the update never reads and the commit replaces, so the copy is freed for the update's
         peak instead of living beside it. Programs built later still see the model's shapes."""
         self.leaves = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in self.leaves]

@@ -22,13 +22,14 @@ Why merged weights and not a LoRA layer inside the model:
 * **Free reference policy.** The base leaves themselves are the reference model (adapters off);
   no second copy of the weights exists.
 
-The price, in a gradient program: a merged copy of each targeted weight, its ``A @ B`` and its
-``[in, out]`` gradient ``dL/dW`` before the reduction to ``dL/dA``, ``dL/dB``. The RL update
-therefore does not differentiate through this function but through
-:func:`jaxrl_sym.weights.lora_apply.lora_call` (the same model, ``x @ W + scale · (x @ A) @ B``
-at each matmul that reads a target); merged leaves remain what generation, export and
-evaluation read. The optimiser state is what the adapters save (float32 Adam moments of
-``r · (in + out)`` instead of ``in · out`` numbers per weight).
+The price of merging: in a gradient program a merged copy of each targeted weight, its
+``A @ B`` and its ``[in, out]`` gradient ``dL/dW`` before the reduction to ``dL/dA``,
+``dL/dB``; in generation a whole merged model beside the frozen base. So no program of a run
+merges: every system runs :class:`jaxrl_sym.weights.lora_model.LoraModel` (the same model,
+``x @ W + scale · (x @ A) @ B`` at each matmul that reads a target, via
+:func:`jaxrl_sym.weights.lora_apply.lora_call`); merged leaves are what export writes and the
+definition the tests check against. The optimiser state is what the adapters save (float32 Adam
+moments of ``r · (in + out)`` instead of ``in · out`` numbers per weight).
 """
 
 from __future__ import annotations
