@@ -133,11 +133,10 @@ class GenerationPlan:
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
         key = (name, args[2].shape, caps, cfg.temperature, cfg.return_logits,
                *sorted(static.items()))
-        jitted = jax.jit(getattr(self.builder, name),
-                         static_argnames=("temperature", "want_logits", *static),
-                         donate_argnums=(1,))
+        jit = {"static_argnames": ("temperature", "want_logits", *static), "donate_argnums": (1,)}
         kwargs = {"temperature": cfg.temperature, "want_logits": cfg.return_logits, **static}
-        return key, Build(jitted, tuple(args), tuple(kwargs.items()))
+        return key, Build(getattr(self.builder, name), tuple(args), tuple(kwargs.items()),
+                          tuple(jit.items()))
 
     def run(self, cache: ProgramCache, name: str, cfg: GenerationConfig, *args: Any,
             **static: Any) -> tuple[Any, tuple]:

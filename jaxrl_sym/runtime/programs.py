@@ -37,9 +37,16 @@ class Build:
     Calling it compiles for this machine (what the caches do); a ledger may hand the same
     function and arguments to another compiler (``bench/gpu_compile.py``: for a GPU)."""
 
-    jitted: Any
+    fn: Any
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...] = ()
+    jit: tuple[tuple[str, Any], ...] = ()  # jax.jit's options, when ``fn`` is not jitted yet
+
+    @property
+    def jitted(self) -> Any:
+        """``fn`` under ``jax.jit`` — made here, on a cache miss, not on every dispatch that
+        only needs the cache key."""
+        return self.fn if hasattr(self.fn, "lower") else jax.jit(self.fn, **dict(self.jit))
 
     def __call__(self) -> Any:
         return self.jitted.lower(*self.args, **dict(self.kwargs)).compile()
