@@ -83,13 +83,15 @@ def test_checkpoint_export_reads_and_verifies_only_the_policy(tmp_path: Path) ->
     assert info["step"] == 1 and "model.safetensors" in files
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (
         src / "model.safetensors").read_bytes()
-    # the largest data file holds the arrays (the others: OCDBT's tree and manifest)
-    data_file = max((tmp_path / "run" / "1" / "state").rglob("d/*"),
-                    key=lambda f: f.stat().st_size)
-    data = bytearray(data_file.read_bytes())
-    for k in range(1, 20):
-        data[len(data) * k // 20:len(data) * k // 20 + 16] = b"\xa5" * 16
-    data_file.write_bytes(bytes(data))
+    # every data file (OCDBT spreads the arrays over several, in an order set by its async
+    # writers: the policy's need not be in the largest), flipped at 19 places each
+    data_files = sorted((tmp_path / "run" / "1" / "state").rglob("d/*"))
+    assert data_files
+    for data_file in data_files:
+        data = bytearray(data_file.read_bytes())
+        for k in range(1, 20):
+            data[len(data) * k // 20:len(data) * k // 20 + 16] = b"\xa5" * 16
+        data_file.write_bytes(bytes(data))
     # refused either way: the bytes decode to other values (digest) or do not decode at all
     # (which of the two depends on where OCDBT placed the arrays in the file)
     with pytest.raises(CheckpointError, match=r"run/1( is unusable: the digest of its restored "
