@@ -56,15 +56,22 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     bound = trainer.forwards.bound(trainer.system)  # the trainer's own generation options
     gcfg = GenerationConfig(max_new_tokens=max(limits))
     est = bound.estimate([len(p) for p in expanded], gcfg)
-    # projected for an accelerator, where the trainer scores the reference during generation
     compiler = None
     if getattr(args, "compile_for", None):
         from bench import gpu_compile
 
         compiler = gpu_compile.compiler(args.compile_for)
-    sl = step_ledger(trainer, expanded, limits, overlap=args.preset == "gpu", generation=est,
-                     compiler=compiler)
+    # generation's peak: the system's own walk over the step's lengths, its programs compiled
+    # (rows that end free their share), else its worst-case estimate (every row to the longest)
+    walk = bound.ledger(expanded, GenerationConfig(max_new_tokens=tuple(int(n) for n in limits)),
+                        compiler=compiler)
+    generation = walk.peak_beyond_weights() if walk is not None else est.buffers()
+    # projected for an accelerator, where the trainer scores the reference during generation
+    sl = step_ledger(trainer, expanded, limits, overlap=args.preset == "gpu",
+                     generation=generation, compiler=compiler)
     ledger = sl.ledger.to_dict()
+    ledger["generation_from"] = ("walk: the system's own programs over the step's lengths"
+                                 if walk is not None else "estimate: every row to the longest")
     # what a decode step reads: the forward's weights (the bf16 copy, LoRA merged), not every
     # weight the peak holds (at a generation peak also LoRA's frozen base, the master copy)
     from flax import nnx
@@ -241,7 +248,9 @@ def _peak_buffers(report: dict[str, Any]) -> list[str]:
     for name, r in report["systems"].items():
         if "error" in r:
             continue
-        pk = r["ledger"]["peak"]
+        pk, src = r["ledger"]["peak"], r["ledger"].get("generation_from")
+        if src:
+            out.append(f"- {name}'s generation moment from the {src}")
         out.append(f"- **{name}** ({pk['stage']}, {pk['what']}, {pk['total'] / GB:.2f} GB): "
                    + "; ".join(f"{b['name']} {b['bytes'] / GB:.3f}" for b in pk["buffers"]
                                if b["bytes"] >= pk["total"] / 200))

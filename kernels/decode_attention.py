@@ -1,11 +1,11 @@
 """Split-K (flash-decoding) attention for one query token per row over a slot store.
 
-Store contract (fixed by the runtime): ``q [B, Hq, D]``; ``k_store [B, C, Hkv, D]``,
-``v_store [B, C, Hkv, Dv]`` (C = capacity); ``kv_pos [B, C]`` int32 (-1 = empty slot);
-``q_pos [B]`` int32; ``n_live [B]`` int32 = number of leading slots that may hold data. Slots at or
-beyond ``n_live`` are never read. Masking is by *position*, never by slot index, so the same kernel
-serves an append-only causal store, a ring buffer for a window (C = w slots written in arbitrary
-order) and a block store.
+Store contract (fixed by the runtime): ``q [B, Hq, D]``; ``k_store [B, Hkv, C, D]``,
+``v_store [B, Hkv, C, Dv]`` (C = capacity; heads-major, so one program's slots are contiguous);
+``kv_pos [B, C]`` int32 (-1 = empty slot); ``q_pos [B]`` int32; ``n_live [B]`` int32 = number of
+leading slots that may hold data. Slots at or beyond ``n_live`` are never read. Masking is by
+*position*, never by slot index, so the same kernel serves an append-only causal store, a ring
+buffer for a window (C = w slots written in arbitrary order) and a block store.
 
 WHY split-K: a decode step has one query per (row, head), so a kernel that gives each
 (row, kv head) one program leaves most of an H100's 132 SMs idle at small batch while each program
@@ -129,8 +129,8 @@ def _split_program(q_ptr, k_ptr, v_ptr, kvpos_ptr, qpos_ptr, nlive_ptr, m_ptr, l
     heads = hk * G + offs_h
     q = _load_query_group(q_ptr, b64, heads, h_mask, HQ, D, BLOCK_D, F32_DOT)
     m_i, l_i, acc = _attend_chunk(
-        q, k_ptr + b64 * (CAP * HKV * D) + hk * D, v_ptr + b64 * (CAP * HKV * DV) + hk * DV,
-        kvpos_ptr + b64 * CAP, qpos, lo, hi, HKV, D, DV, LOOKBACK, PERIOD, QK_SCALE, SCALE,
+        q, k_ptr + (b64 * HKV + hk) * (CAP * D), v_ptr + (b64 * HKV + hk) * (CAP * DV),
+        kvpos_ptr + b64 * CAP, qpos, lo, hi, D, DV, LOOKBACK, PERIOD, QK_SCALE, SCALE,
         SOFTCAP, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, F32_DOT, LIVE_LOADS)
     _store_split(m_ptr, l_ptr, acc_ptr, m_i, l_i, acc, b64 * HQ + heads, h_mask, sp, DV,
                  NUM_SPLITS, BLOCK_DV)
@@ -165,8 +165,8 @@ def _load_query_group(q_ptr, b64, heads, h_mask, HQ: tl.constexpr, D: tl.constex
 
 
 @triton.jit
-def _attend_chunk(q, k_base, v_base, kvpos_row, qpos, lo, hi, HKV: tl.constexpr,
-                  D: tl.constexpr, DV: tl.constexpr, LOOKBACK: tl.constexpr,
+def _attend_chunk(q, k_base, v_base, kvpos_row, qpos, lo, hi, D: tl.constexpr,
+                  DV: tl.constexpr, LOOKBACK: tl.constexpr,
                   PERIOD: tl.constexpr, QK_SCALE: tl.constexpr, SCALE: tl.constexpr,
                   SOFTCAP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, F32_DOT: tl.constexpr,
@@ -191,12 +191,12 @@ def _attend_chunk(q, k_base, v_base, kvpos_row, qpos, lo, hi, HKV: tl.constexpr,
             # off load moves no bytes, so a window over a long append-only store reads ~w slots.
             fetch = valid
         k = tl.load(
-            k_base + n[:, None] * (HKV * D) + offs_d[None, :],
+            k_base + n[:, None] * D + offs_d[None, :],
             mask=fetch[:, None] & (offs_d < D)[None, :],
             other=0.0,
         )
         v = tl.load(
-            v_base + n[:, None] * (HKV * DV) + offs_dv[None, :],
+            v_base + n[:, None] * DV + offs_dv[None, :],
             mask=fetch[:, None] & (offs_dv < DV)[None, :],
             other=0.0,
         )

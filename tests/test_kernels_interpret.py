@@ -90,8 +90,11 @@ _ref = jax.jit(reference_attention, static_argnames=("pattern", "scale"))
 
 @functools.partial(jax.jit, static_argnums=(6, 7))
 def _ref_decode(q, k, v, kv_pos, q_pos, n_live, pattern, scale):
-    """reference_attention with Tq = 1 over slots [0, n_live); garbage slots zeroed for it."""
+    """reference_attention with Tq = 1 over slots [0, n_live); garbage slots zeroed for it.
+    The stores arrive heads-major ``[B, Hkv, C, D]`` (the kernel's contract); the reference
+    reads the model's ``[B, C, Hkv, D]``."""
     b, cap = kv_pos.shape
+    k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
     live = (jnp.arange(cap)[None] < n_live[:, None]) & (kv_pos >= 0)
     kp = jnp.where(live, kv_pos, -1)
     kz = jnp.where(live[..., None, None], k, 0)
@@ -104,7 +107,8 @@ def _ref_decode(q, k, v, kv_pos, q_pos, n_live, pattern, scale):
 def _decode_case(rng, *, b, cap, hkv, g, d, dt, n_live, layout, q_offset=0):
     """Random store. layout 'append': slot i holds position i; 'ring': positions of the last
     n_live tokens in rotated slot order; 'holes': append with some empty (-1) slots. Slots past
-    n_live and empty slots hold NaN with a plausible position, which must never be read."""
+    n_live and empty slots hold NaN with a plausible position, which must never be read.
+    Built slot-major per row, returned heads-major ``[B, Hkv, C, D]`` as the kernel takes it."""
     dtype = DTYPES[dt]
     hq = hkv * g
     q = rng.standard_normal((b, hq, d)).astype(np.float32)
@@ -130,7 +134,8 @@ def _decode_case(rng, *, b, cap, hkv, g, d, dt, n_live, layout, q_offset=0):
         empty = kv_pos[r] < 0
         k[r, empty] = np.nan
         v[r, empty] = np.nan
-    return (jnp.asarray(q, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype),
+    heads = lambda x: jnp.asarray(np.swapaxes(x, 1, 2), dtype)
+    return (jnp.asarray(q, dtype), heads(k), heads(v),
             jnp.asarray(kv_pos), jnp.asarray(q_pos), jnp.asarray(np.asarray(n_live, np.int32)))
 
 
@@ -215,8 +220,9 @@ def test_ring_buffer_equals_full_window_attention():
         for t in range(total):
             ring_k[0, t % w], ring_v[0, t % w], ring_pos[0, t % w] = k_full[0, t], v_full[0, t], t
         q_pos = jnp.array([total - 1], jnp.int32)
+        heads = lambda x: jnp.asarray(np.swapaxes(x, 1, 2))  # the kernel's [B, Hkv, C, D]
         out = triton_ops.decode_attention(
-            q, jnp.asarray(ring_k), jnp.asarray(ring_v), jnp.asarray(ring_pos), q_pos,
+            q, heads(ring_k), heads(ring_v), jnp.asarray(ring_pos), q_pos,
             jnp.array([min(total, w)], jnp.int32), pattern=Window(w), block_n=16, num_splits=2,
         )
         full_pos = jnp.arange(total, dtype=jnp.int32)[None]
@@ -566,7 +572,7 @@ def test_launch_rejects_python_scalars():
 
 def test_input_validation():
     q = jnp.zeros((1, 2, 16))
-    k = jnp.zeros((1, 8, 1, 16))
+    k = jnp.zeros((1, 1, 8, 16))  # [B, Hkv, C, D]
     i32 = jnp.zeros((1,), jnp.int32)
     pos = jnp.zeros((1, 8), jnp.int32)
     with pytest.raises(PatternError):
@@ -610,7 +616,7 @@ _COMPILE_SCRIPT = textwrap.dedent(
             for ns, comb, pat in ((None, "in_split", Window(100)), (None, "launch", Causal()),
                                   (1, "in_split", Window(100))):
                 jax.eval_shape(lambda: T.decode_attention(
-                    z(b, hkv * g, d), z(b, cap, hkv, d), z(b, cap, hkv, d), i(b, cap), i(b),
+                    z(b, hkv * g, d), z(b, hkv, cap, d), z(b, hkv, cap, d), i(b, cap), i(b),
                     i(b), pattern=pat, num_splits=ns, combine=comb))
             n = 512
             q, k, cu = z(n, hkv * g, d), z(n, hkv, d), i(5)
@@ -720,8 +726,8 @@ def test_decode_size_guard_is_per_row():
 
     def spec(b, cap, h, d):
         return (jax.ShapeDtypeStruct((b, h * 1, d), jnp.bfloat16),
-                jax.ShapeDtypeStruct((b, cap, h, d), jnp.bfloat16),
-                jax.ShapeDtypeStruct((b, cap, h, d), jnp.bfloat16),
+                jax.ShapeDtypeStruct((b, h, cap, d), jnp.bfloat16),  # [B, Hkv, C, D]
+                jax.ShapeDtypeStruct((b, h, cap, d), jnp.bfloat16),
                 jax.ShapeDtypeStruct((b, cap), jnp.int32),
                 jax.ShapeDtypeStruct((b,), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.int32))
 
@@ -779,8 +785,9 @@ def test_decode_kernel_with_softcap_equals_naive():
     kv_pos = np.where(np.arange(cap)[None] < n_live[:, None], np.arange(cap)[None], -1)
     kv_pos = kv_pos.astype(np.int32)
     q_pos = n_live - 1
+    heads = lambda x: np.swapaxes(x, 1, 2)  # the kernel's stores: [B, Hkv, C, D]
     out = triton_ops.decode_attention(
-        *(jnp.asarray(x, jnp.float32) for x in (q, k, v)), jnp.asarray(kv_pos),
+        *(jnp.asarray(x, jnp.float32) for x in (q, heads(k), heads(v))), jnp.asarray(kv_pos),
         jnp.asarray(q_pos), jnp.asarray(n_live), pattern=Window(9), scale=0.4, softcap=3.0,
         num_splits=2, block_n=16)
     want = naive_attention(q[:, None], k, v, q_pos[:, None], kv_pos,

@@ -8,6 +8,7 @@ describe a policy the runtime does not follow), and the policy's invariants on r
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -133,12 +134,13 @@ def test_engine_dispatches_what_the_policy_replays(floor: int, early: bool) -> N
     res = lm.generate(prompts, cfg)
     assert [len(t) for t in res.tokens] == limits
     want = 0
+    stores = len(jax.eval_shape(lambda: lm.plan.builder.init_stores(1, 8)))
     for shape, ds in replay(lens, limits, min_capacity=8, tiling=lm.plan.tiling,
                             compaction=lm.plan.compaction):
         want += 2 + len(ds)  # init stores, prefill, one program per dispatch
         rows, cap = shape.rows, shape.capacity
-        for d in ds:
-            want += (d.rows < rows) + (d.capacity > cap) * len(lm.plan.growing)
+        for d in ds:  # compaction and growth: one program per store (per growing store)
+            want += (d.rows < rows) * stores + (d.capacity > cap) * len(lm.plan.growing)
             rows, cap = d.rows, d.capacity
     assert lm.cache.dispatches - d0 == want
     # The engine's own log of work: every position it computed is needed or has one cause.

@@ -78,13 +78,15 @@ def test_packed_prefill_fills_the_stores_the_block_prefill_fills(kind, lens, fil
     first = {p.tobytes(): i for i, p in reversed(list(enumerate(prompts)))}
     assert pk.source[:len(prompts)].tolist() == [first[p.tobytes()] for p in prompts]
     assert pk.shared == (copies > 1 or len(first) < len(prompts))
+    cp = pk.copies  # the other way round: every slot written exactly once, from its source
+    assert sorted(cp[cp < len(cp)].tolist()) == list(range(len(cp)))
+    assert all(i in cp[pk.source[i]] for i in range(len(cp)))
     assert sorted(pk.rows[pk.rows >= 0].tolist()) == sorted(  # each distinct prompt once
         i for i in first.values() for _ in range(lens[i]))
     got_st, got_tok, got_lp, got_lg = jax.jit(
-        lambda *a: packed_prefill(lm.builder, *a, chunk_rows=pk.chunk_rows, shared=pk.shared,
-                                  **kw))(
+        lambda *a: packed_prefill(lm.builder, *a, chunk_rows=pk.chunk_rows, **kw))(
         hoisted, lm.builder.init_stores(rows, cap), pk.tokens, pk.positions, pk.rows, pk.slots,
-        pk.last, pk.source, row_ids, seed)
+        pk.last, pk.copies, row_ids, seed)
 
     n = len(lens)  # filler rows' outputs are never read
     np.testing.assert_array_equal(np.asarray(got_tok)[:n], np.asarray(want_tok)[:n])
@@ -95,8 +97,8 @@ def test_packed_prefill_fills_the_stores_the_block_prefill_fills(kind, lens, fil
         if "pos" in want:  # key/value stores: same positions everywhere, same entries where set
             wp, gp = np.asarray(want["pos"])[:n], np.asarray(got["pos"])[:n]
             np.testing.assert_array_equal(gp, wp)
-            for a in ("k", "v"):
-                w, g = np.asarray(want[a])[:n], np.asarray(got[a])[:n]
+            for a in ("k", "v"):  # heads-major [B, Hkv, C, D]: slots next to the rows
+                w, g = (np.swapaxes(np.asarray(x[a])[:n], 1, 2) for x in (want, got))
                 np.testing.assert_allclose(g[wp >= 0], w[wp >= 0], atol=1e-5)
         elif "S" in want:
             for a in ("S", "z"):

@@ -236,6 +236,6 @@ def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
     assert len(meter.samples) == 4  # one observation per store program
     for n in engine.plan.growing:
         s = stores[n]
-        assert s["pos"].shape[1] == 16 and s["k"].shape[1] == 16
-        np.testing.assert_array_equal(np.asarray(s["k"])[:, :8], expect[n]["k"])
+        assert s["pos"].shape[1] == 16 and s["k"].shape[2] == 16  # k: [B, Hkv, C, D]
+        np.testing.assert_array_equal(np.asarray(s["k"])[:, :, :8], expect[n]["k"])
         np.testing.assert_array_equal(np.asarray(s["pos"])[:, 8:], -1)

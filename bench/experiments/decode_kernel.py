@@ -162,8 +162,8 @@ def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_b
     dt = jnp.dtype(dtype)
     key = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(key[0], (b, hq, d), dt)
-    k = jax.random.normal(key[1], (b, length, hkv, d), dt)
-    v = jax.random.normal(key[2], (b, length, hkv, d), dt)
+    k = jax.random.normal(key[1], (b, hkv, length, d), dt)  # the stores' heads-major layout
+    v = jax.random.normal(key[2], (b, hkv, length, d), dt)
     kv_pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
     q_pos = jnp.full((b,), length - 1, jnp.int32)
     n_live = jnp.full((b,), length, jnp.int32)

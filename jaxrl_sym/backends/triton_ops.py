@@ -129,10 +129,10 @@ def _check_decode_args(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_
     _check_float(op, q=q, k_store=k_store, v_store=v_store)
     _check_int32(op, kv_pos=kv_pos, q_pos=q_pos, n_live=n_live)
     if q.ndim != 3 or k_store.ndim != 4 or v_store.ndim != 4:
-        raise InputError(f"{op}(): want q [B,Hq,D], stores [B,C,Hkv,D]; got {q.shape}, "
+        raise InputError(f"{op}(): want q [B,Hq,D], stores [B,Hkv,C,D]; got {q.shape}, "
                          f"{k_store.shape}, {v_store.shape}")
     b, hq, d = q.shape
-    _, cap, hkv, dk = k_store.shape
+    _, hkv, cap, dk = k_store.shape
     if k_store.shape[:3] != v_store.shape[:3] or dk != d or k_store.shape[0] != b:
         raise InputError(f"{op}(): shapes q{q.shape} k{k_store.shape} v{v_store.shape} disagree")
     if hq % hkv:
@@ -170,7 +170,8 @@ def decode_attention(
     """Attention of one query token per row over a slot store; returns ``[B, Hq, Dv]`` in q.dtype.
 
     Args:
-      q: ``[B, Hq, D]``. k_store / v_store: ``[B, C, Hkv, D]`` / ``[B, C, Hkv, Dv]``.
+      q: ``[B, Hq, D]``. k_store / v_store: ``[B, Hkv, C, D]`` / ``[B, Hkv, C, Dv]`` (the
+        runtime's heads-major stores, :mod:`jaxrl_sym.passes.stores`).
       kv_pos: ``[B, C]`` int32 positions of the slots (-1 = empty). q_pos: ``[B]`` int32.
       n_live: ``[B]`` int32, slots ``>= n_live`` are never read (a device array: one compile for
         every length up to C).
@@ -191,7 +192,7 @@ def decode_attention(
     op = "decode_attention"
     mask = _kernel_mask(pattern, op)
     _, hq, d = q.shape
-    _, cap, hkv, _ = k_store.shape
+    _, hkv, cap, _ = k_store.shape
     dv = v_store.shape[-1]
     num_splits = _check_decode_args(q, k_store, v_store, kv_pos, q_pos, n_live, block_n,
                                     num_splits)

@@ -12,7 +12,7 @@ without the loop (one new token, the same MAX_LEN): the difference is one decode
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -22,31 +22,36 @@ from flax import nnx
 from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, ProgramSize, moment, tree_nbytes
-from jaxrl_sym.runtime.ledger_generation import GenerationLedger, ProgramRun
+from jaxrl_sym.runtime.ledger_generation import WEIGHTS, GenerationLedger, ProgramRun
+from jaxrl_sym.runtime.programs import Build
 
 __all__ = ["padded_ledger"]
 
 
-def padded_ledger(model: Any, prompts: Sequence[np.ndarray], cfg: GenerationConfig
-                  ) -> GenerationLedger:
+def padded_ledger(model: Any, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
+                  compiler: Callable[[Build], Any] | None = None) -> GenerationLedger:
     """The padded baseline's ledger for ``prompts`` with ``cfg``: its one program, compiled at
-    the request's shapes, and once more without its decode loop for the per-step cost."""
+    the request's shapes, and once more without its decode loop for the per-step cost.
+    ``compiler(build) -> Compiled``: how each compiles (None: for this machine; the bench
+    compiles for a GPU it does not have)."""
+    compile_ = compiler or (lambda build: build())
     _, state = nnx.split(model)
     state = jax.eval_shape(lambda: state)
     batch = left_pad_prompts(model, prompts, cfg)
     max_len = max(cfg.max_len or 0, batch.prompt_len + batch.steps)
     inputs = (batch.tokens, batch.positions, batch.prompt_lens, batch.limits)
     name = f"padded[{batch.batch}x{max_len}]"
-    full = ProgramSize.of(name, padded_program(model, batch, cfg).lower(state, *inputs)
-                          .compile())
+    full = ProgramSize.of(name, compile_(Build(padded_program(model, batch, cfg),
+                                               (state, *inputs))))
     one_cfg = dataclasses.replace(cfg, max_new_tokens=1, max_len=max_len)
     one = left_pad_prompts(model, prompts, one_cfg)
-    head = ProgramSize.of(f"{name} prefill", padded_program(model, one, one_cfg).lower(
-        state, one.tokens, one.positions, one.prompt_lens, one.limits).compile())
+    head = ProgramSize.of(f"{name} prefill", compile_(Build(
+        padded_program(model, one, one_cfg),
+        (state, one.tokens, one.positions, one.prompt_lens, one.limits))))
     step = dataclasses.replace(full, name=f"{name} decode step",
                                flops=max(0.0, full.flops - head.flops),
                                bytes_accessed=max(0.0, full.bytes_accessed - head.bytes_accessed))
-    held = [Buffer("weights", "weights", tree_nbytes(state)),
+    held = [Buffer(WEIGHTS, "weights", tree_nbytes(state)),
             Buffer("left-padded prompt arrays", "batch", tree_nbytes(inputs))]
     m = moment("generate", name, held, full.buffers())
     runs = (ProgramRun("prefill", head.name, head, 1, 1),

@@ -7,15 +7,25 @@ compared as a string. Each kind owns its device behaviour; the runtime only call
 
 Layouts (per attention node, pytrees of arrays; batch axis first so rows can be compacted):
 
-- growing / fixed: ``k, v [B, C, Hkv, D]``, ``pos [B, C]`` (-1 = empty). Chunk written at slot
-  ``write_index``; capacity C doubles (geometric) when full — a new XLA program per capacity, not
-  per length.
+- growing / fixed: ``k, v [B, Hkv, C, D]`` (heads-major, see below), ``pos [B, C]`` (-1 =
+  empty). Chunk written at slot ``write_index``; capacity C doubles (geometric) when full — a new
+  XLA program per capacity, not per length.
 - ring (window w) / block (b): the same arrays with C = w (resp. b) slots; step ``s`` goes to slot
   ``s mod C``. Slots are out of order; attention masks by stored *position*, so order is
   irrelevant and no contiguous copy (Tempo's 2×window trick) is needed.
 - state (linear attention): ``S [B, Hkv, D, Dv]``, ``z [B, Hkv, D]`` — the recurrence of Eq. 2.
 - slot (the generation loop's ``t-1`` feedback edge): ``tok [B, lag]``, the sampled tokens the
   next steps read as their input.
+
+Why heads-major keys and values: attention reads a store as a batched matmul over (row, kv head),
+and XLA:GPU wants those batch dimensions outermost. With slots outside the heads (``[B, C, Hkv,
+D]``, the model's own ``[B, T, H, D]``) it kept a transposed copy of every store as the decode
+tile's loop state — compiled for the H100 at Qwen2.5-0.5B's shape, 128 rows × 1,024 slots, the
+decode tile's temporaries were 1.69 GB beside 1.62 GB of stores (twice the store memory, and
+the copy in and out on every tile); heads-major, the loop updates the stores in place
+(``tests/test_store_layout.py``). Chunks arrive ``[B, c, Hkv, D]`` and are written through
+:func:`_heads`; reads see the model's layout through :func:`_keys` (a transpose XLA folds into
+the matmul).
 
 Each kind is a :class:`StoreKind` that owns its behaviour (init, chunk read/write, growth, the
 slots one step reads); :data:`GROWING`, :data:`FIXED`, :data:`RING`, :data:`BLOCK`, :data:`STATE`
@@ -109,39 +119,53 @@ def _linear_chunk(
     return out.reshape(b, c, hq, v.shape[-1]).astype(q.dtype), new
 
 
+def _heads(x: jax.Array) -> jax.Array:
+    """A chunk's ``[B, c, Hkv, D]`` keys or values in the store's heads-major ``[B, Hkv, c, D]``."""
+    return jnp.swapaxes(x, 1, 2)
+
+
+def _keys(store: Store) -> tuple[jax.Array, jax.Array]:
+    """A store's keys and values as attention reads them, ``[B, C, Hkv, D]`` (a transpose that
+    XLA folds into the matmuls: no copy)."""
+    return jnp.swapaxes(store["k"], 1, 2), jnp.swapaxes(store["v"], 1, 2)
+
+
 def _write(store: Store, k: jax.Array, v: jax.Array, pos: jax.Array, slot: jax.Array) -> Store:
-    """Write a contiguous run of entries at ``slot`` (in place when the store is donated)."""
+    """Write a contiguous run of ``[B, c, Hkv, D]`` entries at ``slot`` (in place when the store
+    is donated)."""
     zero = jnp.zeros((), jnp.int32)
     return {
-        "k": lax.dynamic_update_slice(store["k"], k.astype(store["k"].dtype),
-                                      (zero, slot, zero, zero)),
-        "v": lax.dynamic_update_slice(store["v"], v.astype(store["v"].dtype),
-                                      (zero, slot, zero, zero)),
+        "k": lax.dynamic_update_slice(store["k"], _heads(k).astype(store["k"].dtype),
+                                      (zero, zero, slot, zero)),
+        "v": lax.dynamic_update_slice(store["v"], _heads(v).astype(store["v"].dtype),
+                                      (zero, zero, slot, zero)),
         "pos": lax.dynamic_update_slice(store["pos"], pos, (zero, slot)),
     }
 
 
 def _scatter(store: Store, k: jax.Array, v: jax.Array, pos: jax.Array, rows: jax.Array,
              slots: jax.Array) -> Store:
-    """Token i to ``[rows[i], slots[i]]``; rows out of range (packing tail) are dropped."""
+    """Token i (``k, v [N, Hkv, D]``) to row ``rows[i]``, slot ``slots[i]``; rows out of range
+    (packing tail) are dropped."""
     rows = jnp.where((rows >= 0) & (slots >= 0), rows, store["pos"].shape[0])
-    at = (rows, jnp.maximum(slots, 0))
-    return {"k": store["k"].at[at].set(k.astype(store["k"].dtype), mode="drop"),
-            "v": store["v"].at[at].set(v.astype(store["v"].dtype), mode="drop"),
-            "pos": store["pos"].at[at].set(pos, mode="drop")}
+    slots = jnp.maximum(slots, 0)
+    # [rows, :, slots] selects [N, Hkv, D]: the indexed axes go first (numpy's rule)
+    return {"k": store["k"].at[rows, :, slots].set(k.astype(store["k"].dtype), mode="drop"),
+            "v": store["v"].at[rows, :, slots].set(v.astype(store["v"].dtype), mode="drop"),
+            "pos": store["pos"].at[rows, slots].set(pos, mode="drop")}
 
 
 def _kv_arrays(spec: StoreSpec, batch: int, capacity: int) -> Store:
     return {
-        "k": jnp.zeros((batch, capacity, spec.hkv, spec.d), spec.dtype),
-        "v": jnp.zeros((batch, capacity, spec.hkv, spec.dv), spec.dtype),
+        "k": jnp.zeros((batch, spec.hkv, capacity, spec.d), spec.dtype),
+        "v": jnp.zeros((batch, spec.hkv, capacity, spec.dv), spec.dtype),
         "pos": jnp.full((batch, capacity), -1, jnp.int32),
     }
 
 
 def _masked(spec: StoreSpec, q: jax.Array, q_pos: jax.Array, store: Store) -> jax.Array:
     """Attention of the chunk's queries over every slot of ``store`` (masked by position)."""
-    return reference_attention(q, store["k"], store["v"], q_pos, store["pos"], _zeros_seg(q_pos),
+    return reference_attention(q, *_keys(store), q_pos, store["pos"], _zeros_seg(q_pos),
                                _zeros_seg(store["pos"]), **spec.scoring())
 
 
@@ -255,7 +279,7 @@ class StoreKind:
 
 
 class GrowingStore(StoreKind):
-    """Full (prefix) attention: ``k, v [B, C, Hkv, D]``, ``pos [B, C]``; chunk written at slot
+    """Full (prefix) attention: ``k, v [B, Hkv, C, D]``, ``pos [B, C]``; chunk written at slot
     ``write_index``; capacity C doubles (geometric) when full — one program per capacity.
 
     A single step's slot wraps modulo C, so a group that refills finished rows can keep its
@@ -281,7 +305,7 @@ class GrowingStore(StoreKind):
     def grow(self, store, capacity):
         """Pad to a larger capacity (empty slots get position -1)."""
         extra = capacity - store["pos"].shape[1]
-        pad4 = ((0, 0), (0, extra), (0, 0), (0, 0))
+        pad4 = ((0, 0), (0, 0), (0, extra), (0, 0))
         return {"k": jnp.pad(store["k"], pad4), "v": jnp.pad(store["v"], pad4),
                 "pos": jnp.pad(store["pos"], ((0, 0), (0, extra)), constant_values=-1)}
 
@@ -325,14 +349,14 @@ class RingStore(StoreKind):
                 return _triton_decode(spec, new, q, q_pos, write_index), new
             return _masked(spec, q, q_pos, new), new
         # A chunk longer than one step: attend over ring ∪ chunk, then keep the chunk's tail.
-        joined = {"k": jnp.concatenate([store["k"], k.astype(store["k"].dtype)], axis=1),
-                  "v": jnp.concatenate([store["v"], v.astype(store["v"].dtype)], axis=1),
+        joined = {"k": jnp.concatenate([store["k"], _heads(k).astype(store["k"].dtype)], axis=2),
+                  "v": jnp.concatenate([store["v"], _heads(v).astype(store["v"].dtype)], axis=2),
                   "pos": jnp.concatenate([store["pos"], k_pos], axis=1)}
         out = _masked(spec, q, q_pos, joined)
         m = min(c, cap)
         slots = (write_index + (c - m) + jnp.arange(m, dtype=jnp.int32)) % cap
-        new = {"k": store["k"].at[:, slots].set(k[:, c - m:].astype(store["k"].dtype)),
-               "v": store["v"].at[:, slots].set(v[:, c - m:].astype(store["v"].dtype)),
+        new = {"k": store["k"].at[:, :, slots].set(_heads(k[:, c - m:]).astype(store["k"].dtype)),
+               "v": store["v"].at[:, :, slots].set(_heads(v[:, c - m:]).astype(store["v"].dtype)),
                "pos": store["pos"].at[:, slots].set(k_pos[:, c - m:])}
         return out, new
 

@@ -7,9 +7,10 @@ the system, the micro-batch and the device. This builds the step's
 each program the step would run, at the batch's real shapes, and reading XLA's own
 ``memory_analysis``/``cost_analysis`` (:class:`~jaxrl_sym.runtime.ledger.ProgramSize`):
 
-* **generation**: the state + the generating system's own estimate of its stores, growth copy,
-  outputs and largest temporary (:meth:`BoundSystem.estimate`), plus — where the reference is
-  scored while generation runs — one reference chunk's program;
+* **generation**: the state + what the generating system adds at its peak — given by the caller:
+  the system's own walk over the step's lengths (:meth:`BoundSystem.ledger`) or its worst-case
+  estimate (:meth:`BoundSystem.estimate`) — plus, where the reference is scored while generation
+  runs, the reference chunks in flight (:data:`~jaxrl_sym.rl.overlap.MAX_INFLIGHT`);
 * **reference**: the state + each reference chunk's program (``update_tokens`` slots);
 * **update**: the state + each micro-batch's gradient program, the gradient accumulator and the
   optimiser's ``apply`` (one fused ``update`` program when the batch is one micro-batch).
@@ -21,12 +22,14 @@ runs rather than a model of it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from jaxrl_sym.rl.overlap import MAX_INFLIGHT
 from jaxrl_sym.rl.stages import row_chunks
 from jaxrl_sym.rl.systems import Bound
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
@@ -45,15 +48,17 @@ class StepLedger:
 
 
 def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[int], *,
-                overlap: bool = False, generation: Any = None,
+                overlap: bool = False, generation: Sequence[Buffer] | None = None,
                 compiler: Compiler | None = None) -> StepLedger:
     """The ledger of one step of ``trainer`` (an :class:`~jaxrl_sym.rl.step.RLTrainer`) on
     ``prompts`` (already expanded G-fold) whose responses have ``limits`` tokens.
 
     ``overlap``: the trainer scores the reference during generation (on an accelerator), which
     applies to systems that can (their ``generate_scoring`` overlaps).
-    ``generation``: the generating system's :class:`~jaxrl_sym.runtime.estimate.Estimate` for
-    these prompts (None: no generation moment).
+    ``generation``: the buffers generation adds to the state at its peak — the generating
+    system's :meth:`~jaxrl_sym.systems.bound.BoundSystem.ledger` walk over these lengths
+    (``GenerationLedger.peak_beyond_weights``) or its worst-case ``Estimate.buffers()`` (None:
+    no generation moment).
     ``compiler``: ``compiler(build) -> Compiled`` for the step's programs
     (:class:`~jaxrl_sym.runtime.programs.Build`; None: compiled on this machine; the bench
     passes a compile for a GPU it does not have, ``bench/gpu_compile.py``)."""
@@ -83,9 +88,14 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     compiler = compiler or _here
     ref_sizes = _reference(ctx, fns, state, lay, compiler) if state.ref else []
     if generation is not None:
-        gen = _generation_buffers(generation)
+        gen = list(generation)
         if overlap and ref_sizes and _scores_while_generating(ctx.system):
-            gen += list(ref_sizes[0][1].buffers())
+            # up to MAX_INFLIGHT chunks queued behind the decode work, each holding its
+            # temporaries and outputs from enqueue to end (rl/overlap.py)
+            size = ref_sizes[0][1]
+            gen += [dataclasses.replace(b, name=f"{b.name} (reference chunk {k + 1} of "
+                                                f"{MAX_INFLIGHT} in flight)")
+                    for k in range(MAX_INFLIGHT) for b in size.buffers()]
         moments.append(moment("generation", "decode", held, gen))
     for count, size in ref_sizes:
         programs.append(("reference", count, size))
@@ -101,16 +111,6 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
 def _scores_while_generating(bound: Any) -> bool:
     """Whether the bound system overrides the default (no-overlap) ``generate_scoring``."""
     return type(bound).generate_scoring is not Bound.generate_scoring
-
-
-def _generation_buffers(est: Any) -> list[Buffer]:
-    """An :class:`~jaxrl_sym.runtime.estimate.Estimate`'s terms as buffers (its weights are the
-    policy's, already held; the hoisted part beyond them is the runtime's own)."""
-    return [Buffer(f"stores/caches ({est.caches_what})", "store", est.caches),
-            Buffer("store growth copy", "store", est.growth),
-            Buffer("generation outputs", "program_out", est.outputs),
-            Buffer(f"largest generation temporary ({est.temporary_what})", "program_temp",
-                   est.temporary)]
 
 
 def _batch(size: ProgramSize) -> list[Buffer]:

@@ -83,13 +83,13 @@ class DraftModel:
         return cache.run(("draft_init", self.name, rows, capacity), build)
 
     def prefill(self, cache: ProgramCache, stores: dict, arrays: tuple[Any, ...], *,
-                chunk_rows: int, shared: bool) -> dict:
+                chunk_rows: int) -> dict:
         """Fill the draft's stores from the target group's packed prompts (``arrays``: tokens,
-        positions, rows, slots, last, source, row ids, seed); its sampled token is unused."""
+        positions, rows, slots, last, copies, row ids, seed); its sampled token is unused."""
         args = (self.hoisted(), stores, *arrays)
         fn = partial(packed_prefill, self.plan.builder, temperature=0.0, want_logits=False,
-                     chunk_rows=chunk_rows, shared=shared)
-        key = ("draft_prefill", self.name, arrays[0].shape, len(arrays[4]), chunk_rows, shared,
+                     chunk_rows=chunk_rows)
+        key = ("draft_prefill", self.name, arrays[0].shape, arrays[5].shape, chunk_rows,
                _caps(stores))
         out = cache.run(key, lambda: jax.jit(fn, donate_argnums=(1,)).lower(*args).compile(),
                         *args)

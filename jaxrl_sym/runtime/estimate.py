@@ -43,6 +43,7 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.cache import PaddedKVCache
 from jaxrl_sym.models.traced import trace_forward
 from jaxrl_sym.ops.attention import attention_p
+from jaxrl_sym.runtime.ledger import Buffer
 from jaxrl_sym.runtime.metrics import device_memory_limit
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import GroupShape, replay
@@ -86,6 +87,15 @@ class Estimate:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: every term plus ``total``."""
         return {**asdict(self), "total": self.total}
+
+    def buffers(self) -> list[Buffer]:
+        """The terms beyond the weights as ledger buffers: what generation adds to a caller
+        that holds the weights itself (the RL step's state)."""
+        return [Buffer(f"stores/caches ({self.caches_what})", "store", self.caches),
+                Buffer("store growth copy", "store", self.growth),
+                Buffer("generation outputs", "program_out", self.outputs),
+                Buffer(f"largest generation temporary ({self.temporary_what})", "program_temp",
+                       self.temporary)]
 
     def breakdown(self) -> str:
         """``weights 0.5 GB + caches 38.2 GB (…) + …`` — the terms a user can act on."""

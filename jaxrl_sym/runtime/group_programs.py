@@ -51,22 +51,22 @@ def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[A
 def packed_prefill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
                            args: tuple[Any, ...]) -> tuple[tuple, Build]:
     """The packed prefill of ``pk`` over ``args``: (hoisted, stores, pk's tokens, positions,
-    rows, slots, last, source, row ids, seed), arrays or ShapeDtypeStructs."""
-    key = ("packed_prefill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
+    rows, slots, last, copies, row ids, seed), arrays or ShapeDtypeStructs."""
+    key = ("packed_prefill", pk.tokens.shape, pk.copies.shape, pk.chunk_rows,
            cfg.temperature, cfg.return_logits, _caps(args[1]))
     fn = partial(packed_prefill, plan.builder, temperature=cfg.temperature,
-                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
+                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows)
     return key, Build(jax.jit(fn, donate_argnums=(1,)), tuple(args))
 
 
 def refill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
                    args: tuple[Any, ...]) -> tuple[tuple, Build]:
     """The refill of ``pk``'s rows over ``args``: (hoisted, stores, pk's tokens, positions,
-    rows, slots, last, source, row ids, seed, refilled mask, next step)."""
-    key = ("refill", pk.tokens.shape, len(pk.last), pk.chunk_rows, pk.shared,
+    rows, slots, last, copies, row ids, seed, refilled mask, next step)."""
+    key = ("refill", pk.tokens.shape, pk.copies.shape, pk.chunk_rows,
            cfg.temperature, cfg.return_logits, _caps(args[1]))
     fn = partial(refill_prefill, plan.builder, temperature=cfg.temperature,
-                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows, shared=pk.shared)
+                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows)
     return key, Build(jax.jit(fn, donate_argnums=(1,)), tuple(args))
 
 
@@ -79,9 +79,9 @@ def grow_program(plan: GenerationPlan, name: str, store: Any, rows: int, capacit
     return key, Build(jax.jit(grow, static_argnums=1), (store, capacity))
 
 
-def compact_program(plan: GenerationPlan, args: tuple[Any, ...], rows: int, new_rows: int
-                    ) -> tuple[tuple, Build]:
-    """A group's compaction from ``rows`` to ``new_rows`` over ``args`` (stores, kept slots,
-    filler mask, first positions, row ids)."""
-    key = ("compact", rows, new_rows, _caps(args[0]))
-    return key, Build(jax.jit(plan.builder.compact), tuple(args))
+def compact_store_program(plan: GenerationPlan, store: Any, keep: Any) -> tuple[tuple, Build]:
+    """One store (arrays or ShapeDtypeStructs) compacted to the rows ``keep`` names; stores of
+    equal shapes share one program."""
+    key = ("compact", keep.shape[0],
+           tuple((n, a.shape, str(a.dtype)) for n, a in sorted(store.items())))
+    return key, Build(jax.jit(plan.builder.compact_store), (store, keep))

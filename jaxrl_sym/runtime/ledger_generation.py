@@ -38,7 +38,7 @@ import numpy as np
 
 from jaxrl_sym.generation import GenerationConfig, row_limits
 from jaxrl_sym.runtime.group_programs import (
-    compact_program,
+    compact_store_program,
     decode_program,
     grow_program,
     packed_prefill_program,
@@ -49,7 +49,10 @@ from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
 from jaxrl_sym.runtime.programs import Build
 
-__all__ = ["GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
+__all__ = ["WEIGHTS", "GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
+
+WEIGHTS = "weights"
+"""The name of a generation ledger's buffer of the weights it was given (the caller's arrays)."""
 
 Sizes = dict[tuple, ProgramSize]
 """Compiled programs' sizes by the engine's cache key: pass one dict to several ledgers of the
@@ -77,6 +80,11 @@ class GenerationLedger:
     runs: tuple[ProgramRun, ...]
     compiled: int
     dispatches: int
+
+    def peak_beyond_weights(self) -> tuple[Buffer, ...]:
+        """The peak moment's buffers but the weights it was given: what generation adds to a
+        caller that holds those weights itself (the RL step lists them as its state)."""
+        return tuple(b for b in self.ledger.peak().buffers if b.name != WEIGHTS)
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.ledger.to_dict(), "compiled": self.compiled,
@@ -123,7 +131,7 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
     lens = [len(p) for p in prompts]
     limits = [int(x) for x in row_limits(cfg, len(prompts))]
     hoisted = jax.eval_shape(plan.builder.hoist, list(leaves))
-    held = [Buffer("weights", "weights", tree_nbytes(list(leaves))),
+    held = [Buffer(WEIGHTS, "weights", tree_nbytes(list(leaves))),
             Buffer("hoisted weight values", "weights", tree_nbytes(hoisted))]
     args = plan.builder.assemble(list(leaves), hoisted)
     opts, progs = plan.options, _Programs(sizes, compiler)
@@ -177,7 +185,8 @@ class _SymGroup:
             spec = self.plan.specs.get(int(name))
             kind = spec.kind.name if spec is not None else "slot"
             slots = st["pos"].shape[1] if "pos" in st else 0
-            what = f"{kind} {self.rows}x{slots}" if slots else f"{kind} {self.rows} rows"
+            rows = jax.tree_util.tree_leaves(st)[0].shape[0]  # mid-compaction: its own
+            what = f"{kind} {rows}x{slots}" if slots else f"{kind} {rows} rows"
             out.append(Buffer(f"store {name} ({what})", "store", tree_nbytes(st)))
         return out
 
@@ -187,7 +196,7 @@ class _SymGroup:
             raise NotImplementedError("the generation ledger walks the packed prefill only")
         pk = PackedPrompts.build(prompts, pcap, vocab=self.plan.vocab_size,
                                  logits_bytes=self.cfg.prefill_logits_bytes)
-        arrays = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.source)
+        arrays = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.copies)
         i32 = jax.ShapeDtypeStruct((self.rows,), np.int32)
         args = (self.hoisted, self.stores, *arrays, i32, jax.ShapeDtypeStruct((), np.uint32))
         key, build = packed_prefill_program(self.plan, self.cfg, pk, args)
@@ -202,7 +211,7 @@ class _SymGroup:
         """A decode dispatch: its compaction and growth first, then its program."""
         out = []
         if d.rows < self.rows:
-            out.append(self._compact(d.rows))
+            out += self._compact(d.rows)
         if d.capacity > self.capacity:
             out += self._grow(d.capacity)
         key, build = decode_program(self.plan, self.cfg, self.hoisted, self.rows, self.capacity)
@@ -211,19 +220,22 @@ class _SymGroup:
         out.append(moment("decode", size.name, self.held, self.buffers(), size.buffers()))
         return out
 
-    def _compact(self, new_rows: int) -> Moment:
+    def _compact(self, new_rows: int) -> list[Moment]:
+        """One store per program (as ``DecodeGroup.compact``): the old rows of the store being
+        compacted beside its new ones (the per-row arrays come from the host)."""
         i32 = lambda n: jax.ShapeDtypeStruct((n,), np.int32)
-        args = (self.stores, i32(new_rows), jax.ShapeDtypeStruct((new_rows,), np.bool_),
-                i32(self.rows), i32(self.rows))
-        key, build = compact_program(self.plan, args, self.rows, new_rows)
-        size = self.progs.size(key, "compact", f"compact[{self.rows}->{new_rows}]", build)
-        self.progs.ran(key)
-        self.extra += 1
-        m = moment("compact", size.name, self.held, self.buffers(), size.buffers())
+        kept, out = i32(new_rows), []
+        for name in list(self.stores):
+            key, build = compact_store_program(self.plan, self.stores[name], kept)
+            size = self.progs.size(key, "compact", f"compact[{self.rows}->{new_rows}]", build)
+            self.progs.ran(key)
+            self.extra += 1
+            out.append(moment("compact", f"{size.name} store {name}", self.held, self.buffers(),
+                              size.buffers()))
+            new = jax.eval_shape(self.plan.builder.compact_store, self.stores[name], kept)
+            self.stores = {**self.stores, name: new}
         self.rows = new_rows
-        self.stores = jax.eval_shape(lambda: self.plan.builder.init_stores(new_rows,
-                                                                           self.capacity))
-        return m
+        return out
 
     def _grow(self, capacity: int) -> list[Moment]:
         """One store per program: the old copy of the store growing beside the new one."""

@@ -85,8 +85,9 @@ class PackedPrompts:
     tokens/positions ``[Rp, L]``; ``rows`` ``[Rp, L]``: the batch slot each token belongs to
     (-1 = packing tail); ``slots``: its right-aligned store slot ``pcap - len + j``; ``last``
     ``[R]``: flat index (into ``Rp * L``) of each batch slot's last prompt token (0 for filler
-    slots, whose sample is never read); ``source`` ``[R]``: the batch slot whose store row each
-    slot copies after the prefill (itself unless its prompt repeats an earlier slot's).
+    slots, whose sample is never read); ``source`` ``[R]``: the batch slot whose prompt each
+    slot repeats (itself unless its prompt repeats an earlier slot's); :attr:`copies` the
+    other way round, the slots each packed prompt is written to.
     """
 
     tokens: np.ndarray
@@ -105,6 +106,21 @@ class PackedPrompts:
     def shared(self) -> bool:
         """Some slot's prompt repeats another's, so its store row is copied, not computed."""
         return bool((self.source != np.arange(len(self.source))).any())
+
+    @property
+    def copies(self) -> np.ndarray:
+        """``[R, M]`` int32: the batch slots slot ``r``'s packed prompt is written to — ``r``
+        and every slot repeating it — padded with ``R`` (out of range: dropped); M is the most
+        slots sharing one prompt (1 when none repeats). Why written to every copy rather than
+        copied after: a gather of the filled stores' rows is a second copy of every store
+        while it runs (compiled for the H100 at Qwen2.5-0.5B's shape: 1.6 GB, the prefill's
+        whole temporary size)."""
+        r = len(self.source)
+        groups = [np.flatnonzero(self.source == i) for i in range(r)]
+        out = np.full((r, max(len(g) for g in groups)), r, np.int32)
+        for i, g in enumerate(groups):
+            out[i, :len(g)] = g
+        return out
 
     @property
     def prompt_tokens(self) -> int:

@@ -13,8 +13,9 @@ each attention node's keys and values are then scattered into its store by the s
 :meth:`StoreKind.fill` at each token's right-aligned slot (the decode steps that follow are
 unchanged: every row still writes slot ``pcap + s - 1`` at step s). Row ``r``'s first token is
 sampled from the logits at its last prompt token. A prompt that repeats (RL samples G responses
-per prompt) is packed once and its rows copied into the repeats' store rows, so a GRPO rollout's
-prefill computes 1/G of the prompt tokens that padded and Tunix compute.
+per prompt) is packed once and its keys and values written into every repeat's store row
+(``PackedPrompts.copies``), so a GRPO rollout's prefill computes 1/G of the prompt tokens that
+padded and Tunix compute.
 Large vocabularies: the packed rows run in chunks whose logits fit the generation config's
 budget, scanned through the stores.
 
@@ -31,24 +32,23 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrl_sym.ops.sampling import sample
-from jaxrl_sym.passes.stores import take_rows
 from jaxrl_sym.runtime.evaluate import bind, evaluate
 
 
 def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
                    tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-                   last: jax.Array, source: jax.Array, row_ids: jax.Array, seed: jax.Array, *,
-                   temperature: float, want_logits: bool, chunk_rows: int, shared: bool
+                   last: jax.Array, copies: jax.Array, row_ids: jax.Array, seed: jax.Array, *,
+                   temperature: float, want_logits: bool, chunk_rows: int
                    ) -> tuple[Any, ...]:
     """Fill empty stores from packed prompts; sample every row's token 0 (a jitted program).
 
-    ``shared``: some rows repeat another row's prompt; their store rows are gathered from
-    ``source`` once the distinct prompts have run (the stores' own row gather, as compaction).
+    ``copies`` ``[R, M]``: the rows each packed prompt's entries are written to
+    (``PackedPrompts.copies``; M > 1 where some row repeats another's prompt).
 
     Returns (stores, tokens [R], log-probs [R], last-token logits [R, V] or an empty array).
     """
     stores, logits = _packed(builder, hoisted, stores, tokens, positions, rows, slots, last,
-                             source, chunk_rows, shared)
+                             copies, chunk_rows)
     steps = jnp.zeros((last.shape[0],), jnp.int32)
     tok, lp = sample(logits, seed=seed, steps=steps, row_ids=row_ids, temperature=temperature)
     zero = jnp.zeros((), jnp.int32)
@@ -60,9 +60,9 @@ def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[st
 
 def refill_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
                    tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-                   last: jax.Array, source: jax.Array, row_ids: jax.Array, seed: jax.Array,
+                   last: jax.Array, copies: jax.Array, row_ids: jax.Array, seed: jax.Array,
                    refilled: jax.Array, step: jax.Array, *, temperature: float,
-                   want_logits: bool, chunk_rows: int, shared: bool) -> tuple[Any, ...]:
+                   want_logits: bool, chunk_rows: int) -> tuple[Any, ...]:
     """Give the rows where ``refilled`` ([R] bool) is set new samples mid-group (a jitted
     program; :mod:`jaxrl_sym.runtime.refill`): every store empties those rows
     (:meth:`StoreKind.reset`), their packed prompts fill them at slots ending where the group's
@@ -74,7 +74,7 @@ def refill_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[st
     stores = {k: _spec(builder, k).kind.reset(_spec(builder, k), s, refilled)
               for k, s in stores.items()}
     stores, logits = _packed(builder, hoisted, stores, tokens, positions, rows, slots, last,
-                             source, chunk_rows, shared)
+                             copies, chunk_rows)
     steps = jnp.zeros((last.shape[0],), jnp.int32)
     tok, lp = sample(logits, seed=seed, steps=steps, row_ids=row_ids, temperature=temperature)
     for nid, sp in builder.slots.items():
@@ -92,7 +92,7 @@ def _spec(builder: Any, name: str) -> Any:
 
 def _packed(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
             tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-            last: jax.Array, source: jax.Array, chunk_rows: int, shared: bool
+            last: jax.Array, copies: jax.Array, chunk_rows: int
             ) -> tuple[dict[str, Any], jax.Array]:
     """The packed rows through the model in chunks, filling the stores; each batch row's
     last-prompt-token logits ``[R, V]`` (fp32)."""
@@ -109,7 +109,7 @@ def _packed(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any]
         n = tok_c.shape[0] * tok_c.shape[1]
         here = (idx >= 0) & (idx < n)
         at = jnp.clip(idx, 0, n - 1)
-        st, picked = _evaluate_chunk(builder, hoisted, st, tok_c, pos_c, row_c, slot_c, batch,
+        st, picked = _evaluate_chunk(builder, hoisted, st, tok_c, pos_c, row_c, slot_c, copies,
                                      at)
         return (st, jnp.where(here[:, None], picked.astype(jnp.float32), best)), None
 
@@ -117,28 +117,30 @@ def _packed(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any]
     starts = jnp.arange(n_chunks, dtype=jnp.int32) * chunk_rows
     (stores, logits), _ = lax.scan(body, init, (split(tokens), split(positions), split(rows),
                                                 split(slots), starts))
-    if shared:
-        stores = {k: take_rows(s, source) for k, s in stores.items()}
     return stores, logits
 
 
 def _evaluate_chunk(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
                     tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-                    batch: int, at: jax.Array) -> tuple[dict[str, Any], jax.Array]:
+                    copies: jax.Array, at: jax.Array) -> tuple[dict[str, Any], jax.Array]:
     """The model on packed rows; each attention node attends within them (masked primitive)
-    and its store takes the rows' keys/values (``StoreKind.fill``). Returns the logits at the
-    flat positions ``at`` ``[batch, V]``: the position-wise tail runs there only where the plan
-    found one (``builder.tail``), else on every position and the logits are picked after."""
+    and its store takes the rows' keys/values (``StoreKind.fill``), each token into every row
+    of ``copies`` that shares its prompt. Returns the logits at the flat positions ``at``
+    ``[batch, V]``: the position-wise tail runs there only where the plan found one
+    (``builder.tail``), else on every position and the logits are picked after."""
     new = dict(stores)
-    target = jnp.where(rows >= 0, rows, batch).reshape(-1)  # out of range: dropped
-    flat_slots = slots.reshape(-1)
+    batch, m = copies.shape
+    # token t goes to rows copies[rows[t], :] (entry t * m + j); out of range: dropped
+    target = jnp.where(rows[..., None] >= 0, copies[jnp.clip(rows, 0, batch - 1)],
+                       batch).reshape(-1)
+    repeat = lambda x: jnp.repeat(x.reshape(-1, *x.shape[2:]), m, axis=0)
+    flat_slots = repeat(slots)
 
     def attn(node: Any, args: list[jax.Array]) -> jax.Array:
         spec = builder.specs[node.id]
         k, v, k_pos = args[1], args[2], args[4]
-        new[str(node.id)] = spec.kind.fill(
-            spec, stores[str(node.id)], k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
-            k_pos.reshape(-1), target, flat_slots)
+        new[str(node.id)] = spec.kind.fill(spec, stores[str(node.id)], repeat(k), repeat(v),
+                                           repeat(k_pos), target, flat_slots)
         return bind(node, args)  # attention within the packed rows: the masked primitive
 
     segments = jnp.where(rows >= 0, rows, batch)

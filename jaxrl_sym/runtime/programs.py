@@ -374,10 +374,21 @@ class StepBuilder:
         return self.rows(new_stores), tok, lp, kept
 
     def compact(self, stores, rows, filler, pos0, row_ids):
-        """Keep ``rows`` (finished rows dropped); filler slots get dead (negative) positions."""
+        """Keep ``rows`` (finished rows dropped) of every store at once (a draft model's small
+        stores); filler slots get dead (negative) positions."""
+        return (self.rows({k: take_rows(s, rows) for k, s in stores.items()}),
+                *self.compact_rows(rows, filler, pos0, row_ids))
+
+    def compact_store(self, store, rows):
+        """One store's ``rows`` kept: the runtime compacts store by store
+        (``DecodeGroup.compact``: all old and new stores at once were the generation's peak)."""
+        return self.rows(take_rows(store, rows))
+
+    def compact_rows(self, rows, filler, pos0, row_ids):
+        """The group's per-row arrays after a compaction to ``rows``; filler slots get dead
+        (negative) positions."""
         pos0 = jnp.where(filler, DEAD_POSITION, jnp.take(pos0, rows, axis=0))
-        return (self.rows({k: take_rows(s, rows) for k, s in stores.items()}), pos0,
-                jnp.take(row_ids, rows, axis=0))
+        return pos0, jnp.take(row_ids, rows, axis=0)
 
     def forward(self, leaves: list[jax.Array], tokens: jax.Array, positions: jax.Array,
                 segment_ids: jax.Array, cu_seqlens: jax.Array | None = None) -> jax.Array:

@@ -113,10 +113,10 @@ class SpeculativeGroup(DecodeGroup):
                                      vocab=self.plan.vocab_size,
                                      logits_bytes=self.cfg.prefill_logits_bytes)
             arrays = tuple(jax.device_put(x) for x in (pk.tokens, pk.positions, pk.rows,
-                                                        pk.slots, pk.last, pk.source))
+                                                        pk.slots, pk.last, pk.copies))
             self.draft_stores = self.draft.prefill(self.cache, self.draft_stores,
                                                    (*arrays, self.row_ids, self.seed),
-                                                   chunk_rows=pk.chunk_rows, shared=pk.shared)
+                                                   chunk_rows=pk.chunk_rows)
         return out
 
     def compact(self, live: np.ndarray, rows: int) -> None:

@@ -8,7 +8,7 @@ where a system has no shape model (peers run another library's buffers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from jaxrl_sym.systems.spec import BindOptions, SystemSpec
 
 if TYPE_CHECKING:
     from jaxrl_sym.runtime.estimate import Estimate
+    from jaxrl_sym.runtime.ledger_generation import GenerationLedger
 
 
 class BoundSystem:
@@ -43,6 +44,17 @@ class BoundSystem:
         """Bytes this request will need, from shapes alone (every prompt at the longest length,
         every row to its limit), before it runs; None: no shape model (the memory check skips
         the system)."""
+        return None
+
+    def ledger(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
+               compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:
+        """The generation's memory ledger for ``prompts`` with ``cfg``, every row running to its
+        own limit (``cfg.max_new_tokens`` per row: rows that end early free what they held, as
+        they do when they run): the buffers alive at each dispatch, the system's own programs
+        compiled — never run — by ``compiler(build)`` (a
+        :class:`~jaxrl_sym.runtime.programs.Build`; None: for this machine). Unlike
+        :meth:`estimate` (every row to the longest limit) it follows the lengths. None: not
+        modelled (peers run another library's buffers)."""
         return None
 
     def work(self, prompt_lens: Sequence[int], response_lens: Sequence[int],

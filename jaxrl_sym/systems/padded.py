@@ -9,15 +9,17 @@ steps for every row (finished rows keep decoding).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxrl_sym.baselines.padded import padded_generate
+from jaxrl_sym.baselines.padded_ledger import padded_ledger
 from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.runtime.estimate import Estimate, estimate_padded
+from jaxrl_sym.runtime.ledger_generation import GenerationLedger
 from jaxrl_sym.systems.bound import BoundSystem, block_work, max_limit
 from jaxrl_sym.systems.spec import BindOptions, SystemSpec
 from jaxrl_sym.systems.sym import check_draft
@@ -42,6 +44,14 @@ class PaddedBound(BoundSystem):
     def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
         return estimate_padded(self.model, len(prompt_lens), int(max(prompt_lens)),
                                max_limit(cfg, len(prompt_lens)), cfg, name=self.name)
+
+    def ledger(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
+               compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:
+        """Its one program per call at the request's shapes
+        (:func:`~jaxrl_sym.baselines.padded_ledger.padded_ledger`); None when it speculates."""
+        if self.options.speculate:
+            return None
+        return padded_ledger(self.model, prompts, cfg, compiler=compiler)
 
     def work(self, prompt_lens: Sequence[int], response_lens: Sequence[int],
              cfg: GenerationConfig) -> dict[str, Any]:

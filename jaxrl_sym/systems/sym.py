@@ -9,7 +9,7 @@ booked by cause exactly as the decode groups book it while they run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -19,6 +19,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, row_limits
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.estimate import Estimate, estimate_sym
+from jaxrl_sym.runtime.ledger_generation import GenerationLedger, sym_ledger
 from jaxrl_sym.runtime.metrics import WorkLog
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.packing import PackedPrompts
@@ -53,6 +54,15 @@ class SymBound(BoundSystem):
     def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
         return estimate_sym(self.model, len(prompt_lens), int(max(prompt_lens)),
                             max_limit(cfg, len(prompt_lens)), cfg, name=self.name)
+
+    def ledger(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
+               compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:
+        """The runtime's own dispatches over its plan (:func:`~jaxrl_sym.runtime.
+        ledger_generation.sym_ledger`); None with speculation or refill (their verify and
+        refill programs are not walked: :meth:`estimate` covers them)."""
+        if self.options.speculate or self.lm.plan.options.refill:
+            return None
+        return sym_ledger(self.lm.plan, self.lm.leaves, prompts, cfg, compiler=compiler)
 
     def work(self, prompt_lens: Sequence[int], response_lens: Sequence[int],
              cfg: GenerationConfig) -> dict[str, Any]:
