@@ -185,6 +185,16 @@ class Bound:
         current policy; a system whose generation has options of its own prices those."""
         return self.system.spec.bind(self.model()).estimate(prompt_lens, gcfg)
 
+    def ledger(self, prompts: list[np.ndarray], gcfg: GenerationConfig, *,
+               compiler: Callable[[Any], Any] | None = None) -> Any:
+        """:meth:`generate`'s memory walked dispatch by dispatch over these prompts and limits,
+        its programs compiled by ``compiler(build)`` (a
+        :class:`~jaxrl_sym.runtime.ledger_generation.GenerationLedger`; None: not modelled):
+        the registered system's ledger on the current policy (None when it speculates)."""
+        if self.speculation is not None:
+            return None
+        return self.system.spec.bind(self.model()).ledger(prompts, gcfg, compiler=compiler)
+
     def generate_until(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
                        stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None
                        ) -> GenerationResult | None:
@@ -299,6 +309,13 @@ class SymBound(Bound):
     def estimate(self, prompt_lens: Sequence[int], gcfg: GenerationConfig) -> Any:
         """The trainer's engine prices its own options (refill, microbatch rows, capacities)."""
         return self.engine.estimate(prompt_lens, gcfg)
+
+    def ledger(self, prompts: list[np.ndarray], gcfg: GenerationConfig, *,
+               compiler: Callable[[Any], Any] | None = None) -> Any:
+        """The trainer's engine walks its own options (None with speculation or refill)."""
+        if self.speculation is not None:
+            return None
+        return self.engine.ledger(prompts, gcfg, compiler=compiler)
 
     def generate_until(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
                        stop_when: Callable[[np.ndarray], bool], stop_live: int | None = None

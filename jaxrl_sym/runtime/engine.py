@@ -28,6 +28,7 @@ from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.passes.stores import StoreSpec
 from jaxrl_sym.runtime.estimate import Estimate, plan_estimate
 from jaxrl_sym.runtime.group import DecodeGroup, Outputs
+from jaxrl_sym.runtime.ledger_generation import GenerationLedger, sym_ledger
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     MemoryMeter,
@@ -143,6 +144,16 @@ class SymbolicLM:
         weights = tree_bytes(self.leaves) if self.leaves is not None else 0
         return plan_estimate(self.plan, weights, len(prompt_lens), int(max(prompt_lens)),
                              int(limits.max()), cfg)
+
+    def ledger(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
+               compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:
+        """This engine's generation of ``prompts`` walked dispatch by dispatch with its own
+        programs compiled — never run — by ``compiler(build)`` (None: for this machine):
+        :func:`~jaxrl_sym.runtime.ledger_generation.sym_ledger`. None with refill, whose refill
+        prefills the walk does not follow (:meth:`estimate` prices it)."""
+        if self.plan.options.refill:
+            return None
+        return sym_ledger(self.plan, self.leaves, prompts, cfg, compiler=compiler)
 
     def release_params(self) -> None:
         """Drop the parameters (and what was hoisted from them) until the next

@@ -19,7 +19,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, row_limits
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.estimate import Estimate, estimate_sym
-from jaxrl_sym.runtime.ledger_generation import GenerationLedger, sym_ledger
+from jaxrl_sym.runtime.ledger_generation import GenerationLedger
 from jaxrl_sym.runtime.metrics import WorkLog
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.packing import PackedPrompts
@@ -60,9 +60,9 @@ class SymBound(BoundSystem):
         """The runtime's own dispatches over its plan (:func:`~jaxrl_sym.runtime.
         ledger_generation.sym_ledger`); None with speculation or refill (their verify and
         refill programs are not walked: :meth:`estimate` covers them)."""
-        if self.options.speculate or self.lm.plan.options.refill:
+        if self.options.speculate:
             return None
-        return sym_ledger(self.lm.plan, self.lm.leaves, prompts, cfg, compiler=compiler)
+        return self.lm.ledger(prompts, cfg, compiler=compiler)
 
     def work(self, prompt_lens: Sequence[int], response_lens: Sequence[int],
              cfg: GenerationConfig) -> dict[str, Any]:
