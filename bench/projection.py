@@ -65,7 +65,7 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     # (rows that end free their share), else its worst-case estimate (every row to the longest)
     walk = bound.ledger(expanded, GenerationConfig(max_new_tokens=tuple(int(n) for n in limits)),
                         compiler=compiler)
-    generation = walk.peak_beyond_weights() if walk is not None else est.buffers()
+    generation = walk if walk is not None else est
     # projected for an accelerator, where the trainer scores the reference during generation
     sl = step_ledger(trainer, expanded, limits, overlap=args.preset == "gpu",
                      generation=generation, compiler=compiler)

@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_sym.rl.overlap import MAX_INFLIGHT
+from jaxrl_sym.rl.overlap import MAX_INFLIGHT, first_chunk_rows
 from jaxrl_sym.rl.stages import row_chunks
 from jaxrl_sym.rl.systems import Bound
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
+from jaxrl_sym.runtime.ledger_generation import GenerationLedger
 from jaxrl_sym.runtime.programs import Build
 
 __all__ = ["StepLedger", "step_ledger"]
@@ -48,16 +49,16 @@ class StepLedger:
 
 
 def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[int], *,
-                overlap: bool = False, generation: Sequence[Buffer] | None = None,
+                overlap: bool = False, generation: Any = None,
                 compiler: Compiler | None = None) -> StepLedger:
     """The ledger of one step of ``trainer`` (an :class:`~jaxrl_sym.rl.step.RLTrainer`) on
     ``prompts`` (already expanded G-fold) whose responses have ``limits`` tokens.
 
     ``overlap``: the trainer scores the reference during generation (on an accelerator), which
     applies to systems that can (their ``generate_scoring`` overlaps).
-    ``generation``: the buffers generation adds to the state at its peak — the generating
-    system's :meth:`~jaxrl_sym.systems.bound.BoundSystem.ledger` walk over these lengths
-    (``GenerationLedger.peak_beyond_weights``) or its worst-case ``Estimate.buffers()`` (None:
+    ``generation``: what generation adds to the state — the generating system's walk over these
+    lengths (a :class:`~jaxrl_sym.runtime.ledger_generation.GenerationLedger`, from
+    ``Bound.ledger``) or its worst-case :class:`~jaxrl_sym.runtime.estimate.Estimate` (None:
     no generation moment).
     ``compiler``: ``compiler(build) -> Compiled`` for the step's programs
     (:class:`~jaxrl_sym.runtime.programs.Build`; None: compiled on this machine; the bench
@@ -88,15 +89,10 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     compiler = compiler or _here
     ref_sizes = _reference(ctx, fns, state, lay, compiler) if state.ref else []
     if generation is not None:
-        gen = list(generation)
-        if overlap and ref_sizes and _scores_while_generating(ctx.system):
-            # up to MAX_INFLIGHT chunks queued behind the decode work, each holding its
-            # temporaries and outputs from enqueue to end (rl/overlap.py)
-            size = ref_sizes[0][1]
-            gen += [dataclasses.replace(b, name=f"{b.name} (reference chunk {k + 1} of "
-                                                f"{MAX_INFLIGHT} in flight)")
-                    for k in range(MAX_INFLIGHT) for b in size.buffers()]
-        moments.append(moment("generation", "decode", held, gen))
+        chunks = (_in_flight(ref_sizes[0][1]) if overlap and ref_sizes
+                  and _scores_while_generating(ctx.system) else [])
+        moments.append(_generation_moment(held, generation, chunks,
+                                          first_chunk_rows(len(prompts))))
     for count, size in ref_sizes:
         programs.append(("reference", count, size))
         moments.append(moment("reference", size.name, held, _batch(size), size.buffers()))
@@ -106,6 +102,26 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
                               size.buffers()))
     return StepLedger(Ledger(ctx.system.name, tuple(moments)), tuple(programs),
                       tuple(int(x) for x in lay.shape))
+
+
+def _in_flight(size: ProgramSize) -> list[Buffer]:
+    """Up to MAX_INFLIGHT reference chunks queued behind the decode work, each holding its
+    temporaries and outputs from enqueue to end (:mod:`jaxrl_sym.rl.overlap`)."""
+    return [dataclasses.replace(b, name=f"{b.name} (reference chunk {k + 1} of {MAX_INFLIGHT} "
+                                        "in flight)")
+            for k in range(MAX_INFLIGHT) for b in size.buffers()]
+
+
+def _generation_moment(held: list[Buffer], generation: Any, chunks: list[Buffer],
+                       min_rows: int) -> Moment:
+    """Generation's largest moment: over a walk's moments, each with the reference chunks in
+    flight once ``min_rows`` rows have finished (none can be queued before: the overlap waits
+    for them); for an estimate (every row to its limit), its terms with the chunks."""
+    if not isinstance(generation, GenerationLedger):
+        return moment("generation", "decode", held, generation.buffers(), chunks)
+    return max((moment("generation", f"{m.stage}: {m.what}", held, m.buffers,
+                       chunks if fin >= min_rows else [])
+                for m, fin in generation.beyond_weights()), key=lambda m: m.total)
 
 
 def _scores_while_generating(bound: Any) -> bool:

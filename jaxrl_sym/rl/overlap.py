@@ -36,6 +36,14 @@ from jaxrl_sym.sharding import to_host
 MAX_INFLIGHT = 2  # reference chunks dispatched and not yet finished, at most (module docstring)
 
 
+def first_chunk_rows(samples: int) -> int:
+    """Finished samples a chunk waits for in a batch of ``samples``: a quarter of it. Why: a
+    chunk per handful of rows would compile a program per row bucket and dispatch tiny forwards;
+    a quarter still leaves three quarters of the generation to hide the scoring behind. Also
+    when a memory ledger may count chunks in flight: never before this many rows finished."""
+    return max(1, samples // 4)
+
+
 class ReferenceOverlap:
     """Collect finished rows, score them in packed chunks, hand back per-sample log-probs.
 

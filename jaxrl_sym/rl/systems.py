@@ -47,7 +47,7 @@ from jaxrl_sym.rl.logprobs import (
     SplitForward,
     head_leaf_indices,
 )
-from jaxrl_sym.rl.overlap import ReferenceOverlap
+from jaxrl_sym.rl.overlap import ReferenceOverlap, first_chunk_rows
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
 from jaxrl_sym.runtime.evaluate import constant_values, evaluate
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
@@ -342,7 +342,7 @@ class SymBound(Bound):
         longest = max(len(p) for p in prompts) + (max(limits) if isinstance(limits, tuple)
                                                   else int(limits))
         row_len = row_len or length_bucket(max(longest, 64))
-        overlap = ReferenceOverlap(prompts, row_len, score, min_rows=max(1, len(prompts) // 4),
+        overlap = ReferenceOverlap(prompts, row_len, score, min_rows=first_chunk_rows(len(prompts)),
                                    max_rows=rows_per_chunk(row_len))
         return self.engine.generate(prompts, gcfg, on_finished=overlap.on_finished), overlap
 

@@ -80,11 +80,16 @@ class GenerationLedger:
     runs: tuple[ProgramRun, ...]
     compiled: int
     dispatches: int
+    finished: tuple[int, ...] = ()  # rows finished before each moment (empty: none)
 
-    def peak_beyond_weights(self) -> tuple[Buffer, ...]:
-        """The peak moment's buffers but the weights it was given: what generation adds to a
-        caller that holds those weights itself (the RL step lists them as its state)."""
-        return tuple(b for b in self.ledger.peak().buffers if b.name != WEIGHTS)
+    def beyond_weights(self) -> list[tuple[Moment, int]]:
+        """Each moment without the weights it was given, with the rows finished before it:
+        what generation adds to a caller that holds those weights itself (an RL step lists them
+        as its state, and scores finished rows while the others decode)."""
+        fin = self.finished or (0,) * len(self.ledger.moments)
+        return [(dataclasses.replace(m, buffers=tuple(b for b in m.buffers
+                                                      if b.name != WEIGHTS)), f)
+                for m, f in zip(self.ledger.moments, fin, strict=True)]
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.ledger.to_dict(), "compiled": self.compiled,
@@ -140,8 +145,9 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
                    need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,
                    microbatch_rows=opts.microbatch_rows, compaction=plan.compaction)
     moments: list[Moment] = []
+    finished: list[int] = []  # rows finished before each moment
     before: list[Buffer] = []  # the previous group's stores, alive while the next one starts
-    dispatches, done = 0, 0  # tokens emitted by the groups before
+    dispatches, done, rows_done = 0, 0, 0  # tokens emitted and rows ended by the groups before
     for group, (shape, ds) in zip(plan.microbatches(lens, limits), plans, strict=True):
         ends = [limits[i] for i in group]
         walk = _SymGroup(plan, cfg, args, held, progs, shape.rows, shape.capacity)
@@ -149,13 +155,16 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
                                          before, walk.buffers()), done))
         slots = [prompts[i] for i in group] + [None] * (shape.rows - len(group))
         moments.append(_with_host(walk.prefill(slots, shape.prompt_slots), done))
+        finished += [rows_done, rows_done]
         for d in ds:  # before decode step d.step, each row has emitted min(limit, d.step)
             emitted = done + sum(min(n, d.step) for n in ends)
-            moments += [_with_host(m, emitted) for m in walk.dispatch(d)]
+            ms = walk.dispatch(d)
+            moments += [_with_host(m, emitted) for m in ms]
+            finished += [rows_done + sum(n <= d.step for n in ends)] * len(ms)
         dispatches += 1 + len(ds) + walk.extra
-        before, done = walk.buffers(), done + sum(ends)
+        before, done, rows_done = walk.buffers(), done + sum(ends), rows_done + len(group)
     return GenerationLedger(Ledger("sym", tuple(moments)), progs.done(), len(progs.runs),
-                            dispatches)
+                            dispatches, tuple(finished))
 
 
 def _with_host(m: Moment, tokens: int) -> Moment:
