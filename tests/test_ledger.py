@@ -171,10 +171,10 @@ def test_generation_ledger_explains_the_measured_generation(tmp_path: Path) -> N
 
 def test_reference_chunks_join_generation_only_after_rows_finished() -> None:
     """The RL step's generation moment over a walk: reference chunks in flight are added only to
-    moments after the overlap's first chunk can exist (``first_chunk_rows`` rows finished);
+    moments after the overlap's first chunk can exist (``chunk_waits_for`` rows finished);
     an estimate (every row to its limit) gets them at its one moment."""
     from jaxrl_sym.rl.ledger import _generation_moment
-    from jaxrl_sym.rl.overlap import first_chunk_rows
+    from jaxrl_sym.rl.overlap import OVERLAP_ROWS, chunk_waits_for
     from jaxrl_sym.runtime.estimate import Estimate
     from jaxrl_sym.runtime.ledger import Buffer, Ledger, moment
     from jaxrl_sym.runtime.ledger_generation import WEIGHTS, GenerationLedger
@@ -184,8 +184,7 @@ def test_reference_chunks_join_generation_only_after_rows_finished() -> None:
     w = Buffer(WEIGHTS, "weights", 1000)  # the caller's: dropped from the walk's moments
     start = moment("prefill", "p", [w, Buffer("stores", "store", 50)])
     tail = moment("decode", "d", [w, Buffer("stores", "store", 20)])
-    rows = 128
-    need = first_chunk_rows(rows)
+    need = chunk_waits_for(OVERLAP_ROWS)
     for fin_tail, want in ((need - 1, 150), (need, 180)):
         walk = GenerationLedger(Ledger("sym", (start, tail)), (), 0, 0, (0, fin_tail))
         got = _generation_moment(held, walk, chunks, need)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_sym.rl.overlap import MAX_INFLIGHT, first_chunk_rows
+from jaxrl_sym.rl.overlap import MAX_INFLIGHT, OVERLAP_ROWS, chunk_waits_for
 from jaxrl_sym.rl.stages import row_chunks
 from jaxrl_sym.rl.systems import Bound
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
@@ -89,10 +89,10 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     compiler = compiler or _here
     ref_sizes = _reference(ctx, fns, state, lay, compiler) if state.ref else []
     if generation is not None:
-        chunks = (_in_flight(ref_sizes[0][1]) if overlap and ref_sizes
-                  and _scores_while_generating(ctx.system) else [])
+        chunks = (_in_flight(_overlap_chunk(ctx, fns, state, lay, compiler))
+                  if overlap and ref_sizes and _scores_while_generating(ctx.system) else [])
         moments.append(_generation_moment(held, generation, chunks,
-                                          first_chunk_rows(len(prompts))))
+                                          chunk_waits_for(OVERLAP_ROWS)))
     for count, size in ref_sizes:
         programs.append(("reference", count, size))
         moments.append(moment("reference", size.name, held, _batch(size), size.buffers()))
@@ -163,6 +163,16 @@ def _compile(compiler: Compiler, name: str, fn: Any, held_bytes: int, *args: Any
              ) -> ProgramSize:
     size = ProgramSize.of(name, compiler(Build(fn, args)))
     return size.with_batch(max(0, size.args - held_bytes))
+
+
+def _overlap_chunk(ctx: Any, fns: Any, state: Any, lay: Any, compiler: Compiler
+                   ) -> ProgramSize:
+    """The reference program of one chunk scored during generation (OVERLAP_ROWS rows of the
+    step's row length)."""
+    sl = slice(0, min(OVERLAP_ROWS, lay.shape[0]))
+    ref_bytes = tree_buffer("", "reference", state.ref).nbytes
+    return _compile(compiler, f"ref[{sl.stop}x{lay.shape[1]}]", fns["ref"], ref_bytes,
+                    state.ref, tuple(x[sl] for x in lay.inputs), lay.targets[sl])
 
 
 def _reference(ctx: Any, fns: Any, state: Any, lay: Any, compiler: Compiler

@@ -36,12 +36,20 @@ from jaxrl_sym.sharding import to_host
 MAX_INFLIGHT = 2  # reference chunks dispatched and not yet finished, at most (module docstring)
 
 
-def first_chunk_rows(samples: int) -> int:
-    """Finished samples a chunk waits for in a batch of ``samples``: a quarter of it. Why: a
-    chunk per handful of rows would compile a program per row bucket and dispatch tiny forwards;
-    a quarter still leaves three quarters of the generation to hide the scoring behind. Also
-    when a memory ledger may count chunks in flight: never before this many rows finished."""
-    return max(1, samples // 4)
+OVERLAP_ROWS = 1
+"""Packed rows per reference chunk scored during generation (at most; the forward's own row
+budget may be lower). Why one: a chunk's temporaries live beside generation's stores, up to
+MAX_INFLIGHT of them, from enqueue to end. Compiled for the H100 at Qwen2.5-0.5B's shape, a chunk
+of the update's size (3 rows × 1,280 slots) held 0.565 GB of temporaries, and two in flight were
+1.13 of sym's projected 3.92 GB generation peak; one row holds 0.19 GB
+(``bench/results/projection/``, 2026-11-27c)."""
+
+
+def chunk_waits_for(max_rows: int) -> int:
+    """The fewest finished samples before a chunk of ``max_rows`` full rows can be dispatched
+    (the waiting samples must overflow it; each row holds at least one): before then a memory
+    ledger counts no chunk in flight."""
+    return max_rows + 1
 
 
 class ReferenceOverlap:
@@ -52,9 +60,11 @@ class ReferenceOverlap:
       row_len: packed row length of every chunk (≥ longest possible prompt + response).
       dispatch: ``dispatch(layout) -> device array [rows, L]`` of reference log-probs at each
         slot; must not block (return the un-fetched device array).
-      min_rows: dispatch a chunk once this many finished samples are waiting.
-      max_rows: at most this many packed rows per dispatched chunk (None: no limit) — a chunk's
-        ``[slots × vocab]`` logits must fit beside generation's stores.
+      min_rows: without ``max_rows``, dispatch everything waiting once this many finished
+        samples wait.
+      max_rows: chunks of this many packed rows, each dispatched as soon as the waiting samples
+        overflow it (so every chunk during generation is full; the rest at :meth:`collect`) —
+        a chunk's temporaries must fit beside generation's stores.
       max_inflight: chunks dispatched and not yet finished, at most (the host waits for the
         oldest before dispatching past it).
     """
@@ -67,26 +77,29 @@ class ReferenceOverlap:
         self.dispatch = dispatch
         self.max_rows = None if max_rows is None else max(1, int(max_rows))
         self.min_rows = max(1, int(min_rows))
-        if self.max_rows is not None:
-            self.min_rows = min(self.min_rows, self.max_rows)
         self.max_inflight = max(1, int(max_inflight))
         self._pending: list[tuple[int, np.ndarray]] = []
         self._chunks: list[tuple[list[int], Layout, Any]] = []
         self.overlapped_samples = 0
 
     def on_finished(self, ids: list[int], responses: list[np.ndarray]) -> None:
-        """The engine's hook: queue finished rows; dispatch a chunk when enough are waiting."""
+        """The engine's hook: queue finished rows; dispatch the chunks they fill."""
         self._pending.extend(zip(ids, responses, strict=True))
-        if len(self._pending) >= self.min_rows:
-            self.overlapped_samples += len(self._pending)
-            self._flush()
+        if self.max_rows is not None or len(self._pending) >= self.min_rows:
+            before = len(self._pending)
+            self._flush(final=False)
+            self.overlapped_samples += before - len(self._pending)
 
-    def _flush(self) -> None:
+    def _flush(self, final: bool) -> None:
+        """Dispatch what waits: everything (``final``, or no ``max_rows``), else only chunks
+        of ``max_rows`` full rows, keeping the samples that do not fill one."""
         while self._pending:
             ids = [i for i, _ in self._pending]
             lay = packed_layout([self.prompts[i] for i in ids], [r for _, r in self._pending],
                                 row_len=self.row_len)
             if self.max_rows is None or lay.shape[0] <= self.max_rows:
+                if not final and self.max_rows is not None:
+                    return  # not a full chunk yet: wait for more finished rows
                 self._chunks.append((ids, lay, self._dispatch(lay)))
                 self._pending = []
                 return
@@ -111,7 +124,7 @@ class ReferenceOverlap:
         """Score what is still waiting, then return the reference log-probs of all ``n``
         samples (one array per sample, its response length), checking each chunk scored the
         tokens generation finally returned."""
-        self._flush()
+        self._flush(final=True)
         out: list[np.ndarray | None] = [None] * n
         for ids, lay, dev in self._chunks:
             per = lay.gather(to_host(dev))

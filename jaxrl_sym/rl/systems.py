@@ -47,7 +47,7 @@ from jaxrl_sym.rl.logprobs import (
     SplitForward,
     head_leaf_indices,
 )
-from jaxrl_sym.rl.overlap import ReferenceOverlap, first_chunk_rows
+from jaxrl_sym.rl.overlap import OVERLAP_ROWS, ReferenceOverlap
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
 from jaxrl_sym.runtime.evaluate import constant_values, evaluate
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
@@ -342,8 +342,10 @@ class SymBound(Bound):
         longest = max(len(p) for p in prompts) + (max(limits) if isinstance(limits, tuple)
                                                   else int(limits))
         row_len = row_len or length_bucket(max(longest, 64))
-        overlap = ReferenceOverlap(prompts, row_len, score, min_rows=first_chunk_rows(len(prompts)),
-                                   max_rows=rows_per_chunk(row_len))
+        # full chunks of one row (at most the forward's budget) as rows finish: min_rows unused
+        overlap = ReferenceOverlap(prompts, row_len, score, min_rows=1,
+                                   max_rows=min(OVERLAP_ROWS, rows_per_chunk(row_len) or
+                                                OVERLAP_ROWS))
         return self.engine.generate(prompts, gcfg, on_finished=overlap.on_finished), overlap
 
     def logits_fn(self) -> LogitsFn:
