@@ -191,3 +191,25 @@ def test_reference_chunks_join_generation_only_after_rows_finished() -> None:
         assert got.total == want, (fin_tail, got)
     est = Estimate("sym", 1000, 50, 0, 0, 0, "-", "-")
     assert _generation_moment(held, est, chunks, need).total == 100 + 50 + 60
+
+
+@pytest.mark.parametrize("rows", [3, 4])
+def test_refill_ledger_bounds_the_engine_from_above(rows: int) -> None:
+    """With refill the ledger walks representative moments (first prefill, a decode tile, a
+    refill of every resident row): its largest, as the engine's meter counts, is at least the
+    meter's peak of a real run and not far above it (the run's refills are smaller or equal)."""
+    from jaxrl_sym import GenerationConfig, SymbolicLM
+    from jaxrl_sym.models.lm import init_model, preset
+    from jaxrl_sym.runtime.options import EngineOptions
+
+    rng = np.random.default_rng(rows)
+    prompts = [rng.integers(0, 50, size=n, dtype=np.int32) for n in rng.integers(2, 14, 12)]
+    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in rng.integers(2, 30, 12)))
+    lm = SymbolicLM(init_model(preset("tiny"), 0), EngineOptions(microbatch_rows=rows,
+                                                                 refill=True))
+    gl = lm.ledger(prompts, cfg)
+    assert [m.stage for m in gl.ledger.moments] == ["init", "prefill", "decode", "refill"]
+    walked = max(_engine_view({"stage": m.stage, "by_kind": m.by_kind()})
+                 for m in gl.ledger.moments)
+    measured = lm.generate(prompts, cfg).stats["accounted_peak_bytes"]
+    assert measured <= walked <= 1.25 * measured, (walked, measured)

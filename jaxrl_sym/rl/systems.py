@@ -312,7 +312,7 @@ class SymBound(Bound):
 
     def ledger(self, prompts: list[np.ndarray], gcfg: GenerationConfig, *,
                compiler: Callable[[Any], Any] | None = None) -> Any:
-        """The trainer's engine walks its own options (None with speculation or refill)."""
+        """The trainer's engine walks its own options (None with speculation)."""
         if self.speculation is not None:
             return None
         return self.engine.ledger(prompts, gcfg, compiler=compiler)

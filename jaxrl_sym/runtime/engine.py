@@ -149,10 +149,8 @@ class SymbolicLM:
                compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:
         """This engine's generation of ``prompts`` walked dispatch by dispatch with its own
         programs compiled — never run — by ``compiler(build)`` (None: for this machine):
-        :func:`~jaxrl_sym.runtime.ledger_generation.sym_ledger`. None with refill, whose refill
-        prefills the walk does not follow (:meth:`estimate` prices it)."""
-        if self.plan.options.refill:
-            return None
+        :func:`~jaxrl_sym.runtime.ledger_generation.sym_ledger` (with refill: its
+        representative moments)."""
         return sym_ledger(self.plan, self.leaves, prompts, cfg, compiler=compiler)
 
     def release_params(self) -> None:

@@ -42,12 +42,14 @@ from jaxrl_sym.runtime.group_programs import (
     decode_program,
     grow_program,
     packed_prefill_program,
+    refill_program,
 )
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_nbytes
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
 from jaxrl_sym.runtime.programs import Build
+from jaxrl_sym.runtime.refill import REFILL_PACK_PER_OCTAVE, refill_shape
 
 __all__ = ["WEIGHTS", "GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
 
@@ -140,6 +142,8 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
             Buffer("hoisted weight values", "weights", tree_nbytes(hoisted))]
     args = plan.builder.assemble(list(leaves), hoisted)
     opts, progs = plan.options, _Programs(sizes, compiler)
+    if opts.refill and opts.microbatch_rows is not None and len(prompts) > opts.microbatch_rows:
+        return _refill_ledger(plan, cfg, args, held, progs, list(prompts), limits)
     tiling = Tiling(plan.tiling.base, plan.tile_buffer(cfg))  # as DecodeGroup sizes its tiles
     plans = replay(lens, limits, min_capacity=opts.min_capacity, tiling=tiling,
                    need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,
@@ -165,6 +169,32 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
         before, done, rows_done = walk.buffers(), done + sum(ends), rows_done + len(group)
     return GenerationLedger(Ledger("sym", tuple(moments)), progs.done(), len(progs.runs),
                             dispatches, tuple(finished))
+
+
+def _refill_ledger(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[Any, ...],
+                   held: list[Buffer], progs: _Programs, prompts: list[np.ndarray],
+                   limits: list[int]) -> GenerationLedger:
+    """With refill, one resident group of ``microbatch_rows`` rows runs every sample (the
+    engine's ``_run_groups``): its stores are rings that never grow, so its moments are few and
+    alike — the first prefill, a decode tile, and a refill. Walked as those representative
+    moments (not every wave): the refill as the largest one, every resident row refilled at
+    once (its packed prompts the next samples waiting). Rows end throughout, so every moment
+    after the first prefill counts as having rows finished (``finished``: all)."""
+    rows = plan.options.microbatch_rows
+    shape = refill_shape([len(p) for p in prompts], limits, rows, plan.row_multiple,
+                         plan.options.max_len)
+    walk = _SymGroup(plan, cfg, hoisted, held, progs, shape.rows, shape.capacity)
+    first = prompts[:rows] + [None] * (shape.rows - rows)
+    moments = [moment("init", f"stores {shape.rows}x{shape.capacity}", held, walk.buffers()),
+               walk.prefill(first, shape.prompt_slots)]
+    moments += walk.dispatch(Dispatch(1, plan.tiling.base, shape.prompt_slots, shape.rows,
+                                      shape.capacity))
+    waiting = prompts[rows:2 * rows]
+    moments.append(walk.refill(waiting + [None] * (shape.rows - len(waiting)),
+                               shape.prompt_slots + 1))
+    done = len(prompts)
+    return GenerationLedger(Ledger("sym", tuple(moments)), progs.done(), len(progs.runs),
+                            len(moments), (0, 0, *[done] * (len(moments) - 2)))
 
 
 def _with_host(m: Moment, tokens: int) -> Moment:
@@ -215,6 +245,23 @@ class _SymGroup:
         self.progs.ran(key, pk.tokens.shape[0] // pk.chunk_rows)
         batch = Buffer("prefill: packed prompt arrays", "batch", tree_nbytes(arrays))
         return moment("prefill", size.name, self.held, self.buffers(), [batch], size.buffers())
+
+    def refill(self, prompts: list[np.ndarray | None], end: int) -> Moment:
+        """A refill prefill (``DecodeGroup.refill_rows``): ``prompts`` by resident row (None:
+        not refilled) packed to end before slot ``end``, written into the group's stores."""
+        pk = PackedPrompts.build(prompts, end, vocab=self.plan.vocab_size,
+                                 logits_bytes=self.cfg.prefill_logits_bytes,
+                                 per_octave=REFILL_PACK_PER_OCTAVE)
+        arrays = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.copies)
+        i32 = jax.ShapeDtypeStruct((self.rows,), np.int32)
+        args = (self.hoisted, self.stores, *arrays, i32, jax.ShapeDtypeStruct((), np.uint32),
+                jax.ShapeDtypeStruct((self.rows,), np.bool_), jax.ShapeDtypeStruct((), np.int32))
+        key, build = refill_program(self.plan, self.cfg, pk, args)
+        size = self.progs.size(key, "prefill", f"refill[{pk.tokens.shape[0]}x"
+                                    f"{pk.tokens.shape[1]}]", build)
+        self.progs.ran(key, pk.tokens.shape[0] // pk.chunk_rows)
+        batch = Buffer("refill: packed prompt arrays", "batch", tree_nbytes(arrays))
+        return moment("refill", size.name, self.held, self.buffers(), [batch], size.buffers())
 
     def dispatch(self, d: Dispatch) -> list[Moment]:
         """A decode dispatch: its compaction and growth first, then its program."""

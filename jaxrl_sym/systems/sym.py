@@ -58,8 +58,8 @@ class SymBound(BoundSystem):
     def ledger(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
                compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:
         """The runtime's own dispatches over its plan (:func:`~jaxrl_sym.runtime.
-        ledger_generation.sym_ledger`); None with speculation or refill (their verify and
-        refill programs are not walked: :meth:`estimate` covers them)."""
+        ledger_generation.sym_ledger`); None with speculation (its verify programs are not
+        walked: :meth:`estimate` covers them)."""
         if self.options.speculate:
             return None
         return self.lm.ledger(prompts, cfg, compiler=compiler)
