@@ -67,11 +67,23 @@ _RL_DRY = ("bench", "rlft_step", "--preset", "quick", "--out", "{out}")
 _BF16 = (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16")
 _BF16_DRY = (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4")
 PLAN: tuple[Item, ...] = (
-    Item("gpu_tests", 1.0, "compiled Triton kernels against XLA (2026-11-26b: 8 passed, 54 s)",
+    Item("gpu_tests", 1.0, "compiled Triton kernels against XLA, the decode kernel now reading "
+         "heads-major stores [B, Hkv, C, D] (2026-11-26b: 8 passed, 54 s, slots-major)",
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"),
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
           "--junitxml={out}"), junit=True),
+    Item("rl_step_bf16mixed_lora16", 6.5,
+         "sym vs padded at sym's defaults (128 resident rows), bf16-mixed + LoRA 16, in one run: "
+         "since the last (2026-11-26b: 8.44 vs 10.09 GB) the stores are heads-major (the H100 "
+         "compile found the decode tile holding a transposed copy of every store, 1.69 GB), "
+         "shared prompts are written into every copy (the prefill's row gather copied every "
+         "store), compaction goes store by store, reference chunks during generation are one "
+         "row; projected sym 3.19 vs padded 5.37 GB (bench/results/projection/"
+         "rl_step_gpu_h100_bf16mixed_lora16.md)",
+         _BF16,
+         _BF16_DRY,
+         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_memory_knobs", 3.5,
          "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
          "rows with refill, update micro-batches of one 1,280-slot row; 2026-11-27: 5.12 GB "
@@ -84,13 +96,6 @@ PLAN: tuple[Item, ...] = (
           "--update-tokens", "256", "--engine", '{"microbatch_rows": 4, "refill": true}'),
          projection="bench/results/projection/"
                     "rl_step_gpu_h100_bf16mixed_lora16_sym_update1280_refill32.json"),
-    Item("rl_step_padded_bf16mixed_lora16", 2.5,
-         "padded alone, bf16-mixed + LoRA 16, default flags: the baseline for the knobs item "
-         "in the same tree (2026-11-27: 9.55 GB, step 15.75 s); since then its prefill no "
-         "longer stacks every chunk's logits (-2.18 GB, H100 compile) and LoRA runs unmerged",
-         (*_BF16, "--systems", "padded"),
-         (*_BF16_DRY, "--systems", "padded"),
-         projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_knobs_no_overlap", 3.5,
          "item 2 with the reference scored after generation instead of during it: the H100 "
          "held ~1.9 GB in sym's generation beyond every program the ledger compiles (for the "
@@ -104,14 +109,12 @@ PLAN: tuple[Item, ...] = (
           "--engine", '{"microbatch_rows": 32, "refill": true}', "--no-overlap-reference"),
          (*_BF16_DRY, "--systems", "sym", "--update-tokens", "256",
           "--engine", '{"microbatch_rows": 4, "refill": true}', "--no-overlap-reference")),
-    Item("rl_step_bf16mixed_lora16", 6.5,
-         "sym vs padded peak and stage times at Qwen2.5-0.5B shape, bf16-mixed + LoRA 16, beside "
-         "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.md (2026-11-26b: 8.44 vs "
-         "10.09 GB measured; since then logprob_chunk 256, the head's bf16 backward, LoRA's "
-         "update without merged weights and the layers recomputed in the backward (remat): "
-         "5.39 vs 5.68 projected, both in generation)",
-         _BF16,
-         _BF16_DRY,
+    Item("rl_step_padded_bf16mixed_lora16", 2.5,
+         "padded alone, bf16-mixed + LoRA 16, default flags: the baseline for the knobs item "
+         "in the same tree (2026-11-27: 9.55 GB, step 15.75 s); since then its prefill no "
+         "longer stacks every chunk's logits (-2.18 GB, H100 compile) and LoRA runs unmerged",
+         (*_BF16, "--systems", "padded"),
+         (*_BF16_DRY, "--systems", "padded"),
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_while_graphs", 3.5,
          "sym's bf16-mixed + LoRA 16 step with XLA's while loops and conditionals inside CUDA "
