@@ -26,7 +26,7 @@ def _plan(*args: str) -> subprocess.CompletedProcess:
 def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> None:
     # the fp32 items run rlft_step with the flags the bf16 item covers; the bf16 item runs
     # both systems, LoRA and bf16-mixed: one of each code path
-    items = ("gpu_tests,rl_step_sym_memory_knobs,rl_step_bf16mixed_lora16,decode_kernel_batch1,"
+    items = ("gpu_tests,rl_step_bf16mixed_lora16,rl_step_sym_memory_knobs,decode_kernel_batch1,"
              "refill")  # in the plan's order
     proc = _plan("--dry-run", "--out", str(tmp_path), "--only", items, "--commit", "feedbee")
     assert proc.returncode == 0, proc.stdout + proc.stderr

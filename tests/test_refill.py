@@ -171,6 +171,8 @@ def test_refill_settings_are_refused_by_name() -> None:
        layout=st.sampled_from(["ring", "lifetime"]))
 # every sample ends at its token 0: no decode step, but the group's stores were allocated
 @example(lens=[(1, 1), (1, 1)], rows=1, min_free=1, layout="ring")
+# ... and the refilled samples too: the group refills again at the same step (as the engine)
+@example(lens=[(1, 1), (1, 1), (1, 1)], rows=1, min_free=1, layout="ring")
 def test_replay_accounts_for_every_position(lens, rows, min_free, layout) -> None:
     """Every computed position is needed (each prompt token once, each response token after
     the first once) or wasted by a named cause, with or without refill; a ring never holds

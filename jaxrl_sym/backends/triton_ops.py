@@ -170,8 +170,7 @@ def decode_attention(
     """Attention of one query token per row over a slot store; returns ``[B, Hq, Dv]`` in q.dtype.
 
     Args:
-      q: ``[B, Hq, D]``. k_store / v_store: ``[B, Hkv, C, D]`` / ``[B, Hkv, C, Dv]`` (the
-        runtime's heads-major stores, :mod:`jaxrl_sym.passes.stores`).
+      q: ``[B, Hq, D]``. k_store / v_store: ``[B, Hkv, C, D]`` / ``[B, Hkv, C, Dv]`` (heads-major).
       kv_pos: ``[B, C]`` int32 positions of the slots (-1 = empty). q_pos: ``[B]`` int32.
       n_live: ``[B]`` int32, slots ``>= n_live`` are never read (a device array: one compile for
         every length up to C).

@@ -217,8 +217,11 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
     step, tile = 1, tiling.first()
     while True:
         w = pcap + step - 1  # the slot decode step ``step`` writes
-        if waiting:
-            waiting = _refill(out, st, waiting, refill, w, prompt_lens, limits, capacity)
+        while waiting:  # as the engine: a refilled row may end at its token 0, freed again
+            left = _refill(out, st, waiting, refill, w, prompt_lens, limits, capacity)
+            if len(left) == len(waiting):
+                break
+            waiting = left
         live = st.live()
         if not live:
             return out
