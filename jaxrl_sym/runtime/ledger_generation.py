@@ -235,16 +235,7 @@ class _SymGroup:
             raise NotImplementedError("the generation ledger walks the packed prefill only")
         pk = PackedPrompts.build(prompts, pcap, vocab=self.plan.vocab_size,
                                  logits_bytes=self.cfg.prefill_logits_bytes)
-        arrays = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.copies)
-        i32 = jax.ShapeDtypeStruct((self.rows,), np.int32)
-        args = (self.hoisted, self.stores, *arrays, i32, jax.ShapeDtypeStruct((), np.uint32))
-        key, build = packed_prefill_program(self.plan, self.cfg, pk, args)
-        size = self.progs.size(key, "prefill", f"packed_prefill[{pk.tokens.shape[0]}x"
-                                    f"{pk.tokens.shape[1]}]", build)
-        # the prefill's scan runs one chunk of packed rows per iteration
-        self.progs.ran(key, pk.tokens.shape[0] // pk.chunk_rows)
-        batch = Buffer("prefill: packed prompt arrays", "batch", tree_nbytes(arrays))
-        return moment("prefill", size.name, self.held, self.buffers(), [batch], size.buffers())
+        return self._packed("prefill", "packed_prefill", packed_prefill_program, pk, ())
 
     def refill(self, prompts: list[np.ndarray | None], end: int) -> Moment:
         """A refill prefill (``DecodeGroup.refill_rows``): ``prompts`` by resident row (None:
@@ -252,16 +243,23 @@ class _SymGroup:
         pk = PackedPrompts.build(prompts, end, vocab=self.plan.vocab_size,
                                  logits_bytes=self.cfg.prefill_logits_bytes,
                                  per_octave=REFILL_PACK_PER_OCTAVE)
+        extra = (jax.ShapeDtypeStruct((self.rows,), np.bool_), jax.ShapeDtypeStruct((), np.int32))
+        return self._packed("refill", "refill", refill_program, pk, extra)
+
+    def _packed(self, stage: str, name: str, program: Callable[..., tuple[tuple, Build]],
+                pk: PackedPrompts, extra: tuple[Any, ...]) -> Moment:
+        """A packed-prompt program over the group's stores (prefill or refill: their arguments
+        are the packed arrays, row ids, seed, then ``extra``); its scan runs one chunk of
+        packed rows per iteration."""
         arrays = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.copies)
-        i32 = jax.ShapeDtypeStruct((self.rows,), np.int32)
-        args = (self.hoisted, self.stores, *arrays, i32, jax.ShapeDtypeStruct((), np.uint32),
-                jax.ShapeDtypeStruct((self.rows,), np.bool_), jax.ShapeDtypeStruct((), np.int32))
-        key, build = refill_program(self.plan, self.cfg, pk, args)
-        size = self.progs.size(key, "prefill", f"refill[{pk.tokens.shape[0]}x"
+        args = (self.hoisted, self.stores, *arrays, jax.ShapeDtypeStruct((self.rows,), np.int32),
+                jax.ShapeDtypeStruct((), np.uint32), *extra)
+        key, build = program(self.plan, self.cfg, pk, args)
+        size = self.progs.size(key, "prefill", f"{name}[{pk.tokens.shape[0]}x"
                                     f"{pk.tokens.shape[1]}]", build)
         self.progs.ran(key, pk.tokens.shape[0] // pk.chunk_rows)
-        batch = Buffer("refill: packed prompt arrays", "batch", tree_nbytes(arrays))
-        return moment("refill", size.name, self.held, self.buffers(), [batch], size.buffers())
+        batch = Buffer(f"{stage}: packed prompt arrays", "batch", tree_nbytes(arrays))
+        return moment(stage, size.name, self.held, self.buffers(), [batch], size.buffers())
 
     def dispatch(self, d: Dispatch) -> list[Moment]:
         """A decode dispatch: its compaction and growth first, then its program."""
