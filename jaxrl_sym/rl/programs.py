@@ -24,6 +24,7 @@ from jaxrl_sym.rl.algorithms import (
 )
 from jaxrl_sym.rl.logprobs import LogitsFn, SplitForward, chunked_terms, chunking_status
 from jaxrl_sym.rl.remat import remat_between_attention
+from jaxrl_sym.rl.state import clip_by_global_norm
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.sharding import lowerable
@@ -80,7 +81,8 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     (PPO value estimates), ``grad(params, frozen, inputs, arrays)`` (loss and its gradient
     w.r.t. ``params`` only), ``update(params, opt_state, frozen, inputs, arrays)`` (fused
     loss-grad-optimiser step for a batch in one micro-batch), ``apply(params, opt_state,
-    grads)`` (optimiser step from accumulated gradients) and ``accumulate(params, acc, frozen,
+    grads)`` (optimiser step from accumulated gradients; it also returns the clipped gradients,
+    written over the donated sum) and ``accumulate(params, acc, frozen,
     inputs, arrays)`` (a micro-batch's gradients added into the donated running sum);
     ``update``/``apply`` take the state as donated buffers and guard their step
     (:func:`_guarded_step`); plus ``logprob_chunking``, a sentence for the step's stats (on, or
@@ -112,12 +114,15 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
 
     def update(params, opt_state, frozen, inputs, arrays):
         (_, aux), grads = grad_fn(params, frozen, inputs, arrays)
-        aux = {**aux, "grad_norm": optax.tree.norm(grads)}
+        gnorm, grads = clip_by_global_norm(grads, cfg.max_grad_norm)
+        aux = {**aux, "grad_norm": gnorm}
         return (*_guarded_step(tx, params, opt_state, grads, _all_finite(aux)), aux)
 
     def apply(params, opt_state, grads):
-        gnorm = optax.tree.norm(grads)
-        return (*_guarded_step(tx, params, opt_state, grads, jnp.isfinite(gnorm)), gnorm)
+        # the clipped gradients are an output over the donated sum (the caller drops them):
+        # written where the sum was, not as a gradient-sized temporary
+        gnorm, grads = clip_by_global_norm(grads, cfg.max_grad_norm)
+        return (*_guarded_step(tx, params, opt_state, grads, jnp.isfinite(gnorm)), gnorm, grads)
 
     def accumulate(params, acc, frozen, inputs, arrays):
         # the accumulator is donated: the sum lands in its buffer, so the step holds one
@@ -155,8 +160,9 @@ def _through_weights(weights: Weights | None, ref0: Any, values0: Any, loss0: An
 
 def _jitted(fns: dict[str, Any], shardings: dict[str, Any] | None) -> dict[str, Any]:
     """Each function jitted: ``update``/``apply`` donate the parameters and optimiser state,
-    ``accumulate`` its running sum; on a mesh with explicit in/out shardings."""
-    donate = {"update": (0, 1), "apply": (0, 1), "accumulate": (1,)}
+    ``apply`` and ``accumulate`` the running gradient sum; on a mesh with explicit in/out
+    shardings."""
+    donate = {"update": (0, 1), "apply": (0, 1, 2), "accumulate": (1,)}
     if shardings is None:
         return {k: jax.jit(f, donate_argnums=donate.get(k, ())) for k, f in fns.items()}
     p, o, rows, rep = (shardings[k] for k in ("params", "opt", "rows", "repl"))
@@ -164,7 +170,7 @@ def _jitted(fns: dict[str, Any], shardings: dict[str, Any] | None) -> dict[str, 
     where = {"ref": ((p["lm"], rows, rows), rows), "values": ((p, f, rows), rows),
              "grad": ((p, f, rows, rows), ((rep, rep), p)),
              "update": ((p, o, f, rows, rows), (p, o, rep)),
-             "apply": ((p, o, p), (p, o, rep)),
+             "apply": ((p, o, p), (p, o, rep, p)),
              "accumulate": ((p, p, f, rows, rows), ((rep, rep), p))}
     return {k: jax.jit(fn, in_shardings=where[k][0], out_shardings=where[k][1],
                        donate_argnums=donate.get(k, ())) for k, fn in fns.items()}

@@ -279,7 +279,7 @@ def update_once(ctx: StepContext, params: Any, opt_state: Any, state: TrainState
     merged = merge_aux([{k: float(v) for k, v in jax.device_get(a).items()} for a in parts])
     if _nonfinite(merged):  # the state was not donated yet: leave it as it is
         return params, opt_state, {**merged, "grad_norm": math.nan}
-    params, opt_state, gnorm = ctx.programs.run(
+    params, opt_state, gnorm, _ = ctx.programs.run(  # the clipped gradients: dropped
         f"apply-{sys_}", fns["apply"], params, opt_state, grads, resident=resident)
     return params, opt_state, {**merged, "grad_norm": float(gnorm)}
 

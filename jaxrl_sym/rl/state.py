@@ -87,7 +87,8 @@ def lr_schedule(cfg: RLConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
-    """Adam on :func:`lr_schedule`, after global-norm clipping when ``cfg.max_grad_norm`` is set.
+    """Adam on :func:`lr_schedule`. The global-norm clip (``cfg.max_grad_norm``) is not part of
+    it: the update programs clip the gradients in place first (:func:`clip_by_global_norm`).
 
     ``inject_hyperparams`` keeps the current rate in the optimiser state, so the step's metrics
     report the rate the update actually used. Its hyperparameters are held in float32 whatever
@@ -95,10 +96,26 @@ def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
     ``b2 = 0.999`` rounds to 1.0, so Adam's bias correction ``1 - b2**t`` is 0 and the first
     update of a bf16 model was NaN everywhere.
     """
-    parts = [optax.clip_by_global_norm(cfg.max_grad_norm)] if cfg.max_grad_norm else []
-    adam = optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
+    return optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
         learning_rate=lr_schedule(cfg))
-    return optax.chain(*parts, adam)
+
+
+def clip_by_global_norm(grads: Any, max_norm: float | None) -> tuple[jax.Array, Any]:
+    """(global norm, gradients scaled to at most ``max_norm``) — optax's
+    ``clip_by_global_norm`` arithmetic, outside the optimiser chain.
+
+    Why outside: as the chain's first link, its output fed both of Adam's moments, so XLA kept
+    the clipped gradients as one more gradient-sized temporary (0.54 GB at SmolLM2-135M in
+    fp32, the apply's whole temporaries). The apply returns them as an output over its donated
+    gradient sum instead, so they are written where the sum was. The optimiser state's leaves
+    are the same either way (the clip's state is empty), so checkpoints read as before.
+    """
+    gnorm = optax.tree.norm(grads)
+    if not max_norm:
+        return gnorm, grads
+    below = gnorm < max_norm
+    clip = lambda g: jnp.where(below, g, (g / gnorm.astype(g.dtype)) * max_norm)
+    return gnorm, jax.tree_util.tree_map(clip, grads)
 
 
 def current_lr(opt_state: Any) -> float | None:
