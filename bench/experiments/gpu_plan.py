@@ -101,7 +101,7 @@ PLAN: tuple[Item, ...] = (
          "held ~1.9 GB in sym's generation beyond every program the ledger compiles (for the "
          "H100: the runtime's generation 1.82 GB, an overlapped reference chunk 0.19); the "
          "leading suspect is the temporaries of reference chunks queued asynchronously behind "
-         "the decode tiles (86 per step), each allocated when enqueued — since capped at 2 in "
+         "the decode tiles (86 per step), each allocated when enqueued — since capped at 1 in "
          "flight (rl/overlap.py MAX_INFLIGHT), so item 2 measures the cap and this the "
          "reference after generation",
          (*_BF16,

@@ -8,8 +8,8 @@ compared as a string. Each kind owns its device behaviour; the runtime only call
 Layouts (per attention node, pytrees of arrays; batch axis first so rows can be compacted):
 
 - growing / fixed: ``k, v [B, Hkv, C, D]`` (heads-major, see below), ``pos [B, C]`` (-1 =
-  empty). Chunk written at slot ``write_index``; capacity C doubles (geometric) when full — a new
-  XLA program per capacity, not per length.
+  empty). Chunk written at slot ``write_index``; capacity C grows (geometric, 1.33-1.5x) when
+  full — a new XLA program per capacity, not per length.
 - ring (window w) / block (b): the same arrays with C = w (resp. b) slots; step ``s`` goes to slot
   ``s mod C``. Slots are out of order; attention masks by stored *position*, so order is
   irrelevant and no contiguous copy (Tempo's 2×window trick) is needed.
@@ -190,7 +190,7 @@ class StoreKind:
     """
 
     name: ClassVar[str]
-    grows: ClassVar[bool] = False  # whether the host doubles it as rows get longer
+    grows: ClassVar[bool] = False  # whether the host grows it as rows get longer
     prefix: ClassVar[bool] = False  # keeps every key from position 0 (growing, fixed)
     keeps_keys: ClassVar[bool] = True  # False: folds keys into a state, or holds none (slot)
 
@@ -280,7 +280,7 @@ class StoreKind:
 
 class GrowingStore(StoreKind):
     """Full (prefix) attention: ``k, v [B, Hkv, C, D]``, ``pos [B, C]``; chunk written at slot
-    ``write_index``; capacity C doubles (geometric) when full — one program per capacity.
+    ``write_index``; capacity C grows (geometric, 1.33-1.5x) when full — one program per capacity.
 
     A single step's slot wraps modulo C, so a group that refills finished rows can keep its
     stores at a fixed C that covers one row's span (prompt + response) however long the group

@@ -2,7 +2,7 @@
 
 Data flow: tracer (PDG) → passes (generation loop, storage plan) → programs (jitted per shape
 bucket) → this host loop. The host loop is plain integer code: it decides when a growing store
-doubles, when finished rows are compacted away, which slot the next step writes; sympy is never
+grows, when finished rows are compacted away, which slot the next step writes; sympy is never
 touched here (the live-slot counts come from functions compiled once by the planner).
 """
 

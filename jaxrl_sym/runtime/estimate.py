@@ -14,7 +14,7 @@ traced program (no FLOP, no compile, no device buffer):
   Per-shape: the exact final length (and the previous step's caches, alive while the step runs).
   Sym: the runtime's own stores (``StepBuilder.init_stores`` evaluated abstractly) at the row
   bucket and the capacity the policy reaches (:func:`jaxrl_sym.runtime.policy.replay`: the
-  same ``GroupShape.plan`` and doubling rule the engine runs) — growing stores at their final
+  same ``GroupShape.plan`` and growth rule the engine runs) — growing stores at their final
   capacity, rings at their window, states at their fixed size — plus one growing store at its
   previous capacity, alive while it is copied;
 - **outputs**: tokens, log-probs and (``return_logits``) logits the program holds on device;

@@ -33,7 +33,8 @@ PREFILLS = ("packed", "block")
 class EngineOptions:
     """How :class:`~jaxrl_sym.runtime.engine.SymbolicLM` plans and runs generation.
 
-    min_capacity: initial slots of a growing store (it then doubles).
+    min_capacity: initial slots of a growing store, at least (it then grows on
+      :func:`~jaxrl_sym.runtime.policy.capacity_grid`).
     max_len: optional user cap; with it, full-attention stores are allocated at that size.
     microbatch_rows / max_pad_fraction: the aligned-microbatch policy
       (:func:`~jaxrl_sym.runtime.policy.microbatches`).

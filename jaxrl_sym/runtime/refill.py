@@ -44,9 +44,10 @@ from jaxrl_sym.runtime.policy import (
     Compaction,
     GroupShape,
     Tiling,
+    grown_capacity,
+    initial_capacity,
     length_bucket,
     microbatches,
-    next_pow2,
     row_bucket,
 )
 
@@ -97,13 +98,6 @@ def ring_need(first_slots: Sequence[int], last_writes: Sequence[int]) -> int:
 def lifetime_need(last_write: int) -> int:
     """Slots a prefix growing store needs: every slot up to the last write."""
     return last_write + 1
-
-
-def grown(capacity: int, need: int, bound: int) -> int:
-    """The capacity after a growth that must hold ``need`` slots: doubling, as today's stores,
-    but never past ``bound`` — the most any row can still need (its prompt and limit are known;
-    only EOS is not)."""
-    return capacity if need <= capacity else min(max(2 * capacity, need), max(bound, need))
 
 
 def refill_shape(prompt_lens: Sequence[int], limits: Sequence[int], rows: int,
@@ -206,7 +200,7 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
         shape = refill_shape(prompt_lens, limits, len(first))
     pcap, b = shape.prompt_slots, shape.rows
     capacity = (shape.capacity if refill is None or ring
-                else min(max(min_capacity, next_pow2(pcap + 1)), shape.total))
+                else initial_capacity(pcap, min_capacity, shape.total))
     st = _Rows([*first, *[-1] * (b - len(first))],
                [pcap - prompt_lens[i] for i in first] + [pcap] * (b - len(first)),
                [int(limits[i]) - 1 for i in first] + [0] * (b - len(first)))
@@ -239,7 +233,7 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
             bound = (shape.total if refill is None else 2 * capacity if waiting
                      else w + max(st.left[r] for r in live))
             if need > capacity:
-                capacity = grown(capacity, need, bound)
+                capacity = grown_capacity(capacity, need, bound)
                 out.programs.add(("grow", len(st.sample), capacity))
         _decode(out, st, k, capacity)
         ended = any(0 < st.left[r] <= k for r in live)
