@@ -79,7 +79,8 @@ PLAN: tuple[Item, ...] = (
          "compile found the decode tile holding a transposed copy of every store, 1.69 GB), "
          "shared prompts are written into every copy (the prefill's row gather copied every "
          "store), compaction goes store by store, reference chunks during generation are one "
-         "row; projected sym 3.19 vs padded 5.37 GB (bench/results/projection/"
+         "row, one in flight, and the stores start at 768 slots (a 1.5x capacity grid); "
+         "projected sym 2.60 vs padded 5.37 GB (bench/results/projection/"
          "rl_step_gpu_h100_bf16mixed_lora16.md)",
          _BF16,
          _BF16_DRY,
