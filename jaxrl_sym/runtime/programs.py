@@ -26,7 +26,7 @@ from jaxrl_sym.passes.storage import StoragePlan, live_count_fn
 from jaxrl_sym.passes.stores import SlotSpec, SlotStore, StoreSpec, take_rows
 from jaxrl_sym.pdg.ir import PDG
 from jaxrl_sym.runtime.evaluate import bind, evaluate, evaluate_nodes, static_nodes
-from jaxrl_sym.runtime.metrics import executable_temp_bytes
+from jaxrl_sym.runtime.metrics import executable_temp_bytes, trim_host_heap
 from jaxrl_sym.sharding import data_size, global_args, replicated, rows_sharding
 
 
@@ -78,6 +78,7 @@ class ProgramCache:
         if exe is None:
             fut = self.pending.pop(key, None)
             exe = build() if fut is None else fut.result()
+            trim_host_heap()  # the compiler's freed working memory (see trim_host_heap)
             if self.budget is not None:
                 self.device_bytes[key] = self.budget.check_program(exe, str(key[0]))
             self.compiled[key] = exe
