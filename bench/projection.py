@@ -25,24 +25,37 @@ def devices() -> dict[str, dict[str, Any]]:
 
 
 def _workload(args: Namespace) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
+    from bench import models
     from bench.experiments import rlft_step
 
-    prompts, limits = rlft_step.workload(args)
+    vocab = models.vocab_size(args.model, args.seed) if args.model in models.NAMES else None
+    prompts, limits = rlft_step.workload(args, vocab)
     return prompts, limits, [p for p in prompts for _ in range(args.group)]
+
+
+def _model(args: Namespace) -> Any:
+    """The policy: the preset's Qwen2.5-shaped DecoderLM (``cpu``/``gpu``) or one of
+    :mod:`bench.models` (``--model zoo-gpt2``, ``zoo-gemmaish``, ``hf-llama``)."""
+    from bench import models
+    from bench.experiments import rlft_step
+    from jaxrl_sym.models.lm import init_model, preset
+
+    if args.model in models.NAMES:
+        return models.build(args.model, args.seed)
+    return init_model(preset("small", **rlft_step.model_config(args)), args.seed)
 
 
 def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     """``name``'s step ledger on the preset's workload (and the trainer, for a measurement)."""
     from bench.experiments import rlft_step
     from jaxrl_sym.generation import GenerationConfig
-    from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLTrainer
     from jaxrl_sym.rl.ledger import step_ledger
     from jaxrl_sym.runtime.options import EngineOptions
     from jaxrl_sym.weights.lora_config import LoraConfig
 
     _, limits, expanded = _workload(args)
-    model = init_model(preset("small", **rlft_step.model_config(args)), args.seed)
+    model = _model(args)
     cfg = rlft_step.rl_config(args, limits)
     lora = None if not args.lora_rank else LoraConfig(rank=args.lora_rank)
     engine = EngineOptions(**json.loads(args.engine)) if args.engine else None

@@ -59,7 +59,7 @@ def runs(text: str) -> list[tuple[str, str, list[int]]]:
     """``MODEL:ATTENTION=N,N MODEL:ATTENTION=N`` → [(model, attention, [N, …])]."""
     out = []
     for item in text.split():
-        m = re.fullmatch(r"([\w.-]+):(\w+)=([\d,]+)", item)
+        m = re.fullmatch(r"([\w.-]+):([\w+]+)=([\d,]+)", item)
         if m is None:
             raise ValueError(f"--runs {item!r}: write MODEL:ATTENTION=N[,N] (e.g. "
                              "decoder:full=256)")
@@ -76,21 +76,14 @@ def default_out(args: Namespace) -> str:
 
 
 def build(args: Namespace, model_name: str, attention: str) -> Any:
-    """The model: the suite's (``gpt2-small``, ``small`` as ``decoder``) or the zoo's GPT-2-like
-    (``zoo-gpt2``: learned positions, LayerNorm with bias, fused QKV; no DecoderLM code)."""
+    """The model: the suite's (``gpt2-small``, ``small`` as ``decoder``) or one of
+    :mod:`bench.models` (two zoo models without DecoderLM code, a Hugging Face checkpoint),
+    whose attention is the model's own (``zoo-gemmaish:local+global=256``)."""
+    from bench import models
     from jaxrl_sym.decode_run import build_model
 
-    if model_name == "zoo-gpt2":
-        import sys
-
-        sys.path.insert(0, str(ROOT / "tests"))
-        from flax import nnx
-        from zoo import GPT2Like, GPTConfig
-
-        if attention != "full":
-            raise ValueError("zoo-gpt2 has full attention only")
-        cfg = GPTConfig(vocab=512, n_embd=128, n_head=4, n_layer=4, block_size=4096)
-        return GPT2Like(cfg, rngs=nnx.Rngs(args.seed))
+    if model_name in models.NAMES:
+        return models.build(model_name, args.seed, attention)
     preset = "small" if model_name == "decoder" else model_name
     spec = {"preset": preset, "attention": attention, "window": args.window,
             "block": args.window, "seed": args.seed, "batch": 1, "prompt_len": [1, 1]}

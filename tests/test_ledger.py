@@ -64,13 +64,15 @@ def test_program_size_reads_xla_and_counts_aliased_outputs_once() -> None:
 
 
 @pytest.mark.slow
-def test_ledger_explains_the_measured_rl_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["cpu", "hf-llama"])
+def test_ledger_explains_the_measured_rl_step(tmp_path: Path, model: str) -> None:
     """The step ledger's transient bytes (its peak minus the state held before the step) against
     the RSS rise measured during a real step, within 15% (``python -m bench project``: its own
-    process, large buffers through mmap)."""
+    process, large buffers through mmap), on the Qwen-shaped DecoderLM and on a Hugging Face
+    Llama checkpoint read by the loader (``bench/models.py``)."""
     out = tmp_path / "proj"
     proc = subprocess.run([sys.executable, "-m", "bench", "project", "--preset", "quick",
-                           "--systems", "sym", "--out", str(out)], cwd=ROOT,
+                           "--model", model, "--systems", "sym", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(out.with_suffix(".json").read_text())["systems"]["sym"]
@@ -143,9 +145,11 @@ def test_padded_generation_ledger_is_its_accounted_bytes() -> None:
 def test_generation_ledger_explains_the_measured_generation(tmp_path: Path) -> None:
     """sym's and padded's generation ledgers against the RSS rise measured during a warm
     generation (``python -m bench project --workload decode --preset quick``: each system in its
-    own process, large buffers through mmap), within 15%. The ledger's transient bytes are its
-    peak minus what the process held before the call: the weights (and sym's hoisted weight
-    values, kept between calls), and padded's inputs, placed before its program runs."""
+    own process, large buffers through mmap), within 15%, on the DecoderLM and on the zoo's
+    Gemma-like model (no DecoderLM code; ring and growing stores alternating). The ledger's
+    transient bytes are its peak minus what the process held before the call: the weights (and
+    sym's hoisted weight values, kept between calls), and padded's inputs, placed before its
+    program runs."""
     out = tmp_path / "decode"
     # XLA's default optimisation, not the suite's -O0 (tests/conftest.py): this child is bound by
     # running (a warm-up and a measured call of 256 steps x 32 rows per system), not compiling;
@@ -154,12 +158,16 @@ def test_generation_ledger_explains_the_measured_generation(tmp_path: Path) -> N
     # ledger / rise: 1.02 and 0.99 at -O0, 1.03 and 0.99 at the default).
     env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "")}
     proc = subprocess.run([sys.executable, "-m", "bench", "project", "--workload", "decode",
-                           "--preset", "quick", "--out", str(out)], cwd=ROOT, env=env,
+                           "--preset", "quick", "--runs",
+                           "decoder:full=256 zoo-gemmaish:local+global=256",
+                           "--out", str(out)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.with_suffix(".json").read_text())
-    for system in ("sym", "padded"):
-        (row,) = report["systems"][system]["rows"]
+    rows = [(system, row) for system in ("sym", "padded")
+            for row in report["systems"][system]["rows"]]
+    assert {row["model"] for _, row in rows} == {"decoder", "zoo-gemmaish"}
+    for system, row in rows:
         peak = row["ledger"]["peak"]
         held = peak["by_kind"].get("weights", 0)
         if system == "padded":

@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "own presets and flags, `--workload decode --help`)")
     p.add_argument("--device", default=None, help=f"one of {', '.join(devices())}")
     p.add_argument("--systems", default=None, help="comma-separated trainable systems")
+    p.add_argument("--model", default=None,
+                   help="the policy: cpu / gpu (the preset's Qwen2.5-shaped DecoderLM), or "
+                        "zoo-gpt2, zoo-gemmaish, hf-llama (bench/models.py)")
     p.add_argument("--measure", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
                    help="also run the step here and compare the ledger with the measured peak")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16-mixed", "bf16"),

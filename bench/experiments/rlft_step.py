@@ -70,10 +70,13 @@ def model_config(args: argparse.Namespace) -> dict[str, Any]:
     return dict(QWEN_CPU)
 
 
-def workload(args: argparse.Namespace) -> tuple[list[np.ndarray], list[int]]:
-    """Prompts and per-sample response lengths (:func:`jaxrl_sym.workloads.grpo_rollout`)."""
+def workload(args: argparse.Namespace, vocab: int | None = None
+             ) -> tuple[list[np.ndarray], list[int]]:
+    """Prompts and per-sample response lengths (:func:`jaxrl_sym.workloads.grpo_rollout`);
+    token ids below ``vocab`` (default: the preset model's vocabulary)."""
     return grpo_rollout(prompts=args.prompts, group=args.group, scale=args.scale,
-                        sigma=args.sigma, vocab=model_config(args)["vocab_size"], seed=args.seed)
+                        sigma=args.sigma, vocab=vocab or model_config(args)["vocab_size"],
+                        seed=args.seed)
 
 
 def reward_fn(prompt: np.ndarray, response: np.ndarray) -> float:
