@@ -118,9 +118,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
         aux = {**aux, "grad_norm": gnorm}
         return (*_guarded_step(tx, params, opt_state, grads, _all_finite(aux)), aux)
 
-    def apply(params, opt_state, grads):
-        # the clipped gradients are an output over the donated sum (the caller drops them):
-        # written where the sum was, not as a gradient-sized temporary
+    def apply(params, opt_state, grads):  # clipped gradients: an output over the donated sum
         gnorm, grads = clip_by_global_norm(grads, cfg.max_grad_norm)
         return (*_guarded_step(tx, params, opt_state, grads, jnp.isfinite(gnorm)), gnorm, grads)
 
