@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -65,8 +66,9 @@ def parse(p: argparse.ArgumentParser, presets: Presets,
 
 
 def command(name: str, argv: Sequence[str] | None) -> str:
-    """The command line that reproduces this run (recorded beside its results)."""
-    return " ".join(["python -m bench", name, *(argv or [])])
+    """The command line that reproduces this run (recorded beside its results), quoted for a
+    shell: an ``--engine`` JSON or a ``--runs`` list pastes back as one argument."""
+    return shlex.join(["python", "-m", "bench", name, *(argv or [])])
 
 
 def csv(text: str | Sequence[Any], kind: type = str) -> list[Any]:
