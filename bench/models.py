@@ -21,6 +21,7 @@ noise of a process's RSS.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -50,7 +51,8 @@ def build(name: str, seed: int = 0, attention: str | None = None) -> Any:
         return load_pretrained(_hf_llama(seed))[0]
     from flax import nnx
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
     import zoo
 
     if name == "zoo-gpt2":
@@ -61,6 +63,7 @@ def build(name: str, seed: int = 0, attention: str | None = None) -> Any:
     return zoo.GemmaishLM(cfg, rngs=nnx.Rngs(seed))
 
 
+@functools.cache
 def vocab_size(name: str, seed: int = 0) -> int:
     """The vocabulary of ``name`` (as the contract reads it off the model)."""
     from jaxrl_sym.models.contract import check_model

@@ -368,3 +368,20 @@ def test_growing_tiles_keep_the_tokens_and_cut_the_syncs() -> None:
     assert abs(sum(st["waste_by_cause"].values()) - st["waste_fraction"]) < 1e-12
     with pytest.raises(InputError, match="max_decode_tile=4"):
         SymbolicLM(m, EngineOptions(decode_tile=8, max_decode_tile=4))
+
+
+@given(n=st.integers(1, 1 << 20), need=st.integers(1, 1 << 20), bound=st.integers(1, 1 << 20))
+def test_store_capacities_stay_within_one_and_a_half_of_what_they_hold(n, need, bound) -> None:
+    """Growing stores hold at most 1.5x the slots asked for (not 2x: at the GPU preset the
+    stores started at 1,024 slots for a 512-slot prompt block), always on the grid of powers of
+    two and three quarters of them; a growth moves at least one grid step, never past the
+    bound unless the need is, and always holds the need."""
+    from jaxrl_sym.runtime.policy import capacity_grid, grown_capacity, next_pow2
+
+    c = capacity_grid(n)
+    on_grid = c == next_pow2(c) or (c % 3 == 0 and c // 3 == next_pow2(c // 3))
+    assert n <= c <= max(1.5 * n, 2) and on_grid, (n, c)
+    g = grown_capacity(c, need, bound)
+    assert need <= g <= max(bound, need)
+    if g < bound:  # not capped: at least the next grid step, and room for the need
+        assert g > c

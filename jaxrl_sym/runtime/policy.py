@@ -46,9 +46,9 @@ def capacity_grid(n: int) -> int:
     in a 512-slot block) the stores started at 1,024 slots for every row, half of them unused
     until step 512, and were half of sym's generation peak (1.62 of 3.19 GB, projected for
     the H100); at 768 they are 0.75x. Each extra capacity is one more decode program per row
-    bucket that reaches it (one at that preset)."""
-    top = next_pow2(n)
-    return 3 * top // 4 if top >= 4 and n <= 3 * top // 4 else top
+    bucket that reaches it (one at that preset). It is the length grid at two steps per
+    octave."""
+    return length_bucket(n, per_octave=2, minimum=1)
 
 
 def initial_capacity(prompt_slots: int, min_capacity: int, total: int) -> int:
