@@ -26,6 +26,7 @@ from jaxrl_sym.runtime.group_programs import (
     decode_program,
     grow_program,
     packed_prefill_program,
+    prompt_cache_program,
     refill_program,
 )
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
@@ -33,7 +34,8 @@ from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch
 from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache
-from jaxrl_sym.runtime.refill import REFILL_PACK_PER_OCTAVE, Refill, refill_shape
+from jaxrl_sym.runtime.prompt_cache import CACHE_SHARE, PromptCache, plan_chunks
+from jaxrl_sym.runtime.refill import Refill, refill_shape
 from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
@@ -71,7 +73,9 @@ class DecodeGroup:
     plan: the model's generation plan (what every decision reads); cache: the engine's compiled
     programs (shared by its groups, so a program compiles once per engine). waiting: request
     rows that take the group's rows as they free up (:mod:`jaxrl_sym.runtime.refill`); the
-    group is then sized for every one of them and its stores never grow (they wrap)."""
+    group is then sized for every one of them and its stores never grow (they wrap), and every
+    row — the first ``group`` too — takes its prompt from the prompt cache
+    (:mod:`jaxrl_sym.runtime.prompt_cache`)."""
 
     def __init__(self, plan: GenerationPlan, cache: ProgramCache, group: list[int],
                  prompts: list[np.ndarray], limits: np.ndarray, cfg: GenerationConfig,
@@ -97,6 +101,12 @@ class DecodeGroup:
         b = self.shape.rows
         self.ids = np.full((b,), -1, np.int64)
         self.limits = np.zeros((b,), np.int64)
+        if self.refill is not None:  # every row starts free: the cache fills them (run)
+            self.waiting, group = [*group, *self.waiting], []
+            budget = max(self.shape.prompt_slots, b * self.capacity // CACHE_SHARE)
+            self.feed = PromptCache(plan_chunks(self.waiting, prompts, budget,
+                                                vocab=plan.vocab_size,
+                                                logits_bytes=cfg.prefill_logits_bytes))
         self.ids[:len(group)] = group
         self.limits[:len(group)] = [limits[i] for i in group]
         self.done = self.ids < 0
@@ -129,9 +139,10 @@ class DecodeGroup:
                 self.tiling = Tiling(self.tiling.base, self.tiling.base)
             else:  # 0: the rule cannot hold before this group ends; tiles grow as usual
                 self._stop_live = int(out.stop_live)
-        last = self.prefill(hoisted)
+        last = self.prefill(hoisted) if self.refill is None else None
         while True:
-            self.collect(last, out, on_finished)
+            if last is not None:
+                self.collect(last, out, on_finished)
             while self.waiting and not out.should_stop() and self.refill_rows(hoisted, out,
                                                                               on_finished):
                 pass  # a refilled row may end at its token 0, freeing its row again
@@ -246,7 +257,9 @@ class DecodeGroup:
         ran = None
         if tiled:  # each row's last step (its last response index + off); -1: ended or filler
             last = np.where(self.done, -1, self.off + self.limits - 1).astype(np.int32)
-            args = (*args, np.int32(d.tile), last, np.int32(max(d.stop, self._stop_live)))
+            stop = max(d.stop, self._stop_live,
+                       self.refill.stop_live(self.rows, len(self.waiting)) if self.waiting else 0)
+            args = (*args, np.int32(d.tile), last, np.int32(stop))
             (self.stores, tok, lp, lg, ran), key = self.plan.run(self.cache, name, self.cfg,
                                                                  *args, **static)
         else:
@@ -381,43 +394,57 @@ class DecodeGroup:
 
     def refill_rows(self, hoisted: tuple[jax.Array, ...], out: Outputs,
                     on_finished: OnFinished | None) -> bool:
-        """Give free rows (finished, or filler) waiting samples when the refill policy says
-        so — one refill prefill (:func:`refill_prefill`) — and read their token 0; returns
-        whether it refilled. With no live row left every free row is refilled."""
+        """Give free rows (finished, or not yet used) waiting samples when the refill policy
+        says so — one refill from the prompt cache (:meth:`fill_rows`) — and read their token
+        0; returns whether it refilled. With no live row left every free row is refilled."""
         free = np.nonzero(self.done)[0]
         n = (self.refill.take(len(free), len(self.waiting)) if len(free) < len(self.done)
              else min(len(free), len(self.waiting)))
         if n == 0:
             return False
+        n = self.feed.servable(self.waiting[:n])  # one cache chunk per refill
         slots, new = free[:n], self.waiting[:n]
         self.waiting = self.waiting[n:]
-        by_slot: list[np.ndarray | None] = [None] * len(self.ids)
-        for r, i in zip(slots, new, strict=True):
-            by_slot[r] = self.prompts[i]
-        # their prompts end just before the slot the next decode step writes
-        pk = PackedPrompts.build(by_slot, self.shape.prompt_slots + self.steps_done,
-                                 vocab=self.plan.vocab_size,
-                                 logits_bytes=self.cfg.prefill_logits_bytes,
-                                 per_octave=REFILL_PACK_PER_OCTAVE)
-        self.work.computed += pk.positions_computed
-        self.work.needed += pk.prompt_tokens
-        self.work.add("packing", pk.positions_computed - pk.prompt_tokens)
         self.ids[slots], self.limits[slots] = new, self.all_limits[new]
         self.done[slots], self.off[slots] = False, self.steps_done
         self.pos0_h[slots] = [len(self.prompts[i]) - self.steps_done for i in new]
         self.pos0 = jax.device_put(self.pos0_h)
         self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
-        mask = np.zeros((len(self.ids),), bool)
-        mask[slots] = True
-        packed = (pk.tokens, pk.positions, pk.rows, pk.slots, pk.last, pk.copies)
-        args = (hoisted, self.stores, *map(jax.device_put, packed), self.row_ids, self.seed,
-                jax.device_put(mask), np.int32(self.steps_done + 1))
-        key, build = refill_program(self.plan, self.cfg, pk, args)
+        self._first_tokens(slots, *self.fill_rows(hoisted, slots, new), out, on_finished)
+        return True
+
+    def fill_rows(self, hoisted: tuple[jax.Array, ...], slots: np.ndarray, samples: list[int]
+                  ) -> tuple[Any, Any, Any]:
+        """The refill program: ``samples``' prompts (one cache chunk, built first if it is not
+        loaded) written from the cache into rows ``slots``, ending before the slot the next
+        decode step writes; returns their token 0, log-prob and logits (device arrays)."""
+        chunk = self.feed.needs_load(samples[0])
+        if chunk is not None:
+            self.load_cache(hoisted, chunk)
+        pcap = self.shape.prompt_slots
+        host = self.feed.rows_args(self.rows, slots, samples)
+        args = (self.stores, self.feed.kv, self.feed.logits, *map(jax.device_put, host),
+                np.int32(pcap + self.steps_done), np.int32(self.steps_done + 1), self.row_ids,
+                self.seed)
+        key, build = refill_program(self.plan, self.cfg, pcap, args)
         self.stores, tok, lp, lg = self.cache.run(key, build, *args)
         del args, build  # they hold the stores before the refill, donated
         self._observe(key, step=self.steps_done)
-        self._first_tokens(slots, tok, lp, lg, out, on_finished)
-        return True
+        return tok, lp, lg
+
+    def load_cache(self, hoisted: tuple[jax.Array, ...], chunk: int) -> None:
+        """Run chunk ``chunk``'s distinct prompts through the model into the prompt cache
+        (:func:`~jaxrl_sym.runtime.prefill.cache_prompts`); its positions are booked as a
+        prefill's."""
+        pk = self.feed.chunks[chunk].packed
+        self.work.computed += pk.positions_computed
+        self.work.needed += pk.prompt_tokens
+        self.work.add("packing", pk.positions_computed - pk.prompt_tokens)
+        self.feed.loaded(chunk, None, None)  # the old chunk's entries go before the new ones
+        args = (hoisted, *map(jax.device_put, (pk.tokens, pk.positions, pk.rows, pk.last)))
+        key, build = prompt_cache_program(self.plan, pk, args)
+        self.feed.loaded(chunk, *self.cache.run(key, build, *args))
+        self._observe(key, step=self.steps_done)
 
     def _first_tokens(self, slots: np.ndarray, tok: Any, lp: Any, lg: Any, out: Outputs,
                       on_finished: OnFinished | None) -> None:
@@ -440,5 +467,6 @@ class DecodeGroup:
             on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
 
     def _observe(self, key: tuple, step: int) -> None:
-        self.meter.observe(self.weights_bytes + tree_bytes(self.stores),
+        cached = self.feed.nbytes if self.refill is not None else 0
+        self.meter.observe(self.weights_bytes + tree_bytes(self.stores) + cached,
                            self.cache.temp_bytes[key], step=step)

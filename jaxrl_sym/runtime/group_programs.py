@@ -17,7 +17,7 @@ import numpy as np
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
-from jaxrl_sym.runtime.prefill import packed_prefill, refill_prefill
+from jaxrl_sym.runtime.prefill import cache_prompts, packed_prefill, refill_from_cache
 from jaxrl_sym.runtime.programs import Build
 
 
@@ -59,15 +59,25 @@ def packed_prefill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: Pack
     return key, Build(jax.jit(fn, donate_argnums=(1,)), tuple(args))
 
 
-def refill_program(plan: GenerationPlan, cfg: GenerationConfig, pk: PackedPrompts,
+def prompt_cache_program(plan: GenerationPlan, pk: PackedPrompts, args: tuple[Any, ...]
+                         ) -> tuple[tuple, Build]:
+    """The prompt cache of ``pk`` (one entry per distinct prompt) over ``args``: (hoisted,
+    pk's tokens, positions, rows, last), arrays or ShapeDtypeStructs."""
+    key = ("prompt_cache", pk.tokens.shape, len(pk.last), pk.chunk_rows)
+    fn = partial(cache_prompts, plan.builder, chunk_rows=pk.chunk_rows)
+    return key, Build(jax.jit(fn), tuple(args))
+
+
+def refill_program(plan: GenerationPlan, cfg: GenerationConfig, pcap: int,
                    args: tuple[Any, ...]) -> tuple[tuple, Build]:
-    """The refill of ``pk``'s rows over ``args``: (hoisted, stores, pk's tokens, positions,
-    rows, slots, last, copies, row ids, seed, refilled mask, next step)."""
-    key = ("refill", pk.tokens.shape, pk.copies.shape, pk.chunk_rows,
-           cfg.temperature, cfg.return_logits, _caps(args[1]))
-    fn = partial(refill_prefill, plan.builder, temperature=cfg.temperature,
-                 want_logits=cfg.return_logits, chunk_rows=pk.chunk_rows)
-    return key, Build(jax.jit(fn, donate_argnums=(1,)), tuple(args))
+    """A refill from the prompt cache over ``args``: (stores, cache, cache logits, start,
+    lens, entry, refilled mask, write slot, next step, row ids, seed); one program per group
+    and cache shape, whatever rows it refills."""
+    key = ("refill", pcap, args[2].shape, cfg.temperature, cfg.return_logits, _caps(args[0]),
+           tuple((k, c["pos"].shape[0]) for k, c in sorted(args[1].items())))
+    fn = partial(refill_from_cache, plan.builder, pcap=pcap, temperature=cfg.temperature,
+                 want_logits=cfg.return_logits)
+    return key, Build(jax.jit(fn, donate_argnums=(0,)), tuple(args))
 
 
 def grow_program(plan: GenerationPlan, name: str, store: Any, rows: int, capacity: int

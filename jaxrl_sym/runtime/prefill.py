@@ -25,6 +25,7 @@ row), on every backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -58,30 +59,77 @@ def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[st
     return builder.rows(stores), tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
 
 
-def refill_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
-                   tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-                   last: jax.Array, copies: jax.Array, row_ids: jax.Array, seed: jax.Array,
-                   refilled: jax.Array, step: jax.Array, *, temperature: float,
-                   want_logits: bool, chunk_rows: int) -> tuple[Any, ...]:
-    """Give the rows where ``refilled`` ([R] bool) is set new samples mid-group (a jitted
-    program; :mod:`jaxrl_sym.runtime.refill`): every store empties those rows
-    (:meth:`StoreKind.reset`), their packed prompts fill them at slots ending where the group's
-    next decode step writes, and each samples its token 0 — under response index 0's key, so
-    the sample's tokens do not depend on when it was refilled. The token goes where decode step
-    ``step`` (the group's next) reads its input; the other rows' stores and fed-back tokens
-    are untouched. Returns what :func:`packed_prefill` returns (the
-    other rows' entries are meaningless)."""
-    stores = {k: _spec(builder, k).kind.reset(_spec(builder, k), s, refilled)
-              for k, s in stores.items()}
-    stores, logits = _packed(builder, hoisted, stores, tokens, positions, rows, slots, last,
-                             copies, chunk_rows)
-    steps = jnp.zeros((last.shape[0],), jnp.int32)
-    tok, lp = sample(logits, seed=seed, steps=steps, row_ids=row_ids, temperature=temperature)
+def cache_prompts(builder: Any, hoisted: tuple[jax.Array, ...], tokens: jax.Array,
+                  positions: jax.Array, rows: jax.Array, last: jax.Array, *, chunk_rows: int
+                  ) -> tuple[dict[str, dict[str, jax.Array]], jax.Array]:
+    """The prompt cache of a refilling group (a jitted program; :mod:`~jaxrl_sym.runtime.
+    prompt_cache`): packed prompts (one batch entry per distinct prompt) through the model,
+    keeping what each attention node would write into a store — keys, values and positions
+    per packed token (``{node: {"k" [N, Hkv, D], "v", "pos" [N]}}``, N = rows x length) —
+    instead of writing it, and each entry's last-token logits ``[U, V]`` (fp32). A refill
+    then writes a prompt's entries into the row that takes it (:func:`refill_from_cache`)
+    without running the model again: one program per group, whatever the refill."""
+    n_chunks = tokens.shape[0] // chunk_rows
+    split = lambda x: x.reshape(n_chunks, chunk_rows, *x.shape[1:])
+    vocab = int(builder.pdg.node(builder.pdg.outputs[0]).shape[-1])
+
+    def body(best, chunk):
+        tok_c, pos_c, row_c, start = chunk
+        kept: dict[str, dict[str, jax.Array]] = {}
+
+        def keep(name: str, k: jax.Array, v: jax.Array, k_pos: jax.Array) -> None:
+            kept[name] = {"k": k, "v": v, "pos": k_pos}
+
+        picked, here = _model_on_chunk(builder, hoisted, tok_c, pos_c, row_c, last,
+                                       start * tokens.shape[1], keep)
+        return jnp.where(here[:, None], picked, best), kept
+
+    init = jnp.zeros((last.shape[0], vocab), jnp.float32)
+    starts = jnp.arange(n_chunks, dtype=jnp.int32) * chunk_rows
+    logits, kept = lax.scan(body, init, (split(tokens), split(positions), split(rows), starts))
+    return jax.tree_util.tree_map(lambda x: x.reshape(-1, *x.shape[2:]), kept), logits
+
+
+def refill_from_cache(builder: Any, stores: dict[str, Any], cache: dict[str, Any],
+                      logits: jax.Array, start: jax.Array, lens: jax.Array, entry: jax.Array,
+                      refilled: jax.Array, write: jax.Array, step: jax.Array,
+                      row_ids: jax.Array, seed: jax.Array, *, pcap: int, temperature: float,
+                      want_logits: bool) -> tuple[Any, ...]:
+    """Give the rows where ``refilled`` ([R] bool) is set new samples (a jitted program;
+    :mod:`jaxrl_sym.runtime.refill`): every store empties those rows
+    (:meth:`StoreKind.reset`) and takes, by its own :meth:`StoreKind.fill`, the cached keys and
+    values of the row's prompt (``start`` [R]: its first token in the cache, ``lens`` its
+    length) at slots ending just before ``write``, the slot the group's next decode step
+    writes; each row samples its token 0 from its prompt's cached logits (``entry``) under
+    response index 0's key, so a sample's tokens do not depend on when, or whether, it was
+    refilled. The token goes where decode step ``step`` reads its input; other rows' stores
+    and fed-back tokens are untouched. Returns (stores, tokens [R], log-probs [R], logits
+    [R, V] or an empty array); the other rows' entries are meaningless."""
+    b = refilled.shape[0]
+    j = jnp.arange(pcap, dtype=jnp.int32)
+    pos = j[None, :] - (pcap - lens[:, None])  # [R, pcap]: right-aligned prompt positions
+    valid = refilled[:, None] & (pos >= 0)
+    flat = jnp.clip(start[:, None] + pos, 0, None).reshape(-1)
+    rows = jnp.where(valid, jnp.arange(b, dtype=jnp.int32)[:, None], b).reshape(-1)
+    slots = jnp.broadcast_to(write - pcap + j, (b, pcap)).reshape(-1)
+    pos = jnp.where(valid, pos, -1).reshape(-1)
+    new = {}
+    for name, st in stores.items():
+        spec = _spec(builder, name)
+        st = spec.kind.reset(spec, st, refilled)
+        if name in cache:
+            c = cache[name]
+            n = c["pos"].shape[0]
+            at = jnp.minimum(flat, n - 1)
+            st = spec.kind.fill(spec, st, c["k"][at], c["v"][at], pos, rows, slots)
+        new[name] = st
+    picked = logits[jnp.clip(entry, 0, logits.shape[0] - 1)]
+    tok, lp = sample(picked, seed=seed, steps=jnp.zeros((b,), jnp.int32), row_ids=row_ids,
+                     temperature=temperature)
     for nid, sp in builder.slots.items():
-        old = sp.kind.read(sp, stores[str(nid)], step)[:, 0]
-        fed = jnp.where(refilled, tok, old)
-        stores = {**stores, str(nid): sp.kind.write(sp, stores[str(nid)], fed, step)}
-    return builder.rows(stores), tok, lp, (logits if want_logits else jnp.zeros((0,), jnp.float32))
+        old = sp.kind.read(sp, new[str(nid)], step)[:, 0]
+        new[str(nid)] = sp.kind.write(sp, new[str(nid)], jnp.where(refilled, tok, old), step)
+    return builder.rows(new), tok, lp, (picked if want_logits else jnp.zeros((0,), jnp.float32))
 
 
 def _spec(builder: Any, name: str) -> Any:
@@ -95,23 +143,31 @@ def _packed(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any]
             last: jax.Array, copies: jax.Array, chunk_rows: int
             ) -> tuple[dict[str, Any], jax.Array]:
     """The packed rows through the model in chunks, filling the stores; each batch row's
-    last-prompt-token logits ``[R, V]`` (fp32)."""
-    pdg = builder.pdg
+    last-prompt-token logits ``[R, V]`` (fp32). Each attention node's store takes the rows'
+    keys/values (``StoreKind.fill``), each token into every row of ``copies`` that shares its
+    prompt."""
     n_chunks = tokens.shape[0] // chunk_rows
     split = lambda x: x.reshape(n_chunks, chunk_rows, *x.shape[1:])
-    vocab = int(pdg.node(pdg.outputs[0]).shape[-1])
-    batch = last.shape[0]
+    vocab = int(builder.pdg.node(builder.pdg.outputs[0]).shape[-1])
+    batch, m = copies.shape
+    repeat = lambda x: jnp.repeat(x, m, axis=0)  # flat [N, …] tokens, each to its m rows
 
     def body(carry, chunk):
         st, best = carry
         tok_c, pos_c, row_c, slot_c, start = chunk
-        idx = last - start * tokens.shape[1]
-        n = tok_c.shape[0] * tok_c.shape[1]
-        here = (idx >= 0) & (idx < n)
-        at = jnp.clip(idx, 0, n - 1)
-        st, picked = _evaluate_chunk(builder, hoisted, st, tok_c, pos_c, row_c, slot_c, copies,
-                                     at)
-        return (st, jnp.where(here[:, None], picked.astype(jnp.float32), best)), None
+        new = dict(st)
+        # token t goes to rows copies[rows[t], :] (entry t * m + j); out of range: dropped
+        target = jnp.where(row_c[..., None] >= 0, copies[jnp.clip(row_c, 0, batch - 1)],
+                           batch).reshape(-1)
+
+        def fill(name: str, k: jax.Array, v: jax.Array, k_pos: jax.Array) -> None:
+            spec = _spec(builder, name)
+            new[name] = spec.kind.fill(spec, st[name], repeat(k), repeat(v), repeat(k_pos),
+                                       target, repeat(slot_c.reshape(-1)))
+
+        picked, here = _model_on_chunk(builder, hoisted, tok_c, pos_c, row_c, last,
+                                       start * tokens.shape[1], fill)
+        return (new, jnp.where(here[:, None], picked, best)), None
 
     init = (stores, jnp.zeros((batch, vocab), jnp.float32))
     starts = jnp.arange(n_chunks, dtype=jnp.int32) * chunk_rows
@@ -120,35 +176,33 @@ def _packed(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any]
     return stores, logits
 
 
-def _evaluate_chunk(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],
-                    tokens: jax.Array, positions: jax.Array, rows: jax.Array, slots: jax.Array,
-                    copies: jax.Array, at: jax.Array) -> tuple[dict[str, Any], jax.Array]:
-    """The model on packed rows; each attention node attends within them (masked primitive)
-    and its store takes the rows' keys/values (``StoreKind.fill``), each token into every row
-    of ``copies`` that shares its prompt. Returns the logits at the flat positions ``at``
-    ``[batch, V]``: the position-wise tail runs there only where the plan found one
-    (``builder.tail``), else on every position and the logits are picked after."""
-    new = dict(stores)
-    batch, m = copies.shape
-    # token t goes to rows copies[rows[t], :] (entry t * m + j); out of range: dropped
-    target = jnp.where(rows[..., None] >= 0, copies[jnp.clip(rows, 0, batch - 1)],
-                       batch).reshape(-1)
-    repeat = lambda x: jnp.repeat(x.reshape(-1, *x.shape[2:]), m, axis=0)
-    flat_slots = repeat(slots)
+def _model_on_chunk(builder: Any, hoisted: tuple[jax.Array, ...], tokens: jax.Array,
+                    positions: jax.Array, rows: jax.Array, last: jax.Array, offset: jax.Array,
+                    keys: Callable[[str, jax.Array, jax.Array, jax.Array], None]
+                    ) -> tuple[jax.Array, jax.Array]:
+    """The model on one chunk of packed rows; each attention node attends within them (the
+    masked primitive) and hands its keys, values and key positions, flattened to ``[N, …]``,
+    to ``keys(store name, k, v, k_pos)``. Returns the fp32 logits of each batch entry's last
+    prompt token (``last``: flat indices over all chunks; this chunk starts at ``offset``)
+    ``[batch, V]`` and whether that token is in this chunk: the position-wise tail runs there
+    only where the plan found one (``builder.tail``), else on every position and the logits
+    are picked after."""
+    length = tokens.shape[1]
+    n = tokens.shape[0] * length
+    idx = last - offset
+    here = (idx >= 0) & (idx < n)
+    at = jnp.clip(idx, 0, n - 1)
+    flat = lambda x: x.reshape(-1, *x.shape[2:])
 
     def attn(node: Any, args: list[jax.Array]) -> jax.Array:
-        spec = builder.specs[node.id]
-        k, v, k_pos = args[1], args[2], args[4]
-        new[str(node.id)] = spec.kind.fill(spec, stores[str(node.id)], repeat(k), repeat(v),
-                                           repeat(k_pos), target, flat_slots)
+        keys(str(node.id), flat(args[1]), flat(args[2]), flat(args[4]))
         return bind(node, args)  # attention within the packed rows: the masked primitive
 
-    segments = jnp.where(rows >= 0, rows, batch)
-    length = tokens.shape[1]
+    segments = jnp.where(rows >= 0, rows, last.shape[0])
     pairs = None if builder.tail is None else (at // length, at % length, builder.tail)
     out = evaluate(builder.pdg, builder.static_values(hoisted), tokens, positions, segments,
                    attention=attn, dynamic_only=True, at=pairs)
     logits = out[builder.pdg.outputs[0]][0]
-    if pairs is not None:
-        return new, logits[:, 0]
-    return new, jnp.take(logits.reshape(-1, logits.shape[-1]), at, axis=0)
+    picked = (logits[:, 0] if pairs is not None
+              else jnp.take(logits.reshape(-1, logits.shape[-1]), at, axis=0))
+    return picked.astype(jnp.float32), here

@@ -82,9 +82,15 @@ class Refill:
             raise InputError(f"Refill.layout must be one of {LAYOUTS}, got {self.layout!r}")
 
     def take(self, free: int, waiting: int) -> int:
-        """How many waiting samples to prefill into the ``free`` rows now (0: not yet)."""
+        """How many waiting samples to refill into the ``free`` rows now (0: not yet)."""
         n = min(free, waiting)
         return n if n > 0 and (free >= self.min_free or n == waiting) else 0
+
+    def stop_live(self, rows: int, waiting: int) -> int:
+        """The live rows at which a decode tile of a group of ``rows`` ends while ``waiting``
+        samples wait: the step enough rows are free for :meth:`take`, so they are refilled
+        then instead of idling to the tile's end (0: nothing waits, the tile runs on)."""
+        return max(0, rows - min(self.min_free, waiting)) if waiting else 0
 
 
 def ring_need(first_slots: Sequence[int], last_writes: Sequence[int]) -> int:
