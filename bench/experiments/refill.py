@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,21 +50,23 @@ QWEN_KV_BYTES_PER_SLOT = 24 * 2 * 2 * 64 * 2
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"replay_samples": (128,), "replay_rows": (32,), "grid": "quick",
-              "samples": (12,), "rows": (4,), "out": None},
+              "samples": (12,), "rows": (4,), "rl_preset": None, "out": None},
     "full": {"replay_samples": (128, 512), "replay_rows": (32, 64, 128), "grid": "full",
-             "samples": (64, 128), "rows": (16, 32), "out": None},
+             "samples": (64, 128), "rows": (16, 32), "rl_preset": "full", "out": None},
     "gpu": {"replay_samples": (128, 512), "replay_rows": (32, 64, 128), "grid": "gpu",
-            "samples": (128,), "rows": (32,), "out": None},
+            "samples": (128,), "rows": (32,), "rl_preset": None, "out": None},
 }
 
 
 def projected_seconds(run: RefillRun, dev: dict[str, Any]) -> float:
     """Memory-bound generation time: every decode step reads the weights and the key/value
-    slots of its rows; every dispatch pays the host's cost (prefill compute is left out)."""
+    slots of its rows; a refill reads and writes the cached key/value slots of the rows'
+    prompt block; every dispatch pays the host's cost (prefill compute is left out)."""
     bw = dev["bandwidth"]
+    dispatches = run.decode_dispatches + run.prefill_dispatches + run.refill_dispatches
     return (run.decode_steps * QWEN_WEIGHT_BYTES / bw
-            + run.key_slots * QWEN_KV_BYTES_PER_SLOT / bw
-            + (run.decode_dispatches + run.prefill_dispatches) * dev["dispatch_s"])
+            + (run.key_slots + 2 * run.refill_slots) * QWEN_KV_BYTES_PER_SLOT / bw
+            + dispatches * dev["dispatch_s"])
 
 
 def replay_rows(samples: int, rows: int, dev: dict[str, Any]) -> list[dict[str, Any]]:
@@ -133,6 +136,74 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
             "first_divergence_min": min(differing, default=1.0)}
 
 
+RL_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("every row resident, compaction (default)", {}),
+    ("every row resident, compact_early", {"compact_early": True}),
+    ("refill R=32", {"microbatch_rows": 32, "refill": True}),
+    ("refill R=16", {"microbatch_rows": 16, "refill": True}),
+    ("refill R=12, compact_min_rows 4", {"microbatch_rows": 12, "refill": True,
+                                         "compact_min_rows": 4}),
+    ("refill R=8, compact_at 0.5, compact_min_rows 4", {"microbatch_rows": 8, "refill": True,
+                                                        "compact_at": 0.5,
+                                                        "compact_min_rows": 4}))
+"""The RL step's generation through each engine setting (``--rl-preset``): the request the
+waste goal is stated on (``bench/results/headline.md``: 19.1% at 15 programs)."""
+
+
+def rl_rows(preset: str, repeats: int = 3) -> list[dict[str, Any]]:
+    """The RL step's generation (``python -m bench rlft_step --preset PRESET``'s prompts x G,
+    its per-sample lengths, sampled at temperature 1) through every :data:`RL_CONFIGS`, each on
+    a fresh engine: its cold call (programs compiled, seconds) and the median of ``repeats``
+    warm calls, waste by cause from the engine's own log. Every setting must give the first
+    one's tokens (refill keys samples by their own response index)."""
+    from bench.experiments import rlft_step
+    from jaxrl_sym.generation import GenerationConfig
+    from jaxrl_sym.models.lm import init_model
+    from jaxrl_sym.models.lm import preset as lm_preset
+
+    args = rlft_step.parse_args(["--preset", preset])
+    prompts, limits = rlft_step.workload(args)
+    rows = [p for p in prompts for _ in range(args.group)]
+    model = init_model(lm_preset("small", **rlft_step.model_config(args)), args.seed)
+    cfg = GenerationConfig(max_new_tokens=tuple(limits), temperature=1.0, seed=3)
+    useful, out, first = int(sum(limits)), [], None
+    for name, kw in RL_CONFIGS:
+        lm = SymbolicLM(model, EngineOptions(**kw))
+        t0 = time.perf_counter()
+        cold = lm.generate(rows, cfg)
+        cold_s = time.perf_counter() - t0
+        warm = sorted(run_seconds(lm.generate(rows, cfg).stats) for _ in range(repeats))
+        toks = [t.tolist() for t in cold.tokens]
+        first = first or toks
+        s, secs = cold.stats, warm[len(warm) // 2]
+        out.append({"part": "rl", "preset": preset, "system": name, "engine": kw,
+                    "samples": len(rows), "waste": round(s["waste_fraction"], 4),
+                    "waste_by_cause": {k: round(v, 4) for k, v in s["waste_by_cause"].items()},
+                    "cold_programs": s["xla_compiles"], "cold_s": round(cold_s, 2),
+                    "seconds": round(secs, 3), "useful_tok_s": round(useful / secs),
+                    "dispatches": s["dispatches"], "peak_bytes": s["peak_bytes"],
+                    "identical_to_default": toks == first})
+        if toks != first and jax.default_backend() == "cpu":
+            raise RuntimeError(f"{name}: tokens differ from {RL_CONFIGS[0][0]}'s on the CPU, "
+                               "where every schedule gives the same tokens")
+    return out
+
+
+def rl_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| RL step's generation | waste | finished rows | row filler | tile overrun | "
+             "packing | cold programs | cold call s | warm s | useful tok/s | dispatches | "
+             "peak MB | tokens = default's |", "|---|" + "---:|" * 12]
+    for r in rows:
+        w = r["waste_by_cause"]
+        cells = [f"{100 * r['waste']:.1f}%"] + [f"{100 * w.get(k, 0):.1f}%" for k in (
+            "finished_rows", "row_bucket", "tile_overrun", "packing")] + [
+            str(r["cold_programs"]), str(r["cold_s"]), str(r["seconds"]),
+            str(r["useful_tok_s"]), str(r["dispatches"]), f"{r['peak_bytes'] / 1e6:.1f}",
+            "yes" if r["identical_to_default"] else "no"]
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 PEER = "tunix"
 """The peer measured beside refill: Tunix's Sampler, which runs a batch until its last row ends
 (no refill), in groups of R like the padded baseline."""
@@ -172,14 +243,15 @@ def run_seconds(stats: dict[str, Any]) -> float:
 
 def table(rows: list[dict[str, Any]]) -> str:
     rep = [r for r in rows if r["part"] == "replay"]
-    lines = ["| samples | R | system | waste | idle rows | packing | decode / prefill "
+    lines = ["| samples | R | system | waste | idle rows | packing | decode / prefill / refill "
              "dispatches | programs | KV held GB | H100 s (projected) | useful tok/s |",
              "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rep:
         w = r["waste_by_cause"]
         lines.append(f"| {r['samples']} | {r['rows']} | {r['system']} | {100 * r['waste']:.1f}% "
                      f"| {100 * w.get('idle_rows', 0):.1f}% | {100 * w.get('packing', 0):.1f}% "
-                     f"| {r['decode_dispatches']} / {r['prefill_dispatches']} | {r['programs']} "
+                     f"| {r['decode_dispatches']} / {r['prefill_dispatches']} / "
+                     f"{r['refill_dispatches']} | {r['programs']} "
                      f"| {r['kv_gb_held']} | {r['h100_s']} | {r['h100_useful_tok_s']} |")
     mes = [r for r in rows if r["part"] == "measured"]
     lines += ["", "| samples | R | system | s (no compiles) | useful tok/s | dispatches | cold "
@@ -207,6 +279,8 @@ def _agreement_cell(agree: dict[str, float] | None) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("refill", __doc__, PRESETS)
+    p.add_argument("--rl-preset", default=None, help="also the RL step's generation "
+                   "(rlft_step's preset: quick or full) through each engine setting")
     p.add_argument("--out", default=None, help="directory for refill.{jsonl,md}, or FILE.json "
                                                "(rows + table; default: print only)")
     return presets.parse(p, PRESETS, argv)
@@ -219,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
             for r in replay_rows(n, k, dev)]
     g = grid(args.grid)
     rows += [r for n in args.samples for k in args.rows if k < n for r in measure(g, n, k)]
+    rl = rl_rows(args.rl_preset) if args.rl_preset else []
     md = f"`{presets.command('refill', argv)}`\n\n{table(rows)}"
+    if rl:
+        md += "\n\n" + rl_table(rl)
+    rows += rl
     print(md)
     if args.out and args.out.endswith(".json"):  # one file (the GPU plan's item result)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -447,8 +447,9 @@ class SlotStore(StoreKind):
     """The feedback edge: ``tok [B, lag]`` int32, a ring of the last ``lag`` sampled tokens of
     each row. Sample ``s`` is written to slot ``s mod lag``; decode step ``s`` reads sample
     ``s - lag`` from the same slot before the step overwrites it. The generation loop's edge has
-    lag 1: the token fed to step ``s`` is the one step ``s - 1`` sampled. Compaction keeps its
-    rows like any store's, so the host never holds the fed-back token."""
+    lag 1: the token fed to step ``s`` is the one step ``s - 1`` sampled. A decode group
+    compacting rebuilds a lag-1 edge from the tokens the host read back (one program less per
+    compaction); other lags keep their rows like any store's."""
 
     name = "slot"
     keeps_keys = False

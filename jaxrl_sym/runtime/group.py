@@ -110,6 +110,7 @@ class DecodeGroup:
         self.ids[:len(group)] = group
         self.limits[:len(group)] = [limits[i] for i in group]
         self.done = self.ids < 0
+        self.fed = np.zeros((b,), np.int32)  # each row's last sampled token (its next input)
         self.prompts = prompts
         self.work = WorkLog()
         self._tile = 0  # steps of the dispatch whose tokens ``collect`` reads next (0: prefill)
@@ -290,6 +291,7 @@ class DecodeGroup:
                 i = int(self.ids[slot])
                 out.toks[i].append(int(tok_h[j, slot]))
                 out.lps[i].append(float(lp_h[j, slot]))
+                self.fed[slot] = tok_h[j, slot]
                 if out.logits is not None and lg_h is not None:
                     out.logits[i].append(lg_h[j, slot])
                 eos = int(tok_h[j, slot]) in self.cfg.eos_ids
@@ -360,7 +362,10 @@ class DecodeGroup:
         store (67 MB) is all that is added."""
         keep, filler = self.kept(live, rows)
         kept = jax.device_put(keep.astype(np.int32))
+        self.fed = self.fed[keep]
         for name in list(self.stores):  # one store per program (why: the docstring)
+            if self._slot_from_host(name):
+                continue
             key, build = compact_store_program(self.plan, self.stores[name], kept)
             self.stores[name] = self.cache.run(key, build, self.stores[name], kept)
             del build  # it holds the store's old rows: free them before the next store
@@ -372,6 +377,17 @@ class DecodeGroup:
         self.pos0, self.row_ids = jax.device_put(self.pos0_h), jax.device_put(row_ids)
         self.off = np.where(filler, 0, self.off[keep]).astype(np.int32)
         self.limits, self.done, self.rows = self.limits[keep], filler.copy(), rows
+
+    def _slot_from_host(self, name: str) -> bool:
+        """Whether store ``name`` is a feedback edge of lag 1, now rebuilt from the host's copy
+        of each kept row's last token (``fed``) instead of by a compaction program: the host
+        reads every token anyway, and each compaction then compiles one program less."""
+        sp = self.plan.builder.slots.get(int(name))
+        if sp is None or sp.lag != 1:
+            return False
+        old = self.stores[name]["tok"]
+        self.stores[name] = {"tok": jax.device_put(self.fed[:, None], old.sharding)}
+        return True
 
     def grow(self, capacity: int) -> None:
         """Grow the growing stores to ``capacity`` in place, one store per program.
@@ -456,6 +472,7 @@ class DecodeGroup:
             i = int(self.ids[r])
             out.toks[i].append(int(tok_h[r]))
             out.lps[i].append(float(lp_h[r]))
+            self.fed[r] = tok_h[r]
             if lg_h is not None:
                 out.logits[i].append(lg_h[r])
             if int(tok_h[r]) in self.cfg.eos_ids or len(out.toks[i]) >= self.limits[r]:

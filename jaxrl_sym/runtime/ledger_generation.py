@@ -42,6 +42,7 @@ from jaxrl_sym.runtime.group_programs import (
     decode_program,
     grow_program,
     packed_prefill_program,
+    prompt_cache_program,
     refill_program,
 )
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_nbytes
@@ -49,7 +50,8 @@ from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
 from jaxrl_sym.runtime.programs import Build
-from jaxrl_sym.runtime.refill import REFILL_PACK_PER_OCTAVE, refill_shape
+from jaxrl_sym.runtime.prompt_cache import CACHE_SHARE, CacheChunk, plan_chunks
+from jaxrl_sym.runtime.refill import refill_shape
 
 __all__ = ["WEIGHTS", "GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
 
@@ -176,25 +178,28 @@ def _refill_ledger(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[A
                    limits: list[int]) -> GenerationLedger:
     """With refill, one resident group of ``microbatch_rows`` rows runs every sample (the
     engine's ``_run_groups``): its stores are rings that never grow, so its moments are few and
-    alike — the first prefill, a decode tile, and a refill. Walked as those representative
-    moments (not every wave): the refill as the largest one, every resident row refilled at
-    once (its packed prompts the next samples waiting). Rows end throughout, so every moment
-    after the first prefill counts as having rows finished (``finished``: all)."""
+    alike — each distinct shape of prompt-cache chunk with a fill of every row from it (the
+    largest chunk last, so it is held for what follows), a decode tile, and a refill of every
+    row again (:mod:`~jaxrl_sym.runtime.prompt_cache`). Walked as those representative moments
+    (not every wave). Rows end throughout, so every moment after the first fill counts as
+    having rows finished (``finished``: all)."""
     rows = plan.options.microbatch_rows
     shape = refill_shape([len(p) for p in prompts], limits, rows, plan.row_multiple,
                          plan.options.max_len)
     walk = _SymGroup(plan, cfg, hoisted, held, progs, shape.rows, shape.capacity)
-    first = prompts[:rows] + [None] * (shape.rows - rows)
-    moments = [moment("init", f"stores {shape.rows}x{shape.capacity}", held, walk.buffers()),
-               walk.prefill(first, shape.prompt_slots)]
+    budget = max(shape.prompt_slots, shape.rows * shape.capacity // CACHE_SHARE)
+    chunks = plan_chunks(list(range(len(prompts))), prompts, budget, vocab=plan.vocab_size,
+                         logits_bytes=cfg.prefill_logits_bytes)
+    by_shape = {(*c.packed.tokens.shape, len(c.lens)): c for c in chunks}
+    moments = [moment("init", f"stores {shape.rows}x{shape.capacity}", held, walk.buffers())]
+    for c in sorted(by_shape.values(), key=lambda c: c.packed.tokens.size):  # largest last
+        moments += [walk.cache(c), walk.refill(shape.prompt_slots)]
     moments += walk.dispatch(Dispatch(1, plan.tiling.base, shape.prompt_slots, shape.rows,
                                       shape.capacity))
-    waiting = prompts[rows:2 * rows]
-    moments.append(walk.refill(waiting + [None] * (shape.rows - len(waiting)),
-                               shape.prompt_slots + 1))
+    moments.append(walk.refill(shape.prompt_slots))
     done = len(prompts)
     return GenerationLedger(Ledger("sym", tuple(moments)), progs.done(), len(progs.runs),
-                            len(moments), (0, 0, *[done] * (len(moments) - 2)))
+                            len(moments), (0, 0, 0, *[done] * (len(moments) - 3)))
 
 
 def _with_host(m: Moment, tokens: int) -> Moment:
@@ -216,6 +221,7 @@ class _SymGroup:
         self.plan, self.cfg, self.hoisted, self.held, self.progs = plan, cfg, hoisted, held, progs
         self.rows, self.capacity, self.extra = rows, capacity, 0
         self.stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, capacity))
+        self.cached: Any = None  # the prompt cache's arrays (refill), held beside the stores
 
     def buffers(self, stores: dict[str, Any] | None = None) -> list[Buffer]:
         """Each store (by attention node and kind) as one buffer."""
@@ -227,6 +233,9 @@ class _SymGroup:
             rows = jax.tree_util.tree_leaves(st)[0].shape[0]  # mid-compaction: its own
             what = f"{kind} {rows}x{slots}" if slots else f"{kind} {rows} rows"
             out.append(Buffer(f"store {name} ({what})", "store", tree_nbytes(st)))
+        if self.cached is not None:
+            out.append(Buffer("prompt cache (keys, values, last logits)", "store",
+                              tree_nbytes(self.cached)))
         return out
 
     def prefill(self, prompts: list[np.ndarray | None], pcap: int) -> Moment:
@@ -237,14 +246,33 @@ class _SymGroup:
                                  logits_bytes=self.cfg.prefill_logits_bytes)
         return self._packed("prefill", "packed_prefill", packed_prefill_program, pk, ())
 
-    def refill(self, prompts: list[np.ndarray | None], end: int) -> Moment:
-        """A refill prefill (``DecodeGroup.refill_rows``): ``prompts`` by resident row (None:
-        not refilled) packed to end before slot ``end``, written into the group's stores."""
-        pk = PackedPrompts.build(prompts, end, vocab=self.plan.vocab_size,
-                                 logits_bytes=self.cfg.prefill_logits_bytes,
-                                 per_octave=REFILL_PACK_PER_OCTAVE)
-        extra = (jax.ShapeDtypeStruct((self.rows,), np.bool_), jax.ShapeDtypeStruct((), np.int32))
-        return self._packed("refill", "refill", refill_program, pk, extra)
+    def cache(self, chunk: CacheChunk) -> Moment:
+        """A prompt-cache chunk (``DecodeGroup.load_cache``): its distinct prompts packed
+        through the model, their keys, values and last logits kept beside the stores."""
+        pk = chunk.packed
+        self.cached = None  # the engine drops the previous chunk's entries first
+        arrays = (pk.tokens, pk.positions, pk.rows, pk.last)
+        key, build = prompt_cache_program(self.plan, pk, (self.hoisted, *arrays))
+        size = self.progs.size(key, "prefill", f"prompt_cache[{pk.tokens.shape[0]}x"
+                                    f"{pk.tokens.shape[1]}]", build)
+        self.progs.ran(key, pk.tokens.shape[0] // pk.chunk_rows)
+        batch = Buffer("prefill: packed prompt arrays", "batch", tree_nbytes(arrays))
+        out = moment("prefill", size.name, self.held, self.buffers(), [batch], size.buffers())
+        self.cached = jax.eval_shape(build.fn, *build.args)
+        return out
+
+    def refill(self, pcap: int) -> Moment:
+        """A refill of every row from the prompt cache (``DecodeGroup.fill_rows``) into the
+        group's prompt block of ``pcap`` slots (where it ends is a run-time argument)."""
+        i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
+        b = self.rows
+        args = (self.stores, *self.cached, i32(b), i32(b), i32(b),
+                jax.ShapeDtypeStruct((b,), np.bool_), i32(), i32(), i32(b),
+                jax.ShapeDtypeStruct((), np.uint32))
+        key, build = refill_program(self.plan, self.cfg, pcap, args)
+        size = self.progs.size(key, "prefill", f"refill[{b}x{self.capacity}]", build)
+        self.progs.ran(key)
+        return moment("refill", size.name, self.held, self.buffers(), size.buffers())
 
     def _packed(self, stage: str, name: str, program: Callable[..., tuple[tuple, Build]],
                 pk: PackedPrompts, extra: tuple[Any, ...]) -> Moment:
@@ -276,10 +304,16 @@ class _SymGroup:
 
     def _compact(self, new_rows: int) -> list[Moment]:
         """One store per program (as ``DecodeGroup.compact``): the old rows of the store being
-        compacted beside its new ones (the per-row arrays come from the host)."""
+        compacted beside its new ones (the per-row arrays and a lag-1 feedback edge's tokens
+        come from the host)."""
         i32 = lambda n: jax.ShapeDtypeStruct((n,), np.int32)
         kept, out = i32(new_rows), []
         for name in list(self.stores):
+            sp = self.plan.builder.slots.get(int(name))
+            if sp is not None and sp.lag == 1:  # from the host's tokens (DecodeGroup)
+                self.stores = {**self.stores, name: {"tok": jax.ShapeDtypeStruct(
+                    (new_rows, 1), np.int32)}}
+                continue
             key, build = compact_store_program(self.plan, self.stores[name], kept)
             size = self.progs.size(key, "compact", f"compact[{self.rows}->{new_rows}]", build)
             self.progs.ran(key)

@@ -60,11 +60,13 @@ class EngineOptions:
       steps took 28.7 s against about 32 s; steady state is the same. It pays where spare cores
       compile while the step's reference and update run.
     refill: with ``microbatch_rows`` R below the request's rows, one group of R resident rows
-      runs the whole request: as rows finish, waiting samples take them (a refill prefill
-      packs their prompts into those rows; :mod:`jaxrl_sym.runtime.refill`), so the batch stays
-      full instead of each group running to its longest row. Its stores are rings sized for
-      one sample's span and never grow. Off by default until the GPU measures it.
-    refill_min_free: free rows a refill waits for (each refill is one prefill dispatch).
+      runs the whole request: as rows finish, waiting samples take them (their prompts' keys
+      and values copied from the prompt cache, :mod:`jaxrl_sym.runtime.prompt_cache`), so the
+      batch stays full instead of each group running to its longest row. Its stores are
+      rings sized for one sample's span and never grow. Off by default: on a CPU it measures
+      slower than compaction (``bench/results/cpu/refill/``); the GPU plan measures it there.
+    refill_min_free: free rows a refill waits for (each refill is one dispatch, and while
+      samples wait a decode tile ends once this many rows are free).
     """
 
     backend: str = "xla"

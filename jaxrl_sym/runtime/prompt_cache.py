@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import numpy as np
 
 from jaxrl_sym.runtime.packing import PackedPrompts
@@ -124,5 +123,8 @@ class PromptCache:
 
     @property
     def nbytes(self) -> int:
-        leaves = jax.tree_util.tree_leaves((self.kv, self.logits))
-        return sum(int(x.size) * x.dtype.itemsize for x in leaves)
+        """Device bytes the loaded chunk holds (what the memory meter adds to the stores)."""
+        if self.kv is None:
+            return 0
+        return int(sum(a.nbytes for c in self.kv.values() for a in c.values())
+                   + self.logits.nbytes)

@@ -10,8 +10,9 @@ per-step gather).
 
 How a refilled row fits the aligned group: the group's rows write their next token at one shared
 slot ``w`` (the aligned write slot), so a sample refilled before decode step ``s`` has its prompt
-placed at slots ``w - L .. w - 1`` and its first token (sampled by the refill's prefill) fed back
-at ``w`` with everyone else's. Its earlier slots are reset to empty. Attention masks by the
+placed at slots ``w - L .. w - 1`` (copied from the prompt cache,
+:mod:`jaxrl_sym.runtime.prompt_cache`) and its first token (sampled from the cached logits) fed
+back at ``w`` with everyone else's. Its earlier slots are reset to empty. Attention masks by the
 positions the stores keep per slot, so where a row's keys sit does not change what it computes.
 
 Where the slots come from — the two layouts this module prices (:class:`Layout`):
@@ -38,7 +39,7 @@ from typing import Literal
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.runtime.packing import PACK_PER_OCTAVE, PackedPrompts
+from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.policy import (
     DEFAULT_MIN_CAPACITY,
     Compaction,
@@ -50,16 +51,10 @@ from jaxrl_sym.runtime.policy import (
     microbatches,
     row_bucket,
 )
+from jaxrl_sym.runtime.prompt_cache import CACHE_SHARE, plan_chunks
 
 Layout = Literal["lifetime", "ring"]
 
-REFILL_PACK_PER_OCTAVE = 4
-"""The length grid a refill packs its prompts on (steps per octave; the first prefill's is
-16). A refill packs a few prompts, so its packed shape — a compiled program each — drifts with
-every refill. Replayed on the GPU-sized realistic request (512 samples, R = 32, min_free 1),
-grids of 16 / 8 / 4 / 2 steps gave 96 / 58 / 33 / 19 refill programs at 10.8 / 11.5 / 12.8 /
-14.7% waste (packing 8.5 / 9.2 / 10.5 / 12.5%): 4 halves the programs for two points of
-prefill positions, which cost compute, not the memory-bound decode's time."""
 LAYOUTS: tuple[Layout, ...] = ("lifetime", "ring")
 
 
@@ -130,12 +125,14 @@ class RefillRun:
 
     decode_dispatches: int = 0
     decode_steps: int = 0  # decode steps over all dispatches (each reads the weights once)
-    prefill_dispatches: int = 0
+    prefill_dispatches: int = 0  # packed prefills: a group's, or a prompt-cache chunk's
+    refill_dispatches: int = 0  # refills from the prompt cache (no model run)
+    refill_slots: int = 0  # store slots refills wrote from the cache (rows x prompt block each)
     computed: int = 0  # token positions computed (decode rows x steps + packed prefill slots)
     needed: int = 0  # positions the samples needed: prompt tokens + response tokens - 1 each
     waste: Counter = field(default_factory=Counter)  # computed - needed, by cause
     key_slots: int = 0  # key slots decode steps read: sum over steps of rows x store slots
-    peak_slots: int = 0  # most store slots held at once (rows x capacity)
+    peak_slots: int = 0  # most store slots held at once (rows x capacity, + the prompt cache)
     programs: set = field(default_factory=set)  # distinct compiled-program keys
 
     def waste_share(self) -> float:
@@ -144,6 +141,7 @@ class RefillRun:
     def row(self) -> dict:
         return {"decode_dispatches": self.decode_dispatches, "decode_steps": self.decode_steps,
                 "prefill_dispatches": self.prefill_dispatches,
+                "refill_dispatches": self.refill_dispatches, "refill_slots": self.refill_slots,
                 "programs": len(self.programs), "computed": self.computed,
                 "needed": self.needed, "waste": round(self.waste_share(), 4),
                 "waste_by_cause": {k: round(v / self.computed, 4)
@@ -172,64 +170,58 @@ REFILL, TILING, COMPACTION = Refill(), Tiling(), Compaction()  # the engine's de
 def replay(prompt_lens: Sequence[int], limits: Sequence[int], *, rows: int,
            refill: Refill | None = REFILL, tiling: Tiling = TILING,
            compaction: Compaction = COMPACTION,
-           min_capacity: int = DEFAULT_MIN_CAPACITY) -> RefillRun:
+           min_capacity: int = DEFAULT_MIN_CAPACITY,
+           prompt_ids: Sequence[int] | None = None) -> RefillRun:
     """Samples (prompt length, response length) through one group of ``rows`` resident rows,
     each sample running to its limit (no EOS), taken in order. ``refill=None``: no refill — the
     group's rows are the first ``rows`` samples and the next group starts when it ends (today's
-    microbatches of ``rows``, compaction as configured)."""
+    microbatches of ``rows``, compaction as configured). ``prompt_ids``: which prompt each
+    sample repeats (a GRPO request's G samples share one; default: all distinct)."""
     if len(prompt_lens) != len(limits) or not len(limits):
         raise InputError("replay: one limit per prompt length, at least one sample")
-    if refill is None:  # the engine's microbatches of ``rows``, one after another
+    ids = list(range(len(limits))) if prompt_ids is None else list(prompt_ids)
+    prompts = [np.full((int(n),), i, np.int32) for n, i in zip(prompt_lens, ids, strict=True)]
+    if refill is None or len(limits) <= rows:  # the engine's microbatches of ``rows``
         out = RefillRun()
         for g in microbatches(prompt_lens, limits, max_rows=rows, max_pad_fraction=1.0):
-            _group([prompt_lens[i] for i in g], [limits[i] for i in g], rows, None, tiling,
+            _group([prompts[i] for i in g], [limits[i] for i in g], rows, None, tiling,
                    compaction, min_capacity, out)
         return out
-    return _group(prompt_lens, limits, rows, refill, tiling, compaction, min_capacity,
+    return _group(prompts, list(limits), rows, refill, tiling, compaction, min_capacity,
                   RefillRun())
 
 
-def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill: Refill | None,
+def _group(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: Refill | None,
            tiling: Tiling, compaction: Compaction, min_capacity: int, out: RefillRun
            ) -> RefillRun:
-    """One group from its first prefill to its last row's end (refilling when ``refill``), at
-    the geometry the engine gives it: :meth:`GroupShape.plan` without refill, else
-    :func:`refill_shape` (a ring at a fixed capacity, or the ``lifetime`` layout growing)."""
-    first = list(range(min(rows, len(limits))))
-    waiting = list(range(len(first), len(limits))) if refill is not None else []
-    if not waiting:  # nothing to refill: the engine runs an ordinary group
-        refill = None
-    ring = refill is not None and refill.layout == "ring"
-    if refill is None:
-        shape = GroupShape.plan(prompt_lens, limits, min_capacity=min_capacity)
-    else:
-        shape = refill_shape(prompt_lens, limits, len(first))
+    """One group from its first prefill to its last row's end, at the geometry the engine
+    gives it: :meth:`GroupShape.plan` without refill, else :func:`refill_shape` (a ring at a
+    fixed capacity, or the ``lifetime`` layout growing) with every row filled from the prompt
+    cache (:mod:`jaxrl_sym.runtime.prompt_cache`), the first ones too."""
+    lens = [len(p) for p in prompts]
+    shape, st, waiting, feed, capacity = _start(prompts, limits, rows, refill, min_capacity, out)
     pcap, b = shape.prompt_slots, shape.rows
-    capacity = (shape.capacity if refill is None or ring
-                else initial_capacity(pcap, min_capacity, shape.total))
-    st = _Rows([*first, *[-1] * (b - len(first))],
-               [pcap - prompt_lens[i] for i in first] + [pcap] * (b - len(first)),
-               [int(limits[i]) - 1 for i in first] + [0] * (b - len(first)))
-    _prefill(out, "prefill", {r: prompt_lens[i] for r, i in enumerate(first)}, b, pcap,
-             capacity)
-    # the stores exist from the first prefill on, even if every sample ends at its token 0
-    out.peak_slots = max(out.peak_slots, b * capacity)
     step, tile = 1, tiling.first()
     while True:
         w = pcap + step - 1  # the slot decode step ``step`` writes
         while waiting:  # as the engine: a refilled row may end at its token 0, freed again
-            left = _refill(out, st, waiting, refill, w, prompt_lens, limits, capacity)
+            left = _refill(out, st, waiting, refill, w, lens, limits, feed)
             if len(left) == len(waiting):
                 break
             waiting = left
+        if feed is not None:  # the loaded chunk's cached keys sit beside the stores
+            out.peak_slots = max(out.peak_slots, b * capacity + feed.cached)
         live = st.live()
         if not live:
             return out
         k = max(1, min(tile, max(st.left[r] for r in live)))
-        if not waiting:  # the tail: compaction as without refill
+        if waiting:  # the tile ends once enough rows are free to refill (Refill.stop_live)
+            short = b - refill.stop_live(b, len(waiting)) - (b - len(live))
+            k = min(k, sorted(st.left[r] for r in live)[short - 1])
+        else:  # the tail: compaction as without refill
             st = _compact(out, st, compaction, capacity)
             live = st.live()
-        if ring:  # fixed: no live row's span may wrap onto itself
+        if refill is not None and refill.layout == "ring":  # fixed: no live span may wrap
             need = ring_need([st.first[r] for r in live],
                              [w + min(k, st.left[r]) - 1 for r in live])
             if need > capacity:
@@ -248,19 +240,78 @@ def _group(prompt_lens: Sequence[int], limits: Sequence[int], rows: int, refill:
         tile = tiling.after(k, ended)
 
 
+def _start(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: Refill | None,
+           min_capacity: int, out: RefillRun
+           ) -> tuple[GroupShape, _Rows, list[int], _Feed | None, int]:
+    """A group's geometry and first rows: without refill its samples prefilled (packed), with
+    refill every row free, every sample waiting and the prompt cache planned. Returns (shape,
+    rows, waiting, cache or None, store capacity)."""
+    lens = [len(p) for p in prompts]
+    ring = refill is not None and refill.layout == "ring"
+    if refill is None:
+        shape = GroupShape.plan(lens, limits, min_capacity=min_capacity)
+        first, waiting = list(range(len(limits))), []
+    else:
+        shape = refill_shape(lens, limits, rows)
+        first, waiting = [], list(range(len(limits)))
+    pcap, b = shape.prompt_slots, shape.rows
+    capacity = (shape.capacity if refill is None or ring
+                else initial_capacity(pcap, min_capacity, shape.total))
+    st = _Rows([*first, *[-1] * (b - len(first))],
+               [pcap - lens[i] for i in first] + [pcap] * (b - len(first)),
+               [int(limits[i]) - 1 for i in first] + [0] * (b - len(first)))
+    feed = None
+    if refill is None:
+        _prefill(out, {r: prompts[i] for r, i in enumerate(first)}, b, pcap, capacity)
+    else:
+        feed = _Feed(prompts, waiting, max(pcap, b * capacity // CACHE_SHARE), b, capacity,
+                     pcap)
+    # the stores exist from the first fill on, even if every sample ends at its token 0
+    out.peak_slots = max(out.peak_slots, b * capacity)
+    return shape, st, waiting, feed, capacity
+
+
+class _Feed:
+    """The replay's prompt cache: the engine's chunks (:func:`plan_chunks`) and which one is
+    loaded."""
+
+    def __init__(self, prompts: list[np.ndarray], order: list[int], budget: int, rows: int,
+                 capacity: int, pcap: int) -> None:
+        self.chunks = plan_chunks(order, prompts, budget, vocab=1, logits_bytes=1 << 62)
+        self.chunk_of = {s: c for c, ch in enumerate(self.chunks) for s in ch.samples}
+        self.at, self.rows, self.capacity, self.pcap = -1, rows, capacity, pcap
+        self.cached = 0  # tokens of the loaded chunk (each holds a slot's keys and values)
+
+    def fill(self, out: RefillRun, samples: list[int]) -> int:
+        """One refill program for the leading ``samples`` in one chunk (built first if it is
+        not loaded: a packed prefill's positions); how many it took."""
+        c = self.chunk_of[samples[0]]
+        if c != self.at:
+            pk = self.chunks[c].packed
+            out.prefill_dispatches += 1
+            out.computed += pk.positions_computed
+            out.needed += pk.prompt_tokens
+            out.waste["packing"] += pk.positions_computed - pk.prompt_tokens
+            out.programs.add(("prompt_cache", pk.tokens.shape))
+            self.at, self.cached = c, pk.tokens.size
+        out.refill_dispatches += 1
+        out.refill_slots += self.rows * self.pcap
+        out.programs.add(("refill", self.rows, self.capacity,
+                          self.chunks[c].packed.tokens.shape))
+        return next((n for n, s in enumerate(samples) if self.chunk_of[s] != c), len(samples))
+
+
 def _refill(out: RefillRun, st: _Rows, waiting: list[int], refill: Refill, w: int,
-            prompt_lens: Sequence[int], limits: Sequence[int], capacity: int) -> list[int]:
-    """Refill free rows as the policy says (every free row when none is live); the samples
-    still waiting after it."""
+            lens: Sequence[int], limits: Sequence[int], feed: _Feed) -> list[int]:
+    """Refill free rows as the policy says (every free row when none is live), from the prompt
+    cache; the samples still waiting after it."""
     free = len(st.free())
     take = refill.take(free, len(waiting)) if st.live() else min(free, len(waiting))
     if not take:
         return waiting
-    into = dict(zip(st.free(), waiting[:take], strict=False))
-    for r, i in into.items():
-        st.sample[r], st.first[r], st.left[r] = i, w - prompt_lens[i], int(limits[i]) - 1
-    _prefill(out, "refill", {r: prompt_lens[i] for r, i in into.items()}, len(st.sample), w,
-             capacity)
+    take = feed.fill(out, waiting[:take])
+    for r, i in zip(st.free(), waiting[:take], strict=False):
+        st.sample[r], st.first[r], st.left[r] = i, w - lens[i], int(limits[i]) - 1
     return waiting[take:]
 
 
@@ -277,22 +328,20 @@ def _compact(out: RefillRun, st: _Rows, compaction: Compaction, capacity: int) -
                  [st.left[r] if j < len(live) else 0 for j, r in enumerate(keep)])
 
 
-def _prefill(out: RefillRun, kind: str, lens: dict[int, int], rows: int, end: int,
+def _prefill(out: RefillRun, prompts: dict[int, np.ndarray], rows: int, end: int,
              capacity: int) -> None:
-    """A packed prefill (:class:`PackedPrompts`, as the engine packs) of prompts of ``lens``
-    (by resident row) ending at slot ``end``; it samples each prompt's token 0 from its last
-    position, so no extra position is computed for it."""
-    prompts: list[np.ndarray | None] = [None] * rows
-    for r, n in lens.items():  # distinct contents: no prompt is shared
-        prompts[r] = np.full((n,), r, np.int32)
-    pk = PackedPrompts.build(prompts, end, vocab=1, logits_bytes=1 << 62,
-                             per_octave=REFILL_PACK_PER_OCTAVE if kind == "refill"
-                             else PACK_PER_OCTAVE)
+    """The packed prefill of a group without refill (:class:`PackedPrompts`, as the engine
+    packs) of ``prompts`` by resident row, ending at slot ``end``; it samples each prompt's
+    token 0 from its last position, so no extra position is computed for it."""
+    slots: list[np.ndarray | None] = [None] * rows
+    for r, p in prompts.items():
+        slots[r] = p
+    pk = PackedPrompts.build(slots, end, vocab=1, logits_bytes=1 << 62)
     out.prefill_dispatches += 1
     out.computed += pk.positions_computed
     out.needed += pk.prompt_tokens
     out.waste["packing"] += pk.positions_computed - pk.prompt_tokens
-    out.programs.add((kind, pk.tokens.shape, rows, capacity))
+    out.programs.add(("prefill", pk.tokens.shape, rows, capacity))
 
 
 def _decode(out: RefillRun, st: _Rows, k: int, capacity: int) -> None:
