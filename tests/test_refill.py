@@ -30,6 +30,7 @@ from jaxrl_sym import GenerationConfig
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
+from jaxrl_sym.runtime.prompt_cache import CACHE_SHARE, plan_chunks
 from jaxrl_sym.runtime.refill import Refill, padded_groups, refill_shape, replay
 
 MODELS = ("gemmaish", "window-softcap", "linear")  # growing+ring, ring+growing, state+ring
@@ -189,7 +190,15 @@ def test_replay_accounts_for_every_position(lens, rows, min_free, layout) -> Non
     assert shape.capacity >= max(p + n for p, n in lens) and shape.prompt_slots >= max(prompts)
     if len(limits) > rows:  # samples wait: the group refills, its rings fixed at the shape's
         ring = replay(prompts, limits, rows=rows, refill=Refill(min_free, "ring"))
-        assert ring.peak_slots == shape.rows * shape.capacity
+        # beside them the prompt cache's largest chunk: one token each, like a slot
+        budget = max(shape.prompt_slots, shape.rows * shape.capacity // CACHE_SHARE)
+        chunks = plan_chunks(range(len(limits)), [np.full((n,), i) for i, n in
+                                                  enumerate(prompts)], budget, vocab=1,
+                             logits_bytes=1 << 40)
+        assert sum(len(c.samples) for c in chunks) == len(limits)
+        assert all(sum(c.lens) <= budget or len(c.lens) == 1 for c in chunks)
+        cached = max(c.packed.tokens.size for c in chunks)
+        assert ring.peak_slots == shape.rows * shape.capacity + cached
 
 
 def test_a_grpo_step_with_refill_is_the_step_without() -> None:
