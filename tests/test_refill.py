@@ -255,3 +255,52 @@ def test_the_engine_estimate_prices_the_refilling_group(monkeypatch: pytest.Monk
     assert held and est.caches == max(held), (est.breakdown(), held)
     every_row = SymbolicLM(model("gemmaish"), EngineOptions(min_capacity=4))
     assert every_row.estimate([len(p) for p in prompts], cfg).caches > est.caches
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=st.lists(st.integers(1, 20), min_size=1, max_size=14),
+       repeat=st.integers(1, 3), budget=st.integers(1, 60))
+def test_prompt_cache_chunks_hold_every_prompt_once_in_order(lens, repeat, budget) -> None:
+    """The prompt cache's plan against the prompts themselves: chunks cover the samples once,
+    in order; a chunk's distinct prompts fit the budget (or it is one prompt); each sample's
+    cached tokens, read back at its start and length, are its prompt; samples of one prompt in
+    one chunk share its entry, and no two distinct prompts share one."""
+    rng = np.random.default_rng(len(lens) * 31 + budget)
+    distinct = [rng.integers(1, 99, n).astype(np.int32) for n in lens]
+    prompts = [distinct[i // repeat] for i in range(len(lens) * repeat)]
+    order = list(rng.permutation(len(prompts)))
+    chunks = plan_chunks(order, prompts, budget, vocab=100, logits_bytes=1 << 40)
+    assert [s for c in chunks for s in c.samples] == order
+    for c in chunks:
+        assert sum(c.lens) <= budget or len(c.lens) == 1
+        flat = c.packed.tokens.reshape(-1)
+        for s in c.samples:
+            e, start = c.entry[s], c.start(s)
+            assert np.array_equal(flat[start:start + c.lens[e]], prompts[s])
+            assert c.packed.positions.reshape(-1)[start] == 0
+        entries = {}
+        for s in c.samples:
+            entries.setdefault(c.entry[s], prompts[s].tobytes())
+            assert entries[c.entry[s]] == prompts[s].tobytes()
+        assert len(set(entries.values())) == len(entries) == len(c.lens)
+
+
+def test_every_refill_runs_one_program_and_each_prompt_once() -> None:
+    """Twelve samples of three prompts (GRPO-like, four each) through 2 resident rows: the
+    prompt cache computes each distinct prompt once — the positions booked as prefill are the
+    three prompts' tokens and the packing's tail, not twelve prompts — and every fill of a row,
+    the first two included, is the same compiled refill program."""
+    rng = np.random.default_rng(5)
+    distinct = [rng.integers(1, 40, n).astype(np.int32) for n in (6, 11, 3)]
+    prompts = [distinct[i // 4] for i in range(12)]
+    limits = tuple(int(x) for x in rng.integers(2, 9, 12))
+    lm = SymbolicLM(model("gemmaish"), EngineOptions(min_capacity=4, microbatch_rows=2,
+                                                     refill=True))
+    res = lm.generate(prompts, GenerationConfig(max_new_tokens=limits))
+    names = [k[0] for k in lm.cache.compiled]
+    assert names.count("refill") == 1 and names.count("prompt_cache") == 1
+    assert "packed_prefill" not in names
+    decoded = sum(n - 1 for n in limits)
+    assert res.stats["needed_positions"] == sum(map(len, distinct)) + decoded
+    want = engine("gemmaish", None).generate(prompts, GenerationConfig(max_new_tokens=limits))
+    assert_same(want, res)

@@ -427,6 +427,8 @@ class DecodeGroup:
         self.pos0 = jax.device_put(self.pos0_h)
         self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
         self._first_tokens(slots, *self.fill_rows(hoisted, slots, new), out, on_finished)
+        if not self.waiting:  # the last refill: the cache's memory goes back for the tail
+            self.feed.loaded(self.feed.at, None, None)
         return True
 
     def fill_rows(self, hoisted: tuple[jax.Array, ...], slots: np.ndarray, samples: list[int]
