@@ -10,8 +10,6 @@ the store capacity, then carries them out — compaction, growth, one decode pro
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -26,10 +24,10 @@ from jaxrl_sym.runtime.group_programs import (
     decode_program,
     grow_program,
     packed_prefill_program,
-    prompt_cache_program,
-    refill_program,
 )
+from jaxrl_sym.runtime.group_refill import RefillRows
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
+from jaxrl_sym.runtime.outputs import OnFinished, Outputs
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch
@@ -40,34 +38,7 @@ from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
 
-OnFinished = Callable[[list[int], list[np.ndarray]], None]
-
-
-@dataclass
-class Outputs:
-    """Per request row, what generation emitted so far (host lists)."""
-
-    toks: list[list[int]]
-    lps: list[list[float]]
-    logits: list[list[np.ndarray]] | None
-    progress: Callable[[int], None] | None = None  # after each read-back: tokens emitted so far
-    stop_when: Callable[[np.ndarray], bool] | None = None  # see SymbolicLM.generate
-    stop_live: int | None = None  # the running group's bound (SymbolicLM.generate's stop_live)
-    finished: np.ndarray | None = None  # bool per request row: ended at EOS or its limit
-    stopped: bool = False  # stop_when asked to end generation; no group decodes further
-
-    def __post_init__(self) -> None:
-        if self.finished is None:
-            self.finished = np.zeros((len(self.toks),), bool)
-
-    def should_stop(self) -> bool:
-        """Ask ``stop_when`` (after a read-back); once it said yes, the answer stays yes."""
-        if not self.stopped and self.stop_when is not None:
-            self.stopped = bool(self.stop_when(self.finished.copy()))
-        return self.stopped
-
-
-class DecodeGroup:
+class DecodeGroup(RefillRows):
     """A microbatch from prefill to its last row's end (see the module docstring).
 
     plan: the model's generation plan (what every decision reads); cache: the engine's compiled
@@ -407,83 +378,6 @@ class DecodeGroup:
             self.meter.observe(self.weights_bytes + tree_bytes(self.stores) + old_bytes,
                                self.cache.temp_bytes[key], step=self.steps_done)
         self.capacity = capacity
-
-    def refill_rows(self, hoisted: tuple[jax.Array, ...], out: Outputs,
-                    on_finished: OnFinished | None) -> bool:
-        """Give free rows (finished, or not yet used) waiting samples when the refill policy
-        says so — one refill from the prompt cache (:meth:`fill_rows`) — and read their token
-        0; returns whether it refilled. With no live row left every free row is refilled."""
-        free = np.nonzero(self.done)[0]
-        n = (self.refill.take(len(free), len(self.waiting)) if len(free) < len(self.done)
-             else min(len(free), len(self.waiting)))
-        if n == 0:
-            return False
-        n = self.feed.servable(self.waiting[:n])  # one cache chunk per refill
-        slots, new = free[:n], self.waiting[:n]
-        self.waiting = self.waiting[n:]
-        self.ids[slots], self.limits[slots] = new, self.all_limits[new]
-        self.done[slots], self.off[slots] = False, self.steps_done
-        self.pos0_h[slots] = [len(self.prompts[i]) - self.steps_done for i in new]
-        self.pos0 = jax.device_put(self.pos0_h)
-        self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
-        self._first_tokens(slots, *self.fill_rows(hoisted, slots, new), out, on_finished)
-        if not self.waiting:  # the last refill: the cache's memory goes back for the tail
-            self.feed.loaded(self.feed.at, None, None)
-        return True
-
-    def fill_rows(self, hoisted: tuple[jax.Array, ...], slots: np.ndarray, samples: list[int]
-                  ) -> tuple[Any, Any, Any]:
-        """The refill program: ``samples``' prompts (one cache chunk, built first if it is not
-        loaded) written from the cache into rows ``slots``, ending before the slot the next
-        decode step writes; returns their token 0, log-prob and logits (device arrays)."""
-        chunk = self.feed.needs_load(samples[0])
-        if chunk is not None:
-            self.load_cache(hoisted, chunk)
-        pcap = self.shape.prompt_slots
-        host = self.feed.rows_args(self.rows, slots, samples)
-        args = (self.stores, self.feed.kv, self.feed.logits, *map(jax.device_put, host),
-                np.int32(pcap + self.steps_done), np.int32(self.steps_done + 1), self.row_ids,
-                self.seed)
-        key, build = refill_program(self.plan, self.cfg, pcap, args)
-        self.stores, tok, lp, lg = self.cache.run(key, build, *args)
-        del args, build  # they hold the stores before the refill, donated
-        self._observe(key, step=self.steps_done)
-        return tok, lp, lg
-
-    def load_cache(self, hoisted: tuple[jax.Array, ...], chunk: int) -> None:
-        """Run chunk ``chunk``'s distinct prompts through the model into the prompt cache
-        (:func:`~jaxrl_sym.runtime.prefill.cache_prompts`); its positions are booked as a
-        prefill's."""
-        pk = self.feed.chunks[chunk].packed
-        self.work.computed += pk.positions_computed
-        self.work.needed += pk.prompt_tokens
-        self.work.add("packing", pk.positions_computed - pk.prompt_tokens)
-        self.feed.loaded(chunk, None, None)  # the old chunk's entries go before the new ones
-        args = (hoisted, *map(jax.device_put, (pk.tokens, pk.positions, pk.rows, pk.last)))
-        key, build = prompt_cache_program(self.plan, pk, args)
-        self.feed.loaded(chunk, *self.cache.run(key, build, *args))
-        self._observe(key, step=self.steps_done)
-
-    def _first_tokens(self, slots: np.ndarray, tok: Any, lp: Any, lg: Any, out: Outputs,
-                      on_finished: OnFinished | None) -> None:
-        """Read the token 0 a refill sampled for ``slots`` (the other rows' are not theirs)."""
-        tok_h, lp_h = to_host(tok), to_host(lp)
-        lg_h = to_host(lg) if self.cfg.return_logits and out.logits is not None else None
-        finished: list[int] = []
-        for r in slots:
-            i = int(self.ids[r])
-            out.toks[i].append(int(tok_h[r]))
-            out.lps[i].append(float(lp_h[r]))
-            self.fed[r] = tok_h[r]
-            if lg_h is not None:
-                out.logits[i].append(lg_h[r])
-            if int(tok_h[r]) in self.cfg.eos_ids or len(out.toks[i]) >= self.limits[r]:
-                self.done[r] = out.finished[i] = True
-                finished.append(i)
-        if out.progress is not None:
-            out.progress(sum(len(t) for t in out.toks))
-        if finished and on_finished is not None:
-            on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
 
     def _observe(self, key: tuple, step: int) -> None:
         cached = self.feed.nbytes if self.refill is not None else 0

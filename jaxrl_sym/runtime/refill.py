@@ -209,8 +209,6 @@ def _group(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: 
             if len(left) == len(waiting):
                 break
             waiting = left
-        if feed is not None:  # the loaded chunk's cached keys sit beside the stores
-            out.peak_slots = max(out.peak_slots, b * capacity + feed.cached)
         live = st.live()
         if not live:
             return out
@@ -280,7 +278,6 @@ class _Feed:
         self.chunks = plan_chunks(order, prompts, budget, vocab=1, logits_bytes=1 << 62)
         self.chunk_of = {s: c for c, ch in enumerate(self.chunks) for s in ch.samples}
         self.at, self.rows, self.capacity, self.pcap = -1, rows, capacity, pcap
-        self.cached = 0  # tokens of the loaded chunk (each holds a slot's keys and values)
 
     def fill(self, out: RefillRun, samples: list[int]) -> int:
         """One refill program for the leading ``samples`` in one chunk (built first if it is
@@ -293,7 +290,8 @@ class _Feed:
             out.needed += pk.prompt_tokens
             out.waste["packing"] += pk.positions_computed - pk.prompt_tokens
             out.programs.add(("prompt_cache", pk.tokens.shape))
-            self.at, self.cached = c, pk.tokens.size
+            self.at = c  # its cached keys sit beside the stores (a token each, like a slot)
+            out.peak_slots = max(out.peak_slots, self.rows * self.capacity + pk.tokens.size)
         out.refill_dispatches += 1
         out.refill_slots += self.rows * self.pcap
         out.programs.add(("refill", self.rows, self.capacity,
