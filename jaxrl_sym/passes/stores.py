@@ -468,7 +468,7 @@ class SlotStore(StoreKind):
                                                 (zero, step % spec.lag))}
 
     def reset(self, spec, store, rows):
-        return store  # the refill's prefill writes the refilled rows' token 0
+        return store  # the refill program writes the refilled rows' token 0
 
     def attend(self, spec, store, args, write_index, *, fresh):
         raise TypeError("a slot store feeds a token back; it holds no keys")
