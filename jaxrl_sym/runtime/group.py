@@ -32,7 +32,7 @@ from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch
 from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache
-from jaxrl_sym.runtime.prompt_cache import CACHE_SHARE, PromptCache, plan_chunks
+from jaxrl_sym.runtime.prompt_cache import PromptCache, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import Refill, refill_shape
 from jaxrl_sym.sharding import to_host
 
@@ -74,7 +74,7 @@ class DecodeGroup(RefillRows):
         self.limits = np.zeros((b,), np.int64)
         if self.refill is not None:  # every row starts free: the cache fills them (run)
             self.waiting, group = [*group, *self.waiting], []
-            budget = max(self.shape.prompt_slots, b * self.capacity // CACHE_SHARE)
+            budget = cache_budget(self.shape.prompt_slots, b, self.capacity)
             self.feed = PromptCache(plan_chunks(self.waiting, prompts, budget,
                                                 vocab=plan.vocab_size,
                                                 logits_bytes=cfg.prefill_logits_bytes))

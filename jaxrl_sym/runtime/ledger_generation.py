@@ -50,7 +50,7 @@ from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
 from jaxrl_sym.runtime.programs import Build
-from jaxrl_sym.runtime.prompt_cache import CACHE_SHARE, CacheChunk, plan_chunks
+from jaxrl_sym.runtime.prompt_cache import CacheChunk, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import refill_shape
 
 __all__ = ["WEIGHTS", "GenerationLedger", "ProgramRun", "decode_floor", "sym_ledger"]
@@ -187,7 +187,7 @@ def _refill_ledger(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[A
     shape = refill_shape([len(p) for p in prompts], limits, rows, plan.row_multiple,
                          plan.options.max_len)
     walk = _SymGroup(plan, cfg, hoisted, held, progs, shape.rows, shape.capacity)
-    budget = max(shape.prompt_slots, shape.rows * shape.capacity // CACHE_SHARE)
+    budget = cache_budget(shape.prompt_slots, shape.rows, shape.capacity)
     chunks = plan_chunks(list(range(len(prompts))), prompts, budget, vocab=plan.vocab_size,
                          logits_bytes=cfg.prefill_logits_bytes)
     by_shape = {(*c.packed.tokens.shape, len(c.lens)): c for c in chunks}

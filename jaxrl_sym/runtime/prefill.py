@@ -68,7 +68,7 @@ def cache_prompts(builder: Any, hoisted: tuple[jax.Array, ...], tokens: jax.Arra
     per packed token (``{node: {"k" [N, Hkv, D], "v", "pos" [N]}}``, N = rows x length) —
     instead of writing it, and each entry's last-token logits ``[U, V]`` (fp32). A refill
     then writes a prompt's entries into the row that takes it (:func:`refill_from_cache`)
-    without running the model again: one program per group, whatever the refill."""
+    without running the model again: one program per chunk shape, whatever the refill."""
     n_chunks = tokens.shape[0] // chunk_rows
     split = lambda x: x.reshape(n_chunks, chunk_rows, *x.shape[1:])
     vocab = int(builder.pdg.node(builder.pdg.outputs[0]).shape[-1])

@@ -12,9 +12,10 @@ distinct prompts fit a budget of cached tokens (:func:`plan_chunks`); a chunk is
 prefill (:func:`~jaxrl_sym.runtime.prefill.cache_prompts`, on the prefill's 16-per-octave
 grid) that keeps what every attention node would write — keys, values, positions per packed
 token — and each prompt's last-token logits. Filling rows (the first wave and every refill)
-is one program per group (:func:`~jaxrl_sym.runtime.prefill.refill_from_cache`): each store
-kind's own ``reset`` and ``fill`` write the cached entries at the row's slots, and token 0 is
-sampled from the cached logits under the sample's own key.
+is one program per group and chunk shape
+(:func:`~jaxrl_sym.runtime.prefill.refill_from_cache`): each store kind's own ``reset`` and
+``fill`` write the cached entries at the row's slots, and token 0 is sampled from the cached
+logits under the sample's own key.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ whole prompt): distinct prompts beyond that are cached chunk by chunk as the gro
 them. Why: a GRPO step's few distinct prompts fit at once (one chunk, one program), while a
 request of hundreds of distinct long prompts does not add more than a quarter to the stores'
 memory."""
+
+
+def cache_budget(prompt_slots: int, rows: int, capacity: int) -> int:
+    """Tokens a group's prompt cache may hold (:data:`CACHE_SHARE`): the engine, its replay and
+    the generation ledger cut chunks by this one rule."""
+    return max(prompt_slots, rows * capacity // CACHE_SHARE)
 
 
 @dataclass(frozen=True)
@@ -84,8 +91,9 @@ def plan_chunks(order: Sequence[int], prompts: Sequence[np.ndarray], budget: int
 
 
 class PromptCache:
-    """The device side: the loaded chunk's cached entries, built on demand, and the host
-    arrays a refill program takes (see the module docstring)."""
+    """Which chunk is loaded and which samples one refill can take, and the device side: the
+    loaded chunk's cached entries, built on demand, and the host arrays a refill program
+    takes (see the module docstring). The replay drives the same object without arrays."""
 
     def __init__(self, chunks: list[CacheChunk]) -> None:
         self.chunks = chunks

@@ -51,7 +51,7 @@ from jaxrl_sym.runtime.policy import (
     microbatches,
     row_bucket,
 )
-from jaxrl_sym.runtime.prompt_cache import CACHE_SHARE, plan_chunks
+from jaxrl_sym.runtime.prompt_cache import PromptCache, cache_budget, plan_chunks
 
 Layout = Literal["lifetime", "ring"]
 
@@ -262,41 +262,40 @@ def _start(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: 
     if refill is None:
         _prefill(out, {r: prompts[i] for r, i in enumerate(first)}, b, pcap, capacity)
     else:
-        feed = _Feed(prompts, waiting, max(pcap, b * capacity // CACHE_SHARE), b, capacity,
-                     pcap)
+        feed = _Feed(prompts, waiting, cache_budget(pcap, b, capacity), b, capacity, pcap)
     # the stores exist from the first fill on, even if every sample ends at its token 0
     out.peak_slots = max(out.peak_slots, b * capacity)
     return shape, st, waiting, feed, capacity
 
 
 class _Feed:
-    """The replay's prompt cache: the engine's chunks (:func:`plan_chunks`) and which one is
-    loaded."""
+    """The replay's prompt cache: the engine's :class:`PromptCache` over the same chunks
+    (:func:`plan_chunks`), without arrays, and what its programs cost."""
 
     def __init__(self, prompts: list[np.ndarray], order: list[int], budget: int, rows: int,
                  capacity: int, pcap: int) -> None:
-        self.chunks = plan_chunks(order, prompts, budget, vocab=1, logits_bytes=1 << 62)
-        self.chunk_of = {s: c for c, ch in enumerate(self.chunks) for s in ch.samples}
-        self.at, self.rows, self.capacity, self.pcap = -1, rows, capacity, pcap
+        self.cache = PromptCache(plan_chunks(order, prompts, budget, vocab=1,
+                                             logits_bytes=1 << 62))
+        self.rows, self.capacity, self.pcap = rows, capacity, pcap
 
     def fill(self, out: RefillRun, samples: list[int]) -> int:
         """One refill program for the leading ``samples`` in one chunk (built first if it is
         not loaded: a packed prefill's positions); how many it took."""
-        c = self.chunk_of[samples[0]]
-        if c != self.at:
-            pk = self.chunks[c].packed
+        c = self.cache.needs_load(samples[0])
+        if c is not None:
+            pk = self.cache.chunks[c].packed
             out.prefill_dispatches += 1
             out.computed += pk.positions_computed
             out.needed += pk.prompt_tokens
             out.waste["packing"] += pk.positions_computed - pk.prompt_tokens
             out.programs.add(("prompt_cache", pk.tokens.shape))
-            self.at = c  # its cached keys sit beside the stores (a token each, like a slot)
+            self.cache.loaded(c, None, None)  # beside the stores: a token each, like a slot
             out.peak_slots = max(out.peak_slots, self.rows * self.capacity + pk.tokens.size)
         out.refill_dispatches += 1
         out.refill_slots += self.rows * self.pcap
         out.programs.add(("refill", self.rows, self.capacity,
-                          self.chunks[c].packed.tokens.shape))
-        return next((n for n, s in enumerate(samples) if self.chunk_of[s] != c), len(samples))
+                          self.cache.chunks[self.cache.at].packed.tokens.shape))
+        return self.cache.servable(samples)
 
 
 def _refill(out: RefillRun, st: _Rows, waiting: list[int], refill: Refill, w: int,
