@@ -10,7 +10,14 @@ JAX's import. Importing this module imports neither JAX nor the runtime's device
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.runtime.policy import (
@@ -27,6 +34,90 @@ from jaxrl_sym.runtime.refill import Refill
 
 BACKENDS = ("xla", "triton", "auto")
 PREFILLS = ("packed", "block")
+
+Check = Callable[[Any], Any]
+"""A knob's domain: returns the value normalised (NumPy scalars → Python ints/floats/bools),
+raises ``TypeError``/``ValueError`` when it is outside (``EngineOptions.__post_init__`` turns
+that into an :class:`InputError` naming the knob)."""
+
+
+def _count(low: int = 1) -> Check:
+    """An integer >= ``low``: a Python or NumPy int (array arithmetic hands out NumPy scalars),
+    never a bool (``True`` for a count is almost always a mistake) nor a float."""
+    def check(value: Any) -> int:
+        if isinstance(value, bool | np.bool_):
+            raise TypeError(value)
+        n = operator.index(value)  # TypeError for floats, strings, None
+        if n < low:
+            raise ValueError(value)
+        return n
+    return check
+
+
+def _share(*, low_open: bool) -> Check:
+    """A finite real number in ``[0, 1]`` (``(0, 1]`` with ``low_open``), as a float: NaN
+    compares false everywhere, so an unchecked NaN would silently pick one branch."""
+    def check(value: Any) -> float:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+            raise TypeError(value)
+        x = float(value)
+        if not (math.isfinite(x) and (x > 0 if low_open else x >= 0) and x <= 1):
+            raise ValueError(value)
+        return x
+    return check
+
+
+def _flag(value: Any) -> bool:
+    """True or False (a NumPy bool too); an int or a string is refused, not read as truthy."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(value)
+    return bool(value)
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise ValueError(value)
+        return value
+    return check
+
+
+def _or_none(check: Check) -> Check:
+    """``check``'s domain, or None (where None means something: no cap, the default)."""
+    return lambda value: None if value is None else check(value)
+
+
+_DOMAINS: dict[str, tuple[Check, str]] = {
+    "backend": (_one_of(BACKENDS), "must be 'xla', 'triton' (Triton decode kernels) or "
+                "'auto' (triton where it runs compiled, else xla)"),
+    "min_capacity": (_count(), "must be a positive int; give the initial slots of a growing "
+                     "store (e.g. 16)"),
+    "max_len": (_or_none(_count()), "must be a positive int or None; give the cap on prompt + "
+                "response slots, or None for no cap"),
+    "microbatch_rows": (_or_none(_count()), "must be a positive int or None; give the most "
+                        "rows one decode group runs (with refill: its resident rows), or None "
+                        "for no cap"),
+    "max_pad_fraction": (_share(low_open=False), "must be a finite number in [0, 1]; give the "
+                         "prompt padding a microbatch may add as a share of its work (1: one "
+                         "group)"),
+    "decode_tile": (_count(), "must be a positive int; give the decode steps per dispatch "
+                    "(1: one dispatch per token)"),
+    "max_decode_tile": (_or_none(_count()), "must be a positive int or None; give the most "
+                        "steps a tile grows to, or None for the default"),
+    "prefill": (_one_of(PREFILLS), "must be 'packed' (prompts bin-packed into rows) or "
+                "'block' (the right-aligned prompt rectangle)"),
+    "compact_at": (_share(low_open=True), "must be a finite number in (0, 1]; give the share of "
+                   "its row bucket a group's live rows must fit before it is compacted"),
+    "compact_min_rows": (_count(), "must be a positive int; give the fewest rows a group is "
+                         "compacted to (1: down to single rows)"),
+    "compact_early": (_flag, "must be True or False"),
+    "defer_compiles": (_flag, "must be True or False"),
+    "refill": (_flag, "must be True or False"),
+    "refill_min_free": (_count(), "must be a positive int; give the free rows a refill waits "
+                        "for (1: refill each freed row at once)"),
+}
+"""Every knob's domain and what to do when a value is outside it (one entry per field: a knob
+added without one fails on the first construction, with a ``KeyError`` naming it)."""
 
 
 @dataclass(frozen=True)
@@ -85,53 +176,41 @@ class EngineOptions:
     refill_min_free: int = 1
 
     def __post_init__(self) -> None:
-        self.tiling()  # each raises an InputError naming its knob
-        self.compaction()
-        if self.prefill not in PREFILLS:
-            raise InputError(f"prefill={self.prefill!r}: choose 'packed' (prompts bin-packed "
-                             "into rows) or 'block' (the right-aligned prompt rectangle)")
-        if self.backend not in BACKENDS:
-            raise InputError(f"backend={self.backend!r}: choose 'xla', 'triton' or 'auto'")
-        if self.refill:
-            self.refill_policy()
-            if self.prefill != "packed":
-                raise InputError("refill=True needs prefill='packed': refilled prompts are "
-                                 "packed into the rows they take")
+        """Check every knob against its domain (:data:`_DOMAINS`) and normalise it, then the
+        rules between knobs. Why here: a value outside its domain used to run — e.g.
+        ``microbatch_rows=-1`` with ``refill=True`` generated one row's sample twice — instead
+        of failing where it was given, naming the knob."""
+        for f in dataclasses.fields(self):
+            check, rule = _DOMAINS[f.name]
+            value = getattr(self, f.name)
+            try:
+                object.__setattr__(self, f.name, check(value))  # frozen: set once, here
+            except (TypeError, ValueError):
+                raise InputError(f"EngineOptions.{f.name}={value!r}: {rule}") from None
+        self.tiling()
+        if self.refill and self.prefill != "packed":
+            raise InputError("EngineOptions.refill=True needs prefill='packed': refilled "
+                             "prompts are packed into the rows they take; drop one of them")
 
     def tiling(self) -> Tiling:
-        """The tile policy these options ask for, refused by name when it cannot be."""
-        if self.decode_tile < 1:
-            raise InputError(f"decode_tile={self.decode_tile} must be >= 1 (1: one dispatch "
-                             "per token)")
+        """The tile policy these options ask for (refused by name when ``max_decode_tile`` is
+        below ``decode_tile``: the tile only grows)."""
         top = DEFAULT_MAX_DECODE_TILE if self.decode_tile > 1 else 1
-        top = (max(top, int(self.decode_tile)) if self.max_decode_tile is None
-               else int(self.max_decode_tile))
+        top = max(top, self.decode_tile) if self.max_decode_tile is None else self.max_decode_tile
         if top < self.decode_tile:
-            raise InputError(f"max_decode_tile={self.max_decode_tile} must be >= decode_tile="
-                             f"{self.decode_tile} (the tile only grows from decode_tile)")
-        return Tiling(int(self.decode_tile), top)
+            raise InputError(f"EngineOptions.max_decode_tile={self.max_decode_tile}: must be >= "
+                             f"decode_tile={self.decode_tile} (the tile only grows from "
+                             "decode_tile); raise it or give None")
+        return Tiling(self.decode_tile, top)
 
     def compaction(self) -> Compaction:
-        """The compaction rule these options ask for, refused by name when it cannot be."""
-        if not 0 < self.compact_at <= 1:
-            raise InputError(f"compact_at={self.compact_at} must be in (0, 1]: the share of its "
-                             "row bucket a group's live rows must fit before it is compacted")
-        if self.compact_min_rows < 1:
-            raise InputError(f"compact_min_rows={self.compact_min_rows} must be >= 1 (1: "
-                             "compact down to single rows)")
-        return Compaction(float(self.compact_at), int(self.compact_min_rows),
-                          bool(self.compact_early))
+        """The compaction rule these options ask for (its knobs checked on construction)."""
+        return Compaction(self.compact_at, self.compact_min_rows, self.compact_early)
 
     def refill_policy(self) -> Refill | None:
-        """The refill rule these options ask for (None: no refill), refused by name when it
-        cannot be."""
-        if not self.refill:
-            return None
-        if isinstance(self.refill_min_free, bool) or not isinstance(self.refill_min_free, int) \
-                or self.refill_min_free < 1:
-            raise InputError(f"refill_min_free={self.refill_min_free!r} must be an int >= 1 "
-                             "(free rows a refill waits for)")
-        return Refill(self.refill_min_free)
+        """The refill rule these options ask for (None: no refill; its knob checked on
+        construction)."""
+        return Refill(self.refill_min_free) if self.refill else None
 
     def replace(self, **changes: object) -> EngineOptions:
         """A copy with ``changes`` (checked again)."""

@@ -23,8 +23,8 @@
 
 from __future__ import annotations
 
-import math
 import re
+import sys
 from dataclasses import dataclass
 
 from jaxrl_sym.errors import InputError
@@ -51,12 +51,13 @@ class LoraConfig:
             raise InputError(f"LoraConfig.rank={self.rank!r}: must be an int >= 1 (the adapters' "
                              "inner dimension; 8-64 is usual)")
         if (not isinstance(self.alpha, int | float) or isinstance(self.alpha, bool)
-                or not math.isfinite(self.alpha) or self.alpha <= 0):
+                or not 0 < self.alpha <= sys.float_info.max):  # NaN, inf, an int past float
             raise InputError(f"LoraConfig.alpha={self.alpha!r}: must be a finite number > 0 (the "
                              "update is scaled by alpha / rank; 2 x rank is common)")
         self._check_dropout()
         self._check_targets()
-        if self.base_dtype is not None and self.base_dtype not in BASE_DTYPES:
+        if self.base_dtype is not None and (not isinstance(self.base_dtype, str)
+                                            or self.base_dtype not in BASE_DTYPES):
             raise InputError(f"LoraConfig.base_dtype={self.base_dtype!r}: give None (keep the "
                              f"checkpoint's dtype) or one of {', '.join(BASE_DTYPES)}")
 
@@ -80,7 +81,7 @@ class LoraConfig:
             return
         try:
             re.compile(self.targets)
-        except re.error as err:
+        except (re.error, OverflowError) as err:  # OverflowError: a repeat count like a{10**20}
             raise InputError(f"LoraConfig.targets={self.targets!r} is not a valid regular "
                              f"expression ({err}); it must match whole dotted parameter paths, "
                              r"e.g. '.*\.(q_proj|v_proj)\.kernel'") from None
