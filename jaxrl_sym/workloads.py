@@ -6,6 +6,10 @@
 * :func:`grpo_rollout` — one GRPO step's prompts (tokens) and per-sample response lengths.
 * Length profiles: the prompt and response lengths of a sequence of RL generation steps, replayed
   against every generation system by the suite (``python -m bench suite --only trace``).
+* :func:`reasoning` — RL on long chain-of-thought traces: log-normal prompts and heavy-tailed
+  log-normal responses truncated at a generation cap (:data:`REASONING_CAPS`), prompt and
+  response lengths correlated; :func:`reasoning_growing` — the same with the median rising 10x
+  over a run (:func:`reasoning_median`); :func:`length_stats` — what a request realised.
 
 Why profiles and not one distribution: RLVR workloads differ per task and drift over training.
 A characterization study of production RLVR runs (PolyTrace, see ``/work/shared/seeds/003``)
@@ -21,6 +25,23 @@ distribution can look good and still idle on these, so the suite replays several
 * a user trace — a JSONL file of ``{"prompt_len": P, "response_len": R}`` rows (optional
   ``"step": k`` groups rows into steps; otherwise consecutive rows fill steps of ``batch``),
   validated with errors naming the file and line (:func:`load_trace`).
+
+Reasoning lengths, and what the sources do and do not say. Silvestre & Pietzuch, "Systems
+Opportunities for LLM Fine-Tuning using Reinforcement Learning", EuroMLSys '25
+(``/work/shared/seeds/002``): §2.3 lists prompt sizes that vary, response sizes set by when EOS is
+generated, and an average response length that changes during training — for DeepSeek-R1 it
+"increases by over an order of magnitude". Its Tab. 2 gives the correlation of prompt and
+response length, estimated from 0.5M samples (~180K per model): DeepSeek-R1 0.22, GPT-4 Turbo
+0.24, Llama 3 0.44, mean 0.30 (§4.2 calls it a "mean weighted correlation"; DeepSeek-R1's
+responses include its reasoning traces). It does not say Pearson or Spearman, raw or log
+lengths; we impose 0.3 as the Pearson correlation of log lengths (Gaussian copula). Its Fig. 3 is
+the JAX/XLA decoding microbenchmark (a static padded cache costs 4.1x / 7.5x the memory of a
+dynamic one, full / windowed attention): why padding to the cap is costly, not a length
+distribution. Neither it nor the RLVR study (seeds/003, a summary: GPU idling from skewed
+sequence lengths, workloads varying across training steps) gives a shape, median, tail or
+truncated share, so the log-normal, its median and sigma are ours (see :data:`REASONING_SIGMA`).
+DeepSeek-R1 (Guo et al. 2025, arXiv:2501.12948, Fig. 3; Nature 2025, Fig. 1b) plots
+R1-Zero's average response length on the training set rising steadily over RL training.
 
 A profile is pure data (:class:`Profile`: steps of per-row lengths), so every system replays
 exactly the same requests and results are comparable across systems and runs.
@@ -194,6 +215,131 @@ def growing(*, batch: int, steps: int, medians: tuple[float, float] = (100.0, 10
     return Profile("growing", f"growing: median {lo:g} -> {hi:g} over {steps} steps",
                    tuple(out))
 
+
+# Reasoning profile (issue 47): the generation caps long chain-of-thought RL runs use.
+REASONING_CAPS: tuple[int, ...] = (4096, 8192, 16384, 32768)
+# Responses: log-normal with median ``cap / 16`` by default (1024 at 16k: far below the cap) and
+# sigma 1.2, so the 99th percentile, ``median * exp(2.326 * 1.2) = 16.3 * median``, sits at the
+# cap: about 1% truncated at every cap, a heavier tail than TASKS["math"] (sigma 1.0).
+REASONING_SIGMA = 1.2
+REASONING_CORRELATION = 0.3  # Tab. 2's mean over three models (see the module docstring)
+# Prompts: log-normal, median 150 tokens, sigma 0.6 (99th percentile ~600), capped at 2048
+# (a share ~1e-5 clipped): a math/reasoning prompt is a short problem statement.
+REASONING_PROMPT: tuple[float, float, int] = (150.0, 0.6, 2048)
+
+
+def reasoning_tail(median: float, sigma: float, cap: int) -> float:
+    """The share of a log-normal(``median``, ``sigma``) above ``cap``, P(Z > ln(cap/median)/sigma):
+    what a generation limit truncates, so benchmarks can report the intended truncated share next
+    to the realised one (rounding also moves lengths in [cap - 0.5, cap) onto the cap)."""
+    return 0.5 * math.erfc(math.log(cap / median) / (sigma * math.sqrt(2.0)))
+
+
+def _check_reasoning(cap: int, median: float, sigma: float, correlation: float,
+                     prompt: tuple[float, float, int]) -> None:
+    """Refuse parameters the copula or the log-normals cannot take, naming the argument."""
+    if cap < 1 or prompt[2] < 1:
+        raise InputError(f"cap {cap} / prompt cap {prompt[2]}: caps must be >= 1")
+    if not (median > 0 and prompt[0] > 0):
+        raise InputError(f"median {median} / prompt median {prompt[0]}: medians must be > 0")
+    if not (sigma > 0 and prompt[1] > 0):
+        raise InputError(f"sigma {sigma} / prompt sigma {prompt[1]}: sigmas must be > 0")
+    if not -1.0 <= correlation <= 1.0:
+        raise InputError(f"correlation {correlation}: must be in [-1, 1]")
+
+
+def _reasoning_rows(rng: np.random.Generator, n: int, *, median: float, sigma: float, cap: int,
+                    correlation: float, prompt: tuple[float, float, int]) -> Step:
+    """``n`` rows whose log prompt and log response lengths are standard normals with correlation
+    ``correlation`` (a Gaussian copula: the response's normal is ``rho * z_prompt +
+    sqrt(1 - rho^2) * noise``), scaled to the two log-normals, rounded and clipped to
+    [1, cap]. One ``(2, n)`` draw keeps a seed's rows identical whatever reads them."""
+    z_prompt, noise = rng.standard_normal((2, n))
+    z_response = correlation * z_prompt + math.sqrt(1.0 - correlation**2) * noise
+    p_median, p_sigma, p_cap = prompt
+    prompts = np.clip(np.round(p_median * np.exp(p_sigma * z_prompt)), 1, p_cap)
+    responses = np.clip(np.round(median * np.exp(sigma * z_response)), 1, cap)
+    return Step(tuple(int(x) for x in prompts), tuple(int(x) for x in responses))
+
+
+def reasoning(n: int, *, cap: int = 16384, median: float | None = None,
+              sigma: float = REASONING_SIGMA, correlation: float = REASONING_CORRELATION,
+              prompt: tuple[float, float, int] = REASONING_PROMPT, seed: int = 0) -> Step:
+    """One long chain-of-thought request of ``n`` rows, from ``np.random.default_rng(seed)``.
+
+    Responses are log-normal with ``median`` (default ``cap / 16``) and ``sigma``, clipped to
+    ``cap``: the share :func:`reasoning_tail` puts above the cap lands on it (truncated, as a
+    generation limit truncates a trace that has not reached EOS). Prompts are log-normal,
+    ``prompt = (median, sigma, cap)`` (:data:`REASONING_PROMPT`). The Pearson correlation of
+    the log lengths is ``correlation`` before rounding and clipping (0.3: the paper's Tab. 2
+    mean; on raw lengths the defaults give about 0.2, and Spearman ``6/pi asin(rho/2)`` ~0.29)."""
+    median = cap / 16 if median is None else median
+    _check_reasoning(cap, median, sigma, correlation, prompt)
+    return _reasoning_rows(np.random.default_rng(seed), n, median=median, sigma=sigma, cap=cap,
+                           correlation=correlation, prompt=prompt)
+
+
+def reasoning_median(step: int, steps: int, *, median_start: float,
+                     growth: float = 10.0) -> float:
+    """The median response length at ``step`` (0-based) of ``steps``: geometric from
+    ``median_start`` to ``growth * median_start`` at the last step, because response length grows
+    multiplicatively over reasoning RL (DeepSeek-R1: over an order of magnitude)."""
+    if not 0 <= step < steps:
+        raise InputError(f"step {step}: must be in [0, {steps})")
+    if not (median_start > 0 and growth > 0):
+        raise InputError(f"median_start {median_start}, growth {growth}: must be > 0")
+    return median_start * growth ** (step / max(1, steps - 1))
+
+
+def reasoning_growing(*, batch: int, steps: int, cap: int = 16384,
+                      median_start: float | None = None, growth: float = 10.0,
+                      sigma: float = REASONING_SIGMA, correlation: float = REASONING_CORRELATION,
+                      prompt: tuple[float, float, int] = REASONING_PROMPT,
+                      seed: int = 0) -> Profile:
+    """``steps`` reasoning requests of ``batch`` rows whose median follows
+    :func:`reasoning_median`; ``median_start`` defaults to ``cap / 16 / growth`` so the last step
+    reaches :func:`reasoning`'s default median (``growth=1`` gives a static profile). Other
+    arguments as :func:`reasoning`; step k draws from ``default_rng([seed, k, 47])``."""
+    start = cap / 16 / growth if median_start is None else median_start
+    medians = [reasoning_median(k, steps, median_start=start, growth=growth)
+               for k in range(steps)]
+    out = []
+    for k, median in enumerate(medians):
+        _check_reasoning(cap, median, sigma, correlation, prompt)
+        out.append(_reasoning_rows(np.random.default_rng([seed, k, 47]), batch, median=median,
+                                   sigma=sigma, cap=cap, correlation=correlation, prompt=prompt))
+    end = medians[-1] if medians else start
+    return Profile("reasoning", f"reasoning: median {start:g} -> {end:g} over {steps} steps, "
+                                f"sigma {sigma}, cap {cap}, correlation {correlation}",
+                   tuple(out))
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """What one request realised: response ``median``, ``mean`` and ``p99``; ``truncated``, the
+    share of responses at ``cap``; ``correlation``, Pearson of log prompt and log response lengths
+    (NaN when either is constant). Tests assert these; benchmarks report them beside results."""
+
+    rows: int
+    median: float
+    mean: float
+    p99: float
+    truncated: float
+    correlation: float
+
+
+def length_stats(step: Step, *, cap: int) -> LengthStats:
+    """The realised statistics of ``step`` against the generation cap ``cap``."""
+    p = np.asarray(step.prompt_lens, dtype=np.float64)
+    r = np.asarray(step.response_lens, dtype=np.float64)
+    if r.size == 0:
+        raise InputError("length_stats: the step has no rows")
+    lp, lr = np.log(p), np.log(r)
+    corr = (float("nan") if lp.std() == 0 or lr.std() == 0
+            else float(np.corrcoef(lp, lr)[0, 1]))
+    return LengthStats(rows=int(r.size), median=float(np.median(r)), mean=float(r.mean()),
+                       p99=float(np.percentile(r, 99)), truncated=float(np.mean(r >= cap)),
+                       correlation=corr)
 
 def _positive_int(row: dict, key: str, where: str) -> int:
     v = row.get(key)

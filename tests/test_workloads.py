@@ -4,22 +4,33 @@ and a real replay's idle positions agree with the oracle counts. No timing is as
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from bench import plots, suite_child, suite_report, suite_trace
 from bench import suite_padding as sp
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.workloads import (
+    REASONING_CAPS,
+    Step,
     builtin_profiles,
     fixed_shape_positions,
     growing,
     idle_fraction,
+    length_stats,
     load_trace,
+    reasoning,
+    reasoning_growing,
+    reasoning_median,
+    reasoning_tail,
     skewed,
 )
 
@@ -129,3 +140,101 @@ def test_trace_rows_render(tmp_path: Path) -> None:
     md = suite_report.render_markdown(rows)
     assert "| math | 1 | 10 | 6 | padded | 50 |" in md and "**error**" in md
     assert plots.plot_all(rows, tmp_path) == [tmp_path / "trace_idle.png"]
+
+
+# The reasoning profile. Oracles: tail probabilities from scipy / math.erf on the parameters the
+# test passes, statistics from numpy on the returned lengths; nothing is taken from the module.
+SIGMA, PROMPT, N = 1.2, (150.0, 0.6, 2048), 4000
+
+
+def _arrays(step: Step) -> tuple[np.ndarray, np.ndarray]:
+    return np.asarray(step.prompt_lens), np.asarray(step.response_lens)
+
+
+def test_reasoning_caps_are_4k_to_32k() -> None:
+    assert REASONING_CAPS == (4096, 8192, 16384, 32768)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), cap=st.sampled_from([4096, 8192, 16384, 32768]),
+       frac=st.floats(1 / 64, 1 / 8), rho=st.floats(-0.5, 0.8))
+def test_reasoning_realises_the_asked_distribution(seed: int, cap: int, frac: float,
+                                                   rho: float) -> None:
+    median = frac * cap
+    step = reasoning(N, cap=cap, median=median, sigma=SIGMA, correlation=rho, prompt=PROMPT,
+                     seed=seed)
+    p, r = _arrays(step)
+    assert p.shape == r.shape == (N,)
+    assert r.min() >= 1 and r.max() <= cap and p.min() >= 1 and p.max() <= PROMPT[2]
+    assert all(type(x) is int for x in step.response_lens + step.prompt_lens)
+    assert abs(np.median(r) / median - 1) < 0.15
+    at_cap = float(np.mean(r == cap))
+    tail = float(stats.norm.sf(math.log(cap / median) / SIGMA))  # P(lognormal > cap)
+    assert abs(at_cap - tail) <= 4 * math.sqrt(tail * (1 - tail) / N) + 0.003
+    corr = float(np.corrcoef(np.log(p), np.log(r))[0, 1])
+    assert abs(corr - rho) <= 0.08
+    got = length_stats(step, cap=cap)
+    assert got.rows == N and got.truncated == at_cap
+    assert got.median == float(np.median(r)) and got.mean == pytest.approx(float(r.mean()))
+    assert got.p99 == pytest.approx(float(np.percentile(r, 99)))
+    assert got.correlation == pytest.approx(corr)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 2), cap=st.sampled_from([4096, 8192, 16384, 32768]))
+def test_reasoning_is_deterministic_per_seed(seed: int, cap: int) -> None:
+    a, b = reasoning(500, cap=cap, seed=seed), reasoning(500, cap=cap, seed=seed)
+    assert a == b
+    c = reasoning(500, cap=cap, seed=seed + 1)
+    assert a.prompt_lens != c.prompt_lens and a.response_lens != c.response_lens
+    g = reasoning_growing(batch=50, steps=3, cap=cap, seed=seed)
+    assert g.digest() == reasoning_growing(batch=50, steps=3, cap=cap, seed=seed).digest()
+    assert g.digest() != reasoning_growing(batch=50, steps=3, cap=cap, seed=seed + 1).digest()
+
+
+@settings(max_examples=20, deadline=None)
+@given(median=st.floats(1.0, 1e4), sigma=st.floats(0.1, 3.0),
+       cap=st.sampled_from([4096, 8192, 16384, 32768]))
+def test_reasoning_tail_is_the_lognormal_tail(median: float, sigma: float, cap: int) -> None:
+    z = (math.log(cap) - math.log(median)) / sigma
+    assert reasoning_tail(median, sigma, cap) == pytest.approx(
+        0.5 * (1 - math.erf(z / math.sqrt(2))), abs=1e-12)
+
+
+def test_reasoning_defaults_at_16k() -> None:
+    """The documented defaults: median cap / 16 = 1024, ~1% truncated (p99 at the cap)."""
+    step = reasoning(N, cap=16384, seed=0)
+    p, r = _arrays(step)
+    assert abs(np.median(r) / 1024 - 1) < 0.15 and abs(np.median(p) / 150 - 1) < 0.15
+    assert abs(float(np.mean(r == 16384)) - stats.norm.sf(math.log(16) / 1.2)) < 0.006
+    assert abs(float(np.corrcoef(np.log(p), np.log(r))[0, 1]) - 0.3) <= 0.08
+
+
+@settings(max_examples=20, deadline=None)
+@given(steps=st.integers(2, 60), start=st.floats(1.0, 5000.0))
+def test_reasoning_schedule_rises_10x_monotonically(steps: int, start: float) -> None:
+    meds = [reasoning_median(k, steps, median_start=start) for k in range(steps)]
+    assert meds[0] == pytest.approx(start) and meds[-1] == pytest.approx(10 * start)
+    assert all(a < b for a, b in itertools.pairwise(meds))
+    ratios = [b / a for a, b in itertools.pairwise(meds)]  # geometric: equal ratios
+    assert ratios == pytest.approx([10 ** (1 / (steps - 1))] * (steps - 1))
+
+
+def test_reasoning_growing_realises_the_schedule() -> None:
+    prof = reasoning_growing(batch=2000, steps=4, cap=32768, seed=5)
+    meds = [float(np.median(s.response_lens)) for s in prof.steps]
+    assert all(a < b for a, b in itertools.pairwise(meds))
+    assert 10 / 1.3 < meds[-1] / meds[0] < 10 * 1.3
+    assert abs(meds[-1] / 2048 - 1) < 0.15  # last step reaches the static default cap / 16
+    assert all(max(s.response_lens) <= 32768 and min(s.response_lens) >= 1 for s in prof.steps)
+
+
+@pytest.mark.parametrize("kw, what", [
+    ({"correlation": 1.5}, "correlation"), ({"median": 0.0}, "median"),
+    ({"cap": 0}, "cap"), ({"sigma": -1.0}, "sigma"),
+])
+def test_reasoning_refuses_bad_parameters(kw: dict, what: str) -> None:
+    with pytest.raises(InputError, match=what):
+        reasoning(10, **kw)
+    with pytest.raises(InputError, match="step"):
+        reasoning_median(3, 3, median_start=10.0)
