@@ -21,6 +21,11 @@ Why it is built this way:
   CorDA, LoftQ) — is an ``InputError`` naming the file and key, as is a missing or extra tensor.
   ``lora_dropout`` is accepted and dropped: it only acts in training, and a loaded adapter
   continues with dropout 0 (:mod:`.lora_config` says why).
+* **An adapter for another model is refused**, even when every LoRA shape fits (a Llama and a
+  Qwen2 of one size share them): ``auto_mapping`` (written on export: peft's own field for the
+  base class), the base at ``base_model_name_or_path`` when it is on this machine (resolved like
+  peft, from the working directory) and each ``target_modules`` name are compared with the model,
+  naming the field and both values. A NaN adapter is refused by the loader's ``check_weight``.
 * **Atomic** like :func:`~jaxrl_sym.models.hf.export.export_pretrained`: written into a temporary
   directory renamed into place, so a crash never leaves a half adapter.
 """
@@ -40,12 +45,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.hf.config import parse_config
 from jaxrl_sym.models.hf.export import (
     DEFAULT_MAX_SHARD_BYTES,
     check_out_dir,
     export_pretrained,
     swap_into_place,
 )
+from jaxrl_sym.models.hf.file_checks import check_readable, check_weight, refuse_unreadable
+from jaxrl_sym.models.hf.gguf import config_dict, find_gguf, open_gguf
 from jaxrl_sym.models.hf.modeling import CausalLM
 from jaxrl_sym.models.hf.safetensors_io import (
     ST_DTYPES,
@@ -64,6 +72,18 @@ PREFIX = "base_model.model."  # PeftModel → LoraModel → the transformers mod
 _HEAD = "lm_head"  # left out of "all-linear" by peft for a causal LM (its output embedding)
 # Initialisations that change the base weights: such an adapter only fits the modified base.
 _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
+# model_type → transformers' class, recorded as peft's auto_mapping so a loader can tell which
+# architecture an adapter was made for (peft itself ignores it when task_type is set).
+_CLASSES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+            "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+            "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+# HFConfig field → config.json key: the fields that make two models different architectures
+_ARCH_FIELDS = {"model_type": "model_type", "vocab_size": "vocab_size",
+                "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+                "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
+_ADAPTER_DAMAGED = ("this adapter is damaged (NaN adapters mean its training diverged): export "
+                    "it again from an earlier step (--step)")
 
 
 def _empty(v: Any) -> bool:
@@ -120,10 +140,12 @@ def peft_config(plan: LoraPlan, model: CausalLM, modules: Sequence[str],
                 base_model_name_or_path: str | None) -> dict[str, Any]:
     """The ``adapter_config.json`` dict: peft's ``LoraConfig`` fields that decide the adapter,
     each with the value of this plan, plus the long-standing bookkeeping fields (fields added
-    in recent peft releases are left to their defaults, so older peft reads the file too)."""
+    in recent peft releases are left to their defaults, so older peft reads the file too);
+    ``auto_mapping`` records the base's architecture, which :func:`check_base` compares."""
     alpha = plan.cfg.alpha
     return {
-        "alpha_pattern": {}, "base_model_name_or_path": base_model_name_or_path,
+        "alpha_pattern": {}, "auto_mapping": auto_mapping(model.cfg.model_type),
+        "base_model_name_or_path": base_model_name_or_path,
         "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
         "init_lora_weights": True, "layers_pattern": None, "layers_to_transform": None,
         "lora_alpha": int(alpha) if float(alpha).is_integer() else float(alpha),
@@ -132,6 +154,19 @@ def peft_config(plan: LoraPlan, model: CausalLM, modules: Sequence[str],
         "target_modules": target_modules_for(modules, model), "task_type": "CAUSAL_LM",
         "use_dora": False, "use_rslora": False,
     }
+
+
+def family(model_type: str) -> str:
+    """transformers' package of a model type (``gemma3_text`` lives in ``models/gemma3``)."""
+    return model_type.removesuffix("_text")
+
+
+def auto_mapping(model_type: str) -> dict[str, str] | None:
+    """peft's ``auto_mapping`` for the base class of this model type (None: unknown)."""
+    cls = _CLASSES.get(model_type)
+    fam = family(model_type)
+    return None if cls is None else {"base_model_class": cls,
+                                     "parent_library": f"transformers.models.{fam}.modeling_{fam}"}
 
 
 def _modules_of(plan: LoraPlan, model: CausalLM) -> list[str]:
@@ -183,8 +218,11 @@ def export_peft(plan: LoraPlan, adapters: Sequence[Adapter], model: CausalLM,
         if a.shape != (n_in, plan.rank) or b.shape != (plan.rank, n_out):
             raise InputError(f"adapter for {module} has shapes {a.shape}, {b.shape}; the plan "
                              f"wants {(n_in, plan.rank)}, {(plan.rank, n_out)}")
-        tensors[f"{PREFIX}{module}.lora_A.weight"] = np.ascontiguousarray(a.T)
-        tensors[f"{PREFIX}{module}.lora_B.weight"] = np.ascontiguousarray(b.T)
+        for part, arr in (("lora_A", a.T), ("lora_B", b.T)):  # loading would refuse NaN
+            name = f"{PREFIX}{module}.{part}.weight"
+            check_weight(arr, name, "the adapter being exported", remedy="nothing was written. "
+                         "NaN adapters mean the run diverged: export an earlier step (--step)")
+            tensors[name] = np.ascontiguousarray(arr)
     config = peft_config(plan, model, modules, base_model_name_or_path)
 
     def write(tmp: Path) -> None:
@@ -234,6 +272,79 @@ def _check_config(raw: dict[str, Any], file: Path) -> None:
         raise InputError(f"{file}: r={raw['r']!r} must be an integer")
 
 
+def _recorded_family(mapping: Any) -> str | None:
+    """The transformers family ``auto_mapping`` names: ``parent_library``'s package
+    (``transformers.models.llama.…``), else ``base_model_class``'s prefix (``LlamaFor…``)."""
+    if not isinstance(mapping, dict):
+        return None
+    lib, cls = mapping.get("parent_library"), mapping.get("base_model_class")
+    m = re.match(r"transformers\.models\.(\w+)\.", lib) if isinstance(lib, str) else None
+    if m is None and isinstance(cls, str):
+        m = re.fullmatch(r"([A-Za-z0-9]+?)(?:For[A-Z]\w*|LMHeadModel|Model)", cls)
+    return m.group(1).lower() if m else None
+
+
+def _base_config(base: Any) -> dict[str, Any] | None:
+    """The config of the base ``base_model_name_or_path`` records, when it is a checkpoint on
+    this machine (a Hugging Face directory or a GGUF file); None for a hub name or anything
+    unreadable (nothing here to compare with)."""
+    if not isinstance(base, str) or not base:
+        return None
+    root = Path(base)
+    try:
+        if (root / "config.json").is_file():
+            return read_json(root / "config.json", "config")
+        g = find_gguf(root)
+        return config_dict(open_gguf(g)) if g is not None else None
+    except (InputError, OSError):
+        return None
+
+
+def check_base(raw: dict[str, Any], model: CausalLM, file: Path) -> None:
+    """Refuse an adapter made for another model whose tensors happen to fit this one (a Llama
+    and a Qwen2 of one size share every LoRA shape): the architecture ``auto_mapping`` records,
+    and the base ``base_model_name_or_path`` names when it is on this machine, must be the
+    model's own (family, vocabulary, sizes, layers, heads)."""
+    ours = model.cfg
+    mine = family(ours.model_type)
+    fam = _recorded_family(raw.get("auto_mapping"))
+    if fam is not None and fam != mine:
+        cls = raw["auto_mapping"].get("base_model_class")
+        raise InputError(f"{file}: auto_mapping.base_model_class={cls!r} (a {fam} model), but "
+                         f"the model it is loaded into is {_CLASSES.get(ours.model_type)!r} (a "
+                         f"{mine} model); this adapter was made for another architecture")
+    base = raw.get("base_model_name_or_path")
+    theirs_raw = _base_config(base)
+    if theirs_raw is None:
+        return
+    try:
+        theirs: Any = parse_config(theirs_raw)
+    except InputError:  # an architecture this loader does not build: compare its model_type
+        theirs = None
+    for field, key in _ARCH_FIELDS.items():
+        if theirs is None and field != "model_type":
+            break
+        other = theirs_raw.get(key) if theirs is None else getattr(theirs, field)
+        if other != getattr(ours, field):
+            raise InputError(f"{file}: base_model_name_or_path={base!r} is a model with "
+                             f"{key}={other!r}, but the model it is loaded into has "
+                             f"{key}={getattr(ours, field)!r}; this adapter was made for "
+                             "another model — load it into its base")
+
+
+def _check_target_names(target_modules: list[str], model: CausalLM, every: Sequence[str],
+                        file: Path) -> None:
+    """Each name of a ``target_modules`` list must name a module of this model: a name only
+    another architecture has (GPT-2's ``c_attn``) means the adapter was made for that one."""
+    for t in target_modules:
+        if not any(m == t or m.endswith(f".{t}") for m in every):
+            short = sorted({m.rpartition(".")[2] for m in linear_modules(model)})
+            raise InputError(f"{file}: target_modules names {t!r}, which no module of this "
+                             f"{model.cfg.model_type} model has (its Linear modules are "
+                             f"{', '.join(short)}); this adapter was made for another "
+                             "architecture")
+
+
 def resolve_modules(target_modules: Any, model: CausalLM, file: Path) -> list[str]:
     """The model's modules peft would wrap for ``target_modules`` (a list: exact names or
     ``.``-suffixes; a string: ``re.fullmatch``; ``"all-linear"``: every Linear but the head),
@@ -253,6 +364,8 @@ def resolve_modules(target_modules: Any, model: CausalLM, file: Path) -> list[st
     if not chosen:
         raise InputError(f"{file}: target_modules={target_modules!r} match no module of this "
                          f"model; its Linear modules are e.g. {', '.join(list(linear)[:4])}")
+    if isinstance(target_modules, list):  # some names match, another is foreign
+        _check_target_names(target_modules, model, every, file)
     for m in chosen:
         if m not in linear:
             raise InputError(f"{file}: target_modules={target_modules!r} select {m}, which is "
@@ -297,7 +410,9 @@ def _read_tensors(file: Path, modules: Sequence[str], shapes: Sequence[tuple[int
             if tuple(entry["shape"]) != shape or entry["dtype"] not in ST_DTYPES:
                 raise InputError(f"tensor {key!r} in {file} is {entry['dtype']}{entry['shape']}; "
                                  f"expected a floating tensor of shape {list(shape)}")
-            arrays[key] = read_tensor(fh, start, entry, key).astype(np.float32)
+            arr = read_tensor(fh, start, entry, key)
+            check_weight(arr, key, file, np.float32, remedy=_ADAPTER_DAMAGED)
+            arrays[key] = arr.astype(np.float32)
     return [{"a": jnp.asarray(arrays[f"{PREFIX}{m}.lora_A.weight"].T),
              "b": jnp.asarray(arrays[f"{PREFIX}{m}.lora_B.weight"].T)} for m in modules]
 
@@ -313,11 +428,19 @@ def load_peft(adapter_dir: str | Path, model: CausalLM,
     if not isinstance(model, CausalLM):
         raise InputError(f"load_peft needs a jaxrl_sym.models.hf CausalLM, got "
                          f"{type(model).__name__}")
+    with refuse_unreadable("PEFT adapter", root):  # the user's directory named, no traceback
+        return _load(root, model)
+
+
+def _load(root: Path, model: CausalLM) -> tuple[LoraConfig, LoraPlan, list[Adapter]]:
+    """:func:`load_peft`'s body, inside its permission boundary."""
     cfg_file, weights = root / ADAPTER_CONFIG, root / ADAPTER_WEIGHTS
     if not cfg_file.is_file():
         raise InputError(f"{root} has no {ADAPTER_CONFIG}; point at a PEFT adapter directory")
+    check_readable(cfg_file, "adapter config")
     raw = read_json(cfg_file, "adapter config")
     _check_config(raw, cfg_file)
+    check_base(raw, model, cfg_file)
     if not weights.is_file():
         extra = " (adapter_model.bin is not read: save with safe_serialization=True)" if (
             root / "adapter_model.bin").exists() else ""

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import parse_config
+from jaxrl_sym.models.hf.file_checks import check_weight
 from jaxrl_sym.models.hf.loader import INDEX_FILE, SINGLE_FILE
 from jaxrl_sym.models.hf.modeling import CausalLM
 from jaxrl_sym.models.hf.safetensors_io import write_safetensors
@@ -77,19 +77,12 @@ def _host_tensor(model: CausalLM, path: tuple[Any, ...], transpose: bool) -> np.
 
 
 def _finite(name: str, arr: np.ndarray) -> np.ndarray:
-    """``arr``, refused if it holds NaN or inf: the loader refuses such a checkpoint, so writing
-    one would only move the failure to whoever loads it (the export stops before ``--out``
-    changes)."""
-    if arr.dtype.kind == "f" or arr.dtype == ml_dtypes.bfloat16:
-        ok = np.isfinite(arr)
-        if not ok.all():
-            bad = int(arr.size - np.count_nonzero(ok))
-            hint = (" (float16 overflows beyond ±65504: export with --dtype bfloat16 or float32)"
-                    if arr.dtype == np.float16 else "")
-            raise InputError(f"tensor {name!r} of the model being exported holds {bad} NaN or "
-                             f"infinite values of {arr.size}{hint}; nothing was written to the "
-                             "output. NaN weights mean the run diverged: export an earlier "
-                             "checkpoint (--step)")
+    """``arr``, refused if it holds NaN or inf: the loader refuses such a checkpoint (the same
+    :func:`~jaxrl_sym.models.hf.file_checks.check_weight`), so writing one would only move the
+    failure to whoever loads it (the export stops before ``--out`` changes)."""
+    check_weight(arr, name, "the model being exported", overflow_fix="export with --dtype "
+                 "bfloat16 or float32", remedy="nothing was written to the output. NaN weights "
+                 "mean the run diverged: export an earlier checkpoint (--step)")
     return arr
 
 

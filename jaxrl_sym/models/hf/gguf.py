@@ -21,6 +21,11 @@ from what this module reads. Why it is built this way:
 * **Fail before reading.** Architecture, every tensor's type (can this ``gguf`` package
   dequantize it?), names and shapes are checked from the header; an unsupported quantization
   type is an error naming the file, the tensor and the type, before any block is decoded.
+* **Nothing silent.** Every tensor passes the loaders' one ``check_weight`` as it is
+  dequantized (NaN/inf, or beyond the dtype the model is loaded in); a file cut short is reported
+  as truncated with the bytes expected and present (gguf-py says "cannot reshape array"); a path
+  this user may not read is named with the permission it needs (:func:`refuse_unreadable`, also
+  the loaders' boundary).
 
 This module is JAX-free and imports no other reader (the CLI checks ``--model`` with
 :func:`find_gguf` before JAX is loaded); the tokenizer and chat template live in
@@ -38,8 +43,14 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.hf.file_checks import (
+    MAGIC,
+    check_weight,
+    denied,
+    refuse_unreadable,
+    truncation,
+)
 
-MAGIC = b"GGUF"
 # general.architecture -> (model_type for parse_config, q/k rows permuted by llama.cpp)
 ARCHS: dict[str, tuple[str, bool]] = {"llama": ("llama", True), "qwen2": ("qwen2", False),
                                       "qwen3": ("qwen3", False)}
@@ -74,11 +85,12 @@ def find_gguf(path: str | Path) -> Path | None:
     ``.gguf`` files in one directory is an error naming them (which one is meant is unknowable).
     """
     p = Path(path)
-    if is_gguf_file(p):
-        return p
-    if not p.is_dir() or (p / "config.json").exists():
-        return None
-    files = sorted(f for f in p.iterdir() if f.suffix.lower() == ".gguf" and f.is_file())
+    with refuse_unreadable("checkpoint", p):  # listing a directory this user may not read
+        if is_gguf_file(p):
+            return p
+        if not p.is_dir() or (p / "config.json").exists():
+            return None
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() == ".gguf" and f.is_file())
     if len(files) > 1:
         raise InputError(f"{p} holds {len(files)} GGUF files ({', '.join(f.name for f in files)})"
                          "; pass the one to load as the path")
@@ -132,15 +144,21 @@ def _open_cached(path: str, mtime_ns: int, size: int) -> GGUFFile:
 
     try:
         return GGUFFile(Path(path), gguf.GGUFReader(path, "r"))
+    except PermissionError as err:
+        raise denied(err, "GGUF file", path) from None
     except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
-        raise InputError(f"cannot read GGUF file {path}: {type(err).__name__}: {err}") from None
+        # a cut file reaches the reader as a numpy reshape or index error: say what happened
+        raise (truncation(Path(path)) or InputError(
+            f"cannot read GGUF file {path}: {type(err).__name__}: {err}")) from None
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """The file parsed by ``gguf.GGUFReader``; a malformed one is an error naming it."""
+    """The file parsed by ``gguf.GGUFReader``; a malformed, truncated or unreadable one is an
+    error naming it (and, cut short, the bytes it needs and has)."""
     p = Path(path).resolve()
     try:
-        st = p.stat()
+        with refuse_unreadable("GGUF file", path):
+            st = p.stat()
     except OSError as err:
         raise InputError(f"cannot read GGUF file {path}: {err}") from None
     return _open_cached(str(p), st.st_mtime_ns, st.st_size)
@@ -312,11 +330,15 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def dequantized(t: Any, cfg: Any, permuted: bool) -> np.ndarray:
-    """One tensor as float32 in transformers' layout (``[out, in]`` for a Linear)."""
+    """One tensor as float32 in transformers' layout (``[out, in]`` for a Linear), refused if
+    it holds NaN/inf or a value beyond ``cfg.dtype``'s range — the safetensors loader's own
+    check (imported here, not at the top: this module stays JAX-free until a model loads)."""
     import gguf
 
     shape = tuple(int(d) for d in reversed(t.shape.tolist()))
     arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(shape)
+    check_weight(arr, t.name, f"GGUF file {getattr(t.data, 'filename', None) or '?'}",
+                 None if t.name == ROPE_FREQS else cfg.dtype)  # rope factors stay float32
     if permuted and ".attn_q." in t.name:
         arr = _unpermute(arr, cfg.num_heads)
     elif permuted and ".attn_k." in t.name:

@@ -15,6 +15,10 @@ Why it is built this way:
 * **Names by rule.** The NNX modules carry transformers' names, so ``model.layers.3.mlp.up_proj
   .weight`` is parameter path ``model/layers/3/mlp/up_proj/kernel``; Linear weights are stored
   ``[out, in]`` by PyTorch and ``[in, out]`` by NNX, hence the transpose.
+* **Nothing that poisons a run loads.** Each tensor passes :func:`check_weight` as it is read:
+  NaN/inf, or a value the dtype asked for cannot hold (float16 past ±65504 loaded as inf and
+  decoded token 0). GGUF, PEFT adapters and the exporter call the same function; a path this
+  user may not read is an error naming it and the permission needed (``refuse_unreadable``).
 * **bf16.** numpy has no bfloat16; tensors are read as ``ml_dtypes.bfloat16`` arrays from the
   file's bytes, whatever the installed safetensors' numpy side supports.
 """
@@ -26,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.config import HFConfig, parse_config
+from jaxrl_sym.models.hf.file_checks import check_readable, check_weight, refuse_unreadable
 from jaxrl_sym.models.hf.gguf import find_gguf, open_gguf
 from jaxrl_sym.models.hf.gguf_model import load_gguf
 from jaxrl_sym.models.hf.gguf_text import gguf_tokenizer
@@ -84,7 +88,9 @@ def checkpoint_tensors(root: Path) -> dict[str, TensorInfo]:
                     sl = f.get_slice(name)
                     out[name] = TensorInfo(fpath, tuple(sl.get_shape()), str(sl.get_dtype()))
         except (OSError, ValueError, RuntimeError, SafetensorError) as err:
-            # SafetensorError derives from Exception only (safetensors 0.8): named here
+            # SafetensorError derives from Exception only (safetensors 0.8): named here; the
+            # Rust reader's "permission denied" is no damage: the probe says so
+            check_readable(fpath, "checkpoint file")
             raise InputError(f"cannot read safetensors file {fpath}: {err}; the file is "
                              "truncated or damaged — re-download or re-export it") from None
     if weight_map is not None:
@@ -149,21 +155,12 @@ def _assign(model: CausalLM, tensors: dict[str, TensorInfo], targets: dict[str, 
             for name in names:
                 target = targets[name]
                 arr = read_tensor(fh, data_start, header[name], name)
-                _check_finite(arr, name, fpath)
+                check_weight(arr, name, fpath, np_dtype)
                 if target.transpose:
                     arr = arr.T
                 arr = np.ascontiguousarray(arr, dtype=np_dtype)
                 variable_at(model, target.path).set_value(jax.device_put(arr))
                 del arr  # one host copy of one tensor at a time
-
-
-def _check_finite(arr: np.ndarray, name: str, fpath: Path) -> None:
-    """A NaN or infinite weight is refused as it loads (one pass over a tensor already in
-    memory): it would turn every logit into NaN — or, in a masked row, go unnoticed."""
-    if (arr.dtype.kind == "f" or arr.dtype == ml_dtypes.bfloat16) and not np.isfinite(arr).all():
-        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        raise InputError(f"{fpath}: tensor {name!r} holds {bad} NaN or infinite values of "
-                         f"{arr.size}; this checkpoint is damaged — re-download or re-export it")
 
 
 def _dtype_from_tensors(raw: dict[str, Any], tensors: dict[str, TensorInfo]) -> Any:
@@ -185,6 +182,7 @@ def load_tokenizer(root: str | Path) -> Any:
     tok_file = root / "tokenizer.json"
     if not tok_file.exists():
         return None
+    check_readable(tok_file, "tokenizer")
     from tokenizers import Tokenizer
 
     try:
@@ -213,12 +211,19 @@ def load_pretrained(path: str | Path, dtype: Any = None,
       ``generation_config.json`` dict (a GGUF's bos/eos/pad ids) or None.
     """
     root = Path(path)
+    with refuse_unreadable("checkpoint", root):  # the user's path named, not a traceback
+        return _load(root, dtype)
+
+
+def _load(root: Path, dtype: Any) -> tuple[CausalLM, Any, dict[str, Any] | None]:
+    """:func:`load_pretrained`'s body, inside its permission boundary."""
     gguf_file = find_gguf(root)
     if gguf_file is not None:
         return load_gguf(gguf_file, dtype)
     if not (root / "config.json").is_file():
         raise InputError(f"{root} is not a Hugging Face checkpoint directory nor a GGUF file: "
                          "it has no config.json (and no .gguf file)")
+    check_readable(root / "config.json", "checkpoint config")
     raw = read_json(root / "config.json", "config")
     parse_config(raw)  # model_type and fields checked before any tensor file is touched
     tensors = checkpoint_tensors(root)
