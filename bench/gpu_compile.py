@@ -59,6 +59,11 @@ def unavailable() -> str | None:
     except ImportError:
         return ("the deviceless GPU compile needs jax's CUDA plugin: run `bash "
                 "scripts/gpu_compile_deps.sh` (installs into .gpu-compile/, ~590 MB)")
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized() and "cuda" not in xla_bridge._backend_factories:
+        return ("JAX's backends started before the CUDA plugin was on the path: compile for "
+                "the GPU in a fresh process (python -m bench dispatch / gpu_compile)")
     return None
 
 
@@ -76,11 +81,14 @@ def _mesh(target: str) -> Any:
 
 
 def compile_for(fn: Any, *args: Any, target: str = "h100", dump_to: str | None = None,
-                kwargs: dict[str, Any] | None = None) -> Any:
+                kwargs: dict[str, Any] | None = None, options: dict[str, Any] | None = None
+                ) -> Any:
     """``fn`` (jitted or not) lowered for ``target`` at the shapes of ``args`` (arrays or
     ``ShapeDtypeStruct`` trees; placed replicated on the compile-only device) and compiled,
     never run. ``kwargs``: static keyword arguments of the lowering, as given. ``dump_to``: a
-    folder for XLA's dumps (the buffer assignment :func:`temp_buffers` reads)."""
+    folder for XLA's dumps (the buffer assignment :func:`temp_buffers` reads, the thunk
+    sequence :mod:`bench.thunks` reads). ``options``: XLA debug options for this compile
+    (e.g. ``xla_gpu_enable_command_buffer``), beside :data:`OPTIONS`."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
@@ -94,11 +102,11 @@ def compile_for(fn: Any, *args: Any, target: str = "h100", dump_to: str | None =
 
     structs = jax.tree.map(struct, args)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    opts = dict(OPTIONS, **({"xla_dump_to": dump_to} if dump_to else {}))
+    opts = dict(OPTIONS, **(options or {}), **({"xla_dump_to": dump_to} if dump_to else {}))
     return jitted.lower(*structs, **(kwargs or {})).compile(compiler_options=opts)
 
 
-class _Analysed:
+class Analysed:
     """What :class:`~jaxrl_sym.runtime.ledger.ProgramSize` reads: the memory of the program
     compiled for the GPU, the counts (flops, bytes) of the same program compiled here.
 
@@ -124,7 +132,7 @@ def compiler(target: str) -> Any:
     why = unavailable()
     if why is not None:
         raise RuntimeError(why)
-    return lambda build: _Analysed(
+    return lambda build: Analysed(
         compile_for(build.jitted, *build.args, target=target, kwargs=dict(build.kwargs)),
         build())
 

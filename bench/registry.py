@@ -55,6 +55,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("gpu_compile", "the padded generation program compiled for an H100 on a machine "
                               "without one: XLA:GPU's buffer assignment beside the CPU's",
                cheap=False),
+    Experiment("dispatch", "generation's kernels, CUDA-graph capture and host round-trips per "
+                           "decode step, from the programs compiled for a GPU on this machine; "
+                           "seconds projected from bytes, launches and syncs", cheap=False),
     Experiment("pretrained_memory", "peak RSS of one GRPO step of a SmolLM2-135M-shaped "
                                     "checkpoint on CPU, beside its ledger", cheap=False),
     Experiment("pretrained_learning", "a pretrained checkpoint fine-tuned with GRPO (LoRA / "

@@ -41,18 +41,22 @@ def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap,
     for shape, ds in replay(prompts, limits, min_capacity=min_cap, tiling=tiling,
                             compaction=compaction):
         assert shape.capacity <= shape.total
-        prev = None
+        prev, longest = None, shape.total - shape.prompt_slots - 1  # decode steps it needs
         for d in ds:
-            assert 1 <= d.tile <= tiling.max and d.rows >= 1
-            # the tile's last write fits the stores, which never exceed what the group needs
-            assert d.write + d.tile <= d.capacity <= shape.total
+            # whole checks (the device tests its rows between them only), within the buffer
+            assert 1 <= d.tile <= tiling.whole(tiling.max) and d.rows >= 1
+            assert d.tile % tiling.base == 0
+            # every write of a row within its limit fits the stores, which never exceed what
+            # the group needs (steps past the longest live row's limit write discarded rows)
+            left = longest - (d.step - 1)
+            assert d.write + min(d.tile, left) <= d.capacity <= shape.total
             if prev is not None:
                 assert d.step == prev.step + prev.tile
                 assert d.rows <= prev.rows and d.capacity >= prev.capacity
             prev = d
         # the group's longest row emits its limit: one token from the prefill, the rest from
-        # decode steps, and no step lies past it (a tile is cut to the longest live row)
-        assert sum(d.tile for d in ds) == shape.total - shape.prompt_slots - 1
+        # decode steps, and no check lies wholly past it (a tile is cut to the longest live row)
+        assert 0 <= sum(d.tile for d in ds) - longest < tiling.base
 
 
 def test_tiling_grows_while_no_row_ends_and_falls_back_when_one_does() -> None:

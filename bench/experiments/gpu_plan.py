@@ -81,7 +81,10 @@ PLAN: tuple[Item, ...] = (
          "store), compaction goes store by store, reference chunks during generation are one "
          "row, one in flight, and the stores start at 768 slots (a 1.5x capacity grid); "
          "projected sym 2.60 vs padded 5.37 GB (bench/results/projection/"
-         "rl_step_gpu_h100_bf16mixed_lora16.md)",
+         "rl_step_gpu_h100_bf16mixed_lora16.md); decode tiles test their rows once per 8 steps "
+         "(static inner loops): 0.27 host round-trips per decode step where there was one "
+         "(bench dispatch) — generation s against 3.71 (2026-11-26b) and the dispatch "
+         "ledger's projection",
          _BF16,
          _BF16_DRY,
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
@@ -119,9 +122,10 @@ PLAN: tuple[Item, ...] = (
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
     Item("rl_step_sym_while_graphs", 3.5,
          "sym's bf16-mixed + LoRA 16 step with XLA's while loops and conditionals inside CUDA "
-         "graphs: a decode tile is a lax.while_loop, whose condition XLA:GPU otherwise copies to "
-         "the host every iteration (a sync per decode step); generation s against item 2's sym "
-         "(3.71 s on 2026-11-26b, 7.9x its roofline floor)",
+         "graphs: a decode tile's outer loop (a test per 8 steps) runs on device, the whole "
+         "tile one graph (bench dispatch --command-buffers while: 0 host round-trips inside a "
+         "tile); generation s against item 2's sym in the same tree — if it pays, the flag "
+         "becomes the library's GPU default",
          (*_BF16,
           "--systems", "sym"),
          (*_BF16_DRY, "--systems", "sym"),

@@ -132,17 +132,19 @@ class DecodeGroup(RefillRows):
             last = self.decode(hoisted, d)
 
     def next_dispatch(self, live: np.ndarray, *, steps_done: int, remaining: int, tile: int,
-                      compaction: Compaction | None = None, grow_with_compaction: bool = True
-                      ) -> Dispatch:
+                      compaction: Compaction | None = None, grow_with_compaction: bool = True,
+                      check: int | None = None) -> Dispatch:
         """The policy's next dispatch for this group (:func:`next_dispatch`): the group
-        asks, it does not decide."""
+        asks, it does not decide. ``check``: steps between the tile program's live-row tests
+        (the tiling's base; 1 for a program that takes exactly the steps asked)."""
         return next_dispatch(self.shape, steps_done=steps_done, rows=self.rows,
                              capacity=self.capacity, live=len(live), remaining=remaining,
                              tile=tile,
                              need=None if self.refill is not None else self.plan.growing_need,
                              row_multiple=self.plan.row_multiple,
                              compaction=compaction or self.plan.compaction,
-                             grow_with_compaction=grow_with_compaction)
+                             grow_with_compaction=grow_with_compaction,
+                             check=self.tiling.base if check is None else check)
 
     def carry_out(self, d: Dispatch, live: np.ndarray) -> None:
         """The compaction and growth ``d`` decided, before its program runs."""

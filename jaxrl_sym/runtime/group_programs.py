@@ -31,7 +31,8 @@ def decode_kind(plan: GenerationPlan, cfg: GenerationConfig) -> tuple[str, bool,
     buffer = plan.tile_buffer(cfg)
     if buffer == 1:
         return "decode", False, {}
-    return "decode_tile", True, {"k": buffer, "eos": tuple(cfg.eos_ids)}
+    return "decode_tile", True, {"k": buffer, "check": plan.tiling.base,
+                                 "eos": tuple(cfg.eos_ids)}
 
 
 def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[Any, ...],

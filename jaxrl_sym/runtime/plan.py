@@ -106,8 +106,10 @@ class GenerationPlan:
 
     def tile_buffer(self, cfg: GenerationConfig) -> int:
         """Steps the decode-tile program's output buffers hold: returned logits fill a tile
-        of them, so then ``decode_tile``'s, not ``max_decode_tile``'s."""
-        return self.tiling.base if cfg.return_logits else self.tiling.max
+        of them, so then ``decode_tile``'s, not ``max_decode_tile``'s. Whole checks of the
+        tiling's base (:meth:`~jaxrl_sym.runtime.policy.Tiling.whole`): a tile runs whole
+        checks, so its buffers hold them."""
+        return self.tiling.base if cfg.return_logits else self.tiling.whole(self.tiling.max)
 
     # ------------------------------------------------------------------ weights
     def place(self, leaves: list[Any]) -> list[Any]:

@@ -127,6 +127,24 @@ class Tiling:
         """The tile that follows a dispatch of ``previous`` steps in which a row ``ended``."""
         return self.base if ended else min(self.max, max(self.base, 2 * previous))
 
+    def whole(self, steps: int) -> int:
+        """The steps a tile asked for ``steps`` runs: whole checks of ``base`` steps.
+
+        Why: the tile program tests whether its rows are still live once per ``base`` steps,
+        between inner loops of ``base`` steps with a static trip count
+        (``StepBuilder.decode_tile``). On a GPU a loop test XLA cannot count is a device→host
+        round-trip (``xla/backends/gpu/runtime/while_thunk.cc``), so a per-step test cost one
+        host sync per generated token; a static inner loop costs none. Steps past a row's end
+        are discarded by the host and counted as ``tile_overrun``."""
+        return -(-max(1, steps) // self.base) * self.base
+
+    def ran(self, steps: int, left: Sequence[int], stop: int) -> int:
+        """The steps a tile of ``steps`` (whole checks) runs when its live rows have ``left``
+        tokens still to emit: it ends at the first check where at most ``stop`` of them are
+        live (the device's early stop, tested every ``base`` steps), else after ``steps``."""
+        return next(j for j in range(self.base, steps + self.base, self.base)
+                    if j >= steps or sum(x > j for x in left) <= stop)
+
 
 @dataclass(frozen=True)
 class Compaction:
@@ -263,7 +281,7 @@ class Dispatch:
 def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: int, live: int,
                   remaining: int, tile: int, need: Callable[[int], int] | None,
                   row_multiple: int = 1, compaction: Compaction = Compaction(),
-                  grow_with_compaction: bool = True) -> Dispatch:
+                  grow_with_compaction: bool = True, check: int = 1) -> Dispatch:
     """Decide the next decode dispatch of a group.
 
     steps_done: decode steps dispatched so far; rows / capacity: the current row bucket and
@@ -272,8 +290,10 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     after writing slot t (None when the model has no growing store); row_multiple: row buckets
     are multiples of this (see :func:`row_bucket`); compaction: when finished rows are dropped.
 
-    The dispatch runs ``min(tile, remaining)`` steps, so no step lies past every live row's
-    limit and every write fits ``total``. Finished rows are dropped once the live rows fit a
+    The dispatch runs ``min(tile, remaining)`` steps rounded up to whole checks of ``check``
+    steps (:meth:`Tiling.whole`); the stores hold every write of a row still within its limit,
+    and none of those lies past ``total`` (steps past every live row's limit write only rows
+    whose tokens are discarded). Finished rows are dropped once the live rows fit a
     bucket of at most ``compaction.share`` of the current one and no smaller than
     ``compaction.min_rows`` (the bucket shrinks to it). Growing stores double — or jump to what
     the tile's last write needs — when that write would not fit, capped at ``total``.
@@ -289,7 +309,8 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     """
     step = steps_done + 1
     write = shape.prompt_slots + step - 1
-    k = max(1, min(tile, remaining))
+    asked = max(1, min(tile, remaining))
+    k = -(-asked // check) * check
     new = compaction.target(rows, live, row_multiple)
     if new < rows:
         if grow_with_compaction and need is not None and capacity < shape.total \
@@ -297,7 +318,7 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
             capacity = shape.total
         rows = new
     if need is not None:
-        n = need(write + k - 1)
+        n = need(write + min(k, remaining) - 1)
         if n > capacity:
             capacity = min(grown_capacity(capacity, n, shape.total), shape.total)
     return Dispatch(step, k, write, rows, capacity, compaction.stop_at(rows, row_multiple))
@@ -326,10 +347,8 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
             live = [x for x in left if x > 0]
             d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
                               remaining=max(live), tile=tile, need=need,
-                              compaction=compaction)
-            ran = next(j for j in range(1, d.tile + 1)  # the device's early stop
-                       if j == d.tile or sum(x > j for x in live) <= d.stop)
-            d = d.ran(ran)
+                              compaction=compaction, check=tiling.base)
+            d = d.ran(tiling.ran(d.tile, live, d.stop))  # the device's early stop
             ds.append(d)
             rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
             left = [max(0, x - d.tile) for x in left]

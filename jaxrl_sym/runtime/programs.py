@@ -274,22 +274,31 @@ class StepBuilder:
                            off=off)
 
     def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, off, n, last,
-                    stop, *, temperature: float, want_logits: bool, k: int,
+                    stop, *, temperature: float, want_logits: bool, k: int, check: int = 1,
                     eos: tuple[int, ...] = ()):
-        """Decode steps ``step .. step+n-1`` in one program (``n <= k`` is a run-time argument).
+        """Decode steps ``step ..`` in one program: whole checks of ``check`` steps, at most
+        ``n`` steps (``n <= k``, a run-time argument; the host asks for whole checks).
 
         Why: a host-driven loop pays a dispatch and a device→host sync per token, which for
         small models or batches costs as much as the step itself. A tile pays them once; tokens
         a row samples after its EOS or limit inside a tile are discarded by the host, and
         sampling is keyed by (seed, step, row), so the tokens are the ones single steps would
-        give. ``n`` being an argument (a ``while_loop``, outputs in ``[k, …]`` buffers) lets
-        the host size every tile (:class:`~jaxrl_sym.runtime.policy.Tiling`) with one compiled
-        program. The loop also stops once at most ``stop`` rows are live: ``last[b]`` is the
-        response index of row b's last allowed token (-1: a finished or filler row), ``eos``
-        the end tokens — with ``stop`` 0 a group's last tile computes nothing after its last
-        row ends, and with the compaction's threshold the host compacts at the step it pays.
-        The host guarantees capacity for all n writes. Returns (stores, tokens [k, B],
-        log-probs [k, B], logits [k, …], steps run); entries past the steps run are zeros.
+        give. ``n`` being an argument lets the host size every tile
+        (:class:`~jaxrl_sym.runtime.policy.Tiling`) with one compiled program.
+
+        The steps run in inner loops of ``check`` steps with a static trip count; only between
+        them does the program test its rows (an outer ``while_loop``; its body is not peeled
+        for a test-free first check, which would compile the step twice). XLA:GPU runs a loop
+        whose trip count it cannot prove by copying the loop test to the host every iteration
+        (``xla/backends/gpu/runtime/while_thunk.cc``):
+        a test per step was a host round-trip per generated token; per check it is one per
+        ``check`` steps, and none inside (counted by ``python -m bench dispatch``). The outer
+        loop ends once at most ``stop`` rows are live: ``last[b]`` is the response index of
+        row b's last allowed token (-1: a finished or filler row), ``eos`` the end tokens —
+        with ``stop`` 0 a group's last tile ends at the check after its last row ends, and
+        with the compaction's threshold the host compacts there. The host guarantees capacity
+        for every write of a row within its limit. Returns (stores, tokens [k, B], log-probs
+        [k, B], logits [k, …], steps run); entries past the steps run are zeros.
         """
         def one(st, i):
             return self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids, seed, off,
@@ -298,22 +307,26 @@ class StepBuilder:
         shapes = jax.eval_shape(lambda: one(stores, jnp.zeros((), jnp.int32))[1:])
         bufs = tuple(jnp.zeros((k, *x.shape), x.dtype) for x in shapes)
 
+        def steps(carry):  # one check: ``check`` steps, a static trip count (no loop test)
+            def body(j, inner):
+                st, ended, outs = inner
+                i = carry[0] + j
+                st, *got = one(st, i)
+                outs = tuple(lax.dynamic_update_index_in_dim(b, x, i, 0)
+                             for b, x in zip(outs, got, strict=True))
+                hit = step + i >= last
+                for e in eos:
+                    hit = hit | (got[0] == e)
+                return st, ended | hit, outs
+
+            return carry[0] + check, *lax.fori_loop(0, check, body, carry[1:])
+
         def cond(carry):
             i, _, ended, _ = carry
             return (i < n) & (jnp.sum(~ended) > stop)
 
-        def body(carry):
-            i, st, ended, outs = carry
-            st, *got = one(st, i)
-            outs = tuple(lax.dynamic_update_index_in_dim(b, x, i, 0)
-                         for b, x in zip(outs, got, strict=True))
-            hit = step + i >= last
-            for e in eos:
-                hit = hit | (got[0] == e)
-            return i + 1, st, ended | hit, outs
-
         carry = (jnp.zeros((), jnp.int32), stores, last < step, bufs)
-        ran, stores, _, (toks, lps, lgs) = lax.while_loop(cond, body, carry)
+        ran, stores, _, (toks, lps, lgs) = lax.while_loop(cond, steps, carry)
         return stores, toks, lps, lgs, ran
 
     def _chunk(

@@ -212,10 +212,9 @@ def _group(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: 
         live = st.live()
         if not live:
             return out
-        k = max(1, min(tile, max(st.left[r] for r in live)))
+        k = tiling.whole(min(tile, max(st.left[r] for r in live)))
         if waiting:  # the tile ends once enough rows are free to refill (Refill.stop_live)
-            short = b - refill.stop_live(b, len(waiting)) - (b - len(live))
-            k = min(k, sorted(st.left[r] for r in live)[short - 1])
+            k = tiling.ran(k, [st.left[r] for r in live], refill.stop_live(b, len(waiting)))
         else:  # the tail: compaction as without refill
             st = _compact(out, st, compaction, capacity)
             live = st.live()

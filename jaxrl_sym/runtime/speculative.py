@@ -141,7 +141,7 @@ class SpeculativeGroup(DecodeGroup):
             # a tile writes up to m (k + 1) slots past the longest row's last token
             span = m * (k + 1) + 1
             d = self.next_dispatch(live, steps_done=top - 1, remaining=span, tile=span,
-                                   grow_with_compaction=False)
+                                   grow_with_compaction=False, check=1)
             self.carry_out(d, live)
             live = np.nonzero(~self.done)[0]
             emitted = {int(s): len(out.toks[int(self.ids[s])]) for s in live}

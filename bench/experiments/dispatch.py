@@ -1,0 +1,210 @@
+"""The dispatch ledger of the RL step's generation: per system, kernels and host launches per
+decode step, host round-trips per token, the share of a tile's kernels inside CUDA graphs, and
+generation seconds projected from bytes, launches and round-trips — every program compiled for
+the GPU on this machine, nothing run (:mod:`bench.dispatch`).
+
+Why: generation on the H100 ran at ~8x its bytes floor; a decode tile's loop test was a host
+round-trip per token. This shows where a change to the tile program moves those counts before
+a GPU measures it. ``--calibrate`` prices every committed H100 generation row with its
+programs as they ran then (one loop test per step), fits ``t_launch`` and ``t_sync`` on them
+and writes the constants the projection then uses (``bench/results/projection/dispatch/``).
+
+    bash scripts/gpu_compile_deps.sh                              # once: ~590 MB
+    python -m bench dispatch --preset gpu --device h100 --json    # ~15 min of compiles
+    python -m bench dispatch --preset gpu --device h100 --calibrate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import presets
+from bench.child import ROOT
+from jaxrl_sym.errors import InputError
+
+CALIBRATION = ROOT / "bench" / "results" / "projection" / "dispatch" / "calibration_h100.json"
+OVERLAPPED_REFERENCE_S = {"bf16-mixed": 0.47, "fp32": 0.50}
+"""Projected seconds of sym's reference scoring, which an H100 RL step runs during generation
+and counts in its generation seconds (``bench/results/projection.md``, 2026-11-27: reference
+0.47 s bf16-mixed + LoRA 16, 0.50 s fp32); subtracted from sym's measured rows before the fit."""
+
+_COMMON = {"sigma": 0.6, "seed": 0, "device": "h100", "precision": "bf16-mixed",
+           "systems": "sym,padded", "engine": None, "command_buffers": "default", "check": None}
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {**_COMMON, "model": "cpu", "scale": 16, "prompts": 2, "group": 2},
+    "full": {**_COMMON, "model": "cpu", "scale": 8, "prompts": 16, "group": 8},
+    "gpu": {**_COMMON, "model": "gpu", "scale": 1, "prompts": 16, "group": 8},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from bench import dispatch
+
+    p = presets.parser("dispatch", __doc__, PRESETS)
+    p.add_argument("--device", default=None, choices=("h100",),
+                   help="the GPU the programs compile for (its thunk sequence is read)")
+    p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp32"),
+                   help="the weights generation reads: bf16 (bf16-mixed's copy) or fp32")
+    p.add_argument("--systems", default=None, help="comma-separated: sym, padded")
+    p.add_argument("--engine", default=None, help="sym's EngineOptions as JSON")
+    p.add_argument("--command-buffers", default=None, choices=tuple(dispatch.COMMAND_BUFFERS),
+                   help="XLA's command-buffer types: default, or while (+WHILE,+CONDITIONAL)")
+    p.add_argument("--check", type=int, default=None,
+                   help="compile sym's decode tiles testing their rows every CHECK steps "
+                        "instead of the plan's (1: the tile as the committed runs measured it)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="fit t_launch / t_sync on the committed H100 generation rows")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--out", default=None, help="write OUT.json")
+    args = presets.parse(p, PRESETS, argv)
+    for s in presets.csv(args.systems):
+        if s not in dispatch.WALKS:
+            p.error(f"--systems: {s!r} unknown; choose from {', '.join(dispatch.WALKS)}")
+    if args.check is not None and args.check < 1:
+        p.error(f"--check {args.check}: must be >= 1")
+    if args.engine is not None:
+        try:
+            json.loads(args.engine)
+        except json.JSONDecodeError as e:
+            p.error(f"--engine: not JSON ({e})")
+    return args
+
+
+def _model(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[int]]:
+    """The RL step's policy at the preset's shape (abstract), its state, the expanded prompts
+    and each sample's response limit (``rlft_step``'s workload)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from bench.experiments import rlft_step
+    from jaxrl_sym.models.lm import init_model, preset
+
+    dtype = jnp.bfloat16 if args.precision == "bf16-mixed" else jnp.float32
+    model = nnx.eval_shape(lambda: init_model(
+        preset("small", **rlft_step.model_config(args), dtype=dtype), args.seed))
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype),
+        nnx.split(model)[1])
+    prompts, limits = rlft_step.workload(args)
+    expanded = [p for p in prompts for _ in range(args.group)]
+    return model, state, expanded, [int(n) for n in limits]
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every system's dispatch ledger, floor and projected seconds at ``args``."""
+    from bench import dispatch
+    from bench.projection import decode_bytes, devices
+    from jaxrl_sym.runtime.ledger import tree_nbytes
+
+    dev = devices()[args.device]
+    model, state, prompts, limits = _model(args)
+    engine = json.loads(args.engine) if args.engine else {}
+    rows = dispatch.generation_rows(
+        model, state, prompts, limits, presets.csv(args.systems), engine, args.device,
+        dispatch.COMMAND_BUFFERS[args.command_buffers], args.check,
+        progress=lambda s: print(s, file=sys.stderr))
+    floor = decode_bytes(model, [len(p) for p in prompts], limits, tree_nbytes(state))
+    fitted = _fitted()
+    for row in rows.values():
+        row["generation_floor_s"] = (floor["weights_bytes"] + floor["kv_bytes"]) \
+            / dev["bandwidth"]
+        row["generation_read_s"] = row["read"] / dev["bandwidth"]
+        if fitted is not None:
+            row["generation_projected_s"] = dispatch.price(row, dev["bandwidth"],
+                                                           fitted["per"])
+    return {"systems": rows, "fitted": fitted, "device": args.device,
+            "precision": args.precision, "engine": engine,
+            "command_buffers": args.command_buffers, "check": args.check}
+
+
+def _fitted() -> dict[str, Any] | None:
+    if not CALIBRATION.exists():
+        return None
+    cal = json.loads(CALIBRATION.read_text())
+    return {k: cal[k] for k in ("per", "source")}
+
+
+def calibrate(args: argparse.Namespace) -> dict[str, Any]:
+    """Fit (t_launch, t_sync) on every committed H100 generation row of the gpu preset, each
+    priced with its configuration's programs as measured (sym's tiles: one test per step)."""
+    from bench import dispatch
+    from bench.projection import devices, measured_runs
+
+    dev = devices()[args.device]
+    cache: dict[tuple, dict[str, Any]] = {}
+    points: list[dict[str, Any]] = []
+    for run in measured_runs(dev):
+        cfg = run["config"]
+        if cfg.get("preset") != "gpu":
+            continue
+        precision = cfg.get("precision") or "fp32"
+        for name, got in run["systems"].items():
+            walk = dispatch.WALKS[name]
+            key = (name, precision, cfg.get("engine") if walk.engine else None)
+            if key not in cache:
+                sub = argparse.Namespace(**{**vars(args), "precision": precision,
+                                            "systems": name, "check": 1,
+                                            "command_buffers": "default",
+                                            "engine": key[2]})
+                cache[key] = measure(sub)["systems"][name]
+            seconds = got["seconds"]["generation"]
+            if walk.overlapped_reference:
+                seconds -= OVERLAPPED_REFERENCE_S[precision]
+            points.append({"system": name, "precision": precision, "engine": key[2],
+                           "source": run["source"], "measured_s": seconds,
+                           "counts": {k: cache[key][k] for k in
+                                      ("read", "bytes", *dispatch.TERMS, "decode_steps")}})
+    per = dispatch.fit([(p["counts"], p["measured_s"]) for p in points], dev["bandwidth"])
+    for p in points:
+        p["projected_s"] = dispatch.price(p["counts"], dev["bandwidth"], per)
+        p["miss"] = p["projected_s"] / p["measured_s"] - 1
+    return {"per": per, "rows": points,
+            "source": f"{len(points)} committed H100 generation rows, fitted by "
+                      f"`{presets.command('dispatch', ['--preset', 'gpu', '--calibrate'])}`"}
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"# Dispatch ledger: generation compiled for {report['device']} "
+             f"({report['precision']}, command buffers {report['command_buffers']})", "",
+             "| system | launches/step | kernels/step | host syncs/token | captured | "
+             "cold programs | read s | floor s | projected s |", "|---|" + "---:|" * 8]
+    for name, r in report["systems"].items():
+        proj = r.get("generation_projected_s")
+        lines.append(f"| {name} | {r['launches_per_step']:.2f} | {r['kernels_per_step']:.1f} | "
+                     f"{r['host_syncs_per_token']:.3f} | {r['captured']:.0%} | "
+                     f"{r['cold_programs']} | {r['generation_read_s']:.2f} | "
+                     f"{r['generation_floor_s']:.2f} | "
+                     f"{'—' if proj is None else f'{proj:.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench import gpu_compile
+
+    argv = list(argv if argv is not None else sys.argv[1:])
+    args = parse_args(argv)
+    why = gpu_compile.unavailable()
+    if why is not None:
+        raise InputError(f"dispatch: {why}")
+    if args.calibrate:
+        report = calibrate(args)
+        CALIBRATION.parent.mkdir(parents=True, exist_ok=True)
+        CALIBRATION.write_text(json.dumps(report, indent=1) + "\n")
+        print(json.dumps(report["per"]))
+        for p in report["rows"]:
+            print(f"{p['system']:7s} {p['precision']:10s} measured {p['measured_s']:.2f} s, "
+                  f"projected {p['projected_s']:.2f} s ({p['miss']:+.0%})  {p['source']}")
+        return 0
+    report = measure(args)
+    report["command"] = presets.command("dispatch", argv)
+    text = json.dumps(report, indent=1) if args.json else render(report)
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(f"{args.out}.json").write_text(json.dumps(report, indent=1) + "\n")
+    return 0
