@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from functools import cache
 from pathlib import Path
 
@@ -136,18 +135,18 @@ def test_parse_bytes(n, unit) -> None:
     assert parse_bytes(f"{n}{suffix}") == n * scale
 
 
-def _cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "jaxrl_sym.cli", *args], capture_output=True,
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jaxrl_sym.cli", *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=600)
-    return proc, time.perf_counter() - t0
 
 
 @pytest.mark.parametrize("bad", ["0", "x", "-5", "inf"])
 def test_bad_memory_limit_fails_fast(bad: str) -> None:
-    proc, seconds = _cli("decode", "--memory-limit", bad)
+    """Refused by the CLI's JAX-free checks: nothing compiled, no traceback (the CLI's
+    import-free check path is asserted in tests/test_faults_inputs.py)."""
+    proc = _cli("decode", "--memory-limit", bad)
     assert proc.returncode == 2 and "--memory-limit must be" in proc.stderr
-    assert seconds < 5.0
+    assert "Traceback" not in proc.stderr
 
 
 def test_decode_refuses_when_nothing_fits(capsys) -> None:
@@ -168,9 +167,9 @@ def test_decode_skips_only_what_does_not_fit(tmp_path: Path) -> None:
     """Window 16 over 256 tokens: padded's MAX_LEN caches exceed a 2 MB limit, sym's rings do
     not. Padded is reported as skipped (with its estimate), sym runs."""
     out = tmp_path / "r.json"
-    proc, _ = _cli("decode", "--attention", "window", "--window", "16", "--tokens", "256",
-                   "--batch", "2", "--prompt-len", "8", "--memory-limit", "2e6", "--no-warm",
-                   "--out", str(out))
+    proc = _cli("decode", "--attention", "window", "--window", "16", "--tokens", "256",
+               "--batch", "2", "--prompt-len", "8", "--memory-limit", "2e6", "--no-warm",
+               "--out", str(out))
     report = json.loads(out.read_text())
     pad, sym = report["systems"]["padded"], report["systems"]["sym"]
     assert proc.returncode == 1, proc.stderr  # not everything asked for ran

@@ -13,7 +13,6 @@ import dataclasses
 import math
 import subprocess
 import sys
-import time
 from functools import cache
 from pathlib import Path
 
@@ -34,7 +33,6 @@ from jaxrl_sym.generation import GenerationConfig, seed32
 from jaxrl_sym.report import MEMORY_LEGEND, verdict_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST_S = 2.0  # a bad flag must fail this fast (JAX is never imported on that path)
 
 
 # ---------------------------------------------------------------- GenerationConfig: every field
@@ -166,11 +164,24 @@ def test_seeds_equal_mod_2_32_sample_the_same() -> None:
 # ------------------------------------------------------------------ CLI: fail before the work
 
 
-def _cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "jaxrl_sym.cli", *args], capture_output=True,
+_PROBE = """import sys
+from jaxrl_sym.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as e:
+    rc = e.code
+print("\\nJAX IMPORTED" if "jax" in sys.modules else "\\nJAX NOT IMPORTED")
+sys.exit(rc)
+"""
+
+
+def _cli(*args: str) -> tuple[subprocess.CompletedProcess, bool]:
+    """The CLI in a process of its own, as a user runs it; and whether it answered before
+    importing JAX — why a bad flag costs no start-up (a count, not a wall-clock bound that
+    a loaded machine can break)."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=120)
-    return proc, time.perf_counter() - t0
+    return proc, proc.stdout.rstrip().endswith("JAX NOT IMPORTED")
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -193,11 +204,11 @@ def _cli(*args: str) -> tuple[subprocess.CompletedProcess, float]:
     (["--tokens", "many"], "--tokens"),
 ])
 def test_decode_bad_flag_fails_fast_naming_the_flag(args: list[str], message: str) -> None:
-    proc, seconds = _cli("decode", *args)
+    proc, before_jax = _cli("decode", *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert seconds < FAST_S, f"{args}: {seconds:.2f} s"
+    assert before_jax, args
 
 
 def test_decode_reports_every_bad_flag_at_once() -> None:
@@ -215,8 +226,8 @@ def test_cli_checks_import_no_jax() -> None:
 
 
 def test_help_shows_defaults_and_choices_without_internals() -> None:
-    top, seconds = _cli("--help")
-    assert top.returncode == 0 and seconds < FAST_S
+    top, before_jax = _cli("--help")
+    assert top.returncode == 0 and before_jax
     assert "SUPPRESS" not in top.stdout and "_system" not in top.stdout
     assert "decode" in top.stdout and "train" in top.stdout
     dec, _ = _cli("decode", "--help")
@@ -256,13 +267,20 @@ def test_preset_choices_match_the_model_presets() -> None:
     (["--checkpoint-dir", "/nonexistent-dir-xyz/ckpt"], "--checkpoint-dir"),
 ])
 def test_train_bad_flag_fails_before_any_step(args: list[str], message: str, capsys) -> None:
-    import jaxrl_sym.rl.cli  # noqa: F401  (its import time is not what is measured)
+    import jax.monitoring
 
-    t0 = time.perf_counter()
-    assert main(["train", "--no-progress", *args]) == 2
+    import jaxrl_sym.rl.cli  # noqa: F401  (its import is not what is checked)
+
+    compiles: list[str] = []  # XLA compiles while the command runs: none, so no step ran
+    listen = lambda event, secs, **kw: compiles.append(event) if "compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        assert main(["train", "--no-progress", *args]) == 2
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-    assert time.perf_counter() - t0 < 5.0  # no step ran (a step takes longer than this)
+    assert compiles == []
 
 
 # ------------------------------------------------------------- argument helpers (properties)
@@ -296,9 +314,9 @@ def test_read_only_output_paths(tmp_path: Path, unwritable_dir: Path) -> None:
         assert "not writable" in check_output_file("--metrics", str(ro / "m.jsonl"))[0]
         assert "not writable" in check_output_dir("--checkpoint-dir", str(ro))[0]
         assert "cannot be created" in check_output_dir("--checkpoint-dir", str(ro / "c"))[0]
-        proc, seconds = _cli("decode", "--out", str(ro / "r.json"))
+        proc, before_jax = _cli("decode", "--out", str(ro / "r.json"))
         assert proc.returncode == 2 and "--out" in proc.stderr and "not writable" in proc.stderr
-        assert seconds < FAST_S
+        assert before_jax
     finally:
         (tmp_path / "ro").chmod(0o755)
 
