@@ -1,8 +1,13 @@
 # Two entry points; both set up .venv first (scripts/bootstrap.sh).
-.PHONY: setup demo test test-fast lint
+.PHONY: setup setup-gpu demo test test-fast lint
 
 setup:
 	@scripts/bootstrap.sh
+
+# On a machine with an NVIDIA GPU (CUDA 12 driver): the same .venv plus jax's CUDA plugin and the
+# Triton kernels (pyproject's `gpu` extra). Then `backend="auto"` picks the compiled kernels.
+setup-gpu: setup
+	.venv/bin/python -m pip install -q -e ".[dev,gpu]"
 
 # The main job: a small padding-vs-symbolic decoding comparison on CPU (same model, same weights).
 demo: setup
