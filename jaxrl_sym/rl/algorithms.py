@@ -2,7 +2,10 @@
 
 The algorithm is a field of :class:`RLConfig`, not a separate pipeline: every algorithm runs the
 same step (generate → reference → reward → advantages → clipped policy loss + KL → update), and
-only :func:`sample_advantages` / :func:`gae` and the optional value term differ.
+only :func:`sample_advantages` / :func:`gae` and the optional value term differ. The policy
+loss is a field too (``RLConfig.pg_loss``): PPO's token-clipped surrogate (GRPO, DAPO,
+Dr. GRPO), GSPO's sequence-ratio surrogate (:func:`gspo_terms`) or CISPO's clipped,
+stop-gradient importance weights (:func:`cispo_terms`), each on top of any advantage estimate.
 
 The loss works on *any* layout (packed rows for the symbolic runtime, right-padded rows for the
 baseline) because it only sees per-slot arrays aligned with the slot whose logits predict each
@@ -23,8 +26,8 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import RLConfig
 from jaxrl_sym.rl.errors import RewardError
 
-__all__ = ["RLConfig", "gae", "informative_samples", "merge_aux", "rl_loss", "sample_advantages",
-           "token_weights", "whiten"]
+__all__ = ["RLConfig", "cispo_terms", "gae", "gspo_terms", "informative_samples", "merge_aux",
+           "rl_loss", "sample_advantages", "sequence_means", "token_weights", "whiten"]
 
 
 # --------------------------------------------------------------------------- advantages
@@ -265,7 +268,7 @@ def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], c
     log_ratio = jnp.where(mask, lp - arrays["old_lp"], 0.0)
     ratio = jnp.exp(log_ratio)
     adv = arrays["adv"]
-    pg, tis_w = _policy_gradient(lp, ratio, log_ratio, mask, adv, cfg)
+    pg, tis_w, clip_ratio = _policy_gradient(lp, ratio, log_ratio, mask, adv, cfg)
     per_tok = pg
     d = jnp.where(mask, arrays["ref_lp"] - lp, 0.0)
     # k3 estimate of KL(pi || ref): >= 0 in exact arithmetic; expm1 and the clamp keep fp32
@@ -280,7 +283,8 @@ def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], c
 
     tok_mean = lambda x: jnp.sum(jnp.where(mask, x, 0.0)) / n_tok
     aux = {"pg_loss": jnp.sum(jnp.where(mask, w * pg, 0.0)), "kl": tok_mean(kl),
-           "entropy": tok_mean(ent), **_ratio_stats(ratio, log_ratio, adv, mask, tok_mean, cfg)}
+           "entropy": tok_mean(ent),
+           **_ratio_stats(ratio, clip_ratio, log_ratio, adv, mask, tok_mean, cfg)}
     if tis_w is not None:
         aux["tis_weight_mean"] = tok_mean(tis_w)
     if "v" in terms:
@@ -290,12 +294,18 @@ def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], c
     return loss, aux
 
 
-def _ratio_stats(ratio: jax.Array, log_ratio: jax.Array, adv: jax.Array, mask: jax.Array,
-                 tok_mean: Callable[[jax.Array], jax.Array], cfg: RLConfig
-                 ) -> dict[str, jax.Array]:
-    """Diagnostics of the importance ratios (new / generation-time probabilities)."""
-    low = (ratio < 1.0 - cfg.clip_eps) & (adv < 0)
-    high = (ratio > 1.0 + cfg.clip_high) & (adv > 0)
+def _ratio_stats(ratio: jax.Array, clip_ratio: jax.Array, log_ratio: jax.Array,
+                 adv: jax.Array, mask: jax.Array, tok_mean: Callable[[jax.Array], jax.Array],
+                 cfg: RLConfig) -> dict[str, jax.Array]:
+    """Diagnostics of the importance ratios (new / generation-time probabilities).
+
+    ``clip_ratio`` is the ratio the loss clips: the token's, or under GSPO its sequence's (so
+    ``clip_frac`` counts the tokens of clipped sequences). CISPO never zeroes a gradient, so
+    there it counts the tokens whose importance weight was truncated, whatever A's sign."""
+    low = clip_ratio < 1.0 - cfg.clip_eps
+    high = clip_ratio > 1.0 + cfg.clip_high
+    if cfg.pg_loss != "cispo":
+        low, high = low & (adv < 0), high & (adv > 0)
     return {
         # k3 KL(behaviour || current) from the same ratios: how far this update has moved off
         # the policy that sampled (0 on the first epoch; a large value means lr or epochs too big)
@@ -317,20 +327,93 @@ def _ratio_stats(ratio: jax.Array, log_ratio: jax.Array, adv: jax.Array, mask: j
 
 
 def _policy_gradient(lp: jax.Array, ratio: jax.Array, log_ratio: jax.Array, mask: jax.Array,
-                     adv: jax.Array, cfg: RLConfig) -> tuple[jax.Array, jax.Array | None]:
-    """Per-token clipped policy-gradient term, and the TIS weights (None when off).
+                     adv: jax.Array, cfg: RLConfig
+                     ) -> tuple[jax.Array, jax.Array | None, jax.Array]:
+    """Per-token policy-gradient term, the TIS weights (None when off) and the ratio the term
+    clips (for the diagnostics), by ``cfg.pg_loss``.
+
+    ``ppo_clip`` (GRPO, DAPO, Dr. GRPO: they differ in advantages and aggregation, not here):
+    ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)`` per token, ``r = exp(lp - old_lp)``.
+    ``gspo`` / ``cispo``: :func:`gspo_terms` / :func:`cispo_terms`.
 
     Without ``tis_cap`` the ratio is against the generation's log-probs. With it (epochs == 1,
-    so ``lp`` is the trainer's forward at the weights that sampled), the ratio is against the
-    trainer's own log-probs, ``exp(lp - stop_gradient(lp))`` (1, with lp's gradient), and the
-    term is weighted by ``min(exp(lp - old_lp), tis_cap)``, held constant (verl's TIS)."""
+    so ``lp`` is the trainer's forward at the weights that sampled; ``ppo_clip`` only), the ratio
+    is against the trainer's own log-probs, ``exp(lp - stop_gradient(lp))`` (1, with lp's
+    gradient), and the term is weighted by ``min(exp(lp - old_lp), tis_cap)``, held constant
+    (verl's TIS)."""
+    lo, hi = cfg.clip_eps, cfg.clip_high
+    if cfg.pg_loss == "gspo":
+        pg, seq_ratio = gspo_terms(log_ratio, mask, adv, lo, hi)
+        return pg, None, seq_ratio
+    if cfg.pg_loss == "cispo":
+        return cispo_terms(lp, ratio, mask, adv, lo, hi), None, ratio
     if cfg.tis_cap is None:
-        clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps, 1.0 + cfg.clip_high)
-        return -jnp.minimum(ratio * adv, clipped * adv), None
+        clipped = jnp.clip(ratio, 1.0 - lo, 1.0 + hi)
+        return -jnp.minimum(ratio * adv, clipped * adv), None, ratio
     prox = jax.lax.stop_gradient(lp)
     tis_w = jnp.minimum(jnp.exp(jax.lax.stop_gradient(log_ratio)), cfg.tis_cap)
     own = jnp.exp(jnp.where(mask, lp - prox, 0.0))
-    return -tis_w * own * adv, tis_w
+    return -tis_w * own * adv, tis_w, ratio
+
+
+def sequence_means(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """Per slot, the mean of ``x`` over the slots of its sequence; 0 off the mask.
+
+    A sequence is a run of consecutive ``mask`` slots along the last axis: in every layout
+    (:mod:`jaxrl_sym.rl.layout`) a span ``(row, first, n)`` is followed in its row by at least
+    one unmasked slot (the one holding the response's last token, which predicts nothing), so
+    two sequences never touch even in packed or shared-prompt rows. Why runs rather than a
+    segment array: the loss then needs nothing beyond the arrays every layout already gives
+    it. Row-local (a segment sum per row), so rows may be split or sharded freely."""
+    shape = mask.shape
+    m = mask.reshape(-1, shape[-1])
+    v = jnp.where(m, x.reshape(m.shape), 0.0)
+    starts = m & ~jnp.pad(m[:, :-1], ((0, 0), (1, 0)))
+    seg = jnp.where(m, jnp.cumsum(starts, axis=-1), 0)  # run k -> k (1-based); off-mask -> 0
+    n_seg = shape[-1] + 1
+    seg_sum = jax.vmap(lambda a, ids: jax.ops.segment_sum(a, ids, num_segments=n_seg))
+    sums = seg_sum(v, seg)
+    counts = jnp.maximum(seg_sum(m.astype(v.dtype), seg), 1.0)
+    mean = jnp.take_along_axis(sums / counts, seg, axis=-1)
+    return jnp.where(m, mean, 0.0).reshape(shape)
+
+
+def gspo_terms(log_ratio: jax.Array, mask: jax.Array, adv: jax.Array, eps_low: float,
+               eps_high: float) -> tuple[jax.Array, jax.Array]:
+    """GSPO's per-token term and sequence ratio (Zheng et al. 2025, "Group Sequence Policy
+    Optimization", arXiv:2507.18071, section 4.1).
+
+    ``s_i = (pi(y_i|x) / pi_old(y_i|x))^(1/|y_i|) = exp(mean_t (lp_t - old_lp_t))`` and sequence
+    i's loss is ``-min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``: one ratio, so one
+    clipping decision, per sequence. Why per sequence: token ratios are single samples of the
+    next-token distribution, whose noise the token-level objective accumulates over long
+    responses; the length-normalised sequence ratio is the likelihood ratio the reward is
+    about. Each of the sequence's slots carries the same term, so ``loss_agg="seq_mean"``
+    (weights ``1 / (sequences x |y_i|)``) gives the paper's mean over sequences; its gradient
+    ``s_i A_i / |y_i| sum_t grad lp_t`` weighs the sequence's tokens equally. Because ``s_i``
+    is a geometric mean it stays near 1: the paper clips at eps 3e-4 / 4e-4 (section 5.1), set
+    through ``clip_eps`` / ``clip_eps_high``. With per-token advantages (PPO) each token's term
+    uses its own A with the sequence's ratio. Returns (term, ``s_i`` per slot)."""
+    seq_ratio = jnp.exp(sequence_means(log_ratio, mask))
+    clipped = jnp.clip(seq_ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return -jnp.minimum(seq_ratio * adv, clipped * adv), seq_ratio
+
+
+def cispo_terms(lp: jax.Array, ratio: jax.Array, mask: jax.Array, adv: jax.Array,
+                eps_low: float, eps_high: float) -> jax.Array:
+    """CISPO's per-token term (MiniMax-M1 report, 2025, arXiv:2506.13585, section 3.1):
+    ``-sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t log pi(y_t)``, ``r_t = exp(lp - old_lp)``.
+
+    Why: PPO's min drops the gradient of every token whose ratio left the clip range in A's
+    direction — in long reasoning those are often the rare "fork" tokens that matter most.
+    CISPO clips the importance weight instead, held constant (stop-gradient), so every token
+    keeps a REINFORCE gradient ``-clip(r_t) A_t grad lp_t``, merely bounded in size. The
+    report normalises by all tokens of the batch (``loss_agg="token_mean"``) and sets no lower
+    bound (``clip_eps >= 1``), tuning only ``eps_high``. The value is the paper's objective
+    (it contains ``log pi``, so it is not comparable to ``ppo_clip``'s); only its gradient is
+    the policy gradient. ``lp`` is masked before use: off-response slots may hold ``-inf``."""
+    w = jax.lax.stop_gradient(jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
+    return -w * adv * jnp.where(mask, lp, 0.0)
 
 
 def _add_value_loss(loss: jax.Array, v: jax.Array, arrays: dict[str, jax.Array],

@@ -19,6 +19,7 @@ from typing import Any
 from jaxrl_sym import jsonl, systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import (
+    PG_LOSSES,
     CheckpointConfig,
     PartialConfig,
     RunConfig,
@@ -83,6 +84,11 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--clip-low", type=float, default=None, help="ratio clip 1 - eps (clip_eps)")
     t.add_argument("--clip-high", type=float, default=None,
                    help="ratio clip 1 + eps_high (clip_eps_high; > --clip-low: DAPO clip-higher)")
+    t.add_argument("--pg-loss", choices=PG_LOSSES, default=None,
+                   help="policy-gradient term (default ppo_clip: GRPO/DAPO/Dr. GRPO's); gspo: "
+                        "one clipped ratio per sequence (e.g. --clip-low 3e-4 --clip-high 4e-4 "
+                        "--loss-agg seq_mean); cispo: clipped stop-gradient IS weights, every "
+                        "token keeps its gradient (e.g. --clip-low 1 --loss-agg token_mean)")
     t.add_argument("--adv-norm", choices=ADV_NORMS, default=None,
                    help="advantage scale; default: the task recipe's (none: Dr. GRPO)")
     t.add_argument("--drop-zero-var", action=argparse.BooleanOptionalAction, default=None,
@@ -300,7 +306,7 @@ def train_configs(args: argparse.Namespace
              ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
              ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
              ("update_tokens", args.update_tokens), ("lr", args.lr),
-             ("tis_cap", args.tis_cap), ("remat", args.remat))
+             ("tis_cap", args.tis_cap), ("remat", args.remat), ("pg_loss", args.pg_loss))
     rl = {"algo": args.algo, "group_size": args.group, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints

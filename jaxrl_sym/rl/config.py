@@ -29,8 +29,11 @@ from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import Precision
 
-__all__ = ["TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig",
+__all__ = ["PG_LOSSES", "TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig",
            "RLConfig", "RunConfig", "speculation_of", "task_rl_config"]
+
+PG_LOSSES = ("ppo_clip", "gspo", "cispo")
+"""``RLConfig.pg_loss`` / ``train --pg-loss`` choices (:mod:`jaxrl_sym.rl.algorithms`)."""
 
 MOVED: dict[str, str] = {
     "speculate": "the run's speculation: train(speculate=K), --speculate K, "
@@ -58,6 +61,18 @@ class RLConfig:
       "clip_low" / "clip_high" of DAPO). clip_eps_high None means clip_eps (symmetric); a larger
       one ("clip-higher") lets a token that was unlikely at sampling time grow further in one
       update, which is how a rare correct answer gets reinforced before entropy collapses.
+    pg_loss: the policy-gradient term. ``ppo_clip``: PPO's clipped surrogate per token,
+      ``-min(r A, clip(r) A)`` with ``r = pi / pi_old`` (GRPO, DAPO and Dr. GRPO are this term
+      with their advantages and ``loss_agg``). ``gspo``: the same with one length-normalised
+      sequence ratio ``s = exp(mean_t log r_t)`` per sequence (Zheng et al. 2025,
+      arXiv:2507.18071): one clipping decision per sequence; use ``loss_agg="seq_mean"`` (the
+      paper's mean over sequences) and the paper's much smaller clip range, e.g. ``clip_eps``
+      3e-4, ``clip_eps_high`` 4e-4 (a geometric mean of ratios stays near 1). ``cispo``:
+      ``-sg(clip(r)) A log pi`` per token (MiniMax-M1, arXiv:2506.13585): the importance weight
+      is clipped and held constant, so no token loses its gradient to the clip; the report
+      uses ``loss_agg="token_mean"`` and no lower bound (``clip_eps`` >= 1 is allowed here
+      only). Both use ``clip_eps`` / ``clip_eps_high`` as their clip range and refuse
+      ``tis_cap``; at ``epochs == 1`` (ratios 1) all three give the same gradient.
     beta: weight of the k3 KL estimate against the reference policy (0 skips the reference pass).
     epochs: optimisation passes over one batch of rollouts (ratios leave 1 from the second on).
     loss_agg: how per-token terms become one number. ``token_mean``: every response token of the
@@ -132,6 +147,7 @@ class RLConfig:
     max_grad_norm: float | None = 1.0
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
+    pg_loss: str = "ppo_clip"
     beta: float = 0.0
     epochs: int = 1
     loss_agg: str = "token_mean"
@@ -159,7 +175,7 @@ class RLConfig:
         if self.algo not in ALGOS:
             raise InputError(f"RLConfig.algo={self.algo!r}; choose one of {', '.join(ALGOS)}")
         for name, choices in (("loss_agg", LOSS_AGGS), ("adv_norm", ADV_NORMS),
-                              ("lr_schedule", LR_SCHEDULES)):
+                              ("lr_schedule", LR_SCHEDULES), ("pg_loss", PG_LOSSES)):
             if getattr(self, name) not in choices:
                 raise InputError(f"RLConfig.{name}={getattr(self, name)!r}; choose one of "
                                  f"{', '.join(choices)}")
@@ -192,9 +208,18 @@ class RLConfig:
             raise InputError(f"RLConfig.tis_cap (--tis-cap) needs epochs == 1, got epochs="
                              f"{self.epochs}: the trainer's log-probs at the step's start come "
                              "from the first epoch's forward")
-        if not 0.0 <= self.clip_eps < 1.0:
+        self._check_pg_loss()
+
+    def _check_pg_loss(self) -> None:
+        """The clip range and TIS against the policy-gradient term (``pg_loss``)."""
+        if self.pg_loss != "cispo" and not 0.0 <= self.clip_eps < 1.0:
             raise InputError(f"RLConfig.clip_eps={self.clip_eps} (--clip-low) must be in [0, 1): "
-                             "the ratio's lower clip bound 1 - clip_eps must stay positive")
+                             "the ratio's lower clip bound 1 - clip_eps must stay positive "
+                             "(pg_loss='cispo' alone accepts >= 1: no lower bound on its weight)")
+        if self.pg_loss != "ppo_clip" and self.tis_cap is not None:
+            raise InputError(f"RLConfig.tis_cap (--tis-cap) re-bases ppo_clip's token ratio on "
+                             f"the trainer's own log-probs; pg_loss={self.pg_loss!r} (--pg-loss) "
+                             "defines its own ratio: leave tis_cap None")
 
     def _check_schedule(self) -> None:
         """The learning-rate schedule's fields, each named as the ``train`` flag that sets it."""

@@ -84,7 +84,8 @@ FLAGS: dict[str, str] = {
     "drop_zero_var": "--drop-zero-var", "warmup_steps": "--warmup-steps",
     "lr_schedule": "--lr-schedule", "partial": "--partial-rollout",
     "speculate": "--speculate", "speculate_adaptive": "--speculate-adaptive",
-    "precision": "--precision", "tis_cap": "--tis-cap", "lora": "--lora-rank/--lora-alpha/"
+    "precision": "--precision", "tis_cap": "--tis-cap", "pg_loss": "--pg-loss",
+    "lora": "--lora-rank/--lora-alpha/"
     "--lora-targets",
 }
 
