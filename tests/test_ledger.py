@@ -3,17 +3,12 @@ with what an RL step actually holds on this machine (RSS sampled during the step
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FAST_COMPILE
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -63,25 +58,6 @@ def test_program_size_reads_xla_and_counts_aliased_outputs_once() -> None:
     assert tree_nbytes({"a": np.zeros((3, 5), np.float16), "b": [x]}) == 30 + 256 * 128 * 4
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("model", ["cpu", "hf-llama"])
-def test_ledger_explains_the_measured_rl_step(tmp_path: Path, model: str) -> None:
-    """The step ledger's transient bytes (its peak minus the state held before the step) against
-    the RSS rise measured during a real step, within 15% (``python -m bench project``: its own
-    process, large buffers through mmap), on the Qwen-shaped DecoderLM and on a Hugging Face
-    Llama checkpoint read by the loader (``bench/models.py``)."""
-    out = tmp_path / "proj"
-    proc = subprocess.run([sys.executable, "-m", "bench", "project", "--preset", "quick",
-                           "--model", model, "--systems", "sym", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    row = json.loads(out.with_suffix(".json").read_text())["systems"]["sym"]
-    peak = row["ledger"]["peak"]
-    state = sum(peak["by_kind"].get(k, 0) for k in ("weights", "optimizer", "reference"))
-    rise = row["measured"]["rise"]
-    assert 0.85 <= (peak["total"] - state) / rise <= 1.15, (peak, rise)
-
-
 # --------------------------------------------------------------------------- generation ledger
 
 
@@ -125,7 +101,9 @@ def test_sym_generation_ledger_follows_the_engine() -> None:
     assert 0 <= ledger_peak - res.stats["accounted_peak_bytes"] <= 8 * 16, \
         gl.ledger.to_dict()["peak"]
     decode = [r for r in gl.runs if r.stage == "decode"]
-    assert sum(r.steps for r in decode) == max(cfg.max_new_tokens) - 1
+    # whole checks of the tiling's base: the last check may run past the longest row
+    over = sum(r.steps for r in decode) - (max(cfg.max_new_tokens) - 1)
+    assert 0 <= over < lm.plan.tiling.base, over
     # the engine also ran its hoist and init programs, which the ledger lists as buffers
     assert gl.dispatches + 2 == res.stats["dispatches"]
 
@@ -143,44 +121,34 @@ def test_padded_generation_ledger_is_its_accounted_bytes() -> None:
     assert [r.steps for r in pad.runs] == [1, max(cfg.max_new_tokens) - 1]
 
 
-@pytest.mark.slow
-def test_generation_ledger_explains_the_measured_generation(tmp_path: Path) -> None:
-    """sym's and padded's generation ledgers against the RSS rise measured during a warm
-    generation (``python -m bench project --workload decode --preset quick``: each system in its
-    own process, large buffers through mmap), within 15% below and 20% above, on the DecoderLM
-    and on the zoo's Gemma-like model (no DecoderLM code; ring and growing stores alternating).
-    The ledger's
-    transient bytes are its peak minus what the process held before the call: the weights (and
-    sym's hoisted weight values, kept between calls), and padded's inputs, placed before its
-    program runs."""
-    out = tmp_path / "decode"
-    # XLA's default optimisation, not the suite's -O0 (tests/conftest.py): this child is bound by
-    # running (a warm-up and a measured call of 256 steps x 32 rows per system), not compiling;
-    # -O0 machine code made it 75 s of CPU, the default 45 s. Buffer sizes, the ledger's and the
-    # RSS rise, come from XLA's buffer assignment of the same HLO at either level (measured
-    # ledger / rise: 1.02 and 0.99 at -O0, 1.03 and 0.99 at the default).
-    env = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE, "")}
-    proc = subprocess.run([sys.executable, "-m", "bench", "project", "--workload", "decode",
-                           "--preset", "quick", "--runs",
-                           "decoder:full=256 zoo-gemmaish:local+global=256",
-                           "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.with_suffix(".json").read_text())
-    rows = [(system, row) for system in ("sym", "padded")
-            for row in report["systems"][system]["rows"]]
-    assert {row["model"] for _, row in rows} == {"decoder", "zoo-gemmaish"}
-    for system, row in rows:
-        peak = row["ledger"]["peak"]
-        held = peak["by_kind"].get("weights", 0)
-        if system == "padded":
-            held += peak["by_kind"].get("batch", 0)
-        rise = row["measured"]["rise"]
-        assert rise > 10e6, rise  # large enough that RSS noise is a few percent of it
-        # 1.20 above: sym on the DecoderLM (its ledger peaks at a growth, 23.1 MB) measured a
-        # rise of 22.0-23.1 MB on an idle 2-core machine (1.00-1.05) and 19.9 MB once under a
-        # loaded full suite (1.16), the same at trees 41205fc and 9ef1572
-        assert 0.85 <= (peak["total"] - held) / rise <= 1.20, (system, peak, rise)
+def test_the_ledgers_stores_are_the_bytes_their_shapes_hold() -> None:
+    """An oracle outside the library: every moment's store bytes summed by hand from the
+    model's config (per layer: keys and values of ``n_kv_heads x head_dim`` float32 and an int32
+    position per slot, at the group's rows x capacity the moment names; the feedback edge's one
+    int32 token per row), and the weights from the parameters' own shapes. Where the ledger met
+    the process's RSS (within 7% on three models, ``bench/results/cpu/ledger_models.md``) is a
+    benchmark, ``python -m bench project --measure``: an RSS band cannot be a test."""
+    import re
+
+    from jaxrl_sym import SymbolicLM
+    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+
+    model, prompts, cfg = _request()
+    c = model.cfg
+    lm = SymbolicLM(model)
+    gl = sym_ledger(lm.plan, lm.leaves, prompts, cfg)
+    per_slot = c.n_layers * (2 * c.n_kv_heads * c.head_dim * 4 + 4)
+    weights = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize for x in lm.leaves)
+    shapes = 0
+    for m in gl.ledger.moments:
+        kinds = m.by_kind()
+        assert kinds["weights"] >= weights  # the caller's weights (and hoisted values)
+        got = re.fullmatch(r"stores (\d+)x(\d+)", m.what)
+        if got:
+            rows, cap = map(int, got.groups())
+            assert kinds["store"] == rows * cap * per_slot + rows * 4, (m.what, kinds)
+            shapes += 1
+    assert shapes >= 1
 
 
 def test_reference_chunks_join_generation_only_after_rows_finished() -> None:
