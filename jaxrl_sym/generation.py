@@ -133,6 +133,10 @@ class GenerationConfig:
       it only validates. The padded baseline pads to it (default: longest prompt + limit).
     prefill_logits_bytes: the prompt is filled in chunks whose fp32 logits ``[rows, chunk,
       vocab]`` stay under this many bytes (see :meth:`prefill_chunk`); every system obeys it.
+      The symbolic runtime's packed prefill chunks whole packed rows (at least one) and, where
+      it finds the model's position-wise tail, computes logits at each prompt's last token
+      only; its attention scores have a budget of their own
+      (:data:`jaxrl_sym.runtime.prefill.SCORES_BYTES`), not this one.
     """
 
     max_new_tokens: int | tuple[int, ...]

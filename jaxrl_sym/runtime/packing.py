@@ -23,7 +23,9 @@ attention inside the prefill is the masked primitive over each packed row, ``L^2
 row, so a request's attention work is about ``total * L`` — rows of 1,024 made the prefill of
 ``bench/rlft_step.py``'s rollout (128 prompts of 8–64 tokens, CPU preset) 4–5× slower than the
 whole padded generation; rows of the longest prompt cut that request's generation from 12–14 s
-to 2–3 s (same machine, same run). Short prompts still share rows (first-fit-decreasing)."""
+to 2–3 s (same machine, same run). Short prompts still share rows (first-fit-decreasing).
+(The scores' memory is bounded apart from the work: a row longer than
+:data:`~jaxrl_sym.runtime.prefill.SCORES_BYTES` allows attends in blocks of queries.)"""
 
 PACK_PER_OCTAVE = 16
 """Packed row lengths lie on a geometric grid of 16 steps per octave (tail ≤ 1/16 of a row).
