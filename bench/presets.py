@@ -15,10 +15,12 @@ preset's value, so ``args`` always holds every setting.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shlex
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 NAMES = ("quick", "full", "gpu")
@@ -28,6 +30,60 @@ Presets = Mapping[str, Mapping[str, Any]]
 def quick_dir(experiment: str) -> str:
     """Where a quick run writes: a temporary folder, so smoke runs never pose as results."""
     return os.path.join(tempfile.gettempdir(), "bench-quick", experiment)
+
+
+def at_least(low: int, hint: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``low``, else an argparse error on the flag (plus
+    ``hint``). Why: an experiment used to take ``--prompts 0`` or ``--steps -1`` and fail with a
+    traceback from numpy or the trainer, some after a minute of compiling; argparse refuses
+    before any of it (and before JAX is imported)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}"
+                                             ) from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {n}{hint}")
+        return n
+    return parse
+
+
+def finite_at_least(low: float) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number >= ``low`` (NaN compares false everywhere, so an
+    unchecked one silently takes a branch)."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number >= {low:g}, got {text!r}"
+                                             ) from None
+        if not math.isfinite(x) or x < low:
+            raise argparse.ArgumentTypeError(f"must be finite and >= {low:g}, got {text}")
+        return x
+    return parse
+
+
+def json_object(check: Callable[[dict[str, Any]], object] | None = None
+                ) -> Callable[[str], str]:
+    """An argparse ``type``: a JSON object (kept as the text, which the experiment records),
+    ``check(obj)`` raising ``ValueError``/``TypeError`` for one it cannot use (e.g. building the
+    options it names, which say which field is wrong)."""
+    def parse(text: str) -> str:
+        try:
+            obj = json.loads(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"is not valid JSON ({err}); give an object such "
+                                             "as '{\"min_capacity\": 16}'") from None
+        if not isinstance(obj, dict):
+            raise argparse.ArgumentTypeError(f"must be a JSON object ({{...}}), got {text!r}")
+        if check is not None:
+            try:
+                check(obj)
+            except (ValueError, TypeError) as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+    return parse
 
 
 def parser(name: str, doc: str | None, presets: Presets) -> argparse.ArgumentParser:

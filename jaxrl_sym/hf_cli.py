@@ -4,7 +4,8 @@
 template, or raw ids) on one system (a non-peer system of :mod:`jaxrl_sym.systems`: sym, padded
 or pershape) and prints each row's tokens, log-probs and text; with ``--json`` the last stdout
 line is one JSON object. ``export`` writes a checkpoint directory transformers loads: from a
-directory (e.g. to cast the dtype) or from an RL training checkpoint that started from one.
+directory (e.g. to cast the dtype) or from an RL training checkpoint that started from one
+(its flags, checks and run: :mod:`jaxrl_sym.hf_export_cli`).
 
 Like :mod:`jaxrl_sym.cli`, this module is JAX-free at import: every flag that can be checked from
 the file system and JSON alone (directories, ids against ``config.json``'s vocabulary, numbers,
@@ -22,10 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrl_sym import jsonl, systems
+from jaxrl_sym.hf_checks import DTYPES, CliError, is_gguf, model_errors
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 
 COMMANDS = ("generate", "export")
-DTYPES = ("float32", "bfloat16", "float16")
 GEN_SYSTEMS = systems.names(peer=False)  # the systems that run any model of the contract
 
 
@@ -56,8 +57,11 @@ def _prompt_ids(text: str) -> tuple[str, Any]:
 
 
 def add_parsers(sub: Any, formatter: type) -> dict[str, argparse.ArgumentParser]:
-    """Add ``generate`` and ``export`` to the top-level sub-parser group; returns them."""
-    return {"generate": _generate_parser(sub, formatter), "export": _export_parser(sub, formatter)}
+    """Add ``generate`` and ``export`` (:mod:`jaxrl_sym.hf_export_cli`) to the top-level
+    sub-parser group; returns them."""
+    from jaxrl_sym.hf_export_cli import export_parser  # imports this module: not at the top
+
+    return {"generate": _generate_parser(sub, formatter), "export": export_parser(sub, formatter)}
 
 
 def _generate_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
@@ -100,53 +104,6 @@ def _generate_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
     return g
 
 
-def _export_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
-    e = sub.add_parser("export", help="write a Hugging Face checkpoint directory",
-                       description="Write a checkpoint directory transformers loads, from a "
-                                   "checkpoint directory (--model; e.g. with --dtype) or from "
-                                   "an RL training checkpoint (--checkpoint-dir).",
-                       formatter_class=formatter)
-    src = e.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", help="a Hugging Face checkpoint directory")
-    src.add_argument("--checkpoint-dir", metavar="DIR",
-                     help="an RL training checkpoint directory (jaxrl-sym train --model)")
-    e.add_argument("--out", required=True, metavar="DIR", help="directory to create")
-    e.add_argument("--step", type=int, default=None,
-                   help="with --checkpoint-dir: this step (default: the newest good one)")
-    e.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="cast the parameters (default: keep)")
-    e.add_argument("--peft", action="store_true",
-                   help="with --checkpoint-dir of a LoRA run: write its adapters as a PEFT "
-                        "adapter directory (adapter_config.json + adapter_model.safetensors) "
-                        "instead of the merged model")
-    e.add_argument("--max-shard-size", default="5GB", metavar="BYTES",
-                   help="shard the weights above this size (e.g. 5GB, 500MiB)")
-    e.add_argument("--overwrite", action="store_true",
-                   help="replace a non-empty --out (only once the new one is complete)")
-    e.add_argument("--json", action="store_true", help="print one JSON object last")
-    return e
-
-
-def _is_gguf(path: str) -> bool:
-    """A ``.gguf`` file, or a directory holding one and no config.json: ``load_pretrained``
-    reads it (``models/hf/gguf.py``; the rule repeated here, JAX-free)."""
-    if os.path.isfile(path):
-        return path.lower().endswith(".gguf")
-    return (os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json"))
-            and any(f.lower().endswith(".gguf") for f in os.listdir(path)))
-
-
-def _model_errors(flag: str, path: str) -> list[str]:
-    """A checkpoint directory (exists, has a readable config.json) or a GGUF file."""
-    if _is_gguf(path):
-        return []
-    if not os.path.isdir(path):
-        return [f"{flag} {path}: no such directory (nor a .gguf file)"]
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return [f"{flag} {path}: not a Hugging Face checkpoint directory (no config.json)"]
-    return []
-
-
 def _vocab_size(path: str) -> int | None:
     try:
         with open(os.path.join(path, "config.json")) as f:
@@ -158,7 +115,7 @@ def _vocab_size(path: str) -> int | None:
 
 def check_generate(args: argparse.Namespace) -> list[str]:
     """Every problem with a ``generate`` command line, each naming the flag."""
-    errors = _model_errors("--model", args.model)
+    errors = model_errors("--model", args.model)
     prompts = args.prompts or []
     if not prompts:
         errors.append("give at least one --prompt TEXT or --prompt-ids 1,2,3")
@@ -228,45 +185,6 @@ def _has_chat_template(path: str) -> bool:
     return False
 
 
-def parse_size(text: str) -> int:
-    """``5GB``/``5G`` (10**9), ``500MiB`` (2**20), ``123`` → bytes, else an InputError naming
-    ``--max-shard-size``."""
-    from jaxrl_sym.sizes import parse_bytes
-
-    return parse_bytes(text, flag="--max-shard-size")
-
-
-def check_export(args: argparse.Namespace) -> list[str]:
-    """Every problem with an ``export`` command line, each naming the flag."""
-    if args.model is not None:
-        errors = _model_errors("--model", args.model)
-        if _is_gguf(args.model):
-            errors.append(f"--model {args.model}: a GGUF file cannot be exported (export "
-                          "writes a checkpoint directory's own config.json and tokenizer files)")
-        if args.step is not None:
-            errors.append("--step applies to --checkpoint-dir only")
-        if args.peft:
-            errors.append("--peft applies to --checkpoint-dir of a LoRA run only")
-    else:
-        errors = ([] if os.path.isdir(args.checkpoint_dir)
-                  else [f"--checkpoint-dir {args.checkpoint_dir}: no such directory"])
-        if args.step is not None and args.step < 1:
-            errors.append(f"--step must be >= 1, got {args.step}")
-    try:
-        parse_size(args.max_shard_size)
-    except ValueError as err:
-        errors.append(str(err))
-    out = os.path.abspath(args.out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        errors.append(f"--out {args.out}: exists and is not a directory")
-    elif os.path.isdir(out) and os.listdir(out) and not args.overwrite:
-        errors.append(f"--out {args.out}: not empty; choose a new directory or pass --overwrite")
-    elif not os.path.isdir(os.path.dirname(out)):
-        errors.append(f"--out {args.out}: parent directory {os.path.dirname(out)} does not "
-                      "exist")
-    return errors
-
-
 def _encode_prompts(args: argparse.Namespace, text: Any) -> list[list[int]]:
     out = []
     for kind, value in args.prompts:
@@ -277,12 +195,8 @@ def _encode_prompts(args: argparse.Namespace, text: Any) -> list[list[int]]:
         else:
             out.append(text.encode(value))
         if not out[-1]:
-            raise _CliError(f"--prompt {value!r} encodes to no tokens; give a non-empty prompt")
+            raise CliError(f"--prompt {value!r} encodes to no tokens; give a non-empty prompt")
     return out
-
-
-class _CliError(Exception):
-    """A user error found after JAX was imported (reported as ``error:`` with exit code 2)."""
 
 
 def cut_at_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int:
@@ -302,7 +216,7 @@ def generate_rows(args: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     model, tok, _ = load_pretrained(args.model, dtype=args.dtype)
-    if _is_gguf(args.model):  # text prompts need its vocabulary: HFText says why it has none
+    if is_gguf(args.model):  # text prompts need its vocabulary: HFText says why it has none
         has_tok = tok is not None or args.chat or any(k == "text" for k, _ in args.prompts)
     else:
         has_tok = os.path.isfile(os.path.join(args.model, "tokenizer.json"))
@@ -356,7 +270,7 @@ def _check_memory(bound: Any, prompt_lens: list[int], gcfg: Any) -> None:
         refused = check_request([est], lower="--max-new-tokens or the prompts")[
             "systems"][est.system]["refused"]
         if refused:
-            raise _CliError(refused)
+            raise CliError(refused)
 
 
 def _np_ids(ids: list[int]) -> Any:
@@ -365,29 +279,10 @@ def _np_ids(ids: list[int]) -> Any:
     return np.asarray(ids, np.int32)
 
 
-def run_export(args: argparse.Namespace) -> dict[str, Any]:
-    """Load (a directory, or an RL checkpoint's policy) and export; the report."""
-    t0 = time.perf_counter()
-    shard = parse_size(args.max_shard_size)
-    if args.model is not None:
-        from jaxrl_sym.models.hf import export_pretrained, load_pretrained
-
-        model, _, _ = load_pretrained(args.model, dtype=args.dtype)
-        files = export_pretrained(model, args.out, source_dir=args.model,
-                                  overwrite=args.overwrite, max_shard_bytes=shard)
-        source: dict[str, Any] = {"model": os.path.abspath(args.model)}
-    else:
-        from jaxrl_sym.rl.pretrained import export_checkpoint
-
-        files, source = export_checkpoint(args.checkpoint_dir, args.out, step=args.step,
-                                          dtype=args.dtype, overwrite=args.overwrite,
-                                          max_shard_bytes=shard, peft=args.peft)
-    return {"out": os.path.abspath(args.out), "files": files, **source,
-            "seconds": time.perf_counter() - t0}
-
-
 def run(args: argparse.Namespace, refuse: Callable[[list[str]], int]) -> int:
     """Check the flags (JAX-free), then run ``generate``/``export``; print; exit code."""
+    from jaxrl_sym.hf_export_cli import check_export, export_or_stop
+
     errors = check_generate(args) if args.cmd == "generate" else check_export(args)
     if errors:
         return refuse(errors)
@@ -397,8 +292,8 @@ def run(args: argparse.Namespace, refuse: Callable[[list[str]], int]) -> int:
     try:
         if dist is not None:
             dist.initialize()
-        report = generate_rows(args) if args.cmd == "generate" else run_export(args)
-    except (SymError, _CliError) as err:
+        report = generate_rows(args) if args.cmd == "generate" else export_or_stop(args)
+    except (SymError, CliError) as err:
         print(f"jaxrl-sym {args.cmd}: error: {err}", file=sys.stderr)
         return 2
     if dist is not None and not dist.reports():

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import stat
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -169,19 +172,32 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
     if not is_text_task(task):
         raise InputError(f"--task {task} is a token task for the built-in model; with --model "
                          f"use a text task: {', '.join(TEXT_TASK_NAMES)} or jsonl:PATH")
+    from jaxrl_sym.models.hf.file_checks import refuse_unreadable
     from jaxrl_sym.models.hf.gguf import find_gguf
     from jaxrl_sym.models.hf.text import HFText
 
     root = Path(model_dir)
-    if not (root / "config.json").is_file() and find_gguf(root) is None:
-        raise InputError(f"--model {model_dir}: not a Hugging Face checkpoint directory (no "
-                         "config.json) nor a .gguf file")
+    with refuse_unreadable("--model", model_dir):
+        if not _has_config(root) and find_gguf(root) is None:
+            raise InputError(f"--model {model_dir}: not a Hugging Face checkpoint directory "
+                             "(no config.json) nor a .gguf file")
     text = HFText(root)
     eos = text.eos_ids()
     limit = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
     token_task = TokenTextTask(get_text_task(task), text, text.chat_template is not None, limit,
                                format_weight)
     return PretrainedRun(os.path.abspath(model_dir), token_task, eos[0], dtype)
+
+
+def _has_config(root: Path) -> bool:
+    """Whether ``root`` holds a config.json, asked of ``stat``: ``Path.is_file`` says False for
+    a directory this user may not enter, and the run was refused as "no config.json" (or died
+    in ``find_gguf``'s listing with a PermissionError traceback); ``stat`` raises it, for
+    :func:`~jaxrl_sym.models.hf.file_checks.refuse_unreadable` to name."""
+    try:
+        return stat.S_ISREG((root / "config.json").stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 # --------------------------------------------------------------------------- export
@@ -256,6 +272,13 @@ def _source_dir(checkpoint_dir: str | Path, hparams: dict[str, Any]) -> str:
     return str(source)
 
 
+def source_model(checkpoint_dir: str | Path, step: int | None = None) -> str:
+    """The Hugging Face directory a ``train --model`` checkpoint started from (whose config and
+    tokenizer an export copies); an InputError when there is none to export from."""
+    _, _, meta = _export_step(checkpoint_dir, step)
+    return _source_dir(checkpoint_dir, meta.get("hparams", {}))
+
+
 def restore_policy(checkpoint_dir: str | Path, step: int | None = None
                    ) -> tuple[Any, dict[str, Any]]:
     """The trained policy (a CausalLM on the device) of a ``train --model`` checkpoint and its
@@ -280,7 +303,7 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: 
                       ) -> tuple[list[str], dict[str, Any]]:
     """Export the policy of a ``train --model`` checkpoint as a Hugging Face directory (a LoRA
     run: its adapters merged into the source model; with ``peft``, the adapters as a PEFT
-    adapter directory instead).
+    adapter directory instead, cast to ``dtype`` when given: :func:`_export_peft`).
 
     Returns the files written and ``{"source_model", "step", "params_sha256"}``.
     """
@@ -342,7 +365,7 @@ def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: st
     from jaxrl_sym.rl.checkpoint import Checkpointer
     from jaxrl_sym.weights.lora import plan_lora
     from jaxrl_sym.weights.lora_config import LoraConfig
-    from jaxrl_sym.weights.peft import export_merged, export_peft
+    from jaxrl_sym.weights.peft import export_merged
 
     step, meta = lora
     hp = meta["hparams"]
@@ -356,10 +379,70 @@ def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: st
     meta, params = Checkpointer(checkpoint_dir, create=False).restore_params(
         step, {"model": fp, "params": shapes})
     if peft:
-        return export_peft(plan, params["lm"], base, out_dir, base_model_name_or_path=source,
-                           overwrite=overwrite), meta
+        return _export_peft(plan, params["lm"], base, out_dir, source, dtype=dtype,
+                            overwrite=overwrite), meta
     if dtype is not None:
         raise InputError("--dtype: a LoRA run's merged export keeps the base model's dtype; "
                          "drop --dtype (or load the export and cast it)")
     return export_merged(plan, params["lm"], base, out_dir, source_dir=source,
                          overwrite=overwrite, max_shard_bytes=max_shard_bytes), meta
+
+
+def _export_peft(plan: Any, adapters: Any, base: Any, out_dir: str | Path, source: str, *,
+                 dtype: str | None, overwrite: bool) -> list[str]:
+    """The adapters as a PEFT adapter directory: float32 (what :func:`export_peft` writes), or
+    every tensor cast to ``dtype``.
+
+    Why ``--dtype`` is applied, not refused: PEFT writes adapters in the dtype they are held in
+    (float32 by default, since peft upcasts adapters for training; the base model's dtype when
+    they were made or cast so) and loads any of float32, bfloat16 and float16 (upcasting half
+    precision for compute by default), so a float16 adapter is an ordinary PEFT file at half
+    the size, and ``export --peft --dtype float16`` asks for exactly that; it was silently
+    written in float32. Each tensor is range-checked for the cast
+    (:func:`~jaxrl_sym.models.hf.file_checks.check_weight` with ``dtype``): a weight past
+    float16's ±65504 would load as inf and poison every logit, so it is refused by name before
+    ``out_dir`` changes. The cast rewrites the file in a staging directory beside ``out_dir``,
+    swapped into place when complete, as every export is (and removed on any exception or
+    signal).
+    """
+    from jaxrl_sym.models.hf.config import parse_dtype
+    from jaxrl_sym.models.hf.export import check_out_dir, swap_into_place
+    from jaxrl_sym.weights.peft import ADAPTER_WEIGHTS, export_peft
+
+    if dtype is None:
+        return export_peft(plan, adapters, base, out_dir, base_model_name_or_path=source,
+                           overwrite=overwrite)
+    target = np.dtype(parse_dtype(dtype, "--dtype"))
+    out = Path(out_dir).absolute()
+    check_out_dir(out, None, overwrite)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        files = export_peft(plan, adapters, base, stage / out.name,
+                            base_model_name_or_path=source)
+        cast_adapter_file(stage / out.name / ADAPTER_WEIGHTS, target)
+        swap_into_place(stage / out.name, out)
+    except OSError as e:  # a full disk, a quota: the user's --out, named
+        raise InputError(f"out_dir {out}: writing the adapter failed ({e.strerror or e}); "
+                         "nothing was written there") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return files
+
+
+def cast_adapter_file(path: Path, dtype: np.dtype) -> None:
+    """Rewrite the safetensors file ``path`` with every tensor cast to ``dtype``, each checked
+    first (NaN/inf, and the range of ``dtype``), so a refused cast writes nothing."""
+    from jaxrl_sym.models.hf.file_checks import check_weight
+    from jaxrl_sym.models.hf.safetensors_io import read_header, read_tensor, write_safetensors
+
+    start, header = read_header(path)
+    meta = header.pop("__metadata__", None)
+    with open(path, "rb") as fh:
+        tensors = {n: read_tensor(fh, start, e, n) for n, e in header.items()}
+    for name, arr in tensors.items():
+        check_weight(arr, name, f"the adapter being exported with --dtype {dtype.name}",
+                     dtype=dtype, remedy="nothing was written. NaN adapters mean the run "
+                     "diverged: export an earlier step (--step)")
+    cast = {n: a.astype(dtype) for n, a in tensors.items()}
+    write_safetensors(path, {n: (a.shape, a.dtype) for n, a in cast.items()}, cast.__getitem__,
+                      metadata=meta)

@@ -47,6 +47,7 @@ from jaxrl_sym.runtime.ledger import Buffer
 from jaxrl_sym.runtime.metrics import device_memory_limit
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import GroupShape, replay
+from jaxrl_sym.runtime.prefill import SCORES_BYTES
 from jaxrl_sym.runtime.refill import refill_shape
 from jaxrl_sym.tracer.flatten import eval_jaxpr
 from jaxrl_sym.tracer.trace import trace_model
@@ -293,7 +294,10 @@ def _sym_temporaries(plan: GenerationPlan, shape: GroupShape, final: int,
             continue
         keys = _prefill_keys(spec, chunk, single=chunk == pcap, initial=shape.capacity)
         decode_keys = spec.capacity or final
-        temps += [(f"prefill attention scores over {keys} keys", _scores(rows, hq, chunk, keys)),
+        scores = _scores(rows, hq, chunk, keys)
+        if plan.options.prefill == "packed":  # a long packed row attends in query blocks
+            scores = min(scores, SCORES_BYTES)
+        temps += [(f"prefill attention scores over {keys} keys", scores),
                   (f"decode attention scores over {decode_keys} keys",
                    _scores(rows, hq, 1, decode_keys))]
     return temps

@@ -36,14 +36,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_sym.ops.attention import attend_in_query_blocks, query_block
+from jaxrl_sym.ops.attention_blocks import attend_in_query_blocks, query_block
 from jaxrl_sym.ops.sampling import sample
 from jaxrl_sym.runtime.evaluate import evaluate
 
 SCORES_BYTES = 64 << 20
 """Most bytes of fp32 attention scores ``[rows, heads, queries, keys]`` one attention call of a
 packed prefill (or prompt cache) holds at a time: a longer packed row attends in blocks of
-queries (:func:`~jaxrl_sym.ops.attention.attend_in_query_blocks`), each over every key of its
+queries (:func:`~jaxrl_sym.ops.attention_blocks.attend_in_query_blocks`), each over every key of its
 row, so the prefill's temporaries grow linearly in a long prompt's length, not with its square.
 
 Why: the masked primitive over a whole packed row holds ``[heads, T, T]`` scores, and one long

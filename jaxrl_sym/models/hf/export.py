@@ -205,7 +205,8 @@ def swap_into_place(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``. An existing ``out`` is exchanged with ``tmp`` atomically, so
     at every moment ``out`` is the old directory or the new one, never missing (a kill between
     two renames used to leave none); where the system cannot exchange, it is moved aside first
-    and deleted after."""
+    and deleted after — and moved back when anything (a signal's exception included) stops the
+    second rename, so ``out`` is not left missing with the old copy hidden beside it."""
     if not out.exists():
         os.rename(tmp, out)
         return
@@ -213,9 +214,15 @@ def swap_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old directory
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.rename(out, old / out.name)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.rename(out, old / out.name)
+        os.rename(tmp, out)
+    except BaseException:
+        if not out.exists() and (old / out.name).exists():
+            os.rename(old / out.name, out)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)  # empty, or the old copy once out is the new
 
 
 def export_pretrained(model: CausalLM, out_dir: str | Path, *, source_dir: str | Path,
@@ -246,7 +253,7 @@ def export_pretrained(model: CausalLM, out_dir: str | Path, *, source_dir: str |
     check_out_dir(out, source, overwrite)
     config = export_config(model, source)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    try:  # any exception (a signal's, from the CLI's handler, too) removes the partial copy
         written = _write_weights(model, tmp, max_shard_bytes)
         for name in COPIED_FILES:
             if (source / name).is_file():

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.models.hf.file_checks import check_readable, denied, refuse_unreadable
 from jaxrl_sym.models.hf.gguf import config_dict, find_gguf, open_gguf
 from jaxrl_sym.models.hf.gguf_text import eos_ids
 
@@ -37,10 +38,15 @@ SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
 
 def read_json(path: Path, what: str = "") -> dict[str, Any]:
     """A JSON object from ``path``; an unreadable or non-object file is an error naming it (and
-    ``what`` it is). Here, JAX-free, so the CLI's flag checks and the loader share it."""
+    ``what`` it is), a file this user may not read with the permission it needs
+    (:func:`~jaxrl_sym.models.hf.file_checks.denied`: "[Errno 13] Permission denied" said
+    neither which permission nor where). Here, JAX-free, so the CLI's flag checks and the loader
+    share it."""
     name = f"{what} {path}" if what else str(path)
     try:
         data = json.loads(path.read_text())
+    except PermissionError as err:
+        raise denied(err, what or "file", path) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"cannot read {name}: {err}") from None
     if not isinstance(data, dict):
@@ -100,7 +106,8 @@ def _chat_template(root: Path, conf: dict[str, Any]) -> tuple[str | None, Path |
     """(template source, the file it came from), by transformers 5's precedence."""
     jinja_file = root / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(), jinja_file
+        with refuse_unreadable("chat template", jinja_file):
+            return jinja_file.read_text(), jinja_file
     tpl = conf.get("chat_template")
     where = root / "tokenizer_config.json"
     if tpl is None:
@@ -180,6 +187,7 @@ class HFText:
                              "tokenizer (pass token ids instead, e.g. --prompt-ids)")
         from tokenizers import Tokenizer
 
+        check_readable(tok_file, "tokenizer")  # the Rust reader's error would call it damaged
         try:
             self.tokenizer = Tokenizer.from_file(str(tok_file))
         except Exception as err:  # the Rust side raises its own Exception type
