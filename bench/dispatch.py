@@ -206,9 +206,37 @@ def _sym_programs(model: Any, state: Any, prompts: list[np.ndarray], limits: lis
         rows, cap = key[1][0], max(c for _, c in key[2])
         return weights + tree_nbytes(jax.eval_shape(lambda: plan.builder.init_stores(rows, cap)))
 
-    progs = ledger_counts(led.runs, sizes, rec.trees, check or plan.tiling.base, read)
+    runs = led.runs
+    opts = plan.options
+    if opts.refill and opts.microbatch_rows is not None and len(prompts) > opts.microbatch_rows:
+        runs = _refill_runs(plan, runs, prompts, limits, gcfg)
+    progs = ledger_counts(runs, sizes, rec.trees, check or plan.tiling.base, read)
     steps = sum(p.steps for p in progs if p.stage == "decode")
     return progs, steps, list(range(len(rec.trees)))
+
+
+def _refill_runs(plan: Any, runs: Sequence[Any], prompts: list[np.ndarray], limits: list[int],
+                 gcfg: Any) -> list[Any]:
+    """With refill the memory ledger walks each distinct program once (its representative
+    moments); how often each runs is the refill replay's (:func:`jaxrl_sym.runtime.refill.
+    replay`, the engine's own policy over the request, a GRPO group's samples sharing their
+    prompt). Calls of a kind are shared evenly among its programs (one each for a GRPO step)."""
+    from jaxrl_sym.runtime import refill
+    from jaxrl_sym.runtime.policy import Tiling
+
+    opts, seen = plan.options, {}
+    ids = [seen.setdefault(p.tobytes(), len(seen)) for p in prompts]
+    run = refill.replay([len(p) for p in prompts], limits, rows=opts.microbatch_rows,
+                        refill=opts.refill_policy(), compaction=plan.compaction,
+                        tiling=Tiling(plan.tiling.base, plan.tile_buffer(gcfg)),
+                        min_capacity=opts.min_capacity, prompt_ids=ids)
+    total = {"prompt_cache": (run.prefill_dispatches, run.prefill_dispatches),
+             "refill": (run.refill_dispatches, run.refill_dispatches),
+             "decode": (run.decode_dispatches, run.decode_steps)}
+    kind = lambda r: "decode" if r.stage == "decode" else r.what.split("[")[0]
+    share = {k: sum(kind(r) == k for r in runs) for k in total}
+    return [dataclasses.replace(r, calls=total[kind(r)][0] // share[kind(r)],
+                                steps=total[kind(r)][1] // share[kind(r)]) for r in runs]
 
 
 def _padded_programs(model: Any, state: Any, prompts: list[np.ndarray], limits: list[int],

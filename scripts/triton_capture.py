@@ -41,7 +41,7 @@ def main() -> int:
     import triton.language as tl
 
     @triton.jit
-    def add(x_ptr, y_ptr, n, o_ptr, BLOCK: tl.constexpr):  # noqa: N803 (Triton's style)
+    def add(x_ptr, y_ptr, n, o_ptr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m),
