@@ -10,8 +10,8 @@
   ``tokenizer.json`` this user may not read is named with the permission it needs. As root,
   chmod denies nothing: the denial is then simulated by patching ``os.listdir``/``os.stat``/
   ``open`` in this process (every permission case here runs in-process).
-* **Errors name the user's thing**: ``--resume`` with another ``--lora-rank`` (strict xfail:
-  the fix belongs in ``jaxrl_sym/rl/checkpoint.py``, outside this change).
+* **Errors name the user's thing**: ``--resume`` with another ``--lora-rank`` names the flag
+  (the run's settings are compared before the checkpoint's parameter shapes).
 """
 
 from __future__ import annotations
@@ -280,11 +280,9 @@ def test_peft_export_overflowing_the_dtype_is_refused_naming_the_tensor(
     export_checkpoint(run, tmp_path / "o", peft=True, dtype="bfloat16")  # in bfloat16's range
 
 
-@pytest.mark.xfail(strict=True, reason="resume compares the checkpoint's parameter shapes "
-                   "(jaxrl_sym/rl/checkpoint.py, Checkpointer._load_verified/_diff) before the "
-                   "run's settings (jaxrl_sym/rl/train.py, _resume's check), which would name "
-                   "--lora-rank; both files are outside this change")
 def test_resume_with_another_lora_rank_names_the_flag(lora_run: tuple[Path, Path, Path]) -> None:
+    """Settings are compared before parameter shapes, so the flag that changed them is named
+    (it said "parameter shapes differ (28 arrays …)")."""
     from jaxrl_sym.rl.train import train
 
     run, src, tasks = lora_run

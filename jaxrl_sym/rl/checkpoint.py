@@ -132,7 +132,8 @@ def _diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
                     for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
         elif key == "params" and a != b:
             out.append(f"parameter shapes differ ({len(a or [])} arrays in the checkpoint vs "
-                       f"{len(b or [])} here)")
+                       f"{len(b or [])} here: another model or LoRA rank/targets, which no "
+                       "flag can resume)")
         elif a != b:
             out.append(f"{key}: checkpoint {a!r} vs this run {b!r}")
     return out
@@ -351,6 +352,8 @@ class Checkpointer:
         """Metadata → fingerprint → caller's check → arrays → digests and finiteness."""
         meta = self._read_meta(step)
         diffs = _diff(meta.get("fingerprint", {}), expected)
+        if diffs and check_meta is not None:
+            check_meta(meta)  # a changed flag (--lora-rank: other shapes) is named by its flag
         if diffs:
             raise CheckpointError(
                 f"checkpoint {self.directory}/{step} was written by a different run and cannot "
