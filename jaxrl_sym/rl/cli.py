@@ -28,6 +28,8 @@ from jaxrl_sym.rl.config import (
 )
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_HELP
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
+from jaxrl_sym.rl.rewards import text_options
+from jaxrl_sym.rl.text_tasks import DATASET_TASK
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import PRECISIONS
@@ -37,7 +39,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to an ``argparse`` sub-parser group."""
     t = subparsers.add_parser("train", help="RL fine-tuning (GRPO/RLOO/PPO) on an offline task")
     t.add_argument("--algo", choices=ALGOS, default="grpo")
-    t.add_argument("--task", default="reverse", help=TASK_HELP)
+    t.add_argument("--task", default=None, help=f"{TASK_HELP} (default: reverse)")
     t.add_argument("--steps", type=int, default=400)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--checkpoint-dir", default=None, help="orbax checkpoints go here")
@@ -63,6 +65,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="print one JSON object (final_exact_match, params_sha256, ...) last")
     _add_step_flags(t)
     _add_run_flags(t)
+    _add_data_flags(t)
     t.add_argument("--no-progress", action="store_true")
     return t
 
@@ -125,7 +128,8 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--max-digits", type=int, default=3)
     t.add_argument("--model", default=None, metavar="DIR",
                    help="fine-tune this Hugging Face checkpoint directory on a text task: "
-                        "--task word-problems or jsonl:FILE ({prompt, answer} lines)")
+                        "--task word-problems or jsonl:FILE ({prompt, answer} lines), or "
+                        "--dataset FILE")
     t.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp32; bf16-mixed (fp32 master weights and Adam state, a bf16 copy for "
                         "generation, scoring and the forward/backward); bf16 (everything bf16: "
@@ -172,6 +176,51 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
                         "measured acceptance and verify cost")
 
 
+def _add_data_flags(t: argparse.ArgumentParser) -> None:
+    """Your data and your reward (``--model`` runs; :mod:`jaxrl_sym.rl.data`, ``.rewards``)."""
+    t.add_argument("--dataset", default=None, metavar="PATH",
+                   help="with --model, train on your rows instead of a --task: JSONL, JSON (a "
+                        "list, or {\"data\": [...]}), CSV or Parquet (needs pyarrow), each row a "
+                        "prompt (text or chat messages) and a numeric answer (GSM8K's question/"
+                        "'... #### 72' answer work as they are); without --eval-dataset a fixed "
+                        "10%% is held out for the final evaluation")
+    t.add_argument("--prompt-field", default=None, metavar="NAME",
+                   help="the rows' prompt field (default: prompt, else question)")
+    t.add_argument("--answer-field", default=None, metavar="NAME",
+                   help="the rows' answer field (default: answer)")
+    t.add_argument("--eval-dataset", default=None, metavar="PATH",
+                   help="rows for the final evaluation (default: 10%% of --dataset, held out)")
+    t.add_argument("--system-prompt", default=None, metavar="TEXT",
+                   help="a system message before every prompt, through the chat template")
+    t.add_argument("--reward", action="append", default=None, metavar="NAME",
+                   help="repeatable: exact_number, boxed, format, or module:function (a "
+                        "function f(prompts, completions, **row_fields) -> list[float], "
+                        "imported from the current directory); the reward is their weighted "
+                        "sum, each logged as reward/NAME (default: the task's own reward)")
+    t.add_argument("--reward-weights", default=None, metavar="W1,W2,...",
+                   help="one weight per --reward, in order (default: 1 each)")
+
+
+def text_of(args: argparse.Namespace) -> Any:
+    """The run's :class:`~jaxrl_sym.rl.data.TextOptions` (None: none asked): the dataset read
+    and checked, rewards imported — once per command line (the flag check and the run share
+    it), and before JAX is imported."""
+    if not hasattr(args, "_text"):
+        if args.dataset is not None and args.task is not None:
+            raise InputError(f"--dataset {args.dataset} replaces --task {args.task}: give one")
+        args._text = text_options(
+            dataset=args.dataset, prompt_field=args.prompt_field, answer_field=args.answer_field,
+            eval_dataset=args.eval_dataset, system_prompt=args.system_prompt,
+            reward=args.reward, reward_weights=args.reward_weights, model=args.model,
+            partial_weight=args.partial_weight)
+    return args._text
+
+
+def _task(args: argparse.Namespace) -> str:
+    """``--task``, else ``dataset`` with ``--dataset``, else the default ``reverse``."""
+    return args.task or (DATASET_TASK if args.dataset is not None else "reverse")
+
+
 def run_train(args: argparse.Namespace) -> int:
     """Run ``train`` with the parsed arguments; print the result; return an exit code.
 
@@ -187,6 +236,7 @@ def run_train(args: argparse.Namespace) -> int:
             MeshConfig.parse(args.mesh)
         if args.device_memory is not None:
             parse_bytes(args.device_memory, flag="--device-memory")
+        text_of(args)  # the dataset and rewards: read and imported before JAX
         dist = Distributed.from_flags(args.coordinator, args.num_processes, args.process_id)
         if dist is not None and args.mesh is None:
             raise InputError(Distributed.NEEDS_MESH)
@@ -207,7 +257,7 @@ def run_train(args: argparse.Namespace) -> int:
                 check_output_file(args.plot, "--plot")
             run, rl, checkpoints = train_configs(args)
             summary = train_run(run, rl, checkpoints, metrics_file=args.metrics,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, text=text_of(args))
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -227,14 +277,14 @@ def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) ->
     plot_error = None
     if plot and rows:
         try:
-            summary["plot"] = plot_run(rows, plot, f"{args.algo} on {args.task}, seed "
+            summary["plot"] = plot_run(rows, plot, f"{args.algo} on {_shown(args)}, seed "
                                                    f"{args.seed}")
         except OSError as e:  # after the whole run: report it, never lose the summary
             flag = "--plot" if args.plot else "--metrics (its plot beside it)"
             plot_error = (f"{flag}: could not write {plot} ({e.strerror or e}); the run "
                           "finished and its summary is printed")
     summary.update(_first_last(rows))
-    summary.update(algo=args.algo, task=args.task, seed=args.seed, system=args.system)
+    summary.update(algo=args.algo, task=_task(args), seed=args.seed, system=args.system)
     if not reports:
         print(f"{summary['steps']} steps done; process 0 reports",
               file=sys.stderr)
@@ -242,17 +292,22 @@ def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) ->
     if args.json:
         print(jsonl.dumps(summary))
     else:
-        print(f"{args.algo} on {args.task}: {summary['steps']} steps"
+        print(f"{args.algo} on {_shown(args)}: {summary['steps']} steps"
               + (f" (resumed from {summary['resumed_from']})" if summary["resumed_from"] else "")
               + f", {summary['seconds']:.1f} s in this process")
         for k in ("final_exact_match", "first20_exact_match", "last20_exact_match",
-                  "last20_reward", "params_sha256", "plot"):
+                  "last20_reward", "params_sha256", "eval_source", "plot"):
             if summary.get(k) is not None:
                 print(f"  {k}: {summary[k]}")
     if plot_error:
         print(f"error: {plot_error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _shown(args: argparse.Namespace) -> str:
+    """The task as a person reads it: ``--dataset``'s file, else ``--task``."""
+    return f"--dataset {args.dataset}" if args.dataset is not None else _task(args)
 
 
 def _first_last(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -291,7 +346,7 @@ def train_configs(args: argparse.Namespace
     import)."""
     partial = None if args.partial_rollout is None else PartialConfig(
         args.partial_rollout, args.partial_segment, args.partial_max_carry)
-    run = RunConfig(task=args.task, steps=args.steps, seed=args.seed,
+    run = RunConfig(task=_task(args), steps=args.steps, seed=args.seed,
                     prompts_per_step=args.prompts, system=args.system,
                     max_digits=args.max_digits, partial_weight=args.partial_weight,
                     model_dir=args.model, eval_prompts=args.eval_prompts, mesh=args.mesh,
@@ -317,6 +372,7 @@ def check_configs(args: argparse.Namespace) -> list[str]:
     checkpoint policy, partial rollouts and the step's RLConfig (on a text task its response
     limit and EOS come from the checkpoint's tokenizer later; a placeholder stands in here)."""
     try:
+        text_of(args)  # the dataset and reward functions: each mistake named before JAX
         run, rl, _ = train_configs(args)
         limit = 1  # a text task's limit and EOS come from its checkpoint (read by train)
         if run.model_dir is None:

@@ -18,5 +18,6 @@ TASK_HELP = (f"one of {', '.join(TASK_NAMES)} (the built-in model); with --model
              f"{', '.join(TEXT_TASK_NAMES)} (word-problems:K: at most K operations, 1-4; "
              f"word-problems:K:N: no stated number above N; "
              f"word-problems:K:N:D: at most D irrelevant sentences, 0-2; "
-             f"defaults: K 3, N 59, D 2) or jsonl:FILE ({{prompt, answer}} lines)")
+             f"defaults: K 3, N 59, D 2) or jsonl:FILE ({{prompt, answer}} lines; "
+             f"--dataset FILE instead reads JSON, CSV, Parquet and other field names)")
 """The ``--task`` help: every task name, from this one place."""

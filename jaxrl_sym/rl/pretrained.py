@@ -12,7 +12,10 @@ differs, so the loop itself only asks :func:`setup` for it:
 * the **source directory** in the run's hyper-parameters (``model_dir``), so a checkpoint knows
   which model it started from: resuming with another ``--model`` is refused like any changed
   setting, and :func:`export_checkpoint` can write the trained policy as a Hugging Face
-  directory next to that model's config and tokenizer.
+  directory next to that model's config and tokenizer;
+* the user's **dataset, system prompt and rewards** (``--dataset``, ``--reward``:
+  :mod:`jaxrl_sym.rl.data`, :mod:`jaxrl_sym.rl.rewards`), whose flags and file digests join the
+  recorded hyper-parameters, so a resume with other data or reward code is a changed run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.data import TextOptions, chat_messages, plain_prompt
 from jaxrl_sym.rl.text_tasks import (
     FORMAT_WEIGHT,
     TEXT_TASK_NAMES,
@@ -37,7 +41,6 @@ from jaxrl_sym.rl.text_tasks import (
     check_format_weight,
     exact_match,
     extract_answer,
-    get_text_task,
     is_text_task,
     reward,
 )
@@ -69,19 +72,24 @@ class TokenTextTask:
     """
 
     def __init__(self, task: TextTask, text: Any, chat: bool, max_new_tokens: int,
-                 format_weight: float = FORMAT_WEIGHT) -> None:
+                 format_weight: float = FORMAT_WEIGHT, *, system_prompt: str | None = None,
+                 rewards: Any = None) -> None:
         check_format_weight(format_weight)
         self.task, self.text, self.chat = task, text, chat
         self.max_new_tokens = max_new_tokens
         self.format_weight = format_weight
+        self.system_prompt = system_prompt
+        self.rewards = rewards  # a RewardSet (jaxrl_sym.rl.rewards); None: reward() below
         self.max_positions = text.max_positions  # read once: checked on every sample
         self._answers: dict[tuple[int, ...], Problem] = {}
+        self.eval_task: TokenTextTask = self  # what the final evaluation samples
+        self.eval_note: str | None = None  # where its rows come from (the run's summary)
 
     def encode(self, problem: Problem) -> np.ndarray:
         if self.chat:
-            ids = self.text.encode_chat([{"role": "user", "content": problem.prompt}])
+            ids = self.text.encode_chat(chat_messages(problem, self.system_prompt))
         else:
-            ids = self.text.encode(problem.prompt)
+            ids = self.text.encode(plain_prompt(problem, self.system_prompt))
         return np.asarray(ids, np.int32)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[np.ndarray]:
@@ -95,6 +103,8 @@ class TokenTextTask:
                         f"({problems[i].prompt[:40]!r}…) with --max-new-tokens "
                         f"{self.max_new_tokens}", "lower --max-new-tokens or use shorter prompts")
         self._answers = {}
+        if self.rewards is not None:
+            self.rewards.begin_step()
         for p, ids in zip(problems, prompts, strict=True):
             seen = self._answers.setdefault(tuple(ids.tolist()), p)
             if seen.answer != p.answer:
@@ -114,8 +124,14 @@ class TokenTextTask:
 
     def reward(self, prompt: Sequence[int] | np.ndarray,
                response: Sequence[int] | np.ndarray) -> float:
-        return reward(self.response_text(response), self._problem(prompt).answer,
-                      self.format_weight)
+        problem, text = self._problem(prompt), self.response_text(response)
+        if self.rewards is not None:
+            return self.rewards.score_one(problem, text)
+        return reward(text, problem.answer, self.format_weight)
+
+    def reward_metrics(self) -> dict[str, float]:
+        """``reward/<name>`` means of the latest step (none without ``--reward``)."""
+        return {} if self.rewards is None else self.rewards.step_metrics()
 
     def exact_match(self, prompt: Sequence[int] | np.ndarray,
                     response: Sequence[int] | np.ndarray) -> float:
@@ -135,6 +151,7 @@ class PretrainedRun:
     task: TokenTextTask
     eos_id: int
     dtype: str | None = None
+    user: TextOptions = dataclasses.field(default_factory=TextOptions)
 
     @property
     def rl_config(self) -> dict[str, Any]:
@@ -147,7 +164,7 @@ class PretrainedRun:
         """Recorded in every checkpoint: the source model (export, resume check) and the
         prompt format."""
         return {"model_dir": self.model_dir, "chat_template": self.task.chat,
-                "model_dtype": self.dtype}
+                "model_dtype": self.dtype, **self.user.hparams()}
 
     def load_model(self) -> Any:
         from jaxrl_sym.models.hf import load_pretrained
@@ -156,16 +173,17 @@ class PretrainedRun:
 
 
 def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None,
-          dtype: str | None = None, format_weight: float = FORMAT_WEIGHT
-          ) -> PretrainedRun | None:
+          dtype: str | None = None, format_weight: float = FORMAT_WEIGHT,
+          text: TextOptions | None = None) -> PretrainedRun | None:
     """The pretrained side of a run, or None for the built-in model and token tasks.
 
     Cheap: reads the tokenizer, chat template, EOS ids and (for ``jsonl:``) the task file — the
     weights are loaded later by :meth:`PretrainedRun.load_model`. Every mismatch of model and
-    task is an :class:`InputError` naming the flag.
+    task is an :class:`InputError` naming the flag. ``text``: the user's dataset, system prompt
+    and rewards (:func:`jaxrl_sym.rl.rewards.text_options`; None: the task's own).
     """
     if model_dir is None:
-        if is_text_task(task):
+        if is_text_task(task) or text is not None:
             raise InputError(f"--task {task} is a text task: it needs --model DIR (a Hugging "
                              "Face checkpoint directory with a tokenizer)")
         return None
@@ -181,12 +199,20 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
         if not _has_config(root) and find_gguf(root) is None:
             raise InputError(f"--model {model_dir}: not a Hugging Face checkpoint directory "
                              "(no config.json) nor a .gguf file")
-    text = HFText(root)
-    eos = text.eos_ids()
+    user = text or TextOptions()
+    tok = HFText(root)
+    eos = tok.eos_ids()
     limit = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-    token_task = TokenTextTask(get_text_task(task), text, text.chat_template is not None, limit,
-                               format_weight)
-    return PretrainedRun(os.path.abspath(model_dir), token_task, eos[0], dtype)
+    train_task, held, note = user.tasks(task)
+    chat = tok.chat_template is not None
+    user.check_chat(chat, model_dir)
+    args = (tok, chat, limit, format_weight)
+    token_task = TokenTextTask(train_task, *args, system_prompt=user.system_prompt,
+                               rewards=user.rewards)
+    if held is not None:
+        token_task.eval_task = TokenTextTask(held, *args, system_prompt=user.system_prompt)
+    token_task.eval_note = note
+    return PretrainedRun(os.path.abspath(model_dir), token_task, eos[0], dtype, user)
 
 
 def _has_config(root: Path) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -48,11 +48,18 @@ _BOXED_RE = re.compile(r"\\boxed\{\s*(?:\\\$|\$)?\s*(" + _NUM + r")\s*\}", re.AS
 
 @dataclass(frozen=True)
 class Problem:
-    """One problem: the prompt text, its exact answer, and a worked solution (templates only)."""
+    """One problem: the prompt text, its exact answer, and a worked solution (templates only).
+
+    A row of a user's dataset (:mod:`jaxrl_sym.rl.data`) may instead hold a chat prompt
+    (``messages``: ``(role, content)`` pairs, rendered with the tokenizer's chat template;
+    ``prompt`` is then its last user message, for logs) and keeps its other fields as read
+    (``fields``), which ``--reward module:function`` receives as keyword lists."""
 
     prompt: str
     answer: Fraction
     solution: str | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    fields: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,13 @@ def extract_answer(text: str) -> Extracted:
     if found:
         return Extracted(parse_number(found[-1]), "last")
     return Extracted(None, None)
+
+
+def answer_in(text: str, source: str) -> Fraction | None:
+    """The last ``#### N`` (``source="hash"``) or ``\\boxed{N}`` (``"boxed"``) of ``text``, None
+    without one: the built-in ``--reward`` graders look at one format each."""
+    found = {"hash": _HASH_RE, "boxed": _BOXED_RE}[source].findall(text)
+    return parse_number(found[-1]) if found else None
 
 
 def reward(response: str, answer: Fraction | int,
@@ -252,7 +266,9 @@ def load_problems(path: str | Path) -> list[Problem]:
 
 @dataclass(frozen=True)
 class TextTask:
-    """A source of problems: templates (``word-problems``) or a fixed list (``jsonl:PATH``)."""
+    """A source of problems: templates (``word-problems``) or a fixed list (``jsonl:PATH``,
+    ``--dataset``). ``held_out``: an evaluation set, drawn without replacement (each row at most
+    once: a small held-out set is not re-weighted by chance)."""
 
     name: str
     problems: tuple[Problem, ...] | None = None  # None: generated from templates
@@ -260,12 +276,18 @@ class TextTask:
     max_steps: int = 3
     largest: int | None = None  # the largest number a template problem states (None: 59)
     distractors: int = 2  # at most this many irrelevant sentences per template problem
+    held_out: bool = False
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Problem]:
-        """``n`` problems; a file's records are drawn with replacement."""
+        """``n`` problems; a file's records are drawn with replacement (a ``held_out`` set's:
+        ``min(n, rows)`` distinct rows, in file order)."""
         if self.problems is None:
             return [word_problem(rng, self.min_steps, self.max_steps, self.distractors,
                                  largest=self.largest) for _ in range(n)]
+        if self.held_out:
+            rows = len(self.problems)
+            pick = range(rows) if n >= rows else sorted(rng.choice(rows, n, replace=False))
+            return [self.problems[int(i)] for i in pick]
         idx = rng.integers(0, len(self.problems), size=n)
         return [self.problems[int(i)] for i in idx]
 
@@ -276,8 +298,12 @@ LARGEST_NUMBER = (2, 999)  # the range word-problems:K:N accepts for N
 MAX_DISTRACTORS = 2  # word-problems:K:N:D accepts D in 0..2
 
 
+DATASET_TASK = "dataset"  # the task name of a run on --dataset FILE (jaxrl_sym.rl.data)
+
+
 def is_text_task(name: str) -> bool:
-    return (name in TEXT_TASK_NAMES or name.startswith("jsonl:")
+    """Whether ``name`` is a task of a ``--model`` checkpoint (text), not the built-in model's."""
+    return (name in TEXT_TASK_NAMES or name == DATASET_TASK or name.startswith("jsonl:")
             or _WORD_PROBLEMS.fullmatch(name) is not None)
 
 
@@ -305,5 +331,8 @@ def get_text_task(name: str, *, max_steps: int = 3) -> TextTask:
         return TextTask(name, None, 1, k, largest, d)
     if name.startswith("jsonl:"):
         return TextTask(name, tuple(load_problems(name.removeprefix("jsonl:"))))
+    if name == DATASET_TASK:
+        raise InputError(f"task {name!r} trains on --dataset FILE: give the file (train(..., "
+                         "text=jaxrl_sym.rl.rewards.text_options(dataset=FILE)))")
     raise InputError(f"unknown text task {name!r}; choose {', '.join(TEXT_TASK_NAMES)} or "
                      "jsonl:PATH (a file of {\"prompt\", \"answer\"} lines)")

@@ -34,10 +34,12 @@ from jaxrl_sym.rl.config import (
     speculation_of,
     task_rl_config,
 )
-from jaxrl_sym.rl.errors import CheckpointError
+from jaxrl_sym.rl.data import TextOptions
+from jaxrl_sym.rl.errors import CheckpointError, RewardError
 from jaxrl_sym.rl.interrupt import Interrupted, abandoned, graceful
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.progress import Bar, GreedyDrift, RunHealth, recipe_line
+from jaxrl_sym.rl.rewards import reward_failure
 from jaxrl_sym.rl.run_files import check_output_file, open_checkpoints, prepare_metrics
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
@@ -87,6 +89,12 @@ FLAGS: dict[str, str] = {
     "precision": "--precision", "tis_cap": "--tis-cap", "pg_loss": "--pg-loss",
     "lora": "--lora-rank/--lora-alpha/"
     "--lora-targets",
+    # a --model run's own data and rewards (jaxrl_sym.rl.data.TextOptions.hparams)
+    "dataset": "--dataset", "prompt_field": "--prompt-field", "answer_field": "--answer-field",
+    "system_prompt": "--system-prompt", "eval_dataset": "--eval-dataset",
+    "dataset_sha256": "--dataset (the file's contents)",
+    "eval_dataset_sha256": "--eval-dataset (the file's contents)", "reward": "--reward",
+    "reward_weights": "--reward-weights", "reward_sha256": "--reward (its module's source)",
 }
 
 
@@ -170,6 +178,7 @@ def train(
     engine: EngineOptions | None = None,
     precision: str | None = None,
     lora: dict[str, Any] | LoraConfig | None = None,
+    text: TextOptions | None = None,
 ) -> dict[str, Any]:
     """:func:`train_run` from keyword arguments: each one is a field of :class:`RunConfig`,
     :class:`CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume*``)
@@ -177,7 +186,8 @@ def train(
     field in ``config``, over :data:`TASK_RECIPE`); ``partial`` holds
     :class:`PartialConfig` fields (``{"fraction": 0.75}``; None: off); ``speculate`` /
     ``speculate_adaptive`` the run's speculation (as ``--speculate`` / ``--speculate-adaptive``;
-    0: off). The summary is :func:`train_run`'s.
+    0: off); ``text`` a ``--model`` run's dataset, system prompt and rewards
+    (:func:`~jaxrl_sym.rl.rewards.text_options`). The summary is :func:`train_run`'s.
     """
     run = RunConfig(task=task, steps=steps, seed=seed, prompts_per_step=prompts_per_step,
                     system=system, max_digits=max_digits, partial_weight=partial_weight,
@@ -192,13 +202,14 @@ def train(
     rl = {"algo": algo, "group_size": group_size, "beta": beta, "epochs": epochs,
           **({} if lr is None else {"lr": lr}), **(config or {})}
     return train_run(run, rl, checkpoints, metrics_file=metrics_file, progress=progress,
-                     on_step=on_step)
+                     on_step=on_step, text=text)
 
 
 def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
               checkpoints: CheckpointConfig | None = None, *,
               metrics_file: str | None = None, progress: bool = True,
-              on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+              on_step: Callable[[dict[str, Any]], None] | None = None,
+              text: TextOptions | None = None) -> dict[str, Any]:
     """Train a fresh model (seeded) on an offline task, or resume one from the checkpoint
     directory.
 
@@ -214,6 +225,9 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
       ``resume_anyway``. The mesh is not part of a run's identity (a run may resume on another).
     metrics_file: JSON lines, one per step (appended on resume, after dropping lines of steps
       that will be re-run). on_step: called with each step's metrics (after its checkpoint).
+    text: a ``--model`` run's dataset, system prompt and rewards
+      (:func:`~jaxrl_sym.rl.rewards.text_options`); a reward's mean is logged as ``reward/<name>``,
+      and a failing reward stops the run after saving the last finished step.
 
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` and (text tasks) ``final_format_rate``
@@ -221,12 +235,14 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     parameters alone, so an interrupted and resumed run reports the same value as an
     uninterrupted one), ``skipped_checkpoints`` (steps
     rejected on resume, with reasons), ``changed_on_resume`` (hyper-parameters overridden by
-    ``resume_anyway``) and ``partial_left_rows`` (carried rows never trained; not checkpointed).
+    ``resume_anyway``), ``partial_left_rows`` (carried rows never trained; not checkpointed)
+    and ``eval_source`` (a text run's: where the evaluation's rows came from, e.g. the held-out
+    split of ``--dataset``; None when that needs no saying).
     """
     checkpoints = checkpoints or CheckpointConfig()
     user_limit = rl.max_new_tokens if isinstance(rl, RLConfig) else rl.get("max_new_tokens")
     hf = setup_pretrained(run.model_dir, run.task, max_new_tokens=user_limit,
-                          format_weight=run.reward_weight)
+                          format_weight=run.reward_weight, text=text)
     task_obj = hf.task if hf else run.task_of()
     if metrics_file:
         check_output_file(metrics_file, "--metrics (metrics_file)")
@@ -265,10 +281,12 @@ def _train(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any, ckpt: Check
     with Bar(progress, run.steps, trainer.steps_done, f"{rl_cfg.algo} {run.task}") as bar:
         history = _run_steps(trainer, task_obj, run, ckpt, checkpoints.every, meta,
                              metrics_file, bar, on_step)
-    final = (evaluate(trainer, task_obj, run.eval_prompts, run.seed) if run.eval_prompts
-             else None)
-    return _summary(trainer, ckpt, resumed_from, changed, history, time.perf_counter() - t_run,
-                    final)
+    final = (evaluate(trainer, getattr(task_obj, "eval_task", task_obj), run.eval_prompts,
+                      run.seed) if run.eval_prompts else None)
+    out = _summary(trainer, ckpt, resumed_from, changed, history, time.perf_counter() - t_run,
+                   final)
+    out["eval_source"] = getattr(task_obj, "eval_note", None) if final else None
+    return out
 
 
 def _hparams(run: RunConfig, cfg: RLConfig, hf: Any) -> dict[str, Any]:
@@ -341,10 +359,13 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
             except DivergedError as e:
                 bar.alert(f"DIVERGED at step {e.step}: {e}")
                 raise
+            except RewardError as e:  # the user's reward: named, the finished steps saved
+                raise reward_failure(e, k, _save_last(trainer, ckpt, meta)) from None
             except BaseException as e:
                 if not abandoned(e):
                     raise
                 break  # the step committed nothing: the state is step k - 1's
+            m.update(task.reward_metrics() if hasattr(task, "reward_metrics") else {})
             m["health"] = health.check(m)
             if drift is not None and m["health"] is None:
                 probed = trainer.greedy(probes, task.max_new_tokens) if drift.due(k) else None
