@@ -352,8 +352,9 @@ class Checkpointer:
         """Metadata → fingerprint → caller's check → arrays → digests and finiteness."""
         meta = self._read_meta(step)
         diffs = _diff(meta.get("fingerprint", {}), expected)
-        if diffs and check_meta is not None:
-            check_meta(meta)  # a changed flag (--lora-rank: other shapes) is named by its flag
+        if diffs and check_meta is not None and all(d.startswith("parameter shapes")
+                                                    for d in diffs):
+            check_meta(meta)  # shapes changed by a flag (--lora-rank) are named by that flag
         if diffs:
             raise CheckpointError(
                 f"checkpoint {self.directory}/{step} was written by a different run and cannot "
