@@ -75,24 +75,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _model(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[int]]:
-    """The RL step's policy at the preset's shape (abstract), its state, the expanded prompts
-    and each sample's response limit (``rlft_step``'s workload)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
+    """The RL step's policy at the preset's shape (abstract), its state in the weights' dtype,
+    the expanded prompts and each sample's response limit (``gpu_compile``'s, one home)."""
+    from bench.experiments.gpu_compile import abstract_model
 
-    from bench.experiments import rlft_step
-    from jaxrl_sym.models.lm import init_model, preset
-
-    dtype = jnp.bfloat16 if args.precision == "bf16-mixed" else jnp.float32
-    model = nnx.eval_shape(lambda: init_model(
-        preset("small", **rlft_step.model_config(args), dtype=dtype), args.seed))
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-        x.shape, dtype if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype),
-        nnx.split(model)[1])
-    prompts, limits = rlft_step.workload(args)
-    expanded = [p for p in prompts for _ in range(args.group)]
-    return model, state, expanded, [int(n) for n in limits]
+    sub = argparse.Namespace(**{**vars(args), "precision": "bf16" if args.precision
+                                == "bf16-mixed" else "fp32"})
+    model, state, expanded, gcfg = abstract_model(sub)
+    return model, state, expanded, [int(n) for n in gcfg.max_new_tokens]
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

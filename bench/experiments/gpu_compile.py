@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return presets.parse(p, PRESETS, argv)
 
 
-def _model(args: argparse.Namespace) -> tuple[Any, Any, list[Any], Any]:
+def abstract_model(args: argparse.Namespace) -> tuple[Any, Any, list[Any], Any]:
     """The workload's model (abstract: shapes only), its state in the weights' dtype, the
     expanded prompts and the generation config."""
     import jax
@@ -78,7 +78,7 @@ def sym_generation(args: argparse.Namespace) -> dict[str, Any]:
     from jaxrl_sym.runtime.plan import compile_generation
     from jaxrl_sym.tracer.trace import trace_model
 
-    model, state, expanded, gcfg = _model(args)
+    model, state, expanded, gcfg = abstract_model(args)
     program, _, _ = trace_model(model)
     plan = compile_generation(program, EngineOptions(microbatch_rows=args.rows))
     leaves = jax.tree_util.tree_leaves(state)
@@ -98,7 +98,7 @@ def program(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], dict[str, A
     """The padded generation program of the workload, its abstract arguments, and the shape."""
     from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
 
-    model, state, expanded, gcfg = _model(args)
+    model, state, expanded, gcfg = abstract_model(args)
     batch = left_pad_prompts(model, expanded, gcfg)
     inputs = (batch.tokens, batch.positions, batch.prompt_lens, batch.limits)
     shape = {"rows": batch.batch, "prompt_len": batch.prompt_len, "steps": batch.steps,
