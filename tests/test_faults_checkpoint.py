@@ -175,11 +175,19 @@ def test_random_bytes_or_truncation_in_any_file_is_caught_or_provably_unused(
         finished: tuple[Path, str], trainer: RLTrainer, used_files: set[str], tmp_path: Path,
         how: str) -> None:
     """Every file of the newest step, damaged alone: restore rejects step 4 and loads step 2, or
-    the file was not read and step 4 loads with verified digests — never garbage. Every file a
-    restore reads is caught."""
-    caught = {rel for i, rel in enumerate(files_of(finished[0] / "4"))
+    the bytes damaged were not read and step 4 loads with verified digests — never garbage
+    (``restored_step`` checks both). The metadata and the array data are caught.
+
+    Why not "every file a restore reads is caught": an OCDBT data file holds tree nodes and
+    array chunks, and a restore reads byte ranges of it, not all of it. Whether the second half
+    of a file (``truncate``) or its middle 2,000 bytes (``random``) is read depends on the
+    layout the asynchronous writer chose that run; CI once drew a file whose second half held
+    nothing the restore read, and step 4 loaded with its digests verified, which is correct."""
+    step4 = finished[0] / "4"
+    caught = {rel for i, rel in enumerate(files_of(step4))
               if restored_step(finished, trainer, tmp_path / f"c{i}", rel, how) == 2}
-    assert used_files <= caught, used_files - caught
+    arrays = {str(p.relative_to(step4)) for p in array_files(step4)}
+    assert "meta/metadata" in caught and caught & arrays, (caught, used_files)
 
 
 def test_edited_metadata_is_caught(finished: tuple[Path, str], trainer: RLTrainer,
