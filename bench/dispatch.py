@@ -193,7 +193,7 @@ def _sym_programs(model: Any, state: Any, prompts: list[np.ndarray], limits: lis
     from jaxrl_sym.runtime.plan import compile_generation
     from jaxrl_sym.tracer.trace import trace_model
 
-    plan = compile_generation(trace_model(model)[0], EngineOptions(**engine))
+    plan = compile_generation(trace_model(model)[0], EngineOptions(**engine), platform="gpu")
     leaves = jax.tree_util.tree_leaves(state)
     weights = tree_nbytes(leaves)
     gcfg = GenerationConfig(max_new_tokens=tuple(int(n) for n in limits))
@@ -210,7 +210,7 @@ def _sym_programs(model: Any, state: Any, prompts: list[np.ndarray], limits: lis
     opts = plan.options
     if opts.refill and opts.microbatch_rows is not None and len(prompts) > opts.microbatch_rows:
         runs = _refill_runs(plan, runs, prompts, limits, gcfg)
-    progs = ledger_counts(runs, sizes, rec.trees, check or plan.tiling.base, read)
+    progs = ledger_counts(runs, sizes, rec.trees, check or plan.tiling.check, read)
     steps = sum(p.steps for p in progs if p.stage == "decode")
     return progs, steps, list(range(len(rec.trees)))
 
@@ -228,7 +228,8 @@ def _refill_runs(plan: Any, runs: Sequence[Any], prompts: list[np.ndarray], limi
     ids = [seen.setdefault(p.tobytes(), len(seen)) for p in prompts]
     run = refill.replay([len(p) for p in prompts], limits, rows=opts.microbatch_rows,
                         refill=opts.refill_policy(), compaction=plan.compaction,
-                        tiling=Tiling(plan.tiling.base, plan.tile_buffer(gcfg)),
+                        tiling=Tiling(plan.tiling.base, plan.tile_buffer(gcfg),
+                                      plan.tiling.check),
                         min_capacity=opts.min_capacity, prompt_ids=ids)
     total = {"prompt_cache": (run.prefill_dispatches, run.prefill_dispatches),
              "refill": (run.refill_dispatches, run.refill_dispatches),

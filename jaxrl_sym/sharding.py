@@ -198,6 +198,16 @@ def make_mesh(spec: str | MeshConfig | Mesh | None) -> Mesh | None:
     return spec
 
 
+def platform_of(mesh: Mesh | None) -> str:
+    """The platform (``jax.Device.platform``: "cpu", "gpu", "tpu") programs for ``mesh`` run
+    on; without a mesh, JAX's default device's."""
+    import jax
+
+    if mesh is None:
+        return jax.devices()[0].platform
+    return mesh.devices.flat[0].platform
+
+
 # ---------------------------------------------------------------------- the rules
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
     """The data-parallel axes present in ``mesh`` (batches and parameters are split over them)."""

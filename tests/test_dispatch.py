@@ -67,7 +67,7 @@ def _computation(hlo: str, name: str) -> str:
 def test_the_tile_tests_its_rows_once_per_check(name: str, check: int) -> None:
     """XLA (here for the CPU) proves the inner loop's trip count: the only loop it cannot count
     is the outer one, and every step's matmuls sit inside a loop of ``check`` trips."""
-    _, build = _tile_build(zoo(0)[name], EngineOptions(decode_tile=check))
+    _, build = _tile_build(zoo(0)[name], EngineOptions(decode_tile=check, decode_check=check))
     assert dict(build.kwargs)["check"] == check
     hlo = build().as_text()
     loops = _loops(hlo)
@@ -106,7 +106,8 @@ _MODEL = zoo(0)["gemmaish"]  # window rings and growing stores, soft-caps (not D
 def _engine(base: int, top: int) -> SymbolicLM:
     """One engine per tiling (its programs compile once for every example)."""
     return SymbolicLM(_MODEL, EngineOptions(
-        decode_tile=base, max_decode_tile=top, min_capacity=8, compact_min_rows=1))
+        decode_tile=base, max_decode_tile=top, decode_check=base, min_capacity=8,
+        compact_min_rows=1))
 
 
 THUNKS = """\

@@ -95,6 +95,7 @@ ENGINE_BAD: dict[str, st.SearchStrategy] = {
                                   st.floats(min_value=1.0, exclude_min=True), not_real()),
     "decode_tile": _COUNT_BAD,
     "max_decode_tile": _OPTIONAL_COUNT_BAD,
+    "decode_check": _OPTIONAL_COUNT_BAD,
     "prefill": not_choice(PREFILLS),
     "compact_at": st.one_of(_NON_FINITE, st.floats(max_value=0.0),
                             st.floats(min_value=1.0, exclude_min=True), not_real()),
@@ -117,6 +118,7 @@ def engine_options(draw: st.DrawFn) -> dict:
         "microbatch_rows": draw(st.none() | ints(1)),
         "max_pad_fraction": draw(st.floats(0.0, 1.0) | st.sampled_from([0, 1, np.float32(0.5)])),
         "decode_tile": draw(ints(1, 512)),
+        "decode_check": draw(st.none() | ints(1, 512)),
         "prefill": draw(st.sampled_from(PREFILLS)),
         "compact_at": draw(st.floats(0.0, 1.0, exclude_min=True) | st.sampled_from([1])),
         "compact_min_rows": draw(ints(1)),
@@ -158,6 +160,8 @@ def test_engine_options_accept_their_domain_as_python_values(kw: dict) -> None:
         assert got == value and type(got) in (int, float, bool, str, type(None)), (name, got)
     assert opts.replace() == opts and hash(opts) == hash(EngineOptions(**kw))
     assert opts.tiling().base == opts.decode_tile and opts.compaction().share == opts.compact_at
+    if opts.decode_check is not None:
+        assert opts.tiling("cpu").check == opts.tiling("gpu").check == opts.decode_check
     assert (opts.refill_policy() is not None) == opts.refill
 
 

@@ -33,10 +33,12 @@ requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=
 
 @settings(max_examples=150, deadline=None)
 @given(requests, st.integers(1, 9), st.sampled_from([1, 2, 64]), st.sampled_from([4, 16, 128]),
-       st.booleans())
-def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap, early) -> None:
+       st.booleans(), st.booleans())
+def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap, early,
+                                                       per_tile) -> None:
+    """Tested every step (the CPU's default) or every ``tile`` steps (a GPU's)."""
     prompts, limits = [p for p, _ in req], [n for _, n in req]
-    tiling = Tiling(tile, tile * grow)
+    tiling = Tiling(tile, tile * grow, tile if per_tile else 1)
     compaction = Compaction(min_rows=1, early=early)
     for shape, ds in replay(prompts, limits, min_capacity=min_cap, tiling=tiling,
                             compaction=compaction):
@@ -45,7 +47,7 @@ def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap,
         for d in ds:
             # whole checks (the device tests its rows between them only), within the buffer
             assert 1 <= d.tile <= tiling.whole(tiling.max) and d.rows >= 1
-            assert d.tile % tiling.base == 0
+            assert d.tile % tiling.check == 0
             # every write of a row within its limit fits the stores, which never exceed what
             # the group needs (steps past the longest live row's limit write discarded rows)
             left = longest - (d.step - 1)
@@ -56,7 +58,7 @@ def test_replay_covers_every_token_and_never_overflows(req, tile, grow, min_cap,
             prev = d
         # the group's longest row emits its limit: one token from the prefill, the rest from
         # decode steps, and no check lies wholly past it (a tile is cut to the longest live row)
-        assert 0 <= sum(d.tile for d in ds) - longest < tiling.base
+        assert 0 <= sum(d.tile for d in ds) - longest < tiling.check
 
 
 def test_tiling_grows_while_no_row_ends_and_falls_back_when_one_does() -> None:

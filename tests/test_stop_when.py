@@ -19,7 +19,6 @@ from zoo import zoo
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import Speculation
-from jaxrl_sym.runtime.policy import DEFAULT_DECODE_TILE
 from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 LIMITS = (3, 5, 9, 17, 30, 40)  # rows end tiles apart (decode tiles of 8 steps)
@@ -96,9 +95,10 @@ def test_stop_when_cuts_any_run_to_a_prefix(need: int, limits: list[int], seed: 
 def test_a_live_row_bound_stops_on_device_at_the_exact_step(need: int, limits: list[int],
                                                             seed: int) -> None:
     """``stop_live`` (the rule cannot hold while more rows are live): the tile program ends at
-    its first live-row test after the need-th row ends — it tests every ``decode_tile`` steps,
-    not every step (a test is a host round-trip on a GPU) — so every unfinished row holds the
-    tokens of that check, fewer than a whole tile's when the tile has grown — and the run is
+    its first live-row test after the need-th row ends — it tests every ``check`` steps of the
+    plan's tiling (``decode_tile`` on a GPU, where a test is a host round-trip; every step on
+    the CPU) — so every unfinished row holds the tokens of that check, fewer than a whole
+    tile's when the tile has grown — and the run is
     still a prefix of the uncut one. Split into several microbatches, the bound of the running group
     counts the rows of the groups after it, and the cut is still a prefix."""
     lm = _engine("scan")
@@ -118,7 +118,7 @@ def test_a_live_row_bound_stops_on_device_at_the_exact_step(need: int, limits: l
         _check_cut(full, part, calls, need, tuple(limits))
         if pad == 1.0:
             at = sorted(limits)[need - 1]  # tokens the need-th row ends with
-            check = DEFAULT_DECODE_TILE  # decode steps between the tile program's tests
+            check = lm.plan.tiling.check  # decode steps between the tile program's tests
             held = 1 + -(-(at - 1) // check) * check  # token 0 from the prefill, whole checks
             assert {len(t) for t, f in zip(part.tokens, calls[-1], strict=True) if not f} \
                 <= {held}

@@ -9,6 +9,7 @@ the store capacity, then carries them out — compaction, growth, one decode pro
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from functools import partial
 from typing import Any
@@ -67,7 +68,7 @@ class DecodeGroup(RefillRows):
         self.all_limits = limits
         self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
         self.buffer = plan.tile_buffer(cfg)  # steps the tile program's output buffers hold
-        self.tiling = Tiling(plan.tiling.base, self.buffer)
+        self.tiling = Tiling(plan.tiling.base, self.buffer, plan.tiling.check)
         self.tile = self.tiling.first()  # steps the next dispatch asks for
         b = self.shape.rows
         self.ids = np.full((b,), -1, np.int64)
@@ -108,7 +109,7 @@ class DecodeGroup(RefillRows):
         rule is asked exactly there; past it, tiles stay at the base."""
         if out.stop_when is not None:
             if out.stop_live is None:
-                self.tiling = Tiling(self.tiling.base, self.tiling.base)
+                self.tiling = dataclasses.replace(self.tiling, max=self.tiling.base)
             else:  # 0: the rule cannot hold before this group ends; tiles grow as usual
                 self._stop_live = int(out.stop_live)
         last = self.prefill(hoisted) if self.refill is None else None
@@ -136,7 +137,7 @@ class DecodeGroup(RefillRows):
                       check: int | None = None) -> Dispatch:
         """The policy's next dispatch for this group (:func:`next_dispatch`): the group
         asks, it does not decide. ``check``: steps between the tile program's live-row tests
-        (the tiling's base; 1 for a program that takes exactly the steps asked)."""
+        (the tiling's ``check``; 1 for a program that takes exactly the steps asked)."""
         return next_dispatch(self.shape, steps_done=steps_done, rows=self.rows,
                              capacity=self.capacity, live=len(live), remaining=remaining,
                              tile=tile,
@@ -144,7 +145,7 @@ class DecodeGroup(RefillRows):
                              row_multiple=self.plan.row_multiple,
                              compaction=compaction or self.plan.compaction,
                              grow_with_compaction=grow_with_compaction,
-                             check=self.tiling.base if check is None else check)
+                             check=self.tiling.check if check is None else check)
 
     def carry_out(self, d: Dispatch, live: np.ndarray) -> None:
         """The compaction and growth ``d`` decided, before its program runs."""
@@ -274,7 +275,7 @@ class DecodeGroup(RefillRows):
                     finished.append(i)
         if self._stop_live and int((~self.done).sum()) <= self._stop_live:
             self._stop_live = 0  # the bound is reached: the rule is asked every base tile now
-            self.tiling = Tiling(self.tiling.base, self.tiling.base)
+            self.tiling = dataclasses.replace(self.tiling, max=self.tiling.base)
         if self._tile:  # a decode dispatch: each emitted token was one needed position
             self._book(out, before)
             self.tile = self.tiling.after(self._tile, bool(finished))

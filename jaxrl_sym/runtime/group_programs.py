@@ -31,7 +31,7 @@ def decode_kind(plan: GenerationPlan, cfg: GenerationConfig) -> tuple[str, bool,
     buffer = plan.tile_buffer(cfg)
     if buffer == 1:
         return "decode", False, {}
-    return "decode_tile", True, {"k": buffer, "check": plan.tiling.base,
+    return "decode_tile", True, {"k": buffer, "check": plan.tiling.check,
                                  "eos": tuple(cfg.eos_ids)}
 
 

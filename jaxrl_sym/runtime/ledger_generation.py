@@ -146,7 +146,8 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
     opts, progs = plan.options, _Programs(sizes, compiler)
     if opts.refill and opts.microbatch_rows is not None and len(prompts) > opts.microbatch_rows:
         return _refill_ledger(plan, cfg, args, held, progs, list(prompts), limits)
-    tiling = Tiling(plan.tiling.base, plan.tile_buffer(cfg))  # as DecodeGroup sizes its tiles
+    # as DecodeGroup sizes its tiles
+    tiling = Tiling(plan.tiling.base, plan.tile_buffer(cfg), plan.tiling.check)
     plans = replay(lens, limits, min_capacity=opts.min_capacity, tiling=tiling,
                    need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,
                    microbatch_rows=opts.microbatch_rows, compaction=plan.compaction)
@@ -194,8 +195,8 @@ def _refill_ledger(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[A
     moments = [moment("init", f"stores {shape.rows}x{shape.capacity}", held, walk.buffers())]
     for c in sorted(by_shape.values(), key=lambda c: c.packed.tokens.size):  # largest last
         moments += [walk.cache(c), walk.refill(shape.prompt_slots)]
-    moments += walk.dispatch(Dispatch(1, plan.tiling.base, shape.prompt_slots, shape.rows,
-                                      shape.capacity))
+    moments += walk.dispatch(Dispatch(1, plan.tiling.whole(plan.tiling.base), shape.prompt_slots,
+                                      shape.rows, shape.capacity))
     moments.append(walk.refill(shape.prompt_slots))
     done = len(prompts)
     return GenerationLedger(Ledger("sym", tuple(moments)), progs.done(), len(progs.runs),

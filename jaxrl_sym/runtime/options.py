@@ -104,6 +104,9 @@ _DOMAINS: dict[str, tuple[Check, str]] = {
                     "(1: one dispatch per token)"),
     "max_decode_tile": (_or_none(_count()), "must be a positive int or None; give the most "
                         "steps a tile grows to, or None for the default"),
+    "decode_check": (_or_none(_count()), "must be a positive int or None; give the decode "
+                     "steps between a tile's tests of its live rows, or None for the "
+                     "platform's default (decode_tile on a GPU, 1 elsewhere)"),
     "prefill": (_one_of(PREFILLS), "must be 'packed' (prompts bin-packed into rows) or "
                 "'block' (the right-aligned prompt rectangle)"),
     "compact_at": (_share(low_open=True), "must be a finite number in (0, 1]; give the share of "
@@ -136,6 +139,10 @@ class EngineOptions:
     max_decode_tile: the tile doubles up to this after a dispatch in which no row ended
       (:class:`~jaxrl_sym.runtime.policy.Tiling`; one program serves every length); None:
       :data:`~jaxrl_sym.runtime.policy.DEFAULT_MAX_DECODE_TILE` (``decode_tile`` when it is 1).
+    decode_check: decode steps between the tile program's tests of its live rows (a tile runs
+      whole checks; steps past a row's end are discarded and counted as ``tile_overrun``).
+      None: ``decode_tile`` on a GPU, where each test XLA cannot count is a device→host
+      round-trip, and 1 elsewhere, where a test costs nothing (:meth:`tiling`).
     prefill: ``packed`` (prompts bin-packed into rows, :mod:`jaxrl_sym.runtime.prefill`) or
       ``block`` (the right-aligned ``[rows, prompt block]`` rectangle, in chunks).
     compact_at / compact_min_rows / compact_early: when finished rows are compacted away
@@ -167,6 +174,7 @@ class EngineOptions:
     max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION
     decode_tile: int = DEFAULT_DECODE_TILE
     max_decode_tile: int | None = None
+    decode_check: int | None = None
     prefill: str = "packed"
     compact_at: float = COMPACT_AT
     compact_min_rows: int = COMPACT_MIN_ROWS
@@ -192,16 +200,26 @@ class EngineOptions:
             raise InputError("EngineOptions.refill=True needs prefill='packed': refilled "
                              "prompts are packed into the rows they take; drop one of them")
 
-    def tiling(self) -> Tiling:
-        """The tile policy these options ask for (refused by name when ``max_decode_tile`` is
-        below ``decode_tile``: the tile only grows)."""
+    def tiling(self, platform: str = "cpu") -> Tiling:
+        """The tile policy these options ask for on ``platform`` (``jax.Device.platform``:
+        "cpu", "gpu", "tpu"), refused by name when ``max_decode_tile`` is below
+        ``decode_tile`` (the tile only grows).
+
+        Why the check interval depends on the platform: XLA:GPU runs a loop whose trip count
+        it cannot count by copying the test's predicate to the host and waiting, once per
+        iteration (``xla/backends/gpu/runtime/while_thunk.cc``), so a tile tests its rows once
+        per ``decode_tile`` steps there. XLA:CPU evaluates the test on the thread that runs the
+        loop and a TPU on the device: testing every step costs nothing and runs no step past
+        a row's end (on the test suite's short rows, checks of 8 doubled some generations)."""
         top = DEFAULT_MAX_DECODE_TILE if self.decode_tile > 1 else 1
         top = max(top, self.decode_tile) if self.max_decode_tile is None else self.max_decode_tile
         if top < self.decode_tile:
             raise InputError(f"EngineOptions.max_decode_tile={self.max_decode_tile}: must be >= "
                              f"decode_tile={self.decode_tile} (the tile only grows from "
                              "decode_tile); raise it or give None")
-        return Tiling(self.decode_tile, top)
+        check = self.decode_check if self.decode_check is not None else (
+            self.decode_tile if platform == "gpu" else 1)
+        return Tiling(self.decode_tile, top, check)
 
     def compaction(self) -> Compaction:
         """The compaction rule these options ask for (its knobs checked on construction)."""

@@ -31,7 +31,7 @@ from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.policy import Compaction, GroupShape, Tiling, microbatches
 from jaxrl_sym.runtime.programs import Build, ProgramCache, StepBuilder, slot_specs, store_specs
-from jaxrl_sym.sharding import data_size, global_args, make_mesh, tree_shardings
+from jaxrl_sym.sharding import data_size, global_args, make_mesh, platform_of, tree_shardings
 from jaxrl_sym.tracer.trace import TracedProgram
 
 
@@ -107,9 +107,9 @@ class GenerationPlan:
     def tile_buffer(self, cfg: GenerationConfig) -> int:
         """Steps the decode-tile program's output buffers hold: returned logits fill a tile
         of them, so then ``decode_tile``'s, not ``max_decode_tile``'s. Whole checks of the
-        tiling's base (:meth:`~jaxrl_sym.runtime.policy.Tiling.whole`): a tile runs whole
+        tiling's ``check`` (:meth:`~jaxrl_sym.runtime.policy.Tiling.whole`): a tile runs whole
         checks, so its buffers hold them."""
-        return self.tiling.base if cfg.return_logits else self.tiling.whole(self.tiling.max)
+        return self.tiling.whole(self.tiling.base if cfg.return_logits else self.tiling.max)
 
     # ------------------------------------------------------------------ weights
     def place(self, leaves: list[Any]) -> list[Any]:
@@ -153,18 +153,23 @@ class GenerationPlan:
 
 
 def compile_generation(program: TracedProgram, options: EngineOptions | None = None, *,
-                       mesh: Any = None, speculation: Speculation | None = None
-                       ) -> GenerationPlan:
+                       mesh: Any = None, speculation: Speculation | None = None,
+                       platform: str | None = None) -> GenerationPlan:
     """Plan generation for a traced model: close the sampling loop, plan its stores, size them
     (``speculation``: ``k`` slots more for ring/block stores; a recurrent state is refused),
     and build the step programs' functions. ``mesh``: a ``jax.sharding.Mesh``, ``"data=4"`` or
-    a :class:`~jaxrl_sym.sharding.MeshConfig`. Nothing is compiled by XLA here."""
+    a :class:`~jaxrl_sym.sharding.MeshConfig`. ``platform``: where the programs will run
+    ("cpu", "gpu", "tpu"; default the mesh's, else JAX's default device's) — the tiling's
+    check interval depends on it; a plan compiled for another machine (``bench dispatch``
+    compiles for an H100 on a CPU) names that machine's. Nothing is compiled by XLA here."""
     options = options if options is not None else EngineOptions()
     if options.refill and (speculation is not None or mesh is not None):
         raise InputError("refill=True runs plain decoding on one device for now: drop "
                          f"{'speculation' if speculation is not None else 'the mesh'} or refill")
     backend = resolve_backend(options.backend)
-    tiling, compaction = options.tiling(), options.compaction()
+    mesh = make_mesh(mesh)
+    tiling = options.tiling(platform if platform is not None else platform_of(mesh))
+    compaction = options.compaction()
     vocab = int(program.pdg.node(program.pdg.outputs[0]).shape[-1])
     pdg = add_generation_loop(program.pdg)
     storage = plan_storage(pdg, max_len=options.max_len)
@@ -174,7 +179,7 @@ def compile_generation(program: TracedProgram, options: EngineOptions | None = N
         specs = {n: dataclasses.replace(s, capacity=s.kind.speculative_capacity(s, speculation.k))
                  for n, s in specs.items()}
     builder = StepBuilder(pdg, specs, slot_specs(pdg, storage, bindings),
-                          constant_values(program.consts), backend, mesh=make_mesh(mesh),
+                          constant_values(program.consts), backend, mesh=mesh,
                           tail=position_tail(pdg))
     growing = tuple(str(n) for n, s in specs.items() if s.kind.grows)
     fns = [live_count_fn(pdg.symbols, storage.for_node(int(g)), bindings) for g in growing]

@@ -115,10 +115,17 @@ class Tiling:
     device but the generation took 0.55 ms per token (the host's share of 128 syncs); tile 32
     took 0.46. One decode program serves every tile length up to ``max`` (its step count is a
     run-time argument), so growing costs no compile.
+
+    ``check``: steps between the tile program's tests of its live rows (a tile runs whole
+    checks). On a GPU a loop test XLA cannot count is a device→host round-trip, so the engine
+    tests once per ``base`` steps there; elsewhere (XLA:CPU runs the loop test on the host
+    thread that drives the loop, a TPU on the device) a test costs nothing, and testing every
+    step runs no step past a row's end (:meth:`~jaxrl_sym.runtime.options.EngineOptions.tiling`).
     """
 
     base: int = DEFAULT_DECODE_TILE
     max: int = DEFAULT_MAX_DECODE_TILE
+    check: int = 1
 
     def first(self) -> int:
         return self.base
@@ -128,21 +135,21 @@ class Tiling:
         return self.base if ended else min(self.max, max(self.base, 2 * previous))
 
     def whole(self, steps: int) -> int:
-        """The steps a tile asked for ``steps`` runs: whole checks of ``base`` steps.
+        """The steps a tile asked for ``steps`` runs: whole checks of ``check`` steps.
 
-        Why: the tile program tests whether its rows are still live once per ``base`` steps,
-        between inner loops of ``base`` steps with a static trip count
+        Why: the tile program tests whether its rows are still live once per ``check`` steps,
+        between inner loops of ``check`` steps with a static trip count
         (``StepBuilder.decode_tile``). On a GPU a loop test XLA cannot count is a device→host
         round-trip (``xla/backends/gpu/runtime/while_thunk.cc``), so a per-step test cost one
         host sync per generated token; a static inner loop costs none. Steps past a row's end
         are discarded by the host and counted as ``tile_overrun``."""
-        return -(-max(1, steps) // self.base) * self.base
+        return -(-max(1, steps) // self.check) * self.check
 
     def ran(self, steps: int, left: Sequence[int], stop: int) -> int:
         """The steps a tile of ``steps`` (whole checks) runs when its live rows have ``left``
         tokens still to emit: it ends at the first check where at most ``stop`` of them are
-        live (the device's early stop, tested every ``base`` steps), else after ``steps``."""
-        return next(j for j in range(self.base, steps + self.base, self.base)
+        live (the device's early stop, tested every ``check`` steps), else after ``steps``."""
+        return next(j for j in range(self.check, steps + self.check, self.check)
                     if j >= steps or sum(x > j for x in left) <= stop)
 
 
@@ -347,7 +354,7 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
             live = [x for x in left if x > 0]
             d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
                               remaining=max(live), tile=tile, need=need,
-                              compaction=compaction, check=tiling.base)
+                              compaction=compaction, check=tiling.check)
             d = d.ran(tiling.ran(d.tile, live, d.stop))  # the device's early stop
             ds.append(d)
             rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
