@@ -27,7 +27,7 @@ fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[dev,interp,peers-light]"
+  .venv/bin/python -m pip install -q -e ".[dev,interp,peers-light,track]"
   # The Tunix peer (tests/test_tunix.py, decode --systems tunix) without its trainer stack's
   # dependencies: see the peers / peers-light extras in pyproject.toml.
   .venv/bin/python -m pip install -q --no-deps google-tunix==0.1.7

@@ -33,6 +33,7 @@ from jaxrl_sym.rl.rewards import (
     reward_set,
     text_options,
 )
+from tests import tb_events
 
 pytestmark = pytest.mark.share_compiles
 MODEL = Path(__file__).parent / "fixtures" / "text" / "chatml_qwen2"
@@ -258,7 +259,9 @@ def test_cli_runs_your_data_with_your_reward(cwd: Path,
     (cwd / "udrw_rec.py").write_text(RECORDER)
     rc, out, err = run_cli(["--dataset", "d.jsonl", "--reward", "udrw_rec:score", "--reward",
                             "format", "--reward-weights", "1,0.5", "--eval-prompts", "2",
-                            "--metrics", "m.jsonl", "--checkpoint-dir", "run", "--json"], capsys)
+                            "--metrics", "m.jsonl", "--checkpoint-dir", "run", "--json",
+                            "--report-to", "tensorboard", "--log-dir", "tb",
+                            "--log-completions-every", "2"], capsys)
     assert rc == 0, err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["eval_source"].startswith("1 of 10 rows of d.jsonl held out")
@@ -273,6 +276,13 @@ def test_cli_runs_your_data_with_your_reward(cwd: Path,
         mine = [float(len(c["completions"][0]) % 3) for c in calls[4 * k:4 * k + 4]]
         assert m["reward/udrw_rec:score"] == pytest.approx(np.mean(mine))
         assert m["reward"] == pytest.approx(np.mean(mine) + 0.5 * m["reward/format"])
+    # the same run in TensorBoard (its event files read back by tests/tb_events.py)
+    scalars, texts = tb_events.read(cwd / "tb")
+    assert scalars["reward/udrw_rec_score"] == {  # TensorBoard's tag characters
+        m["step"]: pytest.approx(m["reward/udrw_rec:score"]) for m in metrics}
+    assert list(texts["completions"]) == [2]  # every 2 steps
+    shown = texts["completions"][2].splitlines()[2:]
+    assert len(shown) == 4 and all("What is" in row for row in shown)
     meta = json.loads((cwd / "run" / "2" / "meta" / "metadata").read_text())["hparams"]
     assert meta["dataset_sha256"] == hashlib.sha256((cwd / "d.jsonl").read_bytes()).hexdigest()
     assert meta["reward"] == ["udrw_rec:score", "format"] and meta["task"] == "dataset"

@@ -63,6 +63,14 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="PNG of the run (default: next to --metrics, same name .png)")
     t.add_argument("--json", action="store_true",
                    help="print one JSON object (final_exact_match, params_sha256, ...) last")
+    t.add_argument("--report-to", default=None,
+                   help="trackers for every step's metrics, comma-separated: tensorboard, "
+                        "wandb, mlflow (each an optional package; default: none)")
+    t.add_argument("--log-dir", default=None,
+                   help="the trackers' directory (default: runs/<start time>)")
+    t.add_argument("--log-completions-every", type=int, default=0, metavar="N",
+                   help="a table of sampled completions with their rewards every N steps "
+                        "(default 0: never)")
     _add_step_flags(t)
     _add_run_flags(t)
     _add_data_flags(t)
@@ -237,6 +245,7 @@ def run_train(args: argparse.Namespace) -> int:
         if args.device_memory is not None:
             parse_bytes(args.device_memory, flag="--device-memory")
         text_of(args)  # the dataset and rewards: read and imported before JAX
+        report_of(args).check_installed()
         dist = Distributed.from_flags(args.coordinator, args.num_processes, args.process_id)
         if dist is not None and args.mesh is None:
             raise InputError(Distributed.NEEDS_MESH)
@@ -257,7 +266,8 @@ def run_train(args: argparse.Namespace) -> int:
                 check_output_file(args.plot, "--plot")
             run, rl, checkpoints = train_configs(args)
             summary = train_run(run, rl, checkpoints, metrics_file=args.metrics,
-                                progress=not args.no_progress, text=text_of(args))
+                                progress=not args.no_progress, text=text_of(args),
+                                report=report_of(args))
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -392,7 +402,17 @@ def _join(dist: Any, args: argparse.Namespace) -> bool:
     if dist.reports():
         return True
     args.metrics, args.plot, args.no_progress = None, None, True
+    args.report_to = None
     return False
+
+
+def report_of(args: argparse.Namespace) -> Any:
+    """The run's :class:`~jaxrl_sym.rl.trackers.ReportConfig` from ``--report-to``,
+    ``--log-dir`` and ``--log-completions-every`` (its own checks name the flags)."""
+    from jaxrl_sym.rl.trackers import ReportConfig  # JAX-free
+
+    return ReportConfig.parse(args.report_to, log_dir=args.log_dir,
+                              completions_every=args.log_completions_every)
 
 
 @contextlib.contextmanager

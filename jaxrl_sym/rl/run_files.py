@@ -19,7 +19,7 @@ import os
 import socket
 import tempfile
 import time
-from typing import IO
+from typing import IO, Any
 
 import jax
 
@@ -192,3 +192,24 @@ def truncate_metrics(path: str, last_step: int) -> None:
     os.replace(tmp, path)
 
 
+def saved_note(trainer: Any, ckpt: Checkpointer | None, meta: dict[str, Any]) -> str:
+    """Where the last finished step is saved, for an error that stops a run; saving may fail
+    for the same reason (a full disk), which the note says instead of raising over it."""
+    if ckpt is None:
+        return " (pass --checkpoint-dir to keep a run whose outputs fail to write)"
+    try:
+        return f", saved in {save_last(trainer, ckpt, meta)} (--resume continues it)"
+    except Exception as e:  # orbax wraps OS errors in its own types
+        return f"; saving it failed too ({type(e).__name__}: {str(e)[:200]})"
+
+
+def save_last(trainer: Any, ckpt: Checkpointer | None, meta: dict[str, Any]
+               ) -> str | None:
+    """The checkpoint directory holding the last finished step, saving it if it is not yet
+    (None: no checkpoint directory, or no step finished)."""
+    k = trainer.steps_done
+    if ckpt is None or k == 0:
+        return None
+    if ckpt.latest_step() != k:
+        ckpt.save(k, trainer, meta)
+    return os.path.abspath(ckpt.directory)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -40,10 +39,17 @@ from jaxrl_sym.rl.interrupt import Interrupted, abandoned, graceful
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.progress import Bar, GreedyDrift, RunHealth, recipe_line
 from jaxrl_sym.rl.rewards import reward_failure
-from jaxrl_sym.rl.run_files import check_output_file, open_checkpoints, prepare_metrics
+from jaxrl_sym.rl.run_files import (
+    check_output_file,
+    open_checkpoints,
+    prepare_metrics,
+    save_last,
+    saved_note,
+)
 from jaxrl_sym.rl.stages import DivergedError
 from jaxrl_sym.rl.step import RLTrainer
 from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task
+from jaxrl_sym.rl.trackers import Report, ReportConfig
 from jaxrl_sym.runtime.metrics import trim_host_heap
 from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.sharding import MeshConfig, describe
@@ -179,15 +185,15 @@ def train(
     precision: str | None = None,
     lora: dict[str, Any] | LoraConfig | None = None,
     text: TextOptions | None = None,
+    report: ReportConfig | None = None,
 ) -> dict[str, Any]:
     """:func:`train_run` from keyword arguments: each one is a field of :class:`RunConfig`,
     :class:`CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume*``)
     or :class:`RLConfig` (``algo``, ``group_size``, ``lr``, ``beta``, ``epochs`` and every
-    field in ``config``, over :data:`TASK_RECIPE`); ``partial`` holds
-    :class:`PartialConfig` fields (``{"fraction": 0.75}``; None: off); ``speculate`` /
-    ``speculate_adaptive`` the run's speculation (as ``--speculate`` / ``--speculate-adaptive``;
-    0: off); ``text`` a ``--model`` run's dataset, system prompt and rewards
-    (:func:`~jaxrl_sym.rl.rewards.text_options`). The summary is :func:`train_run`'s.
+    field in ``config``, over :data:`TASK_RECIPE`); ``partial`` holds :class:`PartialConfig`
+    fields (None: off); ``speculate`` / ``speculate_adaptive`` the run's speculation (as the
+    flags; 0: off); ``text`` a ``--model`` run's dataset, system prompt and rewards; ``report``
+    the trackers. The summary is :func:`train_run`'s.
     """
     run = RunConfig(task=task, steps=steps, seed=seed, prompts_per_step=prompts_per_step,
                     system=system, max_digits=max_digits, partial_weight=partial_weight,
@@ -202,14 +208,15 @@ def train(
     rl = {"algo": algo, "group_size": group_size, "beta": beta, "epochs": epochs,
           **({} if lr is None else {"lr": lr}), **(config or {})}
     return train_run(run, rl, checkpoints, metrics_file=metrics_file, progress=progress,
-                     on_step=on_step, text=text)
+                     on_step=on_step, text=text, report=report)
 
 
 def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
               checkpoints: CheckpointConfig | None = None, *,
               metrics_file: str | None = None, progress: bool = True,
               on_step: Callable[[dict[str, Any]], None] | None = None,
-              text: TextOptions | None = None) -> dict[str, Any]:
+              text: TextOptions | None = None, report: ReportConfig | None = None
+              ) -> dict[str, Any]:
     """Train a fresh model (seeded) on an offline task, or resume one from the checkpoint
     directory.
 
@@ -228,6 +235,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     text: a ``--model`` run's dataset, system prompt and rewards
       (:func:`~jaxrl_sym.rl.rewards.text_options`); a reward's mean is logged as ``reward/<name>``,
       and a failing reward stops the run after saving the last finished step.
+    report: trackers that get every step's metrics, the final evaluation and tables of sampled
+      completions (:mod:`jaxrl_sym.rl.trackers`; a missing package is refused before any work).
 
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` and (text tasks) ``final_format_rate``
@@ -240,6 +249,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     split of ``--dataset``; None when that needs no saying).
     """
     checkpoints = checkpoints or CheckpointConfig()
+    report = report or ReportConfig()
+    report.check_installed()
     user_limit = rl.max_new_tokens if isinstance(rl, RLConfig) else rl.get("max_new_tokens")
     hf = setup_pretrained(run.model_dir, run.task, max_new_tokens=user_limit,
                           format_weight=run.reward_weight, text=text)
@@ -251,7 +262,7 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
         rl_cfg = rl if isinstance(rl, RLConfig) else task_rl_config(
             run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
         return _train(run, rl_cfg, task_obj, hf, ckpt, resuming, checkpoints, metrics_file,
-                      progress, on_step)
+                      progress, on_step, report)
     finally:
         if lock is not None:
             lock.release()
@@ -259,10 +270,23 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
 
 def _train(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any, ckpt: Checkpointer | None,
            resuming: bool, checkpoints: CheckpointConfig, metrics_file: str | None,
-           progress: bool, on_step: Callable[[dict[str, Any]], None] | None
-           ) -> dict[str, Any]:
+           progress: bool, on_step: Callable[[dict[str, Any]], None] | None,
+           report_cfg: ReportConfig) -> dict[str, Any]:
     """:func:`train_run` once its checkpoint directory is open and locked."""
-    trainer = _trainer(run, rl_cfg, task_obj, hf)
+    report = Report(report_cfg, _hparams(run, rl_cfg, hf))
+    try:
+        return _train_reported(run, rl_cfg, task_obj, hf, ckpt, resuming, checkpoints,
+                               metrics_file, progress, on_step, report)
+    finally:
+        report.close()
+
+
+def _train_reported(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any,
+                    ckpt: Checkpointer | None, resuming: bool, checkpoints: CheckpointConfig,
+                    metrics_file: str | None, progress: bool,
+                    on_step: Callable[[dict[str, Any]], None] | None, report: Report
+                    ) -> dict[str, Any]:
+    trainer = _trainer(run, rl_cfg, task_obj, hf, report)
     trim_host_heap()  # the loaded model's buffers, freed once the trainer copied them
     meta = {"fingerprint": fingerprint(trainer),
             "hparams": {**_hparams(run, rl_cfg, hf), "precision": trainer.precision.name,
@@ -277,15 +301,26 @@ def _train(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any, ckpt: Check
         prepare_metrics(metrics_file, resumed_from)
     if progress:  # what this run trains with, before its first step (stored in meta as well)
         print(recipe_line(rl_cfg, trainer, run), file=sys.stderr)
+        if report.trackers:
+            print(f"reporting to {', '.join(report.cfg.report_to)} in {report.dir}",
+                  file=sys.stderr)
+
+    def stepped(m: dict[str, Any]) -> None:
+        report.step(int(m["step"]), m)
+        if on_step is not None:
+            on_step(m)
+
     t_run = time.perf_counter()
     with Bar(progress, run.steps, trainer.steps_done, f"{rl_cfg.algo} {run.task}") as bar:
         history = _run_steps(trainer, task_obj, run, ckpt, checkpoints.every, meta,
-                             metrics_file, bar, on_step)
+                             metrics_file, bar, stepped)
     final = (evaluate(trainer, getattr(task_obj, "eval_task", task_obj), run.eval_prompts,
                       run.seed) if run.eval_prompts else None)
     out = _summary(trainer, ckpt, resumed_from, changed, history, time.perf_counter() - t_run,
                    final)
     out["eval_source"] = getattr(task_obj, "eval_note", None) if final else None
+    if final is not None:
+        report.log(trainer.steps_done, {f"eval/{k}": v for k, v in final.items()})
     return out
 
 
@@ -302,12 +337,13 @@ def _hparams(run: RunConfig, cfg: RLConfig, hf: Any) -> dict[str, Any]:
     return {**hparams, **(hf.hparams if hf is not None else {})}
 
 
-def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any) -> RLTrainer:
-    """The run's trainer: the task's model (seeded) or the Hugging Face one."""
+def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any, report: Report) -> RLTrainer:
+    """The run's trainer: the task's model (seeded) or the Hugging Face one; its reward is the
+    task's, with each scored sample shown to the trackers' completion tables."""
     policy = hf.load_model() if hf else init_model(
         preset("tiny", **{**TASK_MODEL, **(run.model or {})}), run.seed)
-    return RLTrainer(policy, task.reward, cfg, system=run.system, metric_fn=task.exact_match,
-                     engine=run.engine, speculation=run.speculation,
+    return RLTrainer(policy, report.scored(task), cfg, system=run.system,
+                     metric_fn=task.exact_match, engine=run.engine, speculation=run.speculation,
                      mesh=None if run.mesh is None else MeshConfig.parse(run.mesh, flag="--mesh"),
                      device_memory=run.device_memory, partial=run.partial,
                      precision=run.precision, lora=run.lora)
@@ -360,7 +396,7 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
                 bar.alert(f"DIVERGED at step {e.step}: {e}")
                 raise
             except RewardError as e:  # the user's reward: named, the finished steps saved
-                raise reward_failure(e, k, _save_last(trainer, ckpt, meta)) from None
+                raise reward_failure(e, k, save_last(trainer, ckpt, meta)) from None
             except BaseException as e:
                 if not abandoned(e):
                     raise
@@ -377,7 +413,7 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
             if on_step is not None:
                 on_step(m)
         if stop.signum is not None:
-            raise Interrupted(stop.signum, trainer.steps_done, _save_last(trainer, ckpt, meta))
+            raise Interrupted(stop.signum, trainer.steps_done, save_last(trainer, ckpt, meta))
     return history
 
 
@@ -393,32 +429,9 @@ def _record(m: dict[str, Any], k: int, metrics_file: str | None, ckpt: Checkpoin
         except OSError as e:
             raise InputError(f"--metrics {metrics_file}: could not append step {k} "
                              f"({e.strerror or e}); the run stopped after step {k}"
-                             f"{_saved_note(trainer, ckpt, meta)}") from None
+                             f"{saved_note(trainer, ckpt, meta)}") from None
     if ckpt is not None and due:
         ckpt.save(k, trainer, meta)
-
-
-def _saved_note(trainer: RLTrainer, ckpt: Checkpointer | None, meta: dict[str, Any]) -> str:
-    """Where the last finished step is saved, for an error that stops a run; saving may fail
-    for the same reason (a full disk), which the note says instead of raising over it."""
-    if ckpt is None:
-        return " (pass --checkpoint-dir to keep a run whose outputs fail to write)"
-    try:
-        return f", saved in {_save_last(trainer, ckpt, meta)} (--resume continues it)"
-    except Exception as e:  # orbax wraps OS errors in its own types
-        return f"; saving it failed too ({type(e).__name__}: {str(e)[:200]})"
-
-
-def _save_last(trainer: RLTrainer, ckpt: Checkpointer | None, meta: dict[str, Any]
-               ) -> str | None:
-    """The checkpoint directory holding the last finished step, saving it if it is not yet
-    (None: no checkpoint directory, or no step finished)."""
-    k = trainer.steps_done
-    if ckpt is None or k == 0:
-        return None
-    if ckpt.latest_step() != k:
-        ckpt.save(k, trainer, meta)
-    return os.path.abspath(ckpt.directory)
 
 
 DRIFT_PROBES = 2  # held-out prompts whose greedy responses a checkpoint run watches
