@@ -300,3 +300,24 @@ def test_cli_reward_failure_names_function_and_sample_and_saves(
     assert ("--reward udrw_late:late_nan returned nan for sample 0: rewards must be finite "
             "(step 2; the step was not applied); steps up to 1 are saved in") in err, err
     assert sorted(p.name for p in (cwd / "run").iterdir() if p.name.isdigit()) == ["1"]
+
+
+def test_train_temperature_flag_reaches_the_step_and_is_checked(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``train --temperature`` sets the rollouts' sampling temperature (the RLConfig the run
+    trains with); out of its domain it fails before JAX with the flag named."""
+    import argparse
+
+    from jaxrl_sym.rl.cli import add_train_parser, train_configs
+    from jaxrl_sym.rl.config import task_rl_config
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_train_parser(sub)
+    args = sub.choices["train"].parse_args(["--temperature", "0.7"])
+    _, rl, _ = train_configs(args)
+    assert task_rl_config(10, 8, 1, rl).temperature == 0.7
+    default = train_configs(sub.choices["train"].parse_args([]))[1]
+    assert task_rl_config(10, 8, 1, default).temperature == 1.0
+    for bad in ("0", "-1", "nan", "inf"):
+        assert main(["train", "--temperature", bad, "--steps", "1"]) == 2
+        assert f"RLConfig.temperature={float(bad)} (--temperature)" in capsys.readouterr().err

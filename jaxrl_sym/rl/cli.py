@@ -91,6 +91,9 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
                    help="default: the task recipe's (seq_mean)")
     t.add_argument("--entropy-coef", type=float, default=None,
                    help="default: the task recipe's (0.01)")
+    t.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature of the rollouts (> 0; the loss scales its logits "
+                        "the same way); default: the recipe's (1.0)")
     # stabilisers (RLConfig fields; default: the task recipe's, see README "Learning")
     t.add_argument("--clip-low", type=float, default=None, help="ratio clip 1 - eps (clip_eps)")
     t.add_argument("--clip-high", type=float, default=None,
@@ -371,7 +374,8 @@ def train_configs(args: argparse.Namespace
              ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
              ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
              ("update_tokens", args.update_tokens), ("lr", args.lr),
-             ("tis_cap", args.tis_cap), ("remat", args.remat), ("pg_loss", args.pg_loss))
+             ("tis_cap", args.tis_cap), ("remat", args.remat), ("pg_loss", args.pg_loss),
+             ("temperature", args.temperature))
     rl = {"algo": args.algo, "group_size": args.group, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints

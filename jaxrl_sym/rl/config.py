@@ -14,6 +14,7 @@ flags before paying JAX's import, with the same rules the library applies.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -183,9 +184,10 @@ class RLConfig:
         if self.group_size < 1 or (self.algo in ("grpo", "rloo") and self.group_size < 2):
             raise InputError(f"RLConfig.group_size={self.group_size}: {self.algo} compares "
                              "generations of the same prompt, so it needs >= 2")
-        if self.temperature <= 0:
-            raise InputError(f"RLConfig.temperature={self.temperature}: RL samples, so it must be "
-                             "> 0 (greedy decoding has no log-probs to take a ratio of)")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise InputError(f"RLConfig.temperature={self.temperature} (--temperature): RL "
+                             "samples, so it must be a finite number > 0 (greedy decoding has no "
+                             "log-probs to take a ratio of)")
         check_sampling_temperature(self.temperature, "RLConfig.temperature")
         for name in ("update_tokens", "logprob_chunk"):
             v = getattr(self, name)
