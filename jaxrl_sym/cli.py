@@ -43,6 +43,7 @@ from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
 from jaxrl_sym.report import decode_table
+from jaxrl_sym.rl.eval_cli import add_eval_parser
 from jaxrl_sym.runtime.options import BACKENDS  # JAX-free: the runtime's own list
 from jaxrl_sym.sizes import parse_bytes
 
@@ -128,9 +129,11 @@ def _parser(with_train: bool = True) -> _Parser:
     options: they live in :mod:`jaxrl_sym.rl.cli`, whose import pulls in JAX (seconds), so only
     a ``train`` command line pays for it."""
     p = _Parser(prog="jaxrl-sym", description=__doc__, formatter_class=_Help)
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{decode,train,generate,export}")
+    sub = p.add_subparsers(dest="cmd", required=True,
+                           metavar="{decode,train,generate,export,eval}")
     p.commands = {"decode": _decode_parser(sub)}
     p.commands.update(add_hf_parsers(sub, _Help))  # generate, export: jaxrl_sym/hf_cli.py
+    p.commands["eval"] = add_eval_parser(sub, _Help)  # jaxrl_sym/rl/eval_cli.py
     if with_train:
         from jaxrl_sym.rl.cli import add_train_parser
 
@@ -477,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_train(args)
     if args.cmd in HF_COMMANDS:
         return run_hf(args, lambda errors: _refuse(p, args.cmd, errors))
+    if args.cmd == "eval":
+        from jaxrl_sym.rl.eval_cli import run_eval
+
+        return run_eval(args)
     return 2
 
 

@@ -93,7 +93,11 @@ class TokenTextTask:
         return np.asarray(ids, np.int32)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[np.ndarray]:
-        problems = self.task.sample(rng, n)
+        return self.use(self.task.sample(rng, n))
+
+    def use(self, problems: Sequence[Problem]) -> list[np.ndarray]:
+        """``problems`` as prompt token arrays; their answers are what the rewards score next
+        (a new step for the rewards' per-sample indices and means)."""
         prompts = [self.encode(p) for p in problems]
         from jaxrl_sym.models.hf.config import check_positions  # JAX: not at CLI import
 
