@@ -48,6 +48,13 @@ MOVED: dict[str, str] = {
 """Former RLConfig fields (generation, not the algorithm) and where each is set now."""
 
 
+EXECUTION_KNOBS = frozenset({"update_tokens", "logprob_chunk", "remat", "overlap_reference"})
+"""RLConfig fields that decide how a step is computed, not what it computes: micro-batches of
+the update, log-prob chunks, recomputation in the backward, the reference pass's overlap. The
+update is the same up to float rounding, so ``--resume`` takes a change of them (a memory fix
+for a run that ran out of memory must not need ``--resume-anyway``) and says what changed."""
+
+
 @dataclass(frozen=True)
 class RLConfig:
     """Hyper-parameters of one RL fine-tuning step.

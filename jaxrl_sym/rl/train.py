@@ -24,6 +24,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.config import (
+    EXECUTION_KNOBS,
     TASK_RECIPE,
     TASK_REWARD,
     CheckpointConfig,
@@ -93,6 +94,7 @@ FLAGS: dict[str, str] = {
     "lr_schedule": "--lr-schedule", "partial": "--partial-rollout",
     "speculate": "--speculate", "speculate_adaptive": "--speculate-adaptive",
     "precision": "--precision", "tis_cap": "--tis-cap", "pg_loss": "--pg-loss",
+    "update_tokens": "--update-tokens", "remat": "--remat/--no-remat",
     "lora": "--lora-rank/--lora-alpha/"
     "--lora-targets",
     # a --model run's own data and rewards (jaxrl_sym.rl.data.TextOptions.hparams)
@@ -243,8 +245,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     (greedy decoding of the final policy on ``eval_prompts`` held-out prompts; a function of the
     parameters alone, so an interrupted and resumed run reports the same value as an
     uninterrupted one), ``skipped_checkpoints`` (steps
-    rejected on resume, with reasons), ``changed_on_resume`` (hyper-parameters overridden by
-    ``resume_anyway``), ``partial_left_rows`` (carried rows never trained; not checkpointed)
+    rejected on resume, with reasons), ``changed_on_resume`` (settings that differ from
+    the checkpoint's: execution settings, :data:`EXECUTION_KNOBS`, and any with ``resume_anyway``), ``partial_left_rows`` (carried rows never trained; not checkpointed)
     and ``eval_source`` (a text run's: where the evaluation's rows came from, e.g. the held-out
     split of ``--dataset``; None when that needs no saying).
     """
@@ -453,21 +455,30 @@ def _resume(ckpt: Checkpointer, trainer: RLTrainer, meta: dict[str, Any], anyway
     (before any array is read). Returns the step, the overridden differences and the lineage
     that later checkpoints carry (every ``resume_anyway`` change, with its step)."""
     found: dict[str, Any] = {}
+    run_keys = lambda h: {k: v for k, v in h.items() if k not in EXECUTION_KNOBS}
+    how_keys = lambda h: {k: v for k, v in h.items() if k in EXECUTION_KNOBS}
 
     def check(saved: dict[str, Any]) -> None:
-        diffs = hparam_diffs(saved.get("hparams", {}), meta["hparams"])
+        old = saved.get("hparams", {})
+        diffs = hparam_diffs(run_keys(old), run_keys(meta["hparams"]))
         if diffs and not anyway:
             raise ResumeMismatchError(ckpt.directory, int(saved["step"]), diffs)
         found["diffs"], found["lineage"] = diffs, list(saved.get("lineage", []))
+        found["how"] = hparam_diffs(how_keys(old), how_keys(meta["hparams"]))
 
     saved = ckpt.restore(trainer, meta["fingerprint"], check_meta=check)
     step, diffs, lineage = int(saved["step"]), found["diffs"], found["lineage"]
+    if found["how"]:
+        log.warning("resuming %s at step %d with changed execution settings: %s (how a step is "
+                    "computed, not what: the same run up to float rounding)", ckpt.directory,
+                    step, _describe(found["how"]))
+        lineage.append({"step": step, "execution": [list(d) for d in found["how"]]})
     if diffs:
         log.warning("resuming %s at step %d with changed settings (--resume-anyway): %s; this "
                     "is no longer the run that was checkpointed", ckpt.directory, step,
                     _describe(diffs))
         lineage.append({"step": step, "changed": [list(d) for d in diffs]})
-    return step, diffs, lineage
+    return step, diffs + found["how"], lineage
 
 
 def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> dict[str, float | None]:
