@@ -38,6 +38,7 @@ from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read
     prompts_for,
     run_system,
 )
+from jaxrl_sym.errors import SymError
 from jaxrl_sym.generation import seed32
 from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
@@ -456,6 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [ESTIMATE]:
         return estimate_child(argv[1:])
     p = _parser(with_train=argv[:1] == ["train"])
+    if argv[:1] == ["train"]:
+        from jaxrl_sym.rl.config_file import with_config
+
+        try:
+            argv = ["train", *with_config(p.commands["train"], argv[1:])]
+        except SymError as e:
+            return _refuse(p, "train", [str(e)])
     args = p.parse_args(argv)
     if args.cmd == "decode":
         errors = check_decode(args)
@@ -475,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         errors = check_train(args)
         if errors:
             return _refuse(p, "train", errors)
+        if args.print_config:
+            from jaxrl_sym.rl.config_file import effective
+
+            print(effective(p.commands["train"], args), end="")
+            return 0
         from jaxrl_sym.rl.cli import run_train
 
         return run_train(args)

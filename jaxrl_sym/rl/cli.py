@@ -63,6 +63,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="PNG of the run (default: next to --metrics, same name .png)")
     t.add_argument("--json", action="store_true",
                    help="print one JSON object (final_exact_match, params_sha256, ...) last")
+    t.add_argument("--config", default=None, metavar="FILE",
+                   help="a TOML file of flag values (keys are the flag names, e.g. steps = 200; "
+                        "flags given here override it)")
+    t.add_argument("--print-config", action="store_true",
+                   help="print the effective flags as TOML (what --config reads) and exit")
     t.add_argument("--report-to", default=None,
                    help="trackers for every step's metrics, comma-separated: tensorboard, "
                         "wandb, mlflow (each an optional package; default: none)")

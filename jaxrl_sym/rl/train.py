@@ -244,11 +244,12 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     process's steps), ``seconds``, ``final_exact_match`` and (text tasks) ``final_format_rate``
     (greedy decoding of the final policy on ``eval_prompts`` held-out prompts; a function of the
     parameters alone, so an interrupted and resumed run reports the same value as an
-    uninterrupted one), ``skipped_checkpoints`` (steps
-    rejected on resume, with reasons), ``changed_on_resume`` (settings that differ from
-    the checkpoint's: execution settings, :data:`EXECUTION_KNOBS`, and any with ``resume_anyway``), ``partial_left_rows`` (carried rows never trained; not checkpointed)
-    and ``eval_source`` (a text run's: where the evaluation's rows came from, e.g. the held-out
-    split of ``--dataset``; None when that needs no saying).
+    uninterrupted one), ``skipped_checkpoints`` (steps rejected on resume, with reasons),
+    ``changed_on_resume`` (settings that differ from the checkpoint's: execution settings,
+    :data:`EXECUTION_KNOBS`, and any with ``resume_anyway``), ``partial_left_rows`` (carried
+    rows never trained; not checkpointed) and ``eval_source`` (a text run's: where the
+    evaluation's rows came from, e.g. the held-out split of ``--dataset``; None when that needs
+    no saying).
     """
     checkpoints = checkpoints or CheckpointConfig()
     report = report or ReportConfig()
