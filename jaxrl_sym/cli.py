@@ -4,12 +4,11 @@ Every system runs in its own process (so peak RSS is its own), twice: a cold run
 included, logits kept for the check) and a warm run (steady-state seconds per token). The parent
 compares every baseline's tokens and logits against sym's and ends with one verdict per baseline.
 
-Every flag is checked before JAX is imported (this module and what it imports at the top are
-JAX-free), so a bad flag fails in well under a second with the flag's name, not minutes later
-inside a child process. Then, before any system starts, each system's memory is estimated from
-shapes (:mod:`jaxrl_sym.runtime.estimate`, in a child process) and a system that cannot fit the
-device's memory (``--memory-limit``, else the GPU's limit or the host's memory) is skipped with
-the estimate's breakdown, instead of dying with ``RESOURCE_EXHAUSTED`` minutes into its run.
+Every flag is checked before JAX is imported (this module and its top imports are JAX-free),
+so a bad flag fails in under a second with its name. Then each system's memory is estimated from
+shapes (:mod:`jaxrl_sym.runtime.estimate`, in a child process) and a system that cannot fit
+(``--memory-limit``, else the GPU's or the host's memory) is skipped with the estimate's
+breakdown, instead of dying with ``RESOURCE_EXHAUSTED`` minutes into its run.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
 from jaxrl_sym.report import decode_table
+from jaxrl_sym.rl import config_file
 from jaxrl_sym.rl.eval_cli import add_eval_parser
 from jaxrl_sym.runtime.options import BACKENDS  # JAX-free: the runtime's own list
 from jaxrl_sym.sizes import parse_bytes
@@ -457,11 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == [ESTIMATE]:
         return estimate_child(argv[1:])
     p = _parser(with_train=argv[:1] == ["train"])
-    if argv[:1] == ["train"]:
-        from jaxrl_sym.rl.config_file import with_config
-
+    if argv[:1] == ["train"]:  # --config FILE: its flags go before the command line's
         try:
-            argv = ["train", *with_config(p.commands["train"], argv[1:])]
+            argv = ["train", *config_file.with_config(p.commands["train"], argv[1:])]
         except SymError as e:
             return _refuse(p, "train", [str(e)])
     args = p.parse_args(argv)
@@ -483,10 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         errors = check_train(args)
         if errors:
             return _refuse(p, "train", errors)
-        if args.print_config:
-            from jaxrl_sym.rl.config_file import effective
-
-            print(effective(p.commands["train"], args), end="")
+        if args.print_config:  # the effective flags, as the TOML --config reads
+            print(config_file.effective(p.commands["train"], args), end="")
             return 0
         from jaxrl_sym.rl.cli import run_train
 
