@@ -69,9 +69,10 @@ def check_export(args: argparse.Namespace) -> list[str]:
     """Every problem with an ``export`` command line, each naming the flag."""
     if args.model is not None:
         errors = model_errors("--model", args.model)
-        if not errors and is_gguf(args.model):
-            errors.append(f"--model {args.model}: a GGUF file cannot be exported (export "
-                          "writes a checkpoint directory's own config.json and tokenizer files)")
+        if not errors and is_gguf(args.model):  # config and tokenizer rebuilt from the file
+            if args.no_tokenizer:
+                errors.append(f"--no-tokenizer: --model {args.model} is a GGUF file whose "
+                              "tokenizer the export writes; drop --no-tokenizer")
         elif not errors and (problem := tokenizer_problem(args.model, args.no_tokenizer,
                                                           f"--model {args.model}")):
             errors.append(problem)
@@ -131,7 +132,13 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
         from jaxrl_sym.models.hf import export_pretrained, load_pretrained
 
         model, _, _ = load_pretrained(args.model, dtype=args.dtype)
-        files = export_pretrained(model, args.out, source_dir=args.model,
+        src_dir: Any = args.model
+        if is_gguf(args.model):  # the config.json and tokenizer files the loader rebuilds
+            from jaxrl_sym.models.hf.gguf import find_gguf
+            from jaxrl_sym.models.hf.gguf_source import hf_source
+
+            src_dir = hf_source(find_gguf(args.model) or args.model)
+        files = export_pretrained(model, args.out, source_dir=src_dir,
                                   overwrite=args.overwrite, max_shard_bytes=shard)
         source: dict[str, Any] = {"model": os.path.abspath(args.model)}
     else:

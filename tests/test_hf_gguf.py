@@ -200,9 +200,30 @@ def test_paths_and_malformed_files_named(tmp_path: Path) -> None:
         load_pretrained(junk.parent)
 
 
-def test_export_of_a_gguf_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["export", "--model", str(gguf_path("tied")), "--out", str(tmp_path / "o")])
-    assert rc == 2 and "a GGUF file cannot be exported" in capsys.readouterr().err
+def test_a_gguf_exports_as_a_directory_that_loads_to_the_same_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``export --model FILE.gguf``: config.json, tokenizer and generation files rebuilt from
+    the file's metadata beside the dequantized weights; loaded back as a Hugging Face directory
+    (the safetensors path, not the GGUF reader) it gives the transformers oracle's logits, and
+    its tokenizer and chat template encode as the GGUF's do."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = gguf_path("tied")
+    rc = main(["export", "--model", str(src), "--out", str(tmp_path / "o"), "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    files = set(json.loads(out.out.strip().splitlines()[-1])["files"])
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json"} <= files
+    exported, _, _ = load_pretrained(tmp_path / "o")
+    exp = expected("tied")
+    np.testing.assert_allclose(forward(exported, exp["prompt0"]), exp["logits0"],
+                               rtol=2e-4, atol=2e-4)
+    a, b = HFText(tmp_path / "o"), HFText(src)
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    assert a.encode("hello world 42") == b.encode("hello world 42")
+    assert a.encode_chat(chat) == b.encode_chat(chat)
+    assert find_eos_ids(tmp_path / "o", a.tokenizer) == find_eos_ids(src, b.tokenizer)
 
 
 def test_sentencepiece_vocabulary_loads_for_ids_only(tmp_path: Path,
@@ -225,14 +246,16 @@ def test_sentencepiece_vocabulary_loads_for_ids_only(tmp_path: Path,
 
 
 
-def test_train_fine_tunes_a_gguf_file(tmp_path: Path) -> None:
+def test_train_fine_tunes_a_gguf_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``train --model FILE.gguf``: the run reads the file's tokenizer, chat template and EOS and
-    steps the dequantized model (the weights move away from the file's); exporting the run is
-    refused by name (no config.json to write beside the weights)."""
+    steps the dequantized model (the weights move away from the file's); the run exports as a
+    Hugging Face directory (config and tokenizer rebuilt from the file) holding the trained
+    parameters, and ``eval --checkpoint-dir`` reads it."""
     from jaxrl_sym.rl.pretrained import export_checkpoint
     from jaxrl_sym.rl.state import params_sha256
     from jaxrl_sym.rl.train import train
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the rebuilt config's home
     path = FIXTURE / "tied" / "model-Q4_1.gguf"
     leaves = jax.tree_util.tree_leaves(nnx.state(load_pretrained(path)[0]))
     # an entropy bonus: a non-zero gradient whatever the rewards (all 0 for a random model,
@@ -247,5 +270,11 @@ def test_train_fine_tunes_a_gguf_file(tmp_path: Path) -> None:
                 checkpoint_dir=str(tmp_path / "run"),
                 config={"max_new_tokens": 4, "entropy_coef": 0.01})
     assert out["steps"] == 1 and out["params_sha256"] != params_sha256({"lm": leaves})
-    with pytest.raises(InputError, match=r"started from the GGUF file .*model-Q4_1\.gguf"):
-        export_checkpoint(tmp_path / "run", tmp_path / "out")
+    files, meta = export_checkpoint(tmp_path / "run", tmp_path / "out")
+    assert "config.json" in files and "tokenizer.json" in files
+    trained = load_pretrained(tmp_path / "out")[0]
+    assert params_sha256({"lm": jax.tree_util.tree_leaves(nnx.state(trained))}) \
+        == out["params_sha256"] == meta["params_sha256"]
+    rc = main(["eval", "--checkpoint-dir", str(tmp_path / "run"), "--dataset", str(task),
+               "--max-new-tokens", "3", "--system", "padded"])
+    assert rc == 0

@@ -283,7 +283,8 @@ def _host_policy(checkpoint_dir: str | Path, step: int | None, dtype: str | None
 
 
 def _source_dir(checkpoint_dir: str | Path, hparams: dict[str, Any]) -> str:
-    """The Hugging Face directory the run started from (its config and tokenizer)."""
+    """The Hugging Face directory the run started from (its config and tokenizer; for a GGUF
+    file, the directory :func:`~jaxrl_sym.models.hf.gguf_source.hf_source` writes)."""
     source = hparams.get("model_dir")
     if not source:
         raise InputError(f"checkpoint {checkpoint_dir} was not trained from a Hugging Face "
@@ -292,9 +293,11 @@ def _source_dir(checkpoint_dir: str | Path, hparams: dict[str, Any]) -> str:
     root = Path(source)
     if not (root / "config.json").is_file() and (
             root.suffix.lower() == ".gguf" or (root.is_dir() and any(root.glob("*.gguf")))):
-        raise InputError(f"checkpoint {checkpoint_dir} started from the GGUF file {source}: "
-                         "export writes a Hugging Face directory and needs the source's "
-                         "config.json and tokenizer files, which a GGUF file does not have")
+        from jaxrl_sym.models.hf.gguf import find_gguf
+        from jaxrl_sym.models.hf.gguf_source import hf_source
+
+        # the config and tokenizer the loader rebuilds from the file, written once
+        return str(hf_source(find_gguf(root) or root))
     if not (root / "config.json").is_file():
         raise InputError(f"checkpoint {checkpoint_dir} started from {source}, which is no "
                          "longer a checkpoint directory (no config.json); export needs its "
@@ -357,7 +360,8 @@ def export_checkpoint(checkpoint_dir: str | Path, out_dir: str | Path, *, step: 
                                    overwrite=overwrite, max_shard_bytes=max_shard_bytes)
     else:
         model, meta = _host_policy(checkpoint_dir, step, dtype)  # host arrays: export reads them
-        files = export_pretrained(model, out_dir, source_dir=meta["hparams"]["model_dir"],
+        files = export_pretrained(model, out_dir,
+                                  source_dir=_source_dir(checkpoint_dir, meta["hparams"]),
                                   overwrite=overwrite, max_shard_bytes=max_shard_bytes)
     return files, {"source_model": meta["hparams"]["model_dir"], "step": int(meta["step"]),
                    "params_sha256": meta.get("params_sha256")}
@@ -400,7 +404,8 @@ def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: st
     step, meta = lora
     hp = meta["hparams"]
     source = _source_dir(checkpoint_dir, hp)
-    base = load_pretrained(source, dtype=hp.get("model_dtype"))[0]  # the run's frozen base
+    # the run's frozen base, from its own file (a GGUF's weights are not in ``source``)
+    base = load_pretrained(hp["model_dir"], dtype=hp.get("model_dtype"))[0]
     plan = plan_lora(base, LoraConfig(**hp["lora"]))
     master = Precision(hp.get("precision") or "fp32").master
     shapes = [s for i, o in plan.shapes for s in ([[i, plan.rank], master],
