@@ -53,5 +53,7 @@ def test_a_wrecking_first_step_is_caught_on_a_pretrained_model(tmp_path: Path, l
     out = train("grpo", f"jsonl:{tasks}", 3, model_dir=str(MODEL), prompts_per_step=2,
                 group_size=2, config={"max_new_tokens": 12, "lr": lr, "entropy_coef": 0.5},
                 beta=0.04, progress=False, eval_prompts=0, seed=3)
-    flags = [m["health"] for m in out["history"] if m["health"]]
+    # the drift checks' flags (a random model's rewards may also all be 0: a stall, not drift)
+    flags = [m["health"] for m in out["history"]
+             if m["health"] and not m["health"].startswith("no learning signal")]
     assert bool(flags) == flagged, flags

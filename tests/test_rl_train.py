@@ -120,14 +120,18 @@ def test_cli_train_json_metrics_and_plot(tmp_path, capsys) -> None:
     assert "error: --task parity: unknown task 'parity'" in err and "Traceback" not in err
 
 
-def test_progress_line_shows_the_mean_step_time_and_what_is_left() -> None:
+def test_progress_line_shows_the_mean_step_time_and_what_is_left(capsys) -> None:
+    """Under pytest stderr is no terminal: one plain line per step (what a log file keeps)."""
     from jaxrl_sym.rl.progress import Bar
 
     with Bar(True, total=6, done=1, title="t") as bar:  # resumed after step 1
         for sec in (3.0, 1.0):  # a compile-heavy first step, then a fast one
-            bar.advance({"reward": 0.5, "seconds": {"total": sec}})
-        info = bar.progress.tasks[0].fields["info"]
-    assert "2.00s/step (mean of 2)" in info and "~6s left" in info  # 3 steps x 2 s
+            bar.advance({"reward": 0.5, "seconds": {"total": sec}, "health": None})
+        bar.advance({"reward": 0.0, "seconds": {"total": 2.0}, "health": "no learning signal"})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "t step 2/6: reward 0.500  3.00s/step (mean of 1), ~12s left"
+    assert lines[1] == "t step 3/6: reward 0.500  2.00s/step (mean of 2), ~6s left"  # 3 x 2 s
+    assert lines[2].endswith("~4s left  NO LEARNING SIGNAL") and len(lines) == 3
 
 
 def test_health_flags_entropy_collapse_with_flat_reward_and_non_finite() -> None:
@@ -197,3 +201,25 @@ def test_resume_takes_changed_execution_settings_and_refuses_the_rest(tmp_path, 
     with pytest.raises(ResumeMismatchError, match=r"--lr \(lr\): checkpoint 0\.001, given 0\.002"):
         train("grpo", "reverse", steps=6, seed=5, checkpoint_dir=ckpt, resume=True,
               eval_prompts=0, lr=2e-3, **RUN)
+
+
+def test_health_flags_steps_without_a_learning_signal() -> None:
+    """Three steps in a row where every group's rewards were identical (or the gradient was
+    exactly 0) is a run that cannot learn: flagged from the third on, cleared by a step with a
+    signal; PPO (a critic) is not flagged for identical group rewards."""
+    from jaxrl_sym.rl.progress import RunHealth
+
+    flat = {"reward": 0.0, "entropy": 1.0, "loss": 0.0, "grad_norm": 0.3, "zero_var_frac": 1.0}
+    h = RunHealth("grpo")
+    flags = [h.check(flat) for _ in range(4)]
+    assert flags[:2] == [None, None]
+    assert flags[2].startswith("no learning signal: for 3 steps in a row every group's rewards "
+                               "were identical (reward 0.000)") and flags[3] is not None
+    assert h.check({**flat, "zero_var_frac": 0.5}) is None  # a signal: the count restarts
+    assert h.check(flat) is None
+    zero = {**flat, "zero_var_frac": 0.0, "grad_norm": 0.0}
+    h = RunHealth("grpo")
+    assert [h.check(zero) for _ in range(3)][-1].endswith(
+        "raise --group or --temperature") and "gradient was exactly 0" in h.check(zero)
+    h = RunHealth("ppo")
+    assert [h.check(flat) for _ in range(5)] == [None] * 5

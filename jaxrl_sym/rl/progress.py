@@ -7,6 +7,7 @@ its per-step metrics and report.
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any
 
 import numpy as np
@@ -22,15 +23,22 @@ class RunHealth:
     :attr:`flat_tol` between the two halves of the last :attr:`window` steps — every group
     then samples (nearly) the same answer, its advantages are 0, and nothing changes any more.
     A run that converged to the right answers also ends with low entropy and a flat reward;
-    the flag says the run has stopped moving, the reward says at what level.
+    the flag says the run has stopped moving, the reward says at what level. ``no learning
+    signal``: for :attr:`stall_steps` steps in a row every group's rewards were identical
+    (``zero_var_frac`` 1) or the gradient was exactly 0 — the reward teaches nothing (a new
+    user's first run with a reward that never fires, e.g. reward 0 on every sample).
     """
 
     entropy_floor = 0.05
     window = 50
     flat_tol = 0.01
+    stall_steps = 3
 
-    def __init__(self) -> None:
+    def __init__(self, algo: str = "grpo") -> None:
         self.rewards: list[float] = []
+        self.stalled = 0  # consecutive steps without a learning signal
+        self.stalling = False  # the last check's flag was the stall's
+        self.grouped = algo != "ppo"  # PPO's critic gives identical rewards advantages too
 
     def check(self, m: dict[str, Any]) -> str | None:
         bad = [k for k in ("reward", "loss", "entropy", "grad_norm")
@@ -38,6 +46,11 @@ class RunHealth:
         if bad:
             return f"diverged: non-finite {', '.join(bad)}"
         self.rewards.append(float(m["reward"]))
+        self.stalling = False
+        stall = self._stall(m)
+        if stall is not None:
+            self.stalling = True  # the weakest flag: a drift check's flag may replace it
+            return stall
         if len(self.rewards) < self.window or m.get("entropy") is None:
             return None
         last = self.rewards[-self.window:]
@@ -47,6 +60,20 @@ class RunHealth:
             return (f"entropy collapse: entropy {m['entropy']:.3f} < {self.entropy_floor}, "
                     f"reward flat ({a:.3f} -> {b:.3f} over {self.window} steps)")
         return None
+
+
+    def _stall(self, m: dict[str, Any]) -> str | None:
+        same = self.grouped and m.get("zero_var_frac") == 1.0
+        zero = m.get("grad_norm") == 0.0
+        self.stalled = self.stalled + 1 if (same or zero) else 0
+        if self.stalled < self.stall_steps:
+            return None
+        why = (f"every group's rewards were identical (reward {m['reward']:.3f})" if same
+               else "the gradient was exactly 0")
+        return (f"no learning signal: for {self.stalled} steps in a row {why}, so every "
+                "policy-gradient term is 0 and the reward teaches nothing; check that the "
+                "reward separates good from bad samples (e.g. partial credit, a format "
+                "reward), or raise --group or --temperature")
 
 
 def distinct2(tokens: Any) -> float:
@@ -113,16 +140,20 @@ def recipe_line(cfg: Any, trainer: Any, run: Any) -> str:
 
 
 class Bar:
-    """Rich progress bar with the latest reward / exact match; a no-op when disabled."""
+    """Rich progress bar with the latest reward / exact match; a no-op when disabled. When
+    stderr is not a terminal (a log file, a batch job) one plain line per step instead: a bar
+    redrawn in place writes nothing a log can show until the run ends."""
 
     def __init__(self, enabled: bool, total: int, done: int, title: str) -> None:
         self.enabled = enabled
         self.total, self.done, self.title = total, done, title
+        self.plain = False  # one line per step (set on entry: stderr is not a terminal)
         self.progress: Any = None
         self.seconds: list[float] = []  # per step of this run (a resumed run starts afresh)
 
     def __enter__(self) -> Bar:
-        if self.enabled:
+        self.plain = self.enabled and not sys.stderr.isatty()
+        if self.enabled and not self.plain:
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
@@ -143,7 +174,7 @@ class Bar:
         return self
 
     def advance(self, m: dict[str, Any]) -> None:
-        if self.progress is not None:
+        if self.progress is not None or self.plain:
             info = f"reward {m['reward']:.3f}"
             if "exact_match" in m:
                 info += f"  exact {m['exact_match']:.3f}"
@@ -155,13 +186,21 @@ class Bar:
             info += f"  {mean:.2f}s/step (mean of {len(self.seconds)}), ~{left:.0f}s left"
             if m.get("entropy") is not None:
                 info += f"  entropy {m['entropy']:.3f}"
+            if self.plain:
+                step = self.done + len(self.seconds)
+                health = f"  {m['health'].upper()}" if m.get("health") else ""
+                print(f"{self.title} step {step}/{self.total}: {info}{health}", file=sys.stderr,
+                      flush=True)
+                return
             if m.get("health"):
                 info += f"  [red]{m['health'].upper()}[/red]"
             self.progress.update(self.task, advance=1, info=info)
 
     def alert(self, text: str) -> None:
         """Show ``text`` in the progress line (the run is about to stop)."""
-        if self.progress is not None:
+        if self.plain:
+            print(f"{self.title}: {text}", file=sys.stderr, flush=True)
+        elif self.progress is not None:
             self.progress.update(self.task, info=f"[red]{text}[/red]")
 
     def __exit__(self, *exc: object) -> None:

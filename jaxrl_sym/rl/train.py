@@ -386,7 +386,7 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
     last finished step and raises :class:`~jaxrl_sym.rl.interrupt.Interrupted`."""
     seed, steps = run.seed, run.steps
     history: list[dict[str, Any]] = []
-    health = RunHealth()
+    health = RunHealth(trainer.cfg.algo)
     drift, probes = _drift(trainer, task, run)
     with graceful(jax.process_count() == 1) as stop:
         while trainer.steps_done < steps and stop.signum is None:
@@ -406,9 +406,9 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
                 break  # the step committed nothing: the state is step k - 1's
             m.update(task.reward_metrics() if hasattr(task, "reward_metrics") else {})
             m["health"] = health.check(m)
-            if drift is not None and m["health"] is None:
+            if drift is not None and (m["health"] is None or health.stalling):
                 probed = trainer.greedy(probes, task.max_new_tokens) if drift.due(k) else None
-                m["health"] = drift.check(k, m, probed)
+                m["health"] = drift.check(k, m, probed) or m["health"]
             history.append(m)
             _record(m, k, metrics_file, ckpt, bool(every and k % every == 0) or k == steps,
                     trainer, meta)
