@@ -144,7 +144,7 @@ def test_token_task_rewards_decoded_responses() -> None:
 
     run = setup(str(MODEL), "word-problems", max_new_tokens=32)
     text = HFText(MODEL)
-    assert run.eos_id == text.eos_ids()[0] and run.rl_config["max_new_tokens"] == 32
+    assert run.eos_id == text.eos_ids()[0] and run.rl_config(False)["max_new_tokens"] == 32
     assert run.hparams["model_dir"] == str(MODEL.resolve()) and run.hparams["chat_template"]
     rng = np.random.default_rng(0)
     problems = run.task.task.sample(np.random.default_rng(0), 3)

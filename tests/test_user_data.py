@@ -321,3 +321,17 @@ def test_train_temperature_flag_reaches_the_step_and_is_checked(
     for bad in ("0", "-1", "nan", "inf"):
         assert main(["train", "--temperature", bad, "--steps", "1"]) == 2
         assert f"RLConfig.temperature={float(bad)} (--temperature)" in capsys.readouterr().err
+
+
+def test_lora_on_a_checkpoint_gets_its_own_learning_rate(
+        cwd: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``--model`` run's LoRA adapters train at 2e-4, not the full fine-tuning's 1e-6 (what
+    the run prints as its recipe before the first step); ``--lr`` still wins."""
+    write_jsonl(cwd / "d.jsonl", GSM8K)
+    base = ["train", "--model", str(MODEL), "--dataset", "d.jsonl", "--steps", "1", "--prompts",
+            "1", "--group", "2", "--max-new-tokens", "2", "--eval-prompts", "0"]
+    for extra, lr in ((["--lora-rank", "2"], "lr 0.0002"),
+                      (["--lora-rank", "2", "--lr", "0.001"], "lr 0.001")):
+        assert main([*base, *extra]) == 0
+        recipe = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("recipe:"))
+        assert f"grpo, {lr} (" in recipe, recipe

@@ -89,7 +89,7 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--group", type=int, default=8, help="generations per prompt")
     t.add_argument("--lr", type=float, default=None,
                    help="default: the recipe's (1e-3 for the built-in tasks, 1e-6 for a "
-                        "--model checkpoint)")
+                        "--model checkpoint, 2e-4 for its LoRA adapters)")
     t.add_argument("--beta", type=float, default=0.0, help="KL weight (0: no reference pass)")
     t.add_argument("--epochs", type=int, default=1)
     t.add_argument("--loss-agg", choices=LOSS_AGGS, default=None,

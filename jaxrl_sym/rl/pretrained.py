@@ -60,6 +60,11 @@ PRETRAINED_UPDATE_TOKENS = 256
 # as in TRL and DAPO: a reference copy costs a model's weights).
 PRETRAINED_RECIPE: dict[str, Any] = {"lr": 1e-6, "entropy_coef": 0.0,
                                      "update_tokens": PRETRAINED_UPDATE_TOKENS}
+# LoRA's own rate: adapters start at B = 0 and a rank-r update of a frozen base needs a rate
+# ~100x the full model's (PEFT's and TRL's LoRA examples use 1e-4-2e-4). Measured on
+# SmolLM2-135M, LoRA 16: 3e-4 learned (bench/results/cpu/pretrained_learning_exact70.md),
+# 5e-4 collapsed; 1e-6 left the adapters where they started.
+PRETRAINED_LORA_LR = 2e-4
 
 
 class TokenTextTask:
@@ -157,11 +162,11 @@ class PretrainedRun:
     dtype: str | None = None
     user: TextOptions = dataclasses.field(default_factory=TextOptions)
 
-    @property
-    def rl_config(self) -> dict[str, Any]:
-        """RLConfig fields this run fixes (a caller's ``config`` may still override them)."""
+    def rl_config(self, lora: bool) -> dict[str, Any]:
+        """RLConfig fields this run fixes (a caller's ``config`` may still override them);
+        ``lora``: adapters train, at :data:`PRETRAINED_LORA_LR`."""
         return {"eos_id": self.eos_id, "max_new_tokens": self.task.max_new_tokens,
-                **PRETRAINED_RECIPE}
+                **PRETRAINED_RECIPE, **({"lr": PRETRAINED_LORA_LR} if lora else {})}
 
     @property
     def hparams(self) -> dict[str, Any]:

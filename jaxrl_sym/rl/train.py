@@ -263,7 +263,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     ckpt, resuming, lock = open_checkpoints(checkpoints)
     try:
         rl_cfg = rl if isinstance(rl, RLConfig) else task_rl_config(
-            run.steps, task_obj.max_new_tokens, EOS, {**(hf.rl_config if hf else {}), **rl})
+            run.steps, task_obj.max_new_tokens, EOS,
+            {**(hf.rl_config(run.lora is not None) if hf else {}), **rl})
         return _train(run, rl_cfg, task_obj, hf, ckpt, resuming, checkpoints, metrics_file,
                       progress, on_step, report)
     finally:
