@@ -128,10 +128,15 @@ def test_progress_line_shows_the_mean_step_time_and_what_is_left(capsys) -> None
         for sec in (3.0, 1.0):  # a compile-heavy first step, then a fast one
             bar.advance({"reward": 0.5, "seconds": {"total": sec}, "health": None})
         bar.advance({"reward": 0.0, "seconds": {"total": 2.0}, "health": "no learning signal"})
+        bar.stage("generation", None, 0)  # step 5's stages, as the step runs them
+        bar.stage("generation", 2.5, 500)
+        bar.stage("pack", 0.01, 0)  # too short for a line of its own
     lines = capsys.readouterr().err.splitlines()
+    assert lines[3] == "t step 5/6: generation 2.5 s, 200 tokens/s" and len(lines) == 4
+    lines = lines[:3]
     assert lines[0] == "t step 2/6: reward 0.500  3.00s/step (mean of 1), ~12s left"
     assert lines[1] == "t step 3/6: reward 0.500  2.00s/step (mean of 2), ~6s left"  # 3 x 2 s
-    assert lines[2].endswith("~4s left  NO LEARNING SIGNAL") and len(lines) == 3
+    assert lines[2].endswith("~4s left  NO LEARNING SIGNAL")
 
 
 def test_health_flags_entropy_collapse_with_flat_reward_and_non_finite() -> None:

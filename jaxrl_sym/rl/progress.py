@@ -139,6 +139,9 @@ def recipe_line(cfg: Any, trainer: Any, run: Any) -> str:
             f"update_tokens {cfg.update_tokens}, precision {trainer.precision.name}, lora {lora}")
 
 
+PLAIN_STAGE_SECONDS = 1.0  # a log gets a line for a stage this long (a step's short ones: none)
+
+
 class Bar:
     """Rich progress bar with the latest reward / exact match; a no-op when disabled. When
     stderr is not a terminal (a log file, a batch job) one plain line per step instead: a bar
@@ -195,6 +198,19 @@ class Bar:
             if m.get("health"):
                 info += f"  [red]{m['health'].upper()}[/red]"
             self.progress.update(self.task, advance=1, info=info)
+
+    def stage(self, name: str, seconds: float | None, tokens: int) -> None:
+        """A stage of the step under way started (``seconds`` None) or ended: shown in the bar
+        (a terminal), or one line per ended stage (a log) — a first step on a CPU can take
+        minutes, and nothing moved until it ended."""
+        step = self.done + len(self.seconds) + 1
+        rate = f", {tokens / seconds:.0f} tokens/s" if tokens and seconds else ""
+        if self.plain and seconds is not None and seconds >= PLAIN_STAGE_SECONDS:
+            print(f"{self.title} step {step}/{self.total}: {name} {seconds:.1f} s{rate}",
+                  file=sys.stderr, flush=True)
+        elif self.progress is not None:
+            what = f"{name}…" if seconds is None else f"{name} {seconds:.1f} s{rate}"
+            self.progress.update(self.task, info=f"step {step}: {what}")
 
     def alert(self, text: str) -> None:
         """Show ``text`` in the progress line (the run is about to stop)."""

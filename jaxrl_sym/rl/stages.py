@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +66,11 @@ class DivergedError(InputError):
         self.state = state
 
 
+OnStage = Callable[[str, "float | None", int], None]
+"""Told when a stage starts (seconds None) and ends (its seconds, and the tokens it generated):
+the progress shown inside a step that takes minutes."""
+
+
 class Stopwatch:
     """Per-stage wall-clock seconds, in the order the stages ran (the step's ``seconds``), and
     the peak bytes at each stage's end: the device allocator's where it keeps statistics (GPU),
@@ -73,16 +78,22 @@ class Stopwatch:
     interpreter and compiler, so it reads higher than the device ledger). Either peak only
     grows, so the stage where it first jumps is the one that reached it."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_stage: OnStage | None = None) -> None:
         self.sec: dict[str, float] = {}
         self.peaks: dict[str, int] = {}
         self.peak_source = "device"  # or "host_rss"
+        self.on_stage = on_stage
+        self.tokens = 0  # set inside a stage that generates: its tokens (for tokens/s)
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        t = time.perf_counter()
+        if self.on_stage is not None:
+            self.on_stage(stage, None, 0)
+        t, self.tokens = time.perf_counter(), 0
         yield
         self.sec[stage] = time.perf_counter() - t
+        if self.on_stage is not None:
+            self.on_stage(stage, self.sec[stage], self.tokens)
         peak = device_peak_bytes()
         if peak is None:
             peak, self.peak_source = peak_rss_bytes(), "host_rss"
@@ -435,20 +446,22 @@ class StepOutcome:
     carried: Any = None
 
 
-def run_step(ctx: StepContext, state: TrainState, rollout_source: RolloutSource) -> StepOutcome:
+def run_step(ctx: StepContext, state: TrainState, rollout_source: RolloutSource,
+             on_stage: OnStage | None = None) -> StepOutcome:
     """One RL step from ``state``: draw a rollout from ``rollout_source`` (fresh prompts, or
     partial rollouts), then pack → reference → reward → advantages → update, each timed.
 
     Changes nothing it was given: the caller commits the returned state (and carried rows);
     a stage that raises leaves the trainer as it was. Stages are timed separately (``seconds``);
     compile time lands in whichever stage first needed a program of that shape (``compiles``
-    counts XLA compiles in the step).
+    counts XLA compiles in the step). ``on_stage`` hears each stage start and end.
     """
     ctx.programs.peak = 0
-    clock = Stopwatch()
+    clock = Stopwatch(on_stage)
     with CompileCounter() as cc:
         with clock("generation"):
             drawn = rollout_source.draw(ctx, state)
+            clock.tokens = sum(len(r) for r in drawn.rollout.responses)
         rollout = drawn.rollout
         with clock("pack"):
             layout = ctx.layout(rollout)

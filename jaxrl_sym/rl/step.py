@@ -359,9 +359,10 @@ class RLTrainer:
 
     # ------------------------------------------------------------------ the step
     def step(self, prompts: Sequence[np.ndarray | Sequence[int]], *, seed: int,
-             limits: Sequence[int] | None = None) -> dict[str, Any]:
+             limits: Sequence[int] | None = None,
+             on_stage: stages.OnStage | None = None) -> dict[str, Any]:
         """Run one full RL step and commit it; returns the step's metrics
-        (:func:`jaxrl_sym.rl.stages.run_step`).
+        (:func:`jaxrl_sym.rl.stages.run_step`; ``on_stage`` hears each stage start and end).
 
         With partial rollouts (``partial``) the rollout source is
         :class:`~jaxrl_sym.rl.partial.Carried`: ``prompts`` may then be empty to finish the
@@ -370,7 +371,7 @@ class RLTrainer:
         source: RolloutSource = (stages.Fresh(prompts, seed, limits) if self.rollouts is None
                                  else Carried(self.rollouts, prompts, seed, limits))
         try:
-            outcome = stages.run_step(self.context, self.state, source)
+            outcome = stages.run_step(self.context, self.state, source, on_stage)
         except stages.DivergedError as e:
             if e.state is not None:  # the same values, in the buffers the update gave back
                 self.commit(e.state)

@@ -395,7 +395,7 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
             prompts = task.sample(step_rng(seed, k), run.prompts_per_step)
             try:
                 with stop.step():
-                    m = trainer.step(prompts, seed=step_seed(seed, k))
+                    m = trainer.step(prompts, seed=step_seed(seed, k), on_stage=bar.stage)
             except DivergedError as e:
                 bar.alert(f"DIVERGED at step {e.step}: {e}")
                 raise
