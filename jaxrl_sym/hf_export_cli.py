@@ -142,7 +142,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
                                   overwrite=args.overwrite, max_shard_bytes=shard)
         source: dict[str, Any] = {"model": os.path.abspath(args.model)}
     else:
-        from jaxrl_sym.rl.pretrained import export_checkpoint, source_model
+        from jaxrl_sym.rl.export import export_checkpoint, source_model
 
         if not args.peft:  # a model export copies the run's source tokenizer
             src = source_model(args.checkpoint_dir, args.step)

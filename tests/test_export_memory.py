@@ -69,7 +69,7 @@ def test_checkpoint_export_reads_and_verifies_only_the_policy(tmp_path: Path) ->
     from jaxrl_sym.models.hf import load_pretrained
     from jaxrl_sym.rl.checkpoint import Checkpointer, CheckpointError, fingerprint
     from jaxrl_sym.rl.config import RLConfig
-    from jaxrl_sym.rl.pretrained import export_checkpoint
+    from jaxrl_sym.rl.export import export_checkpoint
     from jaxrl_sym.rl.step import RLTrainer
 
     src = tmp_path / "src"

@@ -261,7 +261,7 @@ def test_peft_export_overflowing_the_dtype_is_refused_naming_the_tensor(
     import jax
 
     from jaxrl_sym.rl.checkpoint import Checkpointer
-    from jaxrl_sym.rl.pretrained import export_checkpoint
+    from jaxrl_sym.rl.export import export_checkpoint
 
     restore = Checkpointer.restore_params
 
@@ -291,6 +291,38 @@ def test_resume_with_another_lora_rank_names_the_flag(lora_run: tuple[Path, Path
               prompts_per_step=2, group_size=2, progress=False, eval_prompts=0, seed=3,
               config={"max_new_tokens": 4, "lr": 1e-2}, lora={"rank": 4, "alpha": 4.0},
               resume=True)
+
+
+def test_a_base_whose_weights_changed_is_refused_on_resume_and_merged_export(
+        lora_run: tuple[Path, Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The checkpoint records the digest of the base weights the run loaded: one weight of the
+    base changed afterwards (same path, same shapes) is named on ``--resume`` and refused by a
+    merged export (it would merge the adapters into weights nobody trained them on); the
+    ``--peft`` adapters alone still export."""
+    from safetensors.numpy import load_file, save_file
+
+    from jaxrl_sym.rl.train import ResumeMismatchError, train
+
+    run, src, tasks = lora_run
+    weights, keep = src / "model.safetensors", tmp_path / "keep.safetensors"
+    shutil.copyfile(weights, keep)
+    try:
+        tensors = load_file(weights)
+        name = sorted(tensors)[0]
+        tensors[name] = (tensors[name] * 1.5).astype(tensors[name].dtype)
+        save_file(tensors, weights, metadata={"format": "pt"})
+        with pytest.raises(ResumeMismatchError, match=r"--model \(its weights\) \(base_sha256\)"):
+            train("grpo", f"jsonl:{tasks}", 2, model_dir=str(src), checkpoint_dir=str(run),
+                  prompts_per_step=2, group_size=2, progress=False, eval_prompts=0, seed=3,
+                  config={"max_new_tokens": 4, "lr": 1e-2}, lora={"rank": 2, "alpha": 4.0},
+                  resume=True)
+        assert main(["export", "--checkpoint-dir", str(run), "--out", str(tmp_path / "o")]) == 2
+        assert "holds other weights than the run trained on" in capsys.readouterr().err
+        assert main(["export", "--checkpoint-dir", str(run), "--out", str(tmp_path / "p"),
+                     "--peft"]) == 0
+    finally:
+        shutil.copyfile(keep, weights)
 
 
 # --------------------------------------------------------------------------- bench flags

@@ -21,7 +21,7 @@ import pytest
 from jaxrl_sym.cli import main
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf import load_pretrained
-from jaxrl_sym.rl.pretrained import export_checkpoint, restore_policy
+from jaxrl_sym.rl.export import export_checkpoint, restore_policy
 from jaxrl_sym.rl.train import ResumeMismatchError, train
 
 # every train() here rebuilds the same tiny trainer: its programs are compiled once per session

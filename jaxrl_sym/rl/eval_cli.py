@@ -92,7 +92,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, str]:
         from jaxrl_sym.models.hf import load_pretrained
 
         return load_pretrained(args.model)[0], args.model
-    from jaxrl_sym.rl.pretrained import restore_policy, source_model
+    from jaxrl_sym.rl.export import restore_policy, source_model
 
     return restore_policy(args.checkpoint_dir, args.step)[0], source_model(
         args.checkpoint_dir, args.step)
