@@ -180,23 +180,20 @@ def test_a_diverging_run_stops_and_says_so(tmp_path, capsys) -> None:
 
 
 def test_resume_takes_changed_execution_settings_and_refuses_the_rest(tmp_path, caplog) -> None:
-    """``--update-tokens`` (and the other execution knobs) decide how a step is computed: a run
-    that ran out of memory resumes with a smaller one, is told what changed, and ends where the
-    uninterrupted run ends up to float rounding (same greedy evaluation); ``--lr`` is still
-    refused."""
+    """``--update-tokens`` (and the other execution knobs) decide how a step is computed, not
+    what (their equivalence: test_remat, test_rl_step): a run that ran out of memory resumes
+    with a smaller one and is told what changed; ``--lr`` is still refused."""
     import logging
 
     from jaxrl_sym.rl.train import ResumeMismatchError
 
-    full = train("grpo", "reverse", steps=4, seed=5, checkpoint_dir=str(tmp_path / "a"),
-                 checkpoint_every=2, eval_prompts=16, **RUN)
     ckpt = str(tmp_path / "b")
     train("grpo", "reverse", steps=2, seed=5, checkpoint_dir=ckpt, eval_prompts=0, **RUN)
     small = {"update_tokens": 16, "logprob_chunk": 8, "remat": False}
     with caplog.at_level(logging.WARNING):
-        resumed = train("grpo", "reverse", steps=4, seed=5, checkpoint_dir=ckpt, resume=True,
-                        eval_prompts=16, config=small, **RUN)
-    assert resumed["resumed_from"] == 2 and resumed["steps"] == 4
+        resumed = train("grpo", "reverse", steps=3, seed=5, checkpoint_dir=ckpt, resume=True,
+                        eval_prompts=0, config=small, **RUN)
+    assert resumed["resumed_from"] == 2 and resumed["steps"] == 3
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert "with changed execution settings: " in said
     assert "--update-tokens (update_tokens): checkpoint None, given 16" in said
@@ -204,8 +201,6 @@ def test_resume_takes_changed_execution_settings_and_refuses_the_rest(tmp_path, 
     assert {c["flag"] for c in resumed["changed_on_resume"]} == {
         "--update-tokens (update_tokens)", "config['logprob_chunk']",
         "--remat/--no-remat (remat)"}
-    # rounding may differ, the run may not: at most one of 16 greedy answers flips
-    assert abs(resumed["final_exact_match"] - full["final_exact_match"]) <= 1 / 16
     with pytest.raises(ResumeMismatchError, match=r"--lr \(lr\): checkpoint 0\.001, given 0\.002"):
         train("grpo", "reverse", steps=6, seed=5, checkpoint_dir=ckpt, resume=True,
               eval_prompts=0, lr=2e-3, **RUN)
