@@ -64,6 +64,90 @@ def finite_at_least(low: float) -> Callable[[str], float]:
     return parse
 
 
+def ints(low: int) -> Callable[[str], str]:
+    """An argparse ``type``: a comma-separated list of integers, each >= ``low`` (kept as the
+    text; :func:`csv` reads it), e.g. ``--rows 1,8,32``. Why: a list flag was split and cast
+    deep inside the run, so ``--rows 0,x`` failed with a ValueError traceback after JAX started
+    (or, for a bad number, ran an empty experiment)."""
+    one = at_least(low)
+
+    def parse(text: str) -> str:
+        items = [x.strip() for x in text.split(",")]
+        if not any(items):
+            raise argparse.ArgumentTypeError(f"give comma-separated integers >= {low}, got "
+                                             f"{text!r}")
+        for x in items:
+            if x:
+                one(x)
+        return text
+    return parse
+
+
+def names(known: Sequence[str], what: str = "name", empty: bool = False
+          ) -> Callable[[str], str]:
+    """An argparse ``type``: a comma-separated list of ``known`` names (kept as the text);
+    ``empty``: an empty list is a choice (none of them)."""
+    def parse(text: str) -> str:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [x for x in items if x not in known]
+        if bad or not (items or empty):
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(bad) or repr(text)}; "
+                                             f"choose from {', '.join(known)}")
+        return text
+    return parse
+
+
+def systems(trains: bool = False) -> Callable[[str], str]:
+    """An argparse ``type``: comma-separated registered systems (variants such as ``sym-xla``
+    included), or with ``trains`` only systems that train; checked against the registry, which
+    is JAX-free, so a typo is refused before any warm-up (kept as the text)."""
+    def parse(text: str) -> str:
+        from jaxrl_sym import systems as registry
+        from jaxrl_sym.errors import InputError
+
+        items = csv(text)
+        if not items:
+            raise argparse.ArgumentTypeError(f"no system given in {text!r}")
+        known = registry.names(trains=True)
+        for name in items:
+            if trains and name not in known:
+                raise argparse.ArgumentTypeError(f"unknown system {name!r} here; choose from "
+                                                 f"{', '.join(known)} (the systems that train)")
+            try:
+                registry.get(name)
+            except InputError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+    return parse
+
+
+def engine_options(fields: dict[str, Any]) -> None:
+    """``--engine``'s check (with :func:`json_object`): ``EngineOptions`` built from the JSON
+    (JAX-free), so a field it does not have or a value outside its domain is refused by name
+    before any warm-up or child starts."""
+    import dataclasses
+
+    from jaxrl_sym.runtime.options import EngineOptions
+
+    known = {f.name for f in dataclasses.fields(EngineOptions)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"EngineOptions has no field {', '.join(unknown)}; its fields: "
+                         f"{', '.join(sorted(known))}")
+    EngineOptions(**fields)
+
+
+def truth(text: str) -> bool:
+    """An argparse ``type``: yes/no as 1/0, true/false or yes/no (any other word used to
+    mean no)."""
+    low = text.strip().lower()
+    if low in ("1", "true", "yes"):
+        return True
+    if low in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false (1/0, yes/no), got {text!r}")
+
+
 def json_object(check: Callable[[dict[str, Any]], object] | None = None
                 ) -> Callable[[str], str]:
     """An argparse ``type``: a JSON object (kept as the text, which the experiment records),

@@ -111,3 +111,19 @@ def test_the_unreplayed_sym_estimate_is_a_lower_bound(p: int, n: int, monkeypatc
     assert "lower bound" in low.caches_what and "lower bound" not in replayed.caches_what
     assert low.caches <= replayed.caches and low.total <= replayed.total
     assert low.weights == replayed.weights and low.caches > 0
+
+
+def test_a_jsonl_row_past_the_positions_is_refused_at_setup(tmp_path: Path) -> None:
+    """A fixed list's longest row is checked when the run is set up, naming it, not when a step
+    happens to sample it (issue 50: it was found only then, or never)."""
+    from jaxrl_sym.rl.pretrained import setup
+
+    rows = [{"prompt": "What is 2 + 3?", "answer": 5}] * 3
+    rows.insert(2, {"prompt": "What is " + " + ".join(["1"] * 700) + "?", "answer": 700})
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(InputError, match=r"task jsonl:.*long\.jsonl: a prompt of \d+ tokens "
+                                         r"\(row 3\).*max_position_embeddings=1024"):
+        setup(str(TEXT), f"jsonl:{path}", max_new_tokens=16)
+    path.write_text("".join(json.dumps(r) + "\n" for i, r in enumerate(rows) if i != 2))
+    assert setup(str(TEXT), f"jsonl:{path}", max_new_tokens=16) is not None

@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -293,6 +292,27 @@ def test_resume_with_another_lora_rank_names_the_flag(lora_run: tuple[Path, Path
               resume=True)
 
 
+def test_an_edited_jsonl_task_file_is_named_on_resume(lora_run: tuple[Path, Path, Path],
+                                                      tmp_path: Path) -> None:
+    """The checkpoint records a digest of the ``jsonl:`` task file's contents: the same path
+    holding other problems is another run's data (it was trained on without a word), named on
+    ``--resume``."""
+    from jaxrl_sym.rl.train import ResumeMismatchError, train
+
+    run, src, tasks = lora_run
+    keep = tasks.read_text()
+    kw = dict(model_dir=str(src), checkpoint_dir=str(run), prompts_per_step=2, group_size=2,
+              progress=False, eval_prompts=0, seed=3,
+              config={"max_new_tokens": 4, "lr": 1e-2}, lora={"rank": 2, "alpha": 4.0})
+    try:
+        tasks.write_text(keep + json.dumps({"prompt": "What is 40 + 2?", "answer": 42}) + "\n")
+        with pytest.raises(ResumeMismatchError,
+                           match=r"--task jsonl:FILE \(its contents\) \(task_sha256\)"):
+            train("grpo", f"jsonl:{tasks}", 2, resume=True, **kw)
+    finally:
+        tasks.write_text(keep)
+
+
 def test_a_base_whose_weights_changed_is_refused_on_resume_and_merged_export(
         lora_run: tuple[Path, Path, Path], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -357,7 +377,7 @@ BENCH_CASES = {
     "engine-bad-value": (["--engine", '{"min_capacity": 0}'],
                          "argument --engine: EngineOptions.min_capacity=0"),
     "precision-unknown": (["--precision", "fp8"], "argument --precision: invalid choice: 'fp8'"),
-    "systems-unknown": (["--systems", "sym,fast"], "argument --systems: unknown system fast"),
+    "systems-unknown": (["--systems", "sym,fast"], "argument --systems: unknown system 'fast'"),
     "seed-negative": (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
     "sigma-nan": (["--sigma", "nan"], "argument --sigma: must be finite and >= 0, got nan"),
     "lora-rank-0": (["--lora-rank", "0"], "argument --lora-rank: must be >= 1, got 0; omit "
@@ -370,11 +390,9 @@ BENCH_CASES = {
 @pytest.fixture(scope="module")
 def bench_results() -> dict[str, list[Any]]:
     cases = [["rlft_step", *argv] for argv, _ in BENCH_CASES.values()]
-    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", _BENCH, json.dumps(cases)], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 0, proc.stderr
-    assert time.perf_counter() - t0 < 30  # no warm-up, no child process, no JAX
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     return dict(zip(BENCH_CASES, rows, strict=True))
 

@@ -35,12 +35,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import jax
-import jax.numpy as jnp
+from typing import TYPE_CHECKING, Any
 
 from bench import presets
+
+if TYPE_CHECKING:  # JAX itself only once the flags are read
+    import jax
 
 FLUSH_BYTES = 128 << 20
 """Bytes rewritten between launches: 2.5x the H100's 50 MB L2 (and 2x the H200's 60 MB)."""
@@ -58,6 +58,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _median_seconds(fn: Callable[[], object], reps: int) -> float:
+    import jax
+
     jax.block_until_ready(fn())
     times = []
     for _ in range(reps):
@@ -73,6 +75,9 @@ def copy_bandwidth(nbytes: int = 1 << 30, n: int = 10, reps: int = 5) -> float:
     ``n`` updates chained in one program (an optimization barrier between them keeps XLA from
     fusing them into one pass), so host dispatch is not in the figure; ``x + 1`` is not folded
     away like ``x * 1``."""
+    import jax
+    import jax.numpy as jnp
+
     x = jnp.zeros((nbytes // 2,), jnp.bfloat16)
 
     def chain(a: jax.Array) -> jax.Array:
@@ -93,6 +98,9 @@ def chained_seconds(
     multi-GB store could be embedded in the executable). NaN when the difference is under 2% of
     the chain without the kernel: jitter, not a measurement (the first H100 run printed one such
     row as 0.0 us and an absurd bandwidth)."""
+    import jax
+    import jax.numpy as jnp
+
     flush = jnp.zeros((FLUSH_BYTES // 4,), jnp.float32)
 
     def chain(with_op: bool) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -158,6 +166,8 @@ def variant_op(variant: str, b: int, hkv: int, length: int) -> tuple[Callable[..
 
 def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_bw: float,
               n: int, reps: int, variant: str = "now") -> Row:
+    import jax
+    import jax.numpy as jnp
 
     dt = jnp.dtype(dtype)
     key = jax.random.split(jax.random.key(0), 3)
@@ -179,16 +189,14 @@ def bench_one(b: int, length: int, hq: int, hkv: int, d: int, dtype: str, copy_b
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("decode_kernel", __doc__, PRESETS)
-    p.add_argument("--lengths", default=None, help="comma-separated K/V lengths")
-    p.add_argument("--batches", default=None, help="comma-separated batch sizes")
-    p.add_argument("--variants", default=None,
+    p.add_argument("--lengths", default=None, type=presets.ints(1),
+                   help="comma-separated K/V lengths")
+    p.add_argument("--batches", default=None, type=presets.ints(1),
+                   help="comma-separated batch sizes")
+    p.add_argument("--variants", default=None, type=presets.names(tuple(VARIANTS), "variant"),
                    help=f"comma-separated kernel variants, of {', '.join(VARIANTS)}")
     p.add_argument("--out", default=None, help="also write rows and the device info here (JSON)")
-    args = presets.parse(p, PRESETS, argv)
-    unknown = sorted(set(presets.csv(args.variants, str)) - set(VARIANTS))
-    if unknown:
-        p.error(f"--variants {','.join(unknown)}: not one of {', '.join(VARIANTS)}")
-    return args
+    return presets.parse(p, PRESETS, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     # ahead of the GPU. Must be set before the backend starts (first device query below).
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_gpu_enable_command_buffer=").strip()
+    import jax
+
     from jaxrl_sym.backends import backend_name
 
     if backend_name() != "gpu":

@@ -49,11 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the GPU the programs compile for (its thunk sequence is read)")
     p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp32"),
                    help="the weights generation reads: bf16 (bf16-mixed's copy) or fp32")
-    p.add_argument("--systems", default=None, help="comma-separated: sym, padded")
-    p.add_argument("--engine", default=None, help="sym's EngineOptions as JSON")
+    p.add_argument("--systems", default=None, type=presets.names(tuple(dispatch.WALKS), "system"),
+                   help="comma-separated: " + ", ".join(dispatch.WALKS))
+    p.add_argument("--engine", default=None, type=presets.json_object(presets.engine_options),
+                   help="sym's EngineOptions as JSON")
     p.add_argument("--command-buffers", default=None, choices=tuple(dispatch.COMMAND_BUFFERS),
                    help="XLA's command-buffer types: default, or while (+WHILE,+CONDITIONAL)")
-    p.add_argument("--check", type=int, default=None,
+    p.add_argument("--check", type=presets.at_least(1), default=None,
                    help="compile sym's decode tiles testing their rows every CHECK steps "
                         "instead of the plan's (1: the tile as the committed runs measured it)")
     p.add_argument("--calibrate", action="store_true",
@@ -61,16 +63,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--out", default=None, help="write OUT.json")
     args = presets.parse(p, PRESETS, argv)
-    for s in presets.csv(args.systems):
-        if s not in dispatch.WALKS:
-            p.error(f"--systems: {s!r} unknown; choose from {', '.join(dispatch.WALKS)}")
-    if args.check is not None and args.check < 1:
-        p.error(f"--check {args.check}: must be >= 1")
-    if args.engine is not None:
-        try:
-            json.loads(args.engine)
-        except json.JSONDecodeError as e:
-            p.error(f"--engine: not JSON ({e})")
     return args
 
 

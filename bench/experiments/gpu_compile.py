@@ -34,14 +34,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("gpu_compile", __doc__, PRESETS)
-    p.add_argument("--target", default=None, help=f"one of {', '.join(gpu_compile.TARGETS)}")
+    p.add_argument("--target", default=None, choices=tuple(gpu_compile.TARGETS),
+                   help="the GPU the programs compile for")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16"),
                    help="dtype of the weights generation reads (bf16: bf16-mixed's copy)")
     p.add_argument("--runtime-ledger", action="store_true",
                    help="instead of the padded program: the symbolic runtime's generation "
                         "ledger (its own programs over its policy's dispatches), every program "
                         "compiled for the target")
-    p.add_argument("--rows", type=int, default=None,
+    p.add_argument("--rows", type=presets.at_least(1), default=None,
                    help="with --runtime-ledger: EngineOptions.microbatch_rows (resident rows)")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     return presets.parse(p, PRESETS, argv)

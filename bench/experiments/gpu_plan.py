@@ -237,7 +237,7 @@ def run_plan(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("gpu_plan", __doc__, PRESETS)
-    p.add_argument("--budget-min", type=float, default=None,
+    p.add_argument("--budget-min", type=presets.finite_at_least(0), default=None,
                    help="minutes for the whole plan; items that no longer fit are skipped")
     p.add_argument("--dry-run", action="store_const", const=True, default=None,
                    help="every item at tiny shapes on this backend (CI's check of the plan)")

@@ -35,6 +35,7 @@ import numpy as np
 
 from bench import child, presets
 from bench.record import git_commit
+from jaxrl_sym.rl.tasks import TASK_NAMES  # JAX-free
 
 ALGOS = ("grpo", "rloo", "ppo")
 SEEDS = (0, 1, 2, 3, 11)
@@ -66,11 +67,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = presets.parser("learning", __doc__, PRESETS)
-    p.add_argument("--algos", default=None, help="comma-separated: " + ", ".join(ALGOS))
-    p.add_argument("--tasks", default=None, help="comma-separated tasks")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--jobs", type=int, default=None, help="runs at a time (one process each)")
+    p.add_argument("--algos", default=None, type=presets.names(ALGOS, "algorithm"),
+                   help="comma-separated: " + ", ".join(ALGOS))
+    p.add_argument("--tasks", default=None, type=presets.names(TASK_NAMES, "task"),
+                   help="comma-separated: " + ", ".join(TASK_NAMES))
+    p.add_argument("--seeds", default=None, type=presets.ints(0), help="comma-separated seeds")
+    p.add_argument("--steps", type=presets.at_least(1), default=None)
+    p.add_argument("--jobs", type=presets.at_least(1), default=None,
+                   help="runs at a time (one process each)")
     p.add_argument("--out", default=None, help="OUT.jsonl, OUT.md and OUT.png")
     p.add_argument("--force", action="store_true", help="re-run finished runs")
     p.add_argument("--partial", action="append", default=None, metavar="off|JSON",

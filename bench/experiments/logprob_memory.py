@@ -23,17 +23,16 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
 from bench import presets
 from bench.child import ROOT
-from jaxrl_sym.models.lm import init_model, preset
-from jaxrl_sym.rl import RLConfig, RLTrainer
-from jaxrl_sym.rl.stages import micro_batches, update_once
-from jaxrl_sym.runtime.metrics import tree_bytes
+from jaxrl_sym.rl import RLConfig
+
+if TYPE_CHECKING:
+    from jaxrl_sym.rl import RLTrainer
 
 VOCAB = 151_936
 SEQ, PROMPT, ROW = 256, 64, 1024
@@ -66,6 +65,10 @@ def batch(tr: RLTrainer, tokens: int, seed: int = 0) -> tuple[Any, dict[str, np.
 
 def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int:
     """What ``Programs.run`` would record for the update, from the compiled executable alone."""
+    import jax
+
+    from jaxrl_sym.rl.stages import micro_batches
+
     (inputs, arr), = micro_batches(tr.cfg, lay, arrays)
     args = (tr.params, tr.opt_state, tr.state.frozen, inputs, arr)
     exe = tr.context.fns(tr.system)["update"].lower(*args).compile()
@@ -75,6 +78,11 @@ def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int
 
 
 def measure(tokens: int, chunk: int, run_limit: float, run_max_tokens: int) -> dict[str, Any]:
+    from jaxrl_sym.models.lm import init_model, preset  # JAX only once the flags are read
+    from jaxrl_sym.rl import RLTrainer
+    from jaxrl_sym.rl.stages import update_once
+    from jaxrl_sym.runtime.metrics import tree_bytes
+
     model = init_model(preset("small", vocab_size=VOCAB, d_model=128, n_layers=2), 0)
     cfg = RLConfig(group_size=2, logprob_chunk=chunk or None, pack_row_len=ROW)
     tr = RLTrainer(model, lambda p, r: 0.0, cfg, system="sym")
@@ -116,8 +124,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("logprob_memory", __doc__, PRESETS)
-    p.add_argument("--tokens", default=None, help="comma-separated token slot counts")
-    p.add_argument("--chunks", default=None,
+    p.add_argument("--tokens", default=None, type=presets.ints(1),
+                   help="comma-separated token slot counts")
+    p.add_argument("--chunks", default=None, type=presets.ints(0),
                    help="comma-separated RLConfig.logprob_chunk values (0: off)")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     return presets.parse(p, PRESETS, argv)
@@ -125,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import jax
+
     rows = []
     for tokens in presets.csv(args.tokens, int):
         for chunk in presets.csv(args.chunks, int):

@@ -150,26 +150,60 @@ def plot(rows: list[dict[str, Any]], out_png: str, partial_weight: float | None)
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("pretrained_learning", __doc__, PRESETS)
     p.add_argument("--model", default=None, help="a HF checkpoint directory or a .gguf file")
-    p.add_argument("--task", default=None, help="word-problems[:K[:N[:D]]] or jsonl:FILE")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--prompts", type=int, default=None, help="prompts per training step")
-    p.add_argument("--group", type=int, default=None, help="samples per prompt")
-    p.add_argument("--eval-prompts", type=int, default=None,
+    p.add_argument("--task", default=None, type=_text_task,
+                   help="word-problems[:K[:N[:D]]] or jsonl:FILE")
+    p.add_argument("--steps", type=presets.at_least(1), default=None)
+    p.add_argument("--prompts", type=presets.at_least(1), default=None,
+                   help="prompts per training step")
+    p.add_argument("--group", type=presets.at_least(2), default=None, help="samples per prompt")
+    p.add_argument("--eval-prompts", type=presets.at_least(0), default=None,
                    help="held-out prompts scored greedily before and after (64 give a standard "
                         "error of ~5 points at 20%%; 256 ~2.5)")
-    p.add_argument("--lr", type=float, default=None, help="LoRA arms' learning rate")
-    p.add_argument("--arms", default=None, help="comma-separated: " + ", ".join(ARMS))
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--lr", type=_positive, default=None, help="LoRA arms' learning rate")
+    p.add_argument("--arms", default=None, type=presets.names(ARMS, "arm"),
+                   help="comma-separated: " + ", ".join(ARMS))
+    p.add_argument("--temperature", type=_positive, default=None,
                    help="sampling temperature of the rollouts (default: RLConfig's, 1.0)")
-    p.add_argument("--partial-weight", type=float, default=None,
+    p.add_argument("--partial-weight", type=_format_weight, default=None,
                    help="the reward's weight on the '#### N' format (default: the task's, 0.2; "
                         "0: the exact answer only)")
     p.add_argument("--out", default=None, help="OUT.jsonl, OUT.md and OUT.png")
-    args = presets.parse(p, PRESETS, argv)
-    bad = [a for a in args.arms.split(",") if a not in ARMS]
-    if bad:
-        p.error(f"--arms: unknown {bad}; choose from {', '.join(ARMS)}")
-    return args
+    return presets.parse(p, PRESETS, argv)
+
+
+def _text_task(text: str) -> str:
+    """``--task``: a text task (the run starts from a pretrained ``--model``)."""
+    from jaxrl_sym.rl.text_tasks import TEXT_TASK_NAMES, is_text_task  # JAX-free
+
+    if not is_text_task(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a text task; give "
+                                         f"{', '.join(TEXT_TASK_NAMES)}[:K[:N[:D]]] or "
+                                         "jsonl:FILE")
+    return text
+
+
+def _positive(text: str) -> float:
+    """A finite number > 0 (a learning rate, a temperature)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return x
+
+
+def _format_weight(text: str) -> float:
+    """``--partial-weight``: the text reward's own domain, checked by its own rule."""
+    from jaxrl_sym.errors import InputError
+    from jaxrl_sym.rl.text_tasks import check_format_weight
+
+    x = presets.finite_at_least(0.0)(text)
+    try:
+        check_format_weight(x)
+    except InputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return x
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,7 +133,7 @@ def render(args: argparse.Namespace, nbytes: int, row: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("pretrained_memory", __doc__, PRESETS)
-    p.add_argument("--update-tokens", type=int, default=None,
+    p.add_argument("--update-tokens", type=presets.at_least(1), default=None,
                    help="train --update-tokens (default: the pretrained recipe's)")
     p.add_argument("--no-remat", action="store_true",
                    help="train --no-remat: keep the layers' activations for the backward")

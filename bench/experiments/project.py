@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import child, presets
+from bench import child, gpu_compile, presets
 from bench.experiments import rlft_step
 from bench.projection import calibration, devices, render, roofline
 
@@ -56,22 +56,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", choices=("rl-step", "decode"), default="rl-step",
                    help="what to project: the RL step, or a generation request (decode: its "
                         "own presets and flags, `--workload decode --help`)")
-    p.add_argument("--device", default=None, help=f"one of {', '.join(devices())}")
-    p.add_argument("--systems", default=None, help="comma-separated trainable systems")
+    p.add_argument("--device", default=None, choices=tuple(devices()),
+                   help="the GPU whose memory and bandwidth price the step")
+    p.add_argument("--systems", default=None, type=presets.systems(trains=True),
+                   help="comma-separated trainable systems")
     p.add_argument("--model", default=None,
                    help="the policy: cpu / gpu (the preset's Qwen2.5-shaped DecoderLM), or "
                         "zoo-gpt2, zoo-gemmaish, hf-llama (bench/models.py)")
-    p.add_argument("--measure", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
+    p.add_argument("--measure", type=presets.truth, default=None,
                    help="also run the step here and compare the ledger with the measured peak")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16-mixed", "bf16"),
                    help="the trainers' precision policy (default fp32, as the H100 run)")
-    p.add_argument("--lora-rank", type=int, default=None,
+    p.add_argument("--lora-rank", type=presets.at_least(1), default=None,
                    help="train LoRA adapters of this rank instead of every weight")
-    p.add_argument("--update-tokens", type=int, default=None,
+    p.add_argument("--update-tokens", type=presets.at_least(1), default=None,
                    help="RLConfig.update_tokens: token slots per training micro-batch")
-    p.add_argument("--logprob-chunk", type=int, default=None,
+    p.add_argument("--logprob-chunk", type=presets.at_least(1), default=None,
                    help="RLConfig.logprob_chunk: token slots whose logits exist at once")
     p.add_argument("--engine", default=None, metavar="JSON",
+                   type=presets.json_object(presets.engine_options),
                    help="EngineOptions fields for the trainer's generation, e.g. "
                         "'{\"microbatch_rows\": 32, \"refill\": true}' (as rlft_step's)")
     p.add_argument("--no-remat", action="store_true",
@@ -82,21 +85,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "device run of its configuration and re-render OUT.md (a note written "
                         "by hand between the title and the command line is kept)")
     p.add_argument("--compile-for", default=None, metavar="TARGET",
+                   choices=tuple(gpu_compile.TARGETS),
                    help="compile the step's programs for this GPU (h100) instead of this CPU: "
                         "XLA:GPU's own buffer assignment, no GPU needed (bench/gpu_compile.py; "
                         "scripts/gpu_compile_deps.sh first)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = presets.parse(p, PRESETS, argv)
-    if args.device not in devices():
-        p.error(f"--device {args.device}: choose one of {', '.join(devices())}")
-    return args
+    return presets.parse(p, PRESETS, argv)
 
 
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
     """One system's ledger (and measurement): runs in its own process."""
     if args.compile_for:  # before JAX starts its backends: the CUDA plugin must be found
-        from bench import gpu_compile
-
         why = gpu_compile.unavailable()
         if why is not None:
             raise SystemExit(f"--compile-for {args.compile_for}: {why}")

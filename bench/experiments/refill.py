@@ -31,15 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
-
 from bench import presets
 from bench.experiments.suite import grid
 from bench.projection import devices
 from bench.record import write_table
 from bench.requests import realistic_request
 from jaxrl_sym import systems
-from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.runtime.refill import Refill, RefillRun, padded_groups, replay
 from jaxrl_sym.workloads import REALISTIC_GPU, realistic
@@ -92,6 +89,10 @@ def measure(g: dict[str, Any], samples: int, rows: int) -> list[dict[str, Any]]:
     """The CPU realistic request at ``samples`` samples through ``rows`` resident rows."""
     model, prompts, cfg = realistic_request({**g, "realistic": {**g["realistic"],
                                                                  "batch": samples}})
+    import jax  # JAX (and the engine) only once the flags are read
+
+    from jaxrl_sym.runtime.engine import SymbolicLM
+
     useful = int(sum(cfg.max_new_tokens))
     engines = {"sym compaction": SymbolicLM(model, EngineOptions(microbatch_rows=rows)),
                "sym refill": SymbolicLM(model, EngineOptions(microbatch_rows=rows,
@@ -156,10 +157,13 @@ def rl_rows(preset: str, repeats: int = 3) -> list[dict[str, Any]]:
     a fresh engine: its cold call (programs compiled, seconds) and the median of ``repeats``
     warm calls, waste by cause from the engine's own log. Every setting must give the first
     one's tokens (refill keys samples by their own response index)."""
+    import jax
+
     from bench.experiments import rlft_step
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.lm import init_model
     from jaxrl_sym.models.lm import preset as lm_preset
+    from jaxrl_sym.runtime.engine import SymbolicLM
 
     args = rlft_step.parse_args(["--preset", preset])
     prompts, limits = rlft_step.workload(args)
@@ -279,8 +283,9 @@ def _agreement_cell(agree: dict[str, float] | None) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("refill", __doc__, PRESETS)
-    p.add_argument("--rl-preset", default=None, help="also the RL step's generation "
-                   "(rlft_step's preset: quick or full) through each engine setting")
+    p.add_argument("--rl-preset", default=None, choices=("quick", "full"),
+                   help="also the RL step's generation (rlft_step's preset: quick or full) "
+                        "through each engine setting")
     p.add_argument("--out", default=None, help="directory for refill.{jsonl,md}, or FILE.json "
                                                "(rows + table; default: print only)")
     return presets.parse(p, PRESETS, argv)

@@ -25,7 +25,6 @@ compile time is reported separately, not in the stage times).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import re
@@ -218,38 +217,12 @@ def _table(report: dict[str, Any]) -> str:
     return cap.get()
 
 
-def _systems(text: str) -> str:
-    """``--systems``: systems that train (checked here, not in each child after its warm-up)."""
-    from jaxrl_sym import systems  # JAX-free
-
-    names, known = presets.csv(text), systems.names(trains=True)
-    bad = [n for n in names if n not in known]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(
-            f"{'unknown system ' + ', '.join(bad) if bad else 'no system given'} in {text!r}; "
-            f"choose from {', '.join(known)}")
-    return text
-
-
-def _engine(fields: dict[str, Any]) -> None:
-    """``--engine``: EngineOptions built from the JSON (JAX-free), so a field it does not have or
-    a value outside its domain is refused by name before any child starts."""
-    from jaxrl_sym.runtime.options import EngineOptions
-
-    known = {f.name for f in dataclasses.fields(EngineOptions)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"EngineOptions has no field {', '.join(unknown)}; its fields: "
-                         f"{', '.join(sorted(known))}")
-    EngineOptions(**fields)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The parsed command line, every preset setting filled in (other benchmarks reuse the
     workload and the policy through it)."""
     p = presets.parser("rlft_step", __doc__, PRESETS)
     count = presets.at_least(1)
-    p.add_argument("--systems", default=None, type=_systems,
+    p.add_argument("--systems", default=None, type=presets.systems(trains=True),
                    help="comma-separated: sym, padded")
     p.add_argument("--prompts", type=count, default=None)
     p.add_argument("--group", type=presets.at_least(2, " (GRPO compares a prompt's samples "
@@ -270,7 +243,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="RLConfig.update_tokens: token slots per training micro-batch")
     p.add_argument("--logprob-chunk", type=count, default=None,
                    help="RLConfig.logprob_chunk: token slots whose logits exist at once")
-    p.add_argument("--engine", default=None, metavar="JSON", type=presets.json_object(_engine),
+    p.add_argument("--engine", default=None, metavar="JSON",
+                   type=presets.json_object(presets.engine_options),
                    help="EngineOptions fields for the trainer's generation, e.g. "
                         "'{\"min_capacity\": 16}' (default: the RL trainer's own)")
     p.add_argument("--no-remat", action="store_true",

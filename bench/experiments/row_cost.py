@@ -62,8 +62,8 @@ def _timed(fn: Any) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("row_cost", __doc__, PRESETS)
-    p.add_argument("--rows", default=None, help="comma-separated row counts")
-    p.add_argument("--steps", type=int, default=None, help="tokens per row")
+    p.add_argument("--rows", default=None, type=presets.ints(1), help="comma-separated row counts")
+    p.add_argument("--steps", type=presets.at_least(1), default=None, help="tokens per row")
     p.add_argument("--out", default=None, help="OUT.jsonl and OUT.md (default: "
                                                "bench/results/<platform>/row_cost)")
     return presets.parse(p, PRESETS, argv)

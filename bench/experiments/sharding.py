@@ -106,7 +106,8 @@ def _row(n: int, r: dict[str, Any], repeats: int) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("sharding", __doc__, PRESETS)
-    p.add_argument("--devices", default=None, help="device counts, one child each")
+    p.add_argument("--devices", default=None, type=presets.ints(1),
+                   help="device counts, one child each")
     p.add_argument("--out", default=None, help="OUT.jsonl and OUT.md")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     return presets.parse(p, PRESETS, argv)

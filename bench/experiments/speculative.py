@@ -30,8 +30,8 @@ from bench.child import ROOT
 from bench.experiments.suite import grid
 from bench.record import git_commit
 from bench.requests import realistic_request
+from jaxrl_sym.cli import PRESETS as MODEL_PRESETS  # JAX-free: checked before JAX
 from jaxrl_sym.runtime.options import Speculation
-from jaxrl_sym.runtime.speculative import SpeculativeLM
 
 PRESETS: dict[str, dict[str, Any]] = {
     # warm_runs: warm calls per system; the median's run seconds are reported (a loaded machine)
@@ -51,6 +51,7 @@ def systems(model: Any, ks: list[int], drafts: list[str] = (), tunix: bool = Fal
     on what acceptance alone buys). ``tunix``: Tunix's sampler, plain, as the peer row."""
     from jaxrl_sym import systems as registry
     from jaxrl_sym.decode_run import check_vocab, draft_model
+    from jaxrl_sym.runtime.speculative import SpeculativeLM
 
     def bound(name: str, **options: Any) -> Any:
         return registry.get(name).bind(model, registry.BindOptions(**options)).generate
@@ -141,8 +142,11 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("speculative", __doc__, PRESETS)
-    p.add_argument("--ks", default=None, help="comma-separated K values (fixed speculation)")
-    p.add_argument("--drafts", default=None, help="comma-separated draft models for K = max: "
+    p.add_argument("--ks", default=None, type=presets.ints(1),
+                   help="comma-separated K values (fixed speculation)")
+    p.add_argument("--drafts", default=None,
+                   type=presets.names(("self", *MODEL_PRESETS), "draft model", empty=True),
+                   help="comma-separated draft models for K = max: "
                    "model presets (tiny, small, ...) or 'self' (the target as its own draft)")
     p.add_argument("--tunix", action="store_true", help="add Tunix's sampler (plain) as a row")
     p.add_argument("--out", default=None, help="directory for speculative.{json,md} (default: "

@@ -103,19 +103,20 @@ def narrow(preset: dict[str, Any], kinds: str | None, tokens: str | None) -> dic
 
 def _parser() -> Any:
     p = presets.parser("suite", __doc__, PRESETS)
-    p.add_argument("--only", default=",".join(SCENARIOS),
+    p.add_argument("--only", default=",".join(SCENARIOS), type=presets.names(SCENARIOS, "scenario"),
                    help="comma-separated scenarios: " + ", ".join(SCENARIOS))
     p.add_argument("--trace", dest="trace_file", default=None, metavar="FILE.jsonl",
                    help='trace scenario: also replay this JSONL of {"prompt_len": P, '
                         '"response_len": R} rows (optional "step": k), lengths divided by the '
                         "preset's scale")
-    p.add_argument("--systems", default=None,
+    p.add_argument("--systems", default=None, type=presets.systems(),
                    help="comma-separated: sym-xla, sym-triton, padded, pershape, tunix, "
                         "tunix-defaults (default: the preset's, sym-triton only where compiled "
                         "Triton runs, tunix only where it is installed)")
     p.add_argument("--kinds", dest="only_kinds", default=None, metavar="KINDS",
                    help="comma-separated decode kinds to run (default: the preset's)")
     p.add_argument("--tokens", dest="only_tokens", default=None, metavar="N,N",
+                   type=presets.ints(1),
                    help="comma-separated decode lengths N to run (default: the preset's)")
     p.add_argument("--force", action="store_true", help="re-run finished configurations")
     p.add_argument("--render", action="store_true", help="only rewrite tables and plots")

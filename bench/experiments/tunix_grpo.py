@@ -114,9 +114,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("tunix_grpo", __doc__, PRESETS)
-    p.add_argument("--sigma", type=float, default=None,
+    p.add_argument("--sigma", type=presets.finite_at_least(0), default=None,
                    help="log-normal sigma of lengths (0: every response at the median)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=presets.at_least(1), default=None,
                    help="steps after the first; the median skips the first of them too (it "
                         "holds the update's compile)")
     p.add_argument("--out", default=None, help="write the JSON report here")

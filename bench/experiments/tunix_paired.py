@@ -106,8 +106,10 @@ def run(reps: int, systems: tuple[str, ...], workload: str = "suite",
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("tunix_paired", __doc__, PRESETS)
-    p.add_argument("--reps", type=int, default=None, help="steady-state calls per system")
-    p.add_argument("--systems", default=None, help="comma-separated: " + ", ".join(SYSTEMS))
+    p.add_argument("--reps", type=presets.at_least(1), default=None,
+                   help="steady-state calls per system")
+    p.add_argument("--systems", default=None, type=presets.systems(),
+                   help="comma-separated: " + ", ".join(SYSTEMS))
     p.add_argument("--workload", choices=("suite", "rlft"), default=None,
                    help="suite: the suite preset's realistic request; rlft: rlft_step's GRPO "
                         "rollout at the preset (greedy)")

@@ -102,9 +102,13 @@ def markdown(report: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, every setting of the chosen preset filled in."""
     p = presets.parser("tunix_window", __doc__, PRESETS)
-    p.add_argument("--attention", default=None, help="comma-separated: window, mixed")
-    p.add_argument("--tokens", default=None, help="comma-separated tokens per row")
-    p.add_argument("--systems", default=None, help="comma-separated: " + ", ".join(SYSTEMS))
+    p.add_argument("--attention", default=None, type=presets.names(("window", "mixed"),
+                                                                     "attention"),
+                   help="comma-separated: window, mixed")
+    p.add_argument("--tokens", default=None, type=presets.ints(1),
+                   help="comma-separated tokens per row")
+    p.add_argument("--systems", default=None, type=presets.systems(),
+                   help="comma-separated: " + ", ".join(SYSTEMS))
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     return presets.parse(p, PRESETS, argv)
 

@@ -28,8 +28,6 @@ from bench.experiments.suite import grid
 from bench.record import write_table
 from bench.requests import realistic_request as request
 from jaxrl_sym import systems
-from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.metrics import KEY_CAUSES, WASTE_CAUSES
 from jaxrl_sym.runtime.options import EngineOptions
 
 # (prefill, max_pad_fraction, compact_at); the default is ("packed", 1.0, 0.75)
@@ -58,6 +56,8 @@ def padded_first_call(preset: dict) -> tuple[float, int, int]:
 def run(preset: dict, prefill: str, max_pad_fraction: float, compact_at: float) -> dict:
     r = preset["realistic"]
     model, prompts, cfg = request(preset)
+    from jaxrl_sym.runtime.engine import SymbolicLM  # JAX only once the flags are read
+
     lm = SymbolicLM(model, EngineOptions(prefill=prefill, max_pad_fraction=max_pad_fraction,
                                          compact_at=compact_at))
     t0 = time.perf_counter()
@@ -77,6 +77,8 @@ def run(preset: dict, prefill: str, max_pad_fraction: float, compact_at: float) 
 
 
 def table(rows: list[dict]) -> str:
+    from jaxrl_sym.runtime.metrics import WASTE_CAUSES
+
     head = ["prefill", "grouping", "compact at", "groups", "waste", *WASTE_CAUSES, "compiles",
             "dispatches", "first call s", "warm s", "padded first call s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -93,6 +95,8 @@ def table(rows: list[dict]) -> str:
 
 def key_table(rows: list[dict]) -> str:
     """Decode key slots by cause (share of the key slots each row's decode read)."""
+    from jaxrl_sym.runtime.metrics import KEY_CAUSES
+
     head = ["prefill", "grouping", "compact at", "key-slot waste", *KEY_CAUSES]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:

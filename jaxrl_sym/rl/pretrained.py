@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.data import TextOptions, chat_messages, plain_prompt
+from jaxrl_sym.rl.data import TextOptions, chat_messages, file_sha256, plain_prompt
 from jaxrl_sym.rl.text_tasks import (
     FORMAT_WEIGHT,
     TEXT_TASK_NAMES,
@@ -97,17 +97,29 @@ class TokenTextTask:
     def sample(self, rng: np.random.Generator, n: int) -> list[np.ndarray]:
         return self.use(self.task.sample(rng, n))
 
+    def check_rows(self) -> None:
+        """Every row of a fixed list (``jsonl:``, ``--dataset``) fits the model's positions with
+        ``--max-new-tokens``: checked at the start, not when a step happens to sample the long
+        one (a template task's problems are checked as they are drawn)."""
+        if self.task.problems is not None and self.max_positions is not None:
+            self._check([self.encode(p) for p in self.task.problems], self.task.problems)
+
+    def _check(self, prompts: list[np.ndarray], problems: Sequence[Problem]) -> None:
+        from jaxrl_sym.models.hf.config import check_positions  # JAX: not at CLI import
+
+        i = int(np.argmax([len(p) for p in prompts]))
+        row = (f" (row {self.task.problems.index(problems[i]) + 1})"
+               if self.task.problems is not None else "")
+        check_positions(self.max_positions, len(prompts[i]) + self.max_new_tokens,
+                        f"task {self.task.name}: a prompt of {len(prompts[i])} tokens{row} "
+                        f"({problems[i].prompt[:40]!r}…) with --max-new-tokens "
+                        f"{self.max_new_tokens}", "lower --max-new-tokens or use shorter prompts")
+
     def use(self, problems: Sequence[Problem]) -> list[np.ndarray]:
         """``problems`` as prompt token arrays; their answers are what the rewards score next
         (a new step for the rewards' per-sample indices and means)."""
         prompts = [self.encode(p) for p in problems]
-        from jaxrl_sym.models.hf.config import check_positions  # JAX: not at CLI import
-
-        i = int(np.argmax([len(p) for p in prompts]))
-        check_positions(self.max_positions, len(prompts[i]) + self.max_new_tokens,
-                        f"task {self.task.name}: a prompt of {len(prompts[i])} tokens "
-                        f"({problems[i].prompt[:40]!r}…) with --max-new-tokens "
-                        f"{self.max_new_tokens}", "lower --max-new-tokens or use shorter prompts")
+        self._check(prompts, problems)
         self._answers = {}
         if self.rewards is not None:
             self.rewards.begin_step()
@@ -159,6 +171,7 @@ class PretrainedRun:
     dtype: str | None = None
     user: TextOptions = dataclasses.field(default_factory=TextOptions)
     base_sha256: str | None = None  # the loaded weights' digest (None until load_model)
+    task_sha256: str | None = None  # a jsonl: task file's contents (None for other tasks)
 
     def rl_config(self, lora: bool) -> dict[str, Any]:
         """RLConfig fields this run fixes (a caller's ``config`` may still override them);
@@ -172,7 +185,8 @@ class PretrainedRun:
         prompt format."""
         base = {} if self.base_sha256 is None else {"base_sha256": self.base_sha256}
         return {"model_dir": self.model_dir, "chat_template": self.task.chat,
-                "model_dtype": self.dtype, **base, **self.user.hparams()}
+                "model_dtype": self.dtype, "task_sha256": self.task_sha256, **base,
+                **self.user.hparams()}
 
     def load_model(self) -> Any:
         """The checkpoint's model; its weights' digest becomes part of the run's identity
@@ -235,7 +249,14 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
     if held is not None:
         token_task.eval_task = TokenTextTask(held, *args, system_prompt=user.system_prompt)
     token_task.eval_note = note
-    return PretrainedRun(os.path.abspath(model_dir), token_task, eos[0], dtype, user)
+    token_task.check_rows()
+    if held is not None:
+        token_task.eval_task.check_rows()
+    # a jsonl: file edited between runs is another run's data, as a --dataset file is
+    task_sha = (file_sha256(Path(task.removeprefix("jsonl:")), "--task")
+                if task.startswith("jsonl:") else None)
+    return PretrainedRun(os.path.abspath(model_dir), token_task, eos[0], dtype, user,
+                         task_sha256=task_sha)
 
 
 def _has_config(root: Path) -> bool:
