@@ -26,7 +26,15 @@ from jaxrl_sym.rl.config import (
     speculation_of,
     task_rl_config,
 )
-from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, SYSTEMS, TASK_HELP
+from jaxrl_sym.rl.names import (
+    ADV_NORMS,
+    ALGOS,
+    LOSS_AGGS,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    SYSTEMS,
+    TASK_HELP,
+)
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.rewards import text_options
 from jaxrl_sym.rl.text_tasks import DATASET_TASK
@@ -115,6 +123,11 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--warmup-steps", type=int, default=None, help="linear lr warm-up, RL steps")
     t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
                    help="after warm-up: constant, or decay to the end of the run")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="optax's; default adam (adamw: decoupled weight decay; lion, "
+                        "adafactor: less optimiser state)")
+    t.add_argument("--weight-decay", type=float, default=None,
+                   help="decay rate (default 0; adamw, sgd, lion, adafactor)")
     t.add_argument("--partial-weight", type=float, default=None,
                    help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
                         "(default: 0.5); with --model, the weight of the '#### N' format in a "
@@ -380,7 +393,8 @@ def train_configs(args: argparse.Namespace
              ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
              ("update_tokens", args.update_tokens), ("lr", args.lr),
              ("tis_cap", args.tis_cap), ("remat", args.remat), ("pg_loss", args.pg_loss),
-             ("temperature", args.temperature))
+             ("temperature", args.temperature), ("optimizer", args.optimizer),
+             ("weight_decay", args.weight_decay))
     rl = {"algo": args.algo, "group_size": args.group, "beta": args.beta,
           "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
     return run, rl, checkpoints

@@ -23,7 +23,7 @@ import numpy as np
 from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import check_sampling_temperature
-from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES
+from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, OPTIMIZERS
 from jaxrl_sym.rl.tasks import Task, get_task
 from jaxrl_sym.rl.text_tasks import FORMAT_WEIGHT, check_format_weight, is_text_task
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
@@ -101,6 +101,10 @@ class RLConfig:
       linearly over ``warmup_steps`` updates, then held (``constant``) or decayed to
       ``min_lr_ratio * lr`` at ``total_steps`` (``cosine``, ``linear``; they need total_steps).
       Counted in RL steps (each of the ``epochs`` updates of a step uses that step's rate).
+    optimizer / weight_decay: optax's ``adam`` (the default; no weight decay), ``adamw``
+      (decoupled decay, TRL's and verl's choice), ``sgd`` (decay as an L2 term), ``lion`` (one
+      moment: half Adam's state) or ``adafactor`` (factored second moments: a fraction of it);
+      ``weight_decay`` >= 0, refused with ``adam``, which has none (``adamw`` does).
     gamma / lam / vf_coef / vf_clip: PPO's discount, GAE lambda, value-loss weight and value clip.
     pack_row_len: row length of the packed training layout (None: at least 64 and the longest
       sequence, rounded to a length bucket).
@@ -152,6 +156,8 @@ class RLConfig:
     max_new_tokens: int = 8
     eos_id: int | None = None
     lr: float = 3e-3
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
@@ -183,7 +189,8 @@ class RLConfig:
         if self.algo not in ALGOS:
             raise InputError(f"RLConfig.algo={self.algo!r}; choose one of {', '.join(ALGOS)}")
         for name, choices in (("loss_agg", LOSS_AGGS), ("adv_norm", ADV_NORMS),
-                              ("lr_schedule", LR_SCHEDULES), ("pg_loss", PG_LOSSES)):
+                              ("lr_schedule", LR_SCHEDULES), ("pg_loss", PG_LOSSES),
+                              ("optimizer", OPTIMIZERS)):
             if getattr(self, name) not in choices:
                 raise InputError(f"RLConfig.{name}={getattr(self, name)!r}; choose one of "
                                  f"{', '.join(choices)}")
@@ -206,7 +213,7 @@ class RLConfig:
             if getattr(self, name) < 1:
                 raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 1")
         for name in ("lr", "clip_eps", "beta", "vf_coef", "vf_clip", "adv_eps", "entropy_coef",
-                     "clip_eps_high"):
+                     "clip_eps_high", "weight_decay"):
             v = getattr(self, name)
             if v is not None and not (np.isfinite(v) and v >= 0):
                 raise InputError(f"RLConfig.{name}={v} must be finite and >= 0")
@@ -235,6 +242,10 @@ class RLConfig:
         if isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
             raise InputError(f"RLConfig.warmup_steps={self.warmup_steps} (--warmup-steps) must "
                              "be an integer >= 0")
+        if self.optimizer == "adam" and self.weight_decay:
+            raise InputError(f"RLConfig.weight_decay={self.weight_decay} (--weight-decay) with "
+                             "optimizer='adam': Adam has no weight decay (an L2 term in its "
+                             "gradient is not one); use --optimizer adamw")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise InputError(f"RLConfig.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.lr_schedule != "constant" and (self.total_steps is None

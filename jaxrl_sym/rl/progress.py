@@ -133,7 +133,9 @@ def recipe_line(cfg: Any, trainer: Any, run: Any) -> str:
     """One line of the settings a run trains with (the recipe a ``--model`` run picks is not
     the from-scratch one; printed so a user sees which they got)."""
     lora = "off" if run.lora is None else f"rank {run.lora.rank}, alpha {run.lora.alpha:g}"
-    return (f"recipe: {cfg.algo}, lr {cfg.lr:g} (warm-up {cfg.warmup_steps}, {cfg.lr_schedule}),"
+    decay = f", weight decay {cfg.weight_decay:g}" if cfg.weight_decay else ""
+    return (f"recipe: {cfg.algo}, {cfg.optimizer}{decay}, lr {cfg.lr:g} (warm-up "
+            f"{cfg.warmup_steps}, {cfg.lr_schedule}),"
             f" beta {cfg.beta:g}, entropy_coef {cfg.entropy_coef:g}, clip {cfg.clip_eps:g}/"
             f"{cfg.clip_high:g}, group {cfg.group_size}, max_new_tokens {cfg.max_new_tokens}, "
             f"update_tokens {cfg.update_tokens}, precision {trainer.precision.name}, lora {lora}")

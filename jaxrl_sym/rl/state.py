@@ -86,9 +86,28 @@ def lr_schedule(cfg: RLConfig) -> optax.Schedule:
                                 [warm])
 
 
+def _sgd(learning_rate: Any, weight_decay: float) -> optax.GradientTransformation:
+    """SGD whose decay is an L2 term (PyTorch's ``SGD(weight_decay=)``)."""
+    return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate))
+
+
+# RLConfig.optimizer -> optax's own transformation of (learning_rate, weight_decay); adam
+# (no decay) is injected as before, so its state's structure, and so older checkpoints, hold
+_OPTIMIZERS: dict[str, Any] = {
+    "adamw": lambda learning_rate, weight_decay: optax.adamw(learning_rate,
+                                                             weight_decay=weight_decay),
+    "sgd": _sgd,
+    "lion": lambda learning_rate, weight_decay: optax.lion(learning_rate,
+                                                           weight_decay=weight_decay),
+    "adafactor": lambda learning_rate, weight_decay: optax.adafactor(
+        learning_rate, weight_decay_rate=weight_decay),
+}
+
+
 def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
-    """Adam on :func:`lr_schedule`. The global-norm clip (``cfg.max_grad_norm``) is not part of
-    it: the update programs clip the gradients in place first (:func:`clip_by_global_norm`).
+    """``cfg.optimizer`` (optax's) on :func:`lr_schedule`, with ``cfg.weight_decay``. The
+    global-norm clip (``cfg.max_grad_norm``) is not part of it: the update programs clip the
+    gradients in place first (:func:`clip_by_global_norm`).
 
     ``inject_hyperparams`` keeps the current rate in the optimiser state, so the step's metrics
     report the rate the update actually used. Its hyperparameters are held in float32 whatever
@@ -96,8 +115,11 @@ def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
     ``b2 = 0.999`` rounds to 1.0, so Adam's bias correction ``1 - b2**t`` is 0 and the first
     update of a bf16 model was NaN everywhere.
     """
-    return optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
-        learning_rate=lr_schedule(cfg))
+    if cfg.optimizer == "adam":
+        return optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
+            learning_rate=lr_schedule(cfg))
+    return optax.inject_hyperparams(_OPTIMIZERS[cfg.optimizer], hyperparam_dtype=jnp.float32)(
+        learning_rate=lr_schedule(cfg), weight_decay=cfg.weight_decay)
 
 
 def clip_by_global_norm(grads: Any, max_norm: float | None) -> tuple[jax.Array, Any]:

@@ -103,6 +103,7 @@ FLAGS: dict[str, str] = {
     "dataset_sha256": "--dataset (the file's contents)",
     "eval_dataset_sha256": "--eval-dataset (the file's contents)", "reward": "--reward",
     "reward_weights": "--reward-weights", "reward_sha256": "--reward (its module's source)",
+    "optimizer": "--optimizer", "weight_decay": "--weight-decay",
     "base_sha256": "--model (its weights)", "task_sha256": "--task jsonl:FILE (its contents)",
 }
 
