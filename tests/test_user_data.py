@@ -334,4 +334,4 @@ def test_lora_on_a_checkpoint_gets_its_own_learning_rate(
                       (["--lora-rank", "2", "--lr", "0.001"], "lr 0.001")):
         assert main([*base, *extra]) == 0
         recipe = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("recipe:"))
-        assert f"grpo, {lr} (" in recipe, recipe
+        assert f"grpo, adam, {lr} (" in recipe, recipe

@@ -16,12 +16,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrl_sym import jsonl, systems
+from jaxrl_sym import jsonl
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import (
     PG_LOSSES,
     CheckpointConfig,
     PartialConfig,
+    RLConfig,
     RunConfig,
     speculation_of,
     task_rl_config,
@@ -38,6 +39,7 @@ from jaxrl_sym.rl.names import (
 from jaxrl_sym.rl.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.rewards import text_options
 from jaxrl_sym.rl.text_tasks import DATASET_TASK
+from jaxrl_sym.rl.trackers import ReportConfig  # JAX-free
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import PRECISIONS
@@ -46,15 +48,17 @@ from jaxrl_sym.weights.precision import PRECISIONS
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to an ``argparse`` sub-parser group."""
     t = subparsers.add_parser("train", help="RL fine-tuning (GRPO/RLOO/PPO) on an offline task")
-    t.add_argument("--algo", choices=ALGOS, default="grpo")
-    t.add_argument("--task", default=None, help=f"{TASK_HELP} (default: reverse)")
-    t.add_argument("--steps", type=int, default=400)
-    t.add_argument("--seed", type=int, default=0)
+    # a knob's default is its config field's, read from there (one default per knob: the
+    # library's; tests/test_one_default.py)
+    t.add_argument("--algo", choices=ALGOS, default=RLConfig.algo)
+    t.add_argument("--task", default=None, help=f"{TASK_HELP} (default: {RunConfig.task})")
+    t.add_argument("--steps", type=int, default=RunConfig.steps)
+    t.add_argument("--seed", type=int, default=RunConfig.seed)
     t.add_argument("--checkpoint-dir", default=None, help="orbax checkpoints go here")
-    t.add_argument("--checkpoint-every", type=int, default=0,
+    t.add_argument("--checkpoint-every", type=int, default=CheckpointConfig.every,
                    help="save every K steps (and always at the end)")
-    t.add_argument("--keep", type=int, default=3, metavar="K",
-                   help="keep the newest K checkpoints (default: 3); a resume falls back to an "
+    t.add_argument("--keep", type=int, default=CheckpointConfig.keep, metavar="K",
+                   help="keep the newest K checkpoints; a resume falls back to an "
                         "older one when the newest fails verification")
     t.add_argument("--resume", action="store_true",
                    help="continue from the newest good checkpoint in --checkpoint-dir (an error "
@@ -81,9 +85,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "wandb, mlflow (each an optional package; default: none)")
     t.add_argument("--log-dir", default=None,
                    help="the trackers' directory (default: runs/<start time>)")
-    t.add_argument("--log-completions-every", type=int, default=0, metavar="N",
-                   help="a table of sampled completions with their rewards every N steps "
-                        "(default 0: never)")
+    t.add_argument("--log-completions-every", type=int, default=ReportConfig.completions_every,
+                   metavar="N", help="a table of sampled completions with their rewards every "
+                                     "N steps (0: never)")
     _add_step_flags(t)
     _add_run_flags(t)
     _add_data_flags(t)
@@ -93,13 +97,16 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _add_step_flags(t: argparse.ArgumentParser) -> None:
     """The step's flags: RLConfig fields (default: the task recipe's, see README "Learning")."""
-    t.add_argument("--prompts", type=int, default=32, help="prompts per step")
-    t.add_argument("--group", type=int, default=8, help="generations per prompt")
+    t.add_argument("--prompts", type=int, default=RunConfig.prompts_per_step,
+                   help="prompts per step")
+    t.add_argument("--group", type=int, default=RLConfig.group_size,
+                   help="generations per prompt")
     t.add_argument("--lr", type=float, default=None,
                    help="default: the recipe's (1e-3 for the built-in tasks, 1e-6 for a "
                         "--model checkpoint, 2e-4 for its LoRA adapters)")
-    t.add_argument("--beta", type=float, default=0.0, help="KL weight (0: no reference pass)")
-    t.add_argument("--epochs", type=int, default=1)
+    t.add_argument("--beta", type=float, default=RLConfig.beta,
+                   help="KL weight (0: no reference pass)")
+    t.add_argument("--epochs", type=int, default=RLConfig.epochs)
     t.add_argument("--loss-agg", choices=LOSS_AGGS, default=None,
                    help="default: the task recipe's (seq_mean)")
     t.add_argument("--entropy-coef", type=float, default=None,
@@ -153,8 +160,8 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
 
 def _add_run_flags(t: argparse.ArgumentParser) -> None:
     """The run's flags: system, task size, model, devices, partial rollouts, speculation."""
-    t.add_argument("--system", choices=SYSTEMS, default=systems.REFERENCE)
-    t.add_argument("--max-digits", type=int, default=3)
+    t.add_argument("--system", choices=SYSTEMS, default=RunConfig.system)
+    t.add_argument("--max-digits", type=int, default=RunConfig.max_digits)
     t.add_argument("--model", default=None, metavar="DIR",
                    help="fine-tune this Hugging Face checkpoint directory on a text task: "
                         "--task word-problems or jsonl:FILE ({prompt, answer} lines), or "
@@ -174,7 +181,7 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
                         "all-linear: every 2-D kernel except the output head)")
     t.add_argument("--max-new-tokens", type=int, default=None,
                    help="response limit (default: the task's)")
-    t.add_argument("--eval-prompts", type=int, default=256,
+    t.add_argument("--eval-prompts", type=int, default=RunConfig.eval_prompts,
                    help="held-out prompts for the final greedy exact match (0: skip)")
     t.add_argument("--mesh", default=None, metavar="AXES",
                    help="train on a device mesh, e.g. data=4,model=2 (axes data/fsdp/model; "
@@ -190,11 +197,12 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
                    help="partial rollouts: a step stops generating once this share of its rows "
                         "finished, trains the complete groups and carries the rest into the "
                         "next step (default: off)")
-    t.add_argument("--partial-segment", type=int, default=4, metavar="N",
+    t.add_argument("--partial-segment", type=int, default=PartialConfig.segment, metavar="N",
                    help="with --partial-rollout on a system that cannot stop mid-generation "
                         "(padded): tokens per row per generation call; sym stops its one call "
                         "by itself, a decode tile after the rule holds")
-    t.add_argument("--partial-max-carry", type=int, default=1, metavar="K",
+    t.add_argument("--partial-max-carry", type=int, default=PartialConfig.max_carry,
+                   metavar="K",
                    help="with --partial-rollout: steps a row may be carried")
     t.add_argument("--speculate", type=int, default=None, metavar="K",
                    help="speculative decoding, a prompt-lookup draft proposes up to "
@@ -432,7 +440,6 @@ def _join(dist: Any, args: argparse.Namespace) -> bool:
 def report_of(args: argparse.Namespace) -> Any:
     """The run's :class:`~jaxrl_sym.rl.trackers.ReportConfig` from ``--report-to``,
     ``--log-dir`` and ``--log-completions-every`` (its own checks name the flags)."""
-    from jaxrl_sym.rl.trackers import ReportConfig  # JAX-free
 
     return ReportConfig.parse(args.report_to, log_dir=args.log_dir,
                               completions_every=args.log_completions_every)

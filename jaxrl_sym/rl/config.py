@@ -392,7 +392,7 @@ class CheckpointConfig:
 
     directory: str | None = None
     every: int = 0
-    keep: int = 3
+    keep: int = 3  # newest checkpoints kept: room to fall back past two damaged ones
     resume: bool = False
     resume_or_start: bool = False
     resume_anyway: bool = False

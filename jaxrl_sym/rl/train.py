@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_sym import jsonl, systems
+from jaxrl_sym import jsonl
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
@@ -77,7 +77,6 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KEEP = 3  # newest checkpoints kept: room to fall back past two damaged ones
 
 # train() arguments that change the trajectory, and the ``jaxrl-sym train`` flag that sets each:
 # a refused resume names the flag the user typed. Every other RLConfig field is compared too and
@@ -154,21 +153,21 @@ def hparam_diffs(saved: dict[str, Any], given: dict[str, Any]) -> list[tuple[str
 
 
 def train(
-    algo: str = "grpo",
-    task: str = "reverse",
-    steps: int = 400,
-    seed: int = 0,
+    algo: str = RLConfig.algo,
+    task: str = RunConfig.task,
+    steps: int = RunConfig.steps,
+    seed: int = RunConfig.seed,
     checkpoint_dir: str | None = None,
-    checkpoint_every: int = 0,
+    checkpoint_every: int = CheckpointConfig.every,
     metrics_file: str | None = None,
     *,
-    prompts_per_step: int = 32,
-    group_size: int = 8,
+    prompts_per_step: int = RunConfig.prompts_per_step,
+    group_size: int = RLConfig.group_size,
     lr: float | None = None,
-    beta: float = 0.0,
-    epochs: int = 1,
-    system: str = systems.REFERENCE,
-    max_digits: int = 3,
+    beta: float = RLConfig.beta,
+    epochs: int = RLConfig.epochs,
+    system: str = RunConfig.system,
+    max_digits: int = RunConfig.max_digits,
     partial_weight: float | None = None,
     model: dict[str, Any] | None = None,
     model_dir: str | None = None,
@@ -178,8 +177,8 @@ def train(
     resume: bool = False,
     resume_or_start: bool = False,
     resume_anyway: bool = False,
-    keep: int = DEFAULT_KEEP,
-    eval_prompts: int = 256,
+    keep: int = CheckpointConfig.keep,
+    eval_prompts: int = RunConfig.eval_prompts,
     mesh: str | None = None,
     device_memory: str | int | None = None,
     partial: dict[str, Any] | None = None,
