@@ -32,7 +32,7 @@ from jaxrl_sym.decode_run import (  # noqa: F401 - DECODE_CPU, build_model: read
     DECODE_CPU,
     PROGRESS_PREFIX,
     build_model,
-    compare_outputs,
+    checks,
     estimate_child,
     prompts_for,
     run_system,
@@ -45,7 +45,7 @@ from jaxrl_sym.hf_cli import run as run_hf
 from jaxrl_sym.report import decode_table
 from jaxrl_sym.rl import config_file
 from jaxrl_sym.rl.eval_cli import add_eval_parser
-from jaxrl_sym.runtime.options import BACKENDS  # JAX-free: the runtime's own list
+from jaxrl_sym.runtime.options import BACKENDS, EngineOptions  # JAX-free
 from jaxrl_sym.sizes import parse_bytes
 
 # ``decode-cpu`` plus ``jaxrl_sym.models.lm.preset_names()``, spelled out so that ``--preset`` is
@@ -101,6 +101,9 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
                         "defines its attention)")
     d.add_argument("--backend", default="xla", choices=BACKENDS,
                    help="sym's kernels: xla, triton (interpreted on CPU), auto")
+    d.add_argument("--engine", default=None, metavar="JSON",
+                   help="sym's runtime options (EngineOptions fields, as training takes them), "
+                        "e.g. '{\"refill\": true, \"microbatch_rows\": 8}'")
     d.add_argument("--mesh", default=None, metavar="AXES",
                    help="run the sym systems on a device mesh, e.g. data=8 (axes data/fsdp/"
                         "model; sizes multiply to the device count); padded, pershape and Tunix "
@@ -235,7 +238,14 @@ def check_decode(args: argparse.Namespace) -> list[str]:
         parse_prompt_len(args.prompt_len)
     except ValueError as err:
         errors.append(str(err))
-    options = systems.BindOptions(backend=args.backend, mesh=args.mesh,
+    engine = None
+    try:
+        engine = None if args.engine is None else EngineOptions.from_json(args.engine)
+    except SymError as err:
+        errors.append(str(err))
+    if engine is not None and engine.backend != EngineOptions.backend:
+        errors.append("--engine: give the backend with --backend, not as an engine field")
+    options = systems.BindOptions(backend=args.backend, mesh=args.mesh, engine=engine,
                                   speculate=max(args.speculate, 0), draft=args.draft)
     errors += systems.refusals(args.systems, options, attention=args.attention,
                                user_model=bool(args.model))
@@ -294,6 +304,7 @@ def _spec(args: argparse.Namespace, system: str) -> dict[str, Any]:
             "block": args.block, "seed": seed32(args.seed), "preset": args.preset,
             "model": args.model, "backend": args.backend, "warm": not args.no_warm,
             "speculate": args.speculate, "draft": args.draft,
+            "engine": json.loads(args.engine) if args.engine else None,
             "mesh": args.mesh if system in systems.names(shards=True) else None}
 
 
@@ -366,7 +377,7 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                                   "enforced": not args.no_memory_check,
                                   "estimates": {s: e["estimate"]
                                                 for s, e in memory["systems"].items()}}
-    report.update(_checks(arrays))
+    report.update(checks(arrays))
     from jaxrl_sym.report import run_metadata
 
     report.update(run_metadata("jaxrl-sym " + " ".join(sys.argv[1:])))
@@ -374,26 +385,6 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     report["verdict"] = verdict_lines({**report, "systems": ran}) + [
         f"{s} was not run: {m['skipped']}" for s, m in results.items() if "skipped" in m]
     return report
-
-
-def _checks(arrays: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
-    """Every system's tokens and logits against the reference system's (``checks``; ``check``:
-    the baseline's, the field earlier reports carried) and the peers' also against the
-    baseline's. A system that computes another function (``same_function=False``) is not
-    compared."""
-    ref, base = systems.REFERENCE, systems.BASELINE
-    same = {s: a for s, a in arrays.items() if systems.get(s).same_function}
-    out: dict[str, Any] = {}
-    if ref in same:
-        out["checks"] = {s: compare_outputs(same[ref], same[s]) if s in same else
-                         {"not_compared": "it computes another function (its own weights)"}
-                         for s in arrays if s != ref}
-        if base in out["checks"]:
-            out["check"] = out["checks"][base]
-    peers = [s for s in same if systems.get(s).capabilities.peer]
-    if base in same and peers:
-        out["checks_vs_padded"] = {s: compare_outputs(same[base], same[s]) for s in peers}
-    return out
 
 
 def _child(argv: list[str]) -> int:

@@ -128,8 +128,15 @@ def bind_system(spec: dict[str, Any], model: Any) -> BoundSystem:
     draft = spec.get("draft", "ngram")
     if spec.get("speculate") and draft != "ngram":
         draft = draft_model(draft, check_vocab(model), spec["seed"])
+    engine = spec.get("engine")
+    if engine is not None and systems.get(name).capabilities.engine:
+        from jaxrl_sym.runtime.options import EngineOptions
+
+        engine = EngineOptions(**engine)
+    else:
+        engine = None  # the systems without a runtime to set run as they are
     options = systems.BindOptions(
-        backend=spec.get("backend", "xla"), mesh=spec.get("mesh"),
+        backend=spec.get("backend", "xla"), mesh=spec.get("mesh"), engine=engine,
         speculate=spec.get("speculate", 0), draft=draft,
         progress=_progress_printer(name, spec["batch"] * spec["tokens"]))
     return systems.get(name).bind(model, options)
@@ -238,3 +245,23 @@ def estimate_child(argv: list[str]) -> int:
     with open(out, "w") as f:
         json.dump(results if isinstance(spec, list) else results[0], f)
     return 0
+
+
+def checks(arrays: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
+    """Every system's tokens and logits against the reference system's (``checks``; ``check``:
+    the baseline's, the field earlier reports carried) and the peers' also against the
+    baseline's. A system that computes another function (``same_function=False``) is not
+    compared."""
+    ref, base = systems.REFERENCE, systems.BASELINE
+    same = {s: a for s, a in arrays.items() if systems.get(s).same_function}
+    out: dict[str, Any] = {}
+    if ref in same:
+        out["checks"] = {s: compare_outputs(same[ref], same[s]) if s in same else
+                         {"not_compared": "it computes another function (its own weights)"}
+                         for s in arrays if s != ref}
+        if base in out["checks"]:
+            out["check"] = out["checks"][base]
+    peers = [s for s in same if systems.get(s).capabilities.peer]
+    if base in same and peers:
+        out["checks_vs_padded"] = {s: compare_outputs(same[base], same[s]) for s in peers}
+    return out

@@ -261,7 +261,7 @@ def test_a_choice_of_systems_is_checked_from_the_specs() -> None:
 def test_a_system_computing_another_function_is_not_compared() -> None:
     """Tunix's Gemma 4 runs its own weights: the decode report says so instead of 'tokens
     differ'; the peers that run our weights are also checked against the padded baseline."""
-    from jaxrl_sym.cli import _checks
+    from jaxrl_sym.decode_run import checks as _checks
     from jaxrl_sym.report import verdict_lines
 
     same, other = {"tok0": np.array([1, 2])}, {"tok0": np.array([3, 3])}

@@ -10,6 +10,7 @@ JAX's import. Importing this module imports neither JAX nor the runtime's device
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import operator
@@ -182,6 +183,28 @@ class EngineOptions:
     defer_compiles: bool = False
     refill: bool = False
     refill_min_free: int = 1
+
+    @classmethod
+    def from_json(cls, text: str, flag: str = "--engine") -> EngineOptions:
+        """The options a command line gives as one JSON object (``--engine '{"refill": true}'``
+        in ``decode``, ``train`` and the bench); a malformed object, an unknown field or a value
+        out of its domain is an :class:`InputError` naming ``flag`` (and the field)."""
+        try:
+            obj = json.loads(text)
+        except ValueError as err:
+            raise InputError(f"{flag}: not JSON ({err}); give an object such as "
+                             "'{\"refill\": true, \"microbatch_rows\": 8}'") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{flag} must be a JSON object ({{...}}), got {text!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise InputError(f"{flag}: EngineOptions has no field {', '.join(unknown)}; its "
+                             f"fields: {', '.join(sorted(known))}")
+        try:
+            return cls(**obj)
+        except InputError as err:
+            raise InputError(f"{flag}: {err}") from None
 
     def __post_init__(self) -> None:
         """Check every knob against its domain (:data:`_DOMAINS`) and normalise it, then the

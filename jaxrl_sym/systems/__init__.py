@@ -38,7 +38,8 @@ _TUNIX = dict(install=PEER_INSTALL, needs="tunix", package="google-tunix")
 register(SystemSpec(
     "sym", "the symbolic runtime: exact-size stores, host-planned dispatches",
     Capabilities(trains=True, speculates=True, draft_models=True, shards=True,
-                 stops_itself=True), "jaxrl_sym.systems.sym", variants=("xla", "triton", "auto"),
+                 stops_itself=True, engine=True), "jaxrl_sym.systems.sym",
+    variants=("xla", "triton", "auto"),
     trainer="jaxrl_sym.rl.systems:SymSystem"))
 register(SystemSpec(
     "padded", "the padded/masked XLA baseline: left-padded prompts, MAX_LEN caches, one program",

@@ -45,10 +45,14 @@ def _having(capability: str) -> str:
 
 
 def _options_taken(given: str, specs: list[SystemSpec], options: BindOptions) -> list[str]:
-    """Options that apply to none (mesh, a draft model) or not all (speculation) of them."""
+    """Options that apply to none (mesh, engine options, a draft model) or not all
+    (speculation) of them."""
     caps, errors = [s.capabilities for s in specs], []
     if options.mesh is not None and not any(c.shards for c in caps):
         errors.append(f"--mesh shards the {_having('shards')} systems; --systems {given!r} "
+                      "has none")
+    if options.engine is not None and not any(c.engine for c in caps):
+        errors.append(f"--engine sets the runtime of {_having('engine')}; --systems {given!r} "
                       "has none")
     if options.speculate > 0:
         other = [s.name for s in specs if not s.capabilities.speculates]

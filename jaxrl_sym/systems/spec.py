@@ -31,6 +31,7 @@ class Capabilities:
     draft_models: bool = False  # speculation with a draft *model* (not only prompt lookup)
     shards: bool = False  # BindOptions.mesh applies (else it is the single-device reference)
     stops_itself: bool = False  # can end a generation early (partial rollouts)
+    engine: bool = False  # BindOptions.engine (the runtime's EngineOptions) applies
     peer: bool = False  # another library's system: optional package, no shape estimate
     patterns: frozenset[str] | None = None
 
@@ -39,13 +40,16 @@ class Capabilities:
 class BindOptions:
     """How a system is bound to a model; every field is JAX-free, so a command line's choices
     become options before any work. ``draft``: ``"ngram"`` (prompt lookup) or a draft model.
-    ``progress(tokens_so_far)`` is called by systems that read tokens back as they go."""
+    ``progress(tokens_so_far)`` is called by systems that read tokens back as they go.
+    ``engine``: the symbolic runtime's ``EngineOptions`` (refill, resident rows, tiles; None:
+    its defaults), with ``backend`` as its backend; the same object training takes."""
 
     backend: str = "xla"
     mesh: Any = None
     speculate: int = 0
     draft: Any = "ngram"
     progress: Callable[[int], None] | None = None
+    engine: Any = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ booked by cause exactly as the decode groups book it while they run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
@@ -42,7 +43,8 @@ class SymBound(BoundSystem):
     @cached_property
     def lm(self) -> SymbolicLM:
         o = self.options
-        engine = EngineOptions(backend=o.backend)
+        engine = (EngineOptions(backend=o.backend) if o.engine is None
+                  else dataclasses.replace(o.engine, backend=o.backend))
         if o.speculate:
             return SpeculativeLM(self.model, engine, speculation=Speculation(o.speculate),
                                  draft=o.draft)
