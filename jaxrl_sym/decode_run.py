@@ -2,8 +2,8 @@
 the token/logit check between two systems.
 
 Why apart from :mod:`jaxrl_sym.cli`: the CLI must parse and check flags without importing JAX;
-everything here runs inside the per-system child processes (and ``bench/suite_child.py``), where
-JAX is imported anyway.
+everything here runs inside the per-system child processes (and
+``bench/lib/suite/suite_child.py``), where JAX is imported anyway.
 """
 
 from __future__ import annotations

@@ -81,13 +81,10 @@ def test_max_positions_from_config_and_gguf(tmp_path: Path) -> None:
 def test_a_generation_that_cannot_fit_is_refused_before_it_starts(
         system: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A billion new tokens: padded died in XLA with a 64 GB RESOURCE_EXHAUSTED traceback and
-    sym ran without a word; both are now refused by their estimate, in seconds."""
-    import time
-
-    t0 = time.perf_counter()
+    sym ran without a word; both are now refused by their estimate before generating."""
     rc, _, err = _generate(capsys, "--max-new-tokens", str(10**9), "--extrapolate",
                            "--system", system)
-    assert rc == 2 and time.perf_counter() - t0 < 60
+    assert rc == 2
     assert f"{system}: estimated " in err and "Lower --max-new-tokens or the prompts, or " \
         "pass --no-memory-check" in err
 

@@ -134,8 +134,8 @@ class RLConfig:
       slots of Qwen2.5's 151,936-word vocabulary and 0.45 GB at 256 (the projected update peak
       at the GPU preset, bf16-mixed + LoRA 16, one 1,280-slot row: 6.43 -> 5.03 GB;
       ``bench/results/projection.md``), while the head's flops are the same at any chunk. On a
-      CPU a smaller chunk is slower (``bench/logprob_memory.py``: 100 s vs 62 s at 1024, 4,096
-      slots, loaded 2-core CPU): set 1024 there if time matters more than memory.
+      CPU a smaller chunk is slower (``bench/experiments/logprob_memory.py``: 100 s vs 62 s at
+      1024, 4,096 slots, loaded 2-core CPU): set 1024 there if time matters more than memory.
     remat: recompute each layer's activations in the update's backward instead of keeping them
       (gradient checkpointing between attention calls, :mod:`jaxrl_sym.rl.remat`; every
       system). On by default for what a GPU pays: at the GPU preset's micro-batch it removes

@@ -62,7 +62,7 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     no generation moment).
     ``compiler``: ``compiler(build) -> Compiled`` for the step's programs
     (:class:`~jaxrl_sym.runtime.programs.Build`; None: compiled on this machine; the bench
-    passes a compile for a GPU it does not have, ``bench/gpu_compile.py``)."""
+    passes a compile for a GPU it does not have, ``bench/lib/projection/xla_gpu.py``)."""
     ctx, state = trainer.context, trainer.state
     responses = [np.ones(int(n), np.int32) for n in limits]
     lay = ctx.system.pad_rows(

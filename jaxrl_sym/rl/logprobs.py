@@ -18,8 +18,8 @@ chunks with zero features, whose terms are computed and dropped.
 
 Why no chunking over the vocabulary as well: it would bound memory by ``chunk × vocab_chunk``
 instead of ``chunk × vocab`` — but a smaller token chunk bounds it just as well, without an
-online log-sum-exp and a second scan (the benchmark, ``bench/logprob_memory.py``, reports the
-peak and the time for several chunk sizes).
+online log-sum-exp and a second scan (the benchmark, ``bench/experiments/logprob_memory.py``,
+reports the peak and the time for several chunk sizes).
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
     """The ledger of ``plan`` generating for ``prompts`` with ``cfg`` (every row to its limit),
     its weights ``leaves`` arrays or ShapeDtypeStructs. ``sizes``: compiled sizes to reuse.
     ``compiler(build) -> Compiled``: how each program compiles (None: here; the bench compiles
-    for a GPU it does not have, ``bench/gpu_compile.py``)."""
+    for a GPU it does not have, ``bench/lib/projection/xla_gpu.py``)."""
     lens = [len(p) for p in prompts]
     limits = [int(x) for x in row_limits(cfg, len(prompts))]
     hoisted = jax.eval_shape(plan.builder.hoist, list(leaves))

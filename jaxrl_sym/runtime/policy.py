@@ -5,9 +5,9 @@ into aligned microbatches, each group's row bucket and prompt block, the initial
 growing stores, and before every dispatch: how many decode steps it tiles, which slot it writes,
 whether finished rows are compacted away and whether the growing stores grow. The engine's
 decode group (:mod:`jaxrl_sym.runtime.group`) executes these decisions on device arrays;
-``bench/suite_padding.py`` replays the very same functions on lengths alone to count the work each
-request costs. Keeping one copy is the point: a benchmark that re-implements a policy drifts from
-it (it did, when decode tiles changed growth look-ahead).
+``bench/lib/suite/suite_padding.py`` replays the very same functions on lengths alone to count
+the work each request costs. Keeping one copy is the point: a benchmark that re-implements a
+policy drifts from it (it did, when decode tiles changed growth look-ahead).
 
 No sympy and no JAX here: the growing stores' live-slot count arrives as a plain callable
 compiled once by the planner (:func:`jaxrl_sym.passes.storage.live_count_fn`).
@@ -111,10 +111,10 @@ class Tiling:
     tile computes its remaining steps for nothing (tile overrun), so while rows are ending the
     tile stays short; when none end — no EOS in the request, or a long tail of live rows — the
     host sync per tile is pure cost, and the tile grows. Measured on the CPU window decode
-    (``bench/tunix_window.py``, 8 rows, no EOS): a tile-8 program ran 0.45 ms per step on
-    device but the generation took 0.55 ms per token (the host's share of 128 syncs); tile 32
-    took 0.46. One decode program serves every tile length up to ``max`` (its step count is a
-    run-time argument), so growing costs no compile.
+    (``bench/experiments/tunix_window.py``, 8 rows, no EOS): a tile-8 program ran 0.45 ms per
+    step on device but the generation took 0.55 ms per token (the host's share of 128 syncs);
+    tile 32 took 0.46. One decode program serves every tile length up to ``max`` (its step count
+    is a run-time argument), so growing costs no compile.
 
     ``check``: steps between the tile program's tests of its live rows (a tile runs whole
     checks). On a GPU a loop test XLA cannot count is a device→host round-trip, so the engine
@@ -309,7 +309,7 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     grow to ``total`` with it when that holds no more slots than the stores did before it:
     a later growth would compile one more decode program, for the same rows
     (``grow_with_compaction=False``: not; the speculative group's stores grow only as its
-    verify tiles need, as they were measured — ``bench/speculative.py``).
+    verify tiles need, as they were measured — ``bench/experiments/speculative.py``).
 
     Speculative verify tiles ask in the same terms: ``steps_done`` is the longest live row's
     last response index, ``tile`` (= ``remaining``) the slots a tile may write past it.

@@ -35,7 +35,7 @@ class Build:
     """A program to compile: the jitted function and the arguments (arrays or
     ``jax.ShapeDtypeStruct``s) it is lowered at, ``kwargs`` its static keyword arguments.
     Calling it compiles for this machine (what the caches do); a ledger may hand the same
-    function and arguments to another compiler (``bench/gpu_compile.py``: for a GPU)."""
+    function and arguments to another compiler (``bench/lib/projection/xla_gpu.py``: for a GPU)."""
 
     fn: Any
     args: tuple[Any, ...]

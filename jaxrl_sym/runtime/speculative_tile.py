@@ -3,7 +3,7 @@
 Why: the plain engine already runs ``decode_tile`` steps per dispatch (one device→host sync per
 tile). A host-side draft needs the tokens back after every verify, which costs a sync per
 verify; on small models that sync costs more than the tokens speculation saves (measured:
-``bench/speculative.py``). Here the prompt-lookup draft runs on device
+``bench/experiments/speculative.py``). Here the prompt-lookup draft runs on device
 (:func:`~jaxrl_sym.speculation.device_ngram_draft`, the same drafts as
 :func:`~jaxrl_sym.speculation.ngram_draft`)
 over each row's token history — or a draft model does, from its own stores
