@@ -35,16 +35,17 @@ def _tracked() -> list[str]:
 
 
 def _texts(files: list[str]) -> list[tuple[str, str]]:
-    """(file, text) for the README, every docs page and every docstring of the code."""
+    """(file, text) for the README, every docs page and every documenting string of the code."""
     out = []
     for f in files:
         if f == "README.md" or (f.startswith("docs/") and f.endswith(".md")):
             out.append((f, (ROOT / f).read_text()))
         elif f.endswith(".py") and f.startswith(("jaxrl_sym/", "bench/")):
+            # docstrings, and the string statements that document a constant or field
             for node in ast.walk(ast.parse((ROOT / f).read_text())):
-                if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
-                              | ast.AsyncFunctionDef) and ast.get_docstring(node):
-                    out.append((f, ast.get_docstring(node) or ""))
+                if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                        and isinstance(node.value.value, str)):
+                    out.append((f, node.value.value))
     return out
 
 

@@ -21,10 +21,10 @@ PACK_ROW: int | None = None
 """Target packed row length; None: the longest prompt's (on the length grid). Why that short:
 attention inside the prefill is the masked primitive over each packed row, ``L^2`` scores per
 row, so a request's attention work is about ``total * L`` — rows of 1,024 made the prefill of
-``bench/rlft_step.py``'s rollout (128 prompts of 8–64 tokens, CPU preset) 4–5× slower than the
-whole padded generation; rows of the longest prompt cut that request's generation from 12–14 s
-to 2–3 s (same machine, same run). Short prompts still share rows (first-fit-decreasing).
-(The scores' memory is bounded apart from the work: a row longer than
+``bench/experiments/rlft_step.py``'s rollout (128 prompts of 8–64 tokens, CPU preset) 4–5×
+slower than the whole padded generation; rows of the longest prompt cut that request's
+generation from 12–14 s to 2–3 s (same machine, same run). Short prompts still share rows
+(first-fit-decreasing). (The scores' memory is bounded apart from the work: a row longer than
 :data:`~jaxrl_sym.runtime.prefill.SCORES_BYTES` allows attends in blocks of queries.)"""
 
 PACK_PER_OCTAVE = 16

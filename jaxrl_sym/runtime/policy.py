@@ -29,9 +29,10 @@ DEFAULT_MAX_PAD_FRACTION = 1.0
 """Prompt padding a microbatch may add, as a share of its work; 1.0: one group (up to
 ``microbatch_rows``). Why one group: the packed prefill computes no prompt padding, so padding
 costs only decode key slots, while every extra group costs its own set of compiled programs and
-decodes after the previous one at a smaller batch. Measured (``bench/waste.py``, CPU): 4 groups
-at 0.1 compiled 36 programs on the suite's realistic request, one group 16; an equal-length GRPO
-step generated in 4.78 s split in groups at 0.1 and 3.34 s as one group (README). The block
+decodes after the previous one at a smaller batch. Measured (``bench/experiments/waste.py``,
+CPU): 4 groups at 0.1 compiled 36 programs on the suite's realistic request, one group 16; an
+equal-length GRPO step generated in 4.78 s split in groups at 0.1 and 3.34 s as one group
+(README). The block
 prefill computes the padding: pass 0.1 with ``prefill='block'``."""
 
 
