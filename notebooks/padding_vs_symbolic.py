@@ -35,9 +35,10 @@ from IPython.display import Image, Markdown, display
 
 ROOT = Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()
 sys.path.insert(0, str(ROOT))  # the kernel runs in notebooks/; bench is a package of the root
-from bench import plots, suite_report  # noqa: E402
-from bench import suite_jobs as suite  # noqa: E402
 from bench.experiments.suite import grid  # noqa: E402
+from bench.lib import plots  # noqa: E402
+from bench.lib.suite import suite_jobs as suite  # noqa: E402
+from bench.lib.suite import suite_report  # noqa: E402
 
 QUICK = os.environ.get("JAXRL_SYM_NB_QUICK") == "1"
 preset = {

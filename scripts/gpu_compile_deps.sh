@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The optional packages bench/gpu_compile.py needs to compile for an H100 on a machine without a
+# The optional packages bench/lib/projection/xla_gpu.py needs to compile for an H100 on a machine without a
 # GPU (never imported by the library, not in .venv): jax's CUDA PJRT plugin matching jaxlib, and
 # the CUDA 12.9 nvcc wheel for ptxas and libdevice. ~590 MB into .gpu-compile/.
 set -euo pipefail

@@ -1,10 +1,10 @@
 """Does XLA:GPU put a jax-triton call inside a CUDA graph? Compiled for an H100 on this machine.
 
-A loop whose body calls a Triton kernel three times between XLA fusions is compiled for the
-H100 without a GPU (``bench/gpu_compile.py``) and XLA's thunk sequence is read
-(``bench/thunks.py``): are the custom calls inside a ``kCommandBuffer``, and what is the custom
-call target? jax-triton 0.3.x lowers to the legacy ``triton_kernel_call``, 0.4.x to the FFI
-target ``triton_kernel_call_ffi`` (registered command-buffer compatible by jaxlib). Which one
+A loop whose body calls a Triton kernel three times between XLA fusions is compiled for the H100
+without a GPU (``bench/lib/projection/xla_gpu.py``) and XLA's thunk sequence is read
+(``bench/lib/projection/thunks.py``): are the custom calls inside a ``kCommandBuffer``, and what is
+the custom call target? jax-triton 0.3.x lowers to the legacy ``triton_kernel_call``, 0.4.x to the
+FFI target ``triton_kernel_call_ffi`` (registered command-buffer compatible by jaxlib). Which one
 this process gets is whatever is first on ``sys.path``: run it once per installation, e.g.
 
     pip install --no-deps --target /tmp/jt31 jax-triton==0.3.1
@@ -28,9 +28,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> int:
-    from bench import gpu_compile, thunks
+    from bench.lib.projection import thunks, xla_gpu
 
-    why = gpu_compile.unavailable()
+    why = xla_gpu.unavailable()
     if why is not None:
         print(why, file=sys.stderr)
         return 2
@@ -61,7 +61,7 @@ def main() -> int:
 
     s = jax.ShapeDtypeStruct((1024,), jnp.float32)
     with tempfile.TemporaryDirectory() as dump:
-        exe = gpu_compile.compile_for(jax.jit(loop), s, s, dump_to=dump)
+        exe = xla_gpu.compile_for(jax.jit(loop), s, s, dump_to=dump)
         tree, _ = thunks.load(dump)
     targets = sorted(set(re.findall(r'custom_call_target="([^"]+)"', exe.as_text())))
     calls = thunks.custom_calls(tree)

@@ -75,8 +75,8 @@ def test_a_projection_is_calibrated_by_the_device_run_of_its_own_configuration()
     precision, LoRA rank and update tokens, and a configuration never run gets no rows."""
     import json
 
-    from bench.child import ROOT
-    from bench.projection import calibration, devices
+    from bench.lib.child import ROOT
+    from bench.lib.projection import calibration, devices
 
     h100 = devices()["h100"]
 
@@ -111,8 +111,8 @@ def test_recalibrate_rewrites_the_device_rows_and_keeps_the_hand_note(tmp_path) 
     import json
     import shutil
 
-    from bench.child import ROOT
     from bench.experiments import project
+    from bench.lib.child import ROOT
 
     src = ROOT / "bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16"
     shutil.copy(src.with_suffix(".json"), tmp_path / "p.json")

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from bench import child, suite_report
-from bench import suite_jobs as suite
-from bench import suite_padding as sp
 from bench.experiments.suite import grid
+from bench.lib import child
+from bench.lib.suite import suite_jobs as suite
+from bench.lib.suite import suite_padding as sp
+from bench.lib.suite import suite_report
 
 META = {"device": "cpu", "platform": "cpu", "versions": {"jax": "x"}, "git": "abc",
         "date": "2026-01-01T00:00:00+00:00", "command": "python -m bench suite --test"}

@@ -139,7 +139,7 @@ def test_thunk_counts_by_hand() -> None:
     CUDA graph of 3 kernels per step. By hand: launches = 1 (first graph) + (u + 1) * 2
     (condition kernels) + u * (1 copy + 8 graphs + 1 add) + 1 copy; kernels = 2 + 2 (u + 1) +
     u (1 + 24 + 1) + 1; syncs = u + 1."""
-    from bench import thunks
+    from bench.lib.projection import thunks
 
     tree = thunks.parse(THUNKS, trips={10: 8})
     assert [t.kind for t in tree] == ["kCommandBuffer", "kWhile", "kCopy"]
@@ -164,9 +164,9 @@ def test_the_tile_compiled_for_an_h100_has_one_host_test_per_check() -> None:
     tokens back. The Triton backend's decode kernel is not compiled here: jax-triton 0.3.1
     builds its kernel for the device it runs on (none here) and lowers to the legacy custom call
     XLA does not capture (FIELD_NOTES §12)."""
-    from bench import gpu_compile
+    from bench.lib.projection import xla_gpu
 
-    why = gpu_compile.unavailable()
+    why = xla_gpu.unavailable()
     if why is not None and "fresh process" not in why:
         pytest.skip(why)
     for setting in ("default", "while"):

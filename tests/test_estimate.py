@@ -184,8 +184,8 @@ def test_suite_skips_a_configuration_that_cannot_fit(tmp_path: Path) -> None:
     """Window attention at N = 12 and 4096 (tiny preset): padded's 4096-token MAX_LEN caches
     are over a limit that every other job fits, so that one job becomes a ``skipped`` row and
     is never started; the others run (a stand-in child: no JAX work)."""
-    from bench import suite_jobs as suite
     from bench.experiments.suite import grid
+    from bench.lib.suite import suite_jobs as suite
 
     preset = {**grid("full"), "preset": "tiny", "batch": 2, "prompt_len": (3, 6), "window": 8,
               "block": 8, "kinds": ("window",), "tokens": (12, 4096), "pershape_tokens": (),

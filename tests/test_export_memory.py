@@ -1,9 +1,9 @@
 """``jaxrl-sym export`` holds the weights plus at most one extra copy (peak RSS, measured).
 
-A 92 MB random-weight Llama (:func:`bench.checkpoints.write_random_checkpoint`) and an RL
+A 92 MB random-weight Llama (:func:`bench.lib.checkpoints.write_random_checkpoint`) and an RL
 checkpoint of it (parameters + Adam's two moments, :func:`write_rl_checkpoint`) are exported in
 child processes that first export a tiny checkpoint the same way, so their baseline already
-holds JAX, orbax and tokenizers (:mod:`bench.export_memory`). What the real export adds on top
+holds JAX, orbax and tokenizers (:mod:`bench.lib.export_memory`). What the real export adds on top
 of that baseline is compared with the weights' size W:
 
 * ``--checkpoint-dir``: at most 2 W, the policy plus one extra copy (measured 1.6-1.85 W here,
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.checkpoints import write_random_checkpoint, write_rl_checkpoint
-from bench.export_memory import measure, weights_bytes
+from bench.lib.checkpoints import write_random_checkpoint, write_rl_checkpoint
+from bench.lib.export_memory import measure, weights_bytes
 
 # 23M parameters in fp32, no tensor above 3.2 MB (vocabulary 8192): the weights dominate.
 SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6,
@@ -65,7 +65,7 @@ def test_checkpoint_export_reads_and_verifies_only_the_policy(tmp_path: Path) ->
     """With a reference and a PPO value head saved beside the policy, the export still writes
     exactly the policy (untrained: the source file); flipped bytes in the saved arrays are
     refused by the parameters' digest, naming the step."""
-    from bench.checkpoints import TEMPLATE
+    from bench.lib.checkpoints import TEMPLATE
     from jaxrl_sym.models.hf import load_pretrained
     from jaxrl_sym.rl.checkpoint import Checkpointer, CheckpointError, fingerprint
     from jaxrl_sym.rl.config import RLConfig

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import gpu_report
 from bench.experiments import gpu_plan
+from bench.lib import gpu_report
 
 ROOT = Path(__file__).resolve().parent.parent
 

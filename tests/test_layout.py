@@ -4,15 +4,21 @@ Why a test: the layout is the architecture (symbols → tracer → PDG → passe
 systems, RL and the CLI on top). An import circle, even one hidden inside a function, ties two
 rooms together so neither can be read or changed alone; a module over ~500 lines or a function
 over ~60 is a room nobody finds their way around. The graph below counts imports inside
-functions too, and ``TYPE_CHECKING`` blocks are skipped (they never run).
+functions too, and ``TYPE_CHECKING`` blocks are skipped (they never run). The benchmarks
+(``bench/``) are held to the same rules, and their module names are unique: a bare name such as
+``suite_jobs`` or ``xla_gpu`` names one file.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "jaxrl_sym"
+BENCH = PKG.parent / "bench"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
@@ -54,11 +60,11 @@ def _imports(source: str, me: str, is_init: bool, modules: set[str]) -> set[str]
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(pkg: Path = PKG) -> dict[str, set[str]]:
     """Module → the package modules it imports. A package's face (its ``__init__``) re-exporting
     its own submodules, and a submodule importing a sibling through the face, are not circles of
     rooms: edges between a package and its own submodules are left out."""
-    files = sorted(PKG.rglob("*.py"))
+    files = sorted(pkg.rglob("*.py"))
     modules = {_module_name(f) for f in files}
     graph: dict[str, set[str]] = {}
     for f in files:
@@ -101,8 +107,9 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_no_import_circle_among_the_package_modules() -> None:
-    circles = _circles(_graph())
+@pytest.mark.parametrize("pkg", [PKG, BENCH], ids=lambda p: p.name)
+def test_no_import_circle_among_the_package_modules(pkg: Path) -> None:
+    circles = _circles(_graph(pkg))
     assert not circles, f"import circles (counting imports inside functions): {circles}"
 
 
@@ -126,13 +133,21 @@ def _long_functions(path: Path) -> list[str]:
             and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
 
 
-def test_no_module_over_the_limit() -> None:
+@pytest.mark.parametrize("pkg", [PKG, BENCH], ids=lambda p: p.name)
+def test_no_module_over_the_limit(pkg: Path) -> None:
     limit = MAX_MODULE_LINES
-    long = [f"{f.relative_to(PKG.parent)} ({n} lines)" for f in sorted(PKG.rglob("*.py"))
+    long = [f"{f.relative_to(PKG.parent)} ({n} lines)" for f in sorted(pkg.rglob("*.py"))
             if (n := len(f.read_text().splitlines())) > limit]
     assert not long, f"modules over {limit} lines: {long}"
 
 
-def test_no_function_over_the_limit() -> None:
-    long = [x for f in sorted(PKG.rglob("*.py")) for x in _long_functions(f)]
+@pytest.mark.parametrize("pkg", [PKG, BENCH], ids=lambda p: p.name)
+def test_no_function_over_the_limit(pkg: Path) -> None:
+    long = [x for f in sorted(pkg.rglob("*.py")) for x in _long_functions(f)]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_bench_module_names_are_unique() -> None:
+    names = Counter(f.stem for f in BENCH.rglob("*.py") if f.name != "__init__.py")
+    assert not [n for n, k in names.items() if k > 1], sorted(
+        str(f.relative_to(PKG.parent)) for f in BENCH.rglob("*.py") if names[f.stem] > 1)

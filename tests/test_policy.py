@@ -1,6 +1,6 @@
 """The host loop's policy is what runs: the engine's dispatches equal the policy's replay.
 
-``bench/suite_padding.py`` counts the symbolic runtime's work by calling
+``bench/lib/suite/suite_padding.py`` counts the symbolic runtime's work by calling
 :func:`jaxrl_sym.runtime.policy.replay`; these tests check that replay against the engine's own
 dispatch and compile counters on a model that is not ``DecoderLM`` (so a benchmark can never
 describe a policy the runtime does not follow), and the policy's invariants on random requests.

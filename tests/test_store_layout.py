@@ -64,8 +64,8 @@ def test_decode_temporaries_hold_no_copy_of_a_store_on_a_zoo_model() -> None:
 
 
 _H100 = """
-from bench import gpu_compile
-gpu_compile._path()  # before JAX picks its backends
+from bench.lib.projection import xla_gpu
+xla_gpu._path()  # before JAX picks its backends
 import jax, numpy as np
 from flax import nnx
 from jaxrl_sym.models.lm import DecoderLM, preset
@@ -78,7 +78,7 @@ cfg = preset("small", n_heads=14, n_kv_heads=2, head_dim=64, d_model=256,
 lm = SymbolicLM(DecoderLM(cfg, rngs=nnx.Rngs(0)))
 rng = np.random.default_rng(1)
 prompts = [rng.integers(1, 500, n).astype(np.int32) for n in rng.integers(100, 400, 64)]
-temps, store = _decode_temps(lm, prompts, 32, compiler=gpu_compile.compiler("h100"))
+temps, store = _decode_temps(lm, prompts, 32, compiler=xla_gpu.compiler("h100"))
 print("RESULT", max(temps), store)
 """
 
@@ -92,9 +92,9 @@ def test_decode_temporaries_compiled_for_the_h100_hold_no_copy_of_the_stores() -
     import sys
     from pathlib import Path
 
-    from bench import gpu_compile
+    from bench.lib.projection import xla_gpu
 
-    if not gpu_compile.SITE.is_dir():
+    if not xla_gpu.SITE.is_dir():
         pytest.skip("the deviceless H100 compile needs `bash scripts/gpu_compile_deps.sh`")
     here = Path(__file__).resolve().parent
     res = subprocess.run([sys.executable, "-c", _H100, str(here)], cwd=here.parent,

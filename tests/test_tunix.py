@@ -261,7 +261,7 @@ def test_cli_refuses_tunix_on_window_attention(capsys):
 
 
 def _bench():
-    from bench import suite_jobs, suite_padding
+    from bench.lib.suite import suite_jobs, suite_padding
 
     return suite_jobs, suite_padding
 

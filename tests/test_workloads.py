@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from bench import plots, suite_child, suite_report, suite_trace
-from bench import suite_padding as sp
+from bench.lib import plots
+from bench.lib.suite import suite_child, suite_report, suite_trace
+from bench.lib.suite import suite_padding as sp
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.workloads import (
     REASONING_CAPS,

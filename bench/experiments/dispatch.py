@@ -1,7 +1,7 @@
 """The dispatch ledger of the RL step's generation: per system, kernels and host launches per
 decode step, host round-trips per token, the share of a tile's kernels inside CUDA graphs, and
 generation seconds projected from bytes, launches and round-trips — every program compiled for
-the GPU on this machine, nothing run (:mod:`bench.dispatch`).
+the GPU on this machine, nothing run (:mod:`bench.lib.projection.dispatch_ledger`).
 
 Why: generation on the H100 ran at ~8x its bytes floor; a decode tile's loop test was a host
 round-trip per token. This shows where a change to the tile program moves those counts before
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import presets
-from bench.child import ROOT
+from bench.lib.child import ROOT
 from jaxrl_sym.errors import InputError
 
 CALIBRATION = ROOT / "bench" / "results" / "projection" / "dispatch" / "calibration_h100.json"
@@ -42,18 +42,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from bench import dispatch
+    from bench.lib.projection import dispatch_ledger
 
     p = presets.parser("dispatch", __doc__, PRESETS)
     p.add_argument("--device", default=None, choices=("h100",),
                    help="the GPU the programs compile for (its thunk sequence is read)")
     p.add_argument("--precision", default=None, choices=("bf16-mixed", "fp32"),
                    help="the weights generation reads: bf16 (bf16-mixed's copy) or fp32")
-    p.add_argument("--systems", default=None, type=presets.names(tuple(dispatch.WALKS), "system"),
-                   help="comma-separated: " + ", ".join(dispatch.WALKS))
+    p.add_argument("--systems", default=None,
+                   type=presets.names(tuple(dispatch_ledger.WALKS), "system"),
+                   help="comma-separated: " + ", ".join(dispatch_ledger.WALKS))
     p.add_argument("--engine", default=None, type=presets.json_object(presets.engine_options),
                    help="sym's EngineOptions as JSON")
-    p.add_argument("--command-buffers", default=None, choices=tuple(dispatch.COMMAND_BUFFERS),
+    p.add_argument("--command-buffers", default=None,
+                   choices=tuple(dispatch_ledger.COMMAND_BUFFERS),
                    help="XLA's command-buffer types: default, or while (+WHILE,+CONDITIONAL)")
     p.add_argument("--check", type=presets.at_least(1), default=None,
                    help="compile sym's decode tiles testing their rows every CHECK steps "
@@ -79,16 +81,15 @@ def _model(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[int]]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every system's dispatch ledger, floor and projected seconds at ``args``."""
-    from bench import dispatch
-    from bench.projection import decode_bytes, devices
+    from bench.lib.projection import decode_bytes, devices, dispatch_ledger
     from jaxrl_sym.runtime.ledger import tree_nbytes
 
     dev = devices()[args.device]
     model, state, prompts, limits = _model(args)
     engine = json.loads(args.engine) if args.engine else {}
-    rows = dispatch.generation_rows(
+    rows = dispatch_ledger.generation_rows(
         model, state, prompts, limits, presets.csv(args.systems), engine, args.device,
-        dispatch.COMMAND_BUFFERS[args.command_buffers], args.check,
+        dispatch_ledger.COMMAND_BUFFERS[args.command_buffers], args.check,
         progress=lambda s: print(s, file=sys.stderr))
     floor = decode_bytes(model, [len(p) for p in prompts], limits, tree_nbytes(state))
     fitted = _fitted()
@@ -97,7 +98,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             / dev["bandwidth"]
         row["generation_read_s"] = row["read"] / dev["bandwidth"]
         if fitted is not None:
-            row["generation_projected_s"] = dispatch.price(row, dev["bandwidth"],
+            row["generation_projected_s"] = dispatch_ledger.price(row, dev["bandwidth"],
                                                            fitted["per"])
     return {"systems": rows, "fitted": fitted, "device": args.device,
             "precision": args.precision, "engine": engine,
@@ -114,8 +115,7 @@ def _fitted() -> dict[str, Any] | None:
 def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     """Fit (t_launch, t_sync) on every committed H100 generation row of the gpu preset, each
     priced with its configuration's programs as measured (sym's tiles: one test per step)."""
-    from bench import dispatch
-    from bench.projection import devices, measured_runs
+    from bench.lib.projection import devices, dispatch_ledger, measured_runs
 
     dev = devices()[args.device]
     cache: dict[tuple, dict[str, Any]] = {}
@@ -126,7 +126,7 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
             continue
         precision = cfg.get("precision") or "fp32"
         for name, got in run["systems"].items():
-            walk = dispatch.WALKS[name]
+            walk = dispatch_ledger.WALKS[name]
             key = (name, precision, cfg.get("engine") if walk.engine else None)
             if key not in cache:
                 sub = argparse.Namespace(**{**vars(args), "precision": precision,
@@ -140,10 +140,10 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
             points.append({"system": name, "precision": precision, "engine": key[2],
                            "source": run["source"], "measured_s": seconds,
                            "counts": {k: cache[key][k] for k in
-                                      ("read", "bytes", *dispatch.TERMS, "decode_steps")}})
-    per = dispatch.fit([(p["counts"], p["measured_s"]) for p in points], dev["bandwidth"])
+                                      ("read", "bytes", *dispatch_ledger.TERMS, "decode_steps")}})
+    per = dispatch_ledger.fit([(p["counts"], p["measured_s"]) for p in points], dev["bandwidth"])
     for p in points:
-        p["projected_s"] = dispatch.price(p["counts"], dev["bandwidth"], per)
+        p["projected_s"] = dispatch_ledger.price(p["counts"], dev["bandwidth"], per)
         p["miss"] = p["projected_s"] / p["measured_s"] - 1
     return {"per": per, "rows": points,
             "source": f"{len(points)} committed H100 generation rows, fitted by "
@@ -166,11 +166,11 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import gpu_compile
+    from bench.lib.projection import xla_gpu
 
     argv = list(argv if argv is not None else sys.argv[1:])
     args = parse_args(argv)
-    why = gpu_compile.unavailable()
+    why = xla_gpu.unavailable()
     if why is not None:
         raise InputError(f"dispatch: {why}")
     if args.calibrate:

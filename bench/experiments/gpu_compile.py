@@ -1,6 +1,6 @@
 """The padded baseline's generation program at the RL step's workload, compiled for an H100
-without a GPU (:mod:`bench.gpu_compile`) and for this CPU: XLA's memory analysis side by side
-and the largest temporaries by name.
+without a GPU (:mod:`bench.lib.projection.xla_gpu`) and for this CPU: XLA's memory analysis side
+by side and the largest temporaries by name.
 
 Why: the H100 run of 2026-11-27 measured padded's bf16-mixed + LoRA step at 9.55 GB, reached in
 generation, against a projected 5.68; the autotuner was ruled out (same peak with it off). The
@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import gpu_compile, presets
+from bench import presets
 from bench.experiments import rlft_step
+from bench.lib.projection import xla_gpu
 from jaxrl_sym.errors import InputError
 
 _COMMON = {"sigma": 0.6, "seed": 0, "target": "h100", "precision": "fp32"}
@@ -34,7 +35,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = presets.parser("gpu_compile", __doc__, PRESETS)
-    p.add_argument("--target", default=None, choices=tuple(gpu_compile.TARGETS),
+    p.add_argument("--target", default=None, choices=tuple(xla_gpu.TARGETS),
                    help="the GPU the programs compile for")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16"),
                    help="dtype of the weights generation reads (bf16: bf16-mixed's copy)")
@@ -84,7 +85,7 @@ def sym_generation(args: argparse.Namespace) -> dict[str, Any]:
     plan = compile_generation(program, EngineOptions(microbatch_rows=args.rows))
     leaves = jax.tree_util.tree_leaves(state)
     out = {}
-    for key, comp in (("gpu", gpu_compile.compiler(args.target)), ("cpu", None)):
+    for key, comp in (("gpu", xla_gpu.compiler(args.target)), ("cpu", None)):
         t0 = time.perf_counter()
         led = sym_ledger(plan, leaves, expanded, gcfg, compiler=comp).ledger
         peak = max(led.moments, key=lambda m: m.total)
@@ -118,13 +119,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     prog, structs, shape = program(args)
     out: dict[str, Any] = {"shape": shape, "target": args.target, "precision": args.precision}
-    dump = gpu_compile.dump_dir()
+    dump = xla_gpu.dump_dir()
     t0 = time.perf_counter()
-    gpu = gpu_compile.compile_for(prog, *structs, target=args.target, dump_to=dump)
+    gpu = xla_gpu.compile_for(prog, *structs, target=args.target, dump_to=dump)
     out["gpu"] = {**analyse(gpu), "seconds": time.perf_counter() - t0,
                   "largest_temporaries": [
                       {"name": n, "shape": s, "bytes": b}
-                      for n, s, b in gpu_compile.temp_buffers(dump)]}
+                      for n, s, b in xla_gpu.temp_buffers(dump)]}
     t0 = time.perf_counter()
     cpu = prog.lower(*jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                    structs)).compile()
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from datetime import date
 
     args = parse_args(argv if argv is not None else sys.argv[1:])
-    why = gpu_compile.unavailable()
+    why = xla_gpu.unavailable()
     if why is not None:
         raise InputError(f"gpu_compile: {why}")
     if args.runtime_ledger:

@@ -6,11 +6,11 @@ plan is prepared here and only *produces results* there:
     python -m bench gpu_plan --budget-min 8 --out $OUT --commit <git sha>   # on the GPU
     python -m bench gpu_plan --dry-run --out /tmp/plan                       # CPU, tiny shapes
 
-Each item runs in its own process (``bench.child``: its own allocator peak, an OOM is a row) with
-a timeout of what is left of the budget; an item whose expected minutes no longer fit is recorded
-as skipped, not started. After every item one line is appended to ``plan.jsonl`` in ``--out``:
-the item, its status, seconds, the experiment's own JSON report (parsed), the log's tail, and the
-device, versions, date and git commit, so a run cut short keeps everything it finished. The
+Each item runs in its own process (``bench.lib.child``: its own allocator peak, an OOM is a row)
+with a timeout of what is left of the budget; an item whose expected minutes no longer fit is
+recorded as skipped, not started. After every item one line is appended to ``plan.jsonl`` in
+``--out``: the item, its status, seconds, the experiment's own JSON report (parsed), the log's tail,
+and the device, versions, date and git commit, so a run cut short keeps everything it finished. The
 device tool returns at most 8 files, so the whole plan is two: ``plan.jsonl`` and ``plan.log``.
 
 ``--dry-run`` runs every item's code path at tiny shapes on whatever backend is here (CI runs it):
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import child, presets
+from bench import presets
+from bench.lib import child
 from jaxrl_sym.errors import InputError
 
 _GPU_OUT = str(child.ROOT / "bench" / "results" / "gpu_plan")  # then moved to <device>/<date>/
@@ -261,7 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv if argv is not None else sys.argv[1:])
     if args.report:
-        from bench import gpu_report
+        from bench.lib import gpu_report
 
         plan = Path(args.report)
         if not plan.is_file():

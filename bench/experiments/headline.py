@@ -36,9 +36,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import child, presets
-from bench.roles import REFERENCE, base_name
-from bench.suite_jobs import device_dir
+from bench import presets
+from bench.lib import child
+from bench.lib.roles import REFERENCE, base_name
+from bench.lib.suite.suite_jobs import device_dir
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"reps": 1, "steps": 1, "timeout": 1800, "out": presets.quick_dir("headline")},

@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from bench import child, presets
-from bench.record import git_commit
+from bench import presets
+from bench.lib import child
+from bench.lib.record import git_commit
 from jaxrl_sym.rl.tasks import TASK_NAMES  # JAX-free
 
 ALGOS = ("grpo", "rloo", "ppo")

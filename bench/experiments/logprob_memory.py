@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench import presets
-from bench.child import ROOT
+from bench.lib.child import ROOT
 from jaxrl_sym.rl import RLConfig
 
 if TYPE_CHECKING:

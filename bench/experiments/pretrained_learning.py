@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import child, presets
+from bench import presets
+from bench.lib import child
 
 _FIXTURE = str(child.ROOT / "tests" / "fixtures" / "text" / "chatml_qwen2")
 # one operation (after an opening amount that may itself be boxes x per box) on numbers up to

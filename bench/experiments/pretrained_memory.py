@@ -1,7 +1,7 @@
 """Peak memory of one GRPO step of a pretrained-shape checkpoint on this machine, beside its ledger.
 
 ``python -m bench pretrained_memory --preset full`` writes a random-weight checkpoint at
-SmolLM2-135M's shape (:data:`bench.checkpoints.SMOLLM2_135M`: 30 layers, width 576, 9/3 heads,
+SmolLM2-135M's shape (:data:`bench.lib.checkpoints.SMOLLM2_135M`: 30 layers, width 576, 9/3 heads,
 vocabulary 49,152; fp32, 0.54 GB), runs ``jaxrl-sym train --model DIR --task word-problems``
 for one step of ``--prompts 1 --group 8 --max-new-tokens 128`` in a fresh child process and
 reads the child's high-water RSS (``VmHWM``, which starts afresh at ``exec``; ``ru_maxrss``
@@ -28,7 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import child, presets
+from bench import presets
+from bench.lib import child
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"shape": "tiny", "group": 4, "tokens": 16, "update_tokens": None,
@@ -52,7 +53,7 @@ def write_model(out: Path, shape: str) -> int:
     import numpy as np
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from bench.checkpoints import SMOLLM2_135M, write_random_checkpoint
+    from bench.lib.checkpoints import SMOLLM2_135M, write_random_checkpoint
     from jaxrl_sym.rl.text_tasks import word_problem
 
     nbytes = write_random_checkpoint(out, SMOLLM2_135M if shape != "tiny" else None)

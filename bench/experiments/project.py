@@ -19,7 +19,7 @@ The ``gpu`` preset on ``--device h100`` sets the projection beside the committed
 
     python -m bench project --preset quick
     python -m bench project --preset gpu --device h100     # ~10 min of compiles on 2 cores
-    python -m bench project --workload decode --preset gpu  # bench/projection_decode.py
+    python -m bench project --workload decode --preset gpu  # lib/projection/projection_decode.py
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import child, gpu_compile, presets
+from bench import presets
 from bench.experiments import rlft_step
-from bench.projection import calibration, devices, render, roofline
+from bench.lib import child
+from bench.lib.projection import calibration, devices, render, roofline, xla_gpu
 
 _COMMON = {"sigma": 0.6, "beta": 0.04, "seed": 0, "systems": "sym,padded", "device": "h100"}
 PRESETS: dict[str, dict[str, Any]] = {
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated trainable systems")
     p.add_argument("--model", default=None,
                    help="the policy: cpu / gpu (the preset's Qwen2.5-shaped DecoderLM), or "
-                        "zoo-gpt2, zoo-gemmaish, hf-llama (bench/models.py)")
+                        "zoo-gpt2, zoo-gemmaish, hf-llama (bench/lib/models.py)")
     p.add_argument("--measure", type=presets.truth, default=None,
                    help="also run the step here and compare the ledger with the measured peak")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16-mixed", "bf16"),
@@ -85,9 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "device run of its configuration and re-render OUT.md (a note written "
                         "by hand between the title and the command line is kept)")
     p.add_argument("--compile-for", default=None, metavar="TARGET",
-                   choices=tuple(gpu_compile.TARGETS),
+                   choices=tuple(xla_gpu.TARGETS),
                    help="compile the step's programs for this GPU (h100) instead of this CPU: "
-                        "XLA:GPU's own buffer assignment, no GPU needed (bench/gpu_compile.py; "
+                        "XLA:GPU's own buffer assignment, no GPU needed "
+                        "(bench/lib/projection/xla_gpu.py; "
                         "scripts/gpu_compile_deps.sh first)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return presets.parse(p, PRESETS, argv)
@@ -96,10 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_child(args: argparse.Namespace) -> dict[str, Any]:
     """One system's ledger (and measurement): runs in its own process."""
     if args.compile_for:  # before JAX starts its backends: the CUDA plugin must be found
-        why = gpu_compile.unavailable()
+        why = xla_gpu.unavailable()
         if why is not None:
             raise SystemExit(f"--compile-for {args.compile_for}: {why}")
-    from bench.projection import measure_step, system_ledger
+    from bench.lib.projection import measure_step, system_ledger
 
     out = system_ledger(args, args.child)
     if args.measure:
@@ -109,8 +111,8 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if _workload(argv) == "decode":  # its own presets and children: bench/projection_decode.py
-        from bench import projection_decode
+    if _workload(argv) == "decode":  # its own presets and children: projection_decode.py
+        from bench.lib.projection import projection_decode
 
         return projection_decode.main(argv)
     args = parse_args(argv)
@@ -171,7 +173,7 @@ def recalibrate(path: Path) -> int:
 
 def config(args: argparse.Namespace) -> dict[str, Any]:
     """The projected step's configuration in ``rlft_step``'s report keys (what a measured run
-    must share to calibrate it: :func:`bench.projection.run_config`)."""
+    must share to calibrate it: :func:`bench.lib.projection.run_config`)."""
     return {"preset": args.preset, "precision": args.precision or "fp32",
             "lora_rank": args.lora_rank, "update_tokens": args.update_tokens,
             "engine": args.engine, "logprob_chunk": args.logprob_chunk,

@@ -33,9 +33,9 @@ from typing import Any
 
 from bench import presets
 from bench.experiments.suite import grid
-from bench.projection import devices
-from bench.record import write_table
-from bench.requests import realistic_request
+from bench.lib.projection import devices
+from bench.lib.record import write_table
+from bench.lib.requests import realistic_request
 from jaxrl_sym import systems
 from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.runtime.refill import Refill, RefillRun, padded_groups, replay

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import child, presets
+from bench import presets
+from bench.lib import child
 from jaxrl_sym.systems import BASELINE, REFERENCE
 from jaxrl_sym.workloads import grpo_rollout
 

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from bench import presets
-from bench.child import ROOT
+from bench.lib.child import ROOT
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"rows": "8,32", "steps": 8, "repeats": 1,

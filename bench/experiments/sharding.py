@@ -27,7 +27,8 @@ import sys
 import time
 from typing import Any
 
-from bench import child, presets
+from bench import presets
+from bench.lib import child
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"devices": "1,2", "prompts": 2, "repeats": 1,

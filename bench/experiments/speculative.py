@@ -1,6 +1,6 @@
 """Speculative decoding on the suite's realistic request: tokens/s with and without it.
 
-The request is :func:`bench.requests.realistic_request`'s at the suite's preset of the same name
+The request is :func:`bench.lib.requests.realistic_request`'s at the suite's preset of the same name
 (``full``: 16 prompts of 16–128 tokens, per-row response limits log-normal with median 69 capped at
 256, the ``decode-cpu`` model with full attention, greedy; ``quick``: the tiny request). Systems:
 the symbolic runtime plain (decode tiles of 8 steps) and with speculation (n-gram prompt-lookup
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from bench import presets
-from bench.child import ROOT
 from bench.experiments.suite import grid
-from bench.record import git_commit
-from bench.requests import realistic_request
+from bench.lib.child import ROOT
+from bench.lib.record import git_commit
+from bench.lib.requests import realistic_request
 from jaxrl_sym.cli import PRESETS as MODEL_PRESETS  # JAX-free: checked before JAX
 from jaxrl_sym.runtime.options import Speculation
 
@@ -177,6 +177,6 @@ def main(argv: list[str] | None = None) -> int:
 def _device_dir() -> Path:
     import jax
 
-    from bench.suite_jobs import device_dir
+    from bench.lib.suite.suite_jobs import device_dir
 
     return ROOT / "bench" / "results" / device_dir(str(jax.devices()[0].device_kind))

@@ -6,8 +6,8 @@
     python -m bench suite --preset full --only decode --force   # re-run a part
     python -m bench suite --preset full --render                # tables and plots only
 
-Scenarios, resuming, out-of-memory rows and the memory check: :mod:`bench.suite_jobs`. Results
-go to ``bench/results/<device>/suite/`` (``results.jsonl``, ``results.md``, ``*.png``) and
+Scenarios, resuming, out-of-memory rows and the memory check: :mod:`bench.lib.suite.suite_jobs`.
+Results go to ``bench/results/<device>/suite/`` (``results.jsonl``, ``results.md``, ``*.png``) and
 ``bench/results/<device>/SUITE.md`` (the quick preset: a temporary folder).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import presets
-from bench.child import ROOT
-from bench.suite_jobs import (
+from bench.lib.child import ROOT
+from bench.lib.suite.suite_jobs import (
     device_dir,
     device_meta,
     load_rows,
@@ -78,7 +78,8 @@ PRESETS = _GRID
 
 
 def grid(name: str) -> dict[str, Any]:
-    """Preset ``name`` as :func:`bench.suite_jobs.plan` takes it (``preset``: the model)."""
+    """Preset ``name`` as :func:`bench.lib.suite.suite_jobs.plan` takes it (``preset``: the
+    model)."""
     g = {k: v for k, v in _GRID[name].items() if k not in ("model", "out")}
     return {**g, "name": name, "preset": _GRID[name]["model"]}
 

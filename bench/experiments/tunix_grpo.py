@@ -32,7 +32,7 @@ import numpy as np
 
 from bench import presets
 from bench.experiments import rlft_step
-from bench.record import peer_report
+from bench.lib.record import peer_report
 
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"sigma": 0.0, "steps": 1, "out": None},

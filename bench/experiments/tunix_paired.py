@@ -23,9 +23,9 @@ import numpy as np
 from bench import presets
 from bench.experiments import rlft_step
 from bench.experiments.suite import grid
-from bench.record import peer_report
-from bench.roles import BASELINE, reference
-from bench.suite_jobs import suite_request
+from bench.lib.record import peer_report
+from bench.lib.roles import BASELINE, reference
+from bench.lib.suite.suite_jobs import suite_request
 
 SYSTEMS = ("sym-xla", "padded", "tunix", "tunix-defaults")
 PRESETS: dict[str, dict[str, Any]] = {

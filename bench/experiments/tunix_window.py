@@ -25,7 +25,7 @@ import numpy as np
 
 from bench import presets
 from bench.experiments.tunix_paired import interleaved
-from bench.roles import BASELINE, reference
+from bench.lib.roles import BASELINE, reference
 
 SYSTEMS = ("sym-xla", "padded", "tunix-gemma4")
 _CPU = {"window": 128, "batch": 8, "prompt_min": 16, "prompt_max": 64, "model": "decode-cpu",

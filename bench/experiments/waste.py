@@ -1,7 +1,7 @@
 """Where the symbolic runtime's token positions go on realistic RL lengths, from its own log.
 
-Runs the suite's realistic request (:func:`bench.requests.realistic_request`; preset ``full``: 16
-prompts of 16–128 tokens, responses log-normal with median 69 capped at 256, on CPU; ``gpu``: 64
+Runs the suite's realistic request (:func:`bench.lib.requests.realistic_request`; preset ``full``:
+16 prompts of 16–128 tokens, responses log-normal with median 69 capped at 256, on CPU; ``gpu``: 64
 prompts of 64–512, median 275 capped at 1024; ``quick``: the suite's tiny request) through
 ``SymbolicLM`` with each prefill layout and grouping, and reports what the engine booked per cause
 (``stats["waste_by_cause"]``, written by the decode groups while they run — not a replay), with
@@ -25,8 +25,8 @@ import numpy as np
 
 from bench import presets
 from bench.experiments.suite import grid
-from bench.record import write_table
-from bench.requests import realistic_request as request
+from bench.lib.record import write_table
+from bench.lib.requests import realistic_request as request
 from jaxrl_sym import systems
 from jaxrl_sym.runtime.options import EngineOptions
 

@@ -13,10 +13,10 @@ per program run — ``max(flops / peak flops, bytes / bandwidth)`` per step from
 (which counts a loop body once) times its steps, plus ``dispatch_s`` per dispatch — beside the
 memory-bound floor (each decode step reads the weights and every live row's needed K/V once).
 ``--measure`` (the CPU presets) also runs each request here, a warm-up call then one with RSS
-sampled (large buffers through ``mmap``, so RSS follows live bytes), and sets the ledger's
-transient bytes (its peak minus the weights held before the call) beside the RSS rise, and the
-measured seconds beside the floor at this machine's copy bandwidth. The ``gpu`` preset is the
-suite's GPT-2-small decode (batch 64, prompts 8–24, window 512; ``bench/suite_jobs.py``) and on
+sampled (large buffers through ``mmap``, so RSS follows live bytes), and sets the ledger's transient
+bytes (its peak minus the weights held before the call) beside the RSS rise, and the measured
+seconds beside the floor at this machine's copy bandwidth. The ``gpu`` preset is the suite's
+GPT-2-small decode (batch 64, prompts 8–24, window 512; ``bench/lib/suite/suite_jobs.py``) and on
 ``--device h100`` is set beside the committed measurements.
 """
 
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from bench import presets
-from bench.child import ROOT
-from bench.projection import devices
-from bench.projection_decode_report import render, write
+from bench.lib.child import ROOT
+from bench.lib.projection import devices
+from bench.lib.projection.projection_decode_report import render, write
 from jaxrl_sym.systems import BASELINE, REFERENCE
 
 _SUITE_SYSTEMS = {"padded": ("padded",), "sym": ("sym-xla", "sym-triton")}
@@ -77,9 +77,9 @@ def default_out(args: Namespace) -> str:
 
 def build(args: Namespace, model_name: str, attention: str) -> Any:
     """The model: the suite's (``gpt2-small``, ``small`` as ``decoder``) or one of
-    :mod:`bench.models` (two zoo models without DecoderLM code, a Hugging Face checkpoint),
+    :mod:`bench.lib.models` (two zoo models without DecoderLM code, a Hugging Face checkpoint),
     whose attention is the model's own (``zoo-gemmaish:local+global=256``)."""
-    from bench import models
+    from bench.lib import models
     from jaxrl_sym.decode_run import build_model
 
     if model_name in models.NAMES:
@@ -93,7 +93,7 @@ def build(args: Namespace, model_name: str, attention: str) -> Any:
 def request(args: Namespace, vocab: int, n: int) -> tuple[list[np.ndarray], Any]:
     """The suite's decode request: prompt lengths uniform in ``prompt_len`` (seeded as
     ``suite_jobs``), tokens as its child draws them, every row to ``n`` tokens."""
-    from bench.requests import prompt_tokens
+    from bench.lib.requests import prompt_tokens
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.workloads import uniform
 
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_children(args: Namespace, argv: list[str] | None) -> dict[str, Any]:
-    from bench import child
+    from bench.lib import child
 
     report: dict[str, Any] = {"command": presets.command("project", argv), "preset": args.preset,
                               "batch": args.batch, "systems": {}}

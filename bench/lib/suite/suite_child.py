@@ -1,5 +1,6 @@
 """One system on one generation request, in its own process (the suite's child:
-``python -m bench.suite_child``, started by :mod:`bench.suite_jobs` through :mod:`bench.child`).
+``python -m bench.lib.suite.suite_child``, started by :mod:`bench.lib.suite.suite_jobs` through
+:mod:`bench.lib.child`).
 
 Why a process per (configuration, system): peak RSS and the device allocator's peak are then that
 system's own, a crash or an out-of-memory kill takes down only this configuration, and XLA's
@@ -18,8 +19,8 @@ Timing, the same rule for every system:
 Both calls generate without logits (a logits run compiles other programs); sym is checked against
 padded on tokens and log-probabilities, which the parent compares.
 
-    python -m bench.suite_child SPEC.json OUT.json     # one run
-    python -m bench.suite_child --probe OUT.json       # device, versions, backends
+    python -m bench.lib.suite.suite_child SPEC.json OUT.json     # one run
+    python -m bench.lib.suite.suite_child --probe OUT.json       # device, versions, backends
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.requests import prompt_tokens
+from bench.lib.requests import prompt_tokens
 
 
 def probe() -> dict[str, Any]:

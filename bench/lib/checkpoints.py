@@ -24,10 +24,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from bench.lib.child import ROOT
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf.safetensors_io import write_safetensors
 
-ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "tests" / "fixtures" / "hf" / "llama_tied_sharded"
 # HuggingFaceTB/SmolLM2-135M's shape (its config.json), tied embeddings: 134.5M parameters.
 SMOLLM2_135M: dict[str, Any] = {
@@ -122,7 +122,7 @@ def write_rl_checkpoint(model_dir: str | Path, run_dir: str | Path, *, beta: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.checkpoints OUT [--dtype bfloat16] [--tiny]``: write one."""
+    """``python -m bench.lib.checkpoints OUT [--dtype bfloat16] [--tiny]``: write one."""
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

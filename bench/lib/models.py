@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.child import ROOT
+from bench.lib.child import ROOT
 
 # name -> the attention label a decode run names it by (the model decides its attention)
 ATTENTION = {"zoo-gpt2": "full", "zoo-gemmaish": "local+global", "hf-llama": "full"}
@@ -73,7 +73,7 @@ def vocab_size(name: str, seed: int = 0) -> int:
 
 def _hf_llama(seed: int) -> Path:
     """The scaled-up Llama checkpoint's directory, written on first use (same seed, same bytes)."""
-    from bench.checkpoints import write_random_checkpoint
+    from bench.lib.checkpoints import write_random_checkpoint
 
     out = Path(tempfile.gettempdir()) / "bench-models" / f"hf-llama-seed{seed}"
     if not (out / "model.safetensors").is_file():

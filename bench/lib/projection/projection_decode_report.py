@@ -1,5 +1,5 @@
-"""The decode projection's page (:mod:`bench.projection_decode`): peaks and their buffers,
-projected seconds beside the memory-bound floor, the ledger against this machine, and the
+"""The decode projection's page (:mod:`bench.lib.projection.projection_decode`): peaks and their
+buffers, projected seconds beside the memory-bound floor, the ledger against this machine, and the
 calibration against a committed GPU run.
 
 Why its own module: the tables are pure functions of the report's JSON, so a page can be
@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from bench.projection import GB
+from bench.lib.projection import GB
 from jaxrl_sym.systems import BASELINE
 
 FINDINGS = "## Findings"

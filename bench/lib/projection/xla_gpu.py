@@ -30,9 +30,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.lib.child import ROOT
+
 SITE = ROOT / ".gpu-compile"
-TARGETS = {"h100": Path(__file__).resolve().parent / "devices" / "h100_sxm.txtpb"}
+TARGETS = {"h100": ROOT / "bench" / "devices" / "h100_sxm.txtpb"}
 OPTIONS: dict[str, Any] = {}  # XLA:GPU defaults; autotuning without a device takes defaults
 
 __all__ = ["compile_for", "compiler", "cost_analysis", "temp_buffers", "unavailable"]
@@ -87,8 +88,8 @@ def compile_for(fn: Any, *args: Any, target: str = "h100", dump_to: str | None =
     ``ShapeDtypeStruct`` trees; placed replicated on the compile-only device) and compiled,
     never run. ``kwargs``: static keyword arguments of the lowering, as given. ``dump_to``: a
     folder for XLA's dumps (the buffer assignment :func:`temp_buffers` reads, the thunk
-    sequence :mod:`bench.thunks` reads). ``options``: XLA debug options for this compile
-    (e.g. ``xla_gpu_enable_command_buffer``), beside :data:`OPTIONS`."""
+    sequence :mod:`bench.lib.projection.thunks` reads). ``options``: XLA debug options for this
+    compile (e.g. ``xla_gpu_enable_command_buffer``), beside :data:`OPTIONS`."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.lib.child import ROOT
 
 
 def git_commit() -> str:

@@ -1,7 +1,7 @@
 """The dispatch ledger of one generation request: every program a system runs for it, compiled
-for a GPU on this machine (:mod:`bench.gpu_compile`), and what running them costs the host —
-launches, CUDA-graph capture, host round-trips — from XLA's own thunk sequence
-(:mod:`bench.thunks`), beside the bytes XLA's cost analysis says each step moves.
+for a GPU on this machine (:mod:`bench.lib.projection.xla_gpu`), and what running them costs the
+host — launches, CUDA-graph capture, host round-trips — from XLA's own thunk sequence
+(:mod:`bench.lib.projection.thunks`), beside the bytes XLA's cost analysis says each step moves.
 
 Why: on the H100 (2026-11-26b) sym's generation took 3.71 s where its bytes need 0.46 s. A
 decode tile's loop test was a host round-trip per token and each step launched its kernels one
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import gpu_compile, thunks
+from bench.lib.projection import thunks, xla_gpu
 
 COMMAND_BUFFERS = {
     "default": None,  # XLA:GPU's default command-buffer types (no WHILE, no CONDITIONAL)
@@ -60,11 +60,11 @@ class Recorder:
             build = dataclasses.replace(build, kwargs=tuple(kwargs.items()))
         with tempfile.TemporaryDirectory(prefix="dispatch_") as dump:
             t0 = time.perf_counter()
-            gpu = gpu_compile.compile_for(build.jitted, *build.args, target=self.target,
+            gpu = xla_gpu.compile_for(build.jitted, *build.args, target=self.target,
                                           kwargs=kwargs, dump_to=dump, options=self.options)
             self.seconds.append(time.perf_counter() - t0)
             self.trees.append(thunks.load(dump)[0])
-        return gpu_compile.Analysed(gpu, build())
+        return xla_gpu.Analysed(gpu, build())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The benchmark suite's jobs: plan them from a preset, run each in its own process, keep every
 result as a JSONL row (resumable), render tables and plots (``python -m bench suite``).
 
-Scenarios (each configuration × system is one child process, ``python -m bench.suite_child``):
+Scenarios (each configuration × system is one child process,
+``python -m bench.lib.suite.suite_child``):
 
 * ``decode`` — the paper's Fig. 3 and beyond: full, window, block, linear and mixed attention at
   N new tokens per row (every row runs to N), systems sym (each backend available), padded XLA,
@@ -20,7 +21,7 @@ Scenarios (each configuration × system is one child process, ``python -m bench.
 
 A configuration already in the JSONL with status ``ok`` or ``oom`` is skipped unless ``force``;
 one that fails (``error``, ``timeout``) is retried. A child that runs out of memory becomes a row
-with ``status: "oom"``, never a crash of the suite (:mod:`bench.child`). Before anything runs,
+with ``status: "oom"``, never a crash of the suite (:mod:`bench.lib.child`). Before anything runs,
 every configuration's memory can be estimated from shapes (``jaxrl_sym.runtime.estimate``); one
 estimated above the limit is recorded as ``status: "skipped: estimated X GB > limit Y GB"``
 without being started. Every row carries device, versions, git commit, date and command.
@@ -40,13 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from bench import child, suite_child
-from bench.record import git_commit
-from bench.requests import prompt_tokens
-from bench.roles import rank
-from bench.suite_padding import layers_for, work_for
-from bench.suite_report import render_markdown, render_summary
-from bench.suite_trace import run_trace_job, trace_configs
+from bench.lib import child
+from bench.lib.record import git_commit
+from bench.lib.requests import prompt_tokens
+from bench.lib.roles import rank
+from bench.lib.suite import suite_child
+from bench.lib.suite.suite_padding import layers_for, work_for
+from bench.lib.suite.suite_report import render_markdown, render_summary
+from bench.lib.suite.suite_trace import run_trace_job, trace_configs
 from jaxrl_sym import systems as registry
 from jaxrl_sym.workloads import growing_runs, realistic, uniform
 
@@ -161,7 +163,7 @@ def plan(p: dict[str, Any], *, systems: Sequence[str], scenarios: Sequence[str],
 
 def child_command(spec_path: str, out_path: str) -> list[str]:
     """The command that runs one system on one request (tests pass a stand-in instead)."""
-    return child.module("bench.suite_child", spec_path, out_path)
+    return child.module("bench.lib.suite.suite_child", spec_path, out_path)
 
 
 def rlft_command(cfg: dict[str, Any], out_path: str) -> list[str]:
@@ -438,7 +440,7 @@ def device_meta(command: str, *, in_process: bool = False) -> dict[str, Any]:
     else:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "probe.json"
-            res = child.run(child.module("bench.suite_child", "--probe", str(out)))
+            res = child.run(child.module("bench.lib.suite.suite_child", "--probe", str(out)))
             if not res.ok:
                 raise RuntimeError(f"device probe failed: {res.tail()}")
             meta = json.loads(out.read_text())
@@ -457,7 +459,7 @@ def write_outputs(rows: dict[str, dict[str, Any]], out_dir: Path, *, plots: bool
     data = list(rows.values())
     (out_dir / "results.md").write_text(render_markdown(data))
     if plots:
-        from bench import plots as plotting  # matplotlib: only when plotting
+        from bench.lib import plots as plotting  # matplotlib: only when plotting
 
         plotting.plot_all(data, out_dir)
     (out_dir.parent / "SUITE.md").write_text(render_summary(data, out_dir.name))

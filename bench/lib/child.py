@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: bench/lib/child.py's grandparent
 _OOM = re.compile(r"RESOURCE_EXHAUSTED|out of memory|OutOfMemory|MemoryError|"
                   r"Cannot allocate memory|CUDA_ERROR_OUT_OF_MEMORY", re.IGNORECASE)
 

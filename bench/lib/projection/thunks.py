@@ -1,6 +1,6 @@
 """What the GPU runtime launches for a program compiled for a GPU this machine does not have
-(:mod:`bench.gpu_compile`), read from XLA's own thunk sequence: kernels, CUDA-graph launches and
-the points where the host waits on the device.
+(:mod:`bench.lib.projection.xla_gpu`), read from XLA's own thunk sequence: kernels, CUDA-graph
+launches and the points where the host waits on the device.
 
 Why the thunk sequence and not the HLO: since 2025 XLA:GPU forms its command buffers (CUDA
 graphs) in a pass over thunks, after the HLO is final, so the optimised HLO no longer shows what

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.child import ROOT
+from bench.lib.child import ROOT
 
 GB = 1e9
 

@@ -1,6 +1,12 @@
 """The pieces of ``python -m bench project``: one system's ledger (in its child process), the
 measured step beside it, the roofline per stage, the calibration against a committed GPU run
-and the table. See :mod:`bench.experiments.project` for what is projected and why."""
+and the table. See :mod:`bench.experiments.project` for what is projected and why.
+
+The room around it: the decode workload's projection (:mod:`.projection_decode`) and its page
+(:mod:`.projection_decode_report`), compiling for an H100 on a machine without a GPU
+(:mod:`.xla_gpu`), what XLA:GPU's thunk sequence launches (:mod:`.thunks`) and the dispatch
+ledger of a generation request built on both (:mod:`.dispatch_ledger`). Importing any of them
+runs this module first; its imports are light (numpy, :mod:`bench.lib.child`), never JAX."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.child import ROOT
+from bench.lib.child import ROOT
 
 GB = 1e9
 _STATE = ("weights", "optimizer", "reference")
@@ -25,8 +31,8 @@ def devices() -> dict[str, dict[str, Any]]:
 
 
 def _workload(args: Namespace) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
-    from bench import models
     from bench.experiments import rlft_step
+    from bench.lib import models
 
     vocab = models.vocab_size(args.model, args.seed) if args.model in models.NAMES else None
     prompts, limits = rlft_step.workload(args, vocab)
@@ -35,9 +41,9 @@ def _workload(args: Namespace) -> tuple[list[np.ndarray], list[int], list[np.nda
 
 def _model(args: Namespace) -> Any:
     """The policy: the preset's Qwen2.5-shaped DecoderLM (``cpu``/``gpu``) or one of
-    :mod:`bench.models` (``--model zoo-gpt2``, ``zoo-gemmaish``, ``hf-llama``)."""
-    from bench import models
+    :mod:`bench.lib.models` (``--model zoo-gpt2``, ``zoo-gemmaish``, ``hf-llama``)."""
     from bench.experiments import rlft_step
+    from bench.lib import models
     from jaxrl_sym.models.lm import init_model, preset
 
     if args.model in models.NAMES:
@@ -71,9 +77,9 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     est = bound.estimate([len(p) for p in expanded], gcfg)
     compiler = None
     if getattr(args, "compile_for", None):
-        from bench import gpu_compile
+        from bench.lib.projection import xla_gpu
 
-        compiler = gpu_compile.compiler(args.compile_for)
+        compiler = xla_gpu.compiler(args.compile_for)
     # generation's peak: the system's own walk over the step's lengths, its programs compiled
     # (rows that end free their share), else its worst-case estimate (every row to the longest)
     walk = bound.ledger(expanded, GenerationConfig(max_new_tokens=tuple(int(n) for n in limits)),

@@ -1,7 +1,7 @@
 """Peak memory of ``jaxrl-sym export`` over the process's own baseline, in units of the weights.
 
-``python -m bench.export_memory --model DIR [--run RUN]`` exports ``DIR`` (``--model``) and, with
-``--run``, the RL checkpoint ``RUN`` (``--checkpoint-dir``), each in a fresh child process, and
+``python -m bench.lib.export_memory --model DIR [--run RUN]`` exports ``DIR`` (``--model``) and,
+with ``--run``, the RL checkpoint ``RUN`` (``--checkpoint-dir``), each in a fresh child process, and
 prints peak RSS minus baseline RSS against the weights' size. The target (issue: a 0.54 GB
 checkpoint exported at 5.9 GB) is at most the weights plus one extra copy.
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.lib.child import ROOT
 
 
 def weights_bytes(model_dir: str | Path) -> int:
@@ -91,7 +91,7 @@ def measure(flag: str, source: str | Path, warmup: str | Path, out: str | Path,
             extra: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run :func:`child` in a fresh interpreter; its report (``peak_bytes - baseline_bytes`` is
     what the export itself added)."""
-    cmd = [sys.executable, "-m", "bench.export_memory", "--child", flag, str(source),
+    cmd = [sys.executable, "-m", "bench.lib.export_memory", "--child", flag, str(source),
            str(warmup), str(out), *(extra or [])]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
                          env={**os.environ, **(env or {})})
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", help="an RL checkpoint directory of `train --model` (optional)")
     p.add_argument("--dtype", default=None, help="pass --dtype to the exports")
     a = p.parse_args(argv)
-    from bench.checkpoints import write_random_checkpoint, write_rl_checkpoint
+    from bench.lib.checkpoints import write_random_checkpoint, write_rl_checkpoint
 
     extra = ["--dtype", a.dtype] if a.dtype else []
     w = weights_bytes(a.model)

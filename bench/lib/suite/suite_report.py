@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.roles import BASELINE, REFERENCE, base_name, rank, reference
+from bench.lib.roles import BASELINE, REFERENCE, base_name, rank, reference
 
 Row = dict[str, Any]
 
