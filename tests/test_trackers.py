@@ -96,3 +96,19 @@ def test_tensorboard_holds_every_step_of_the_metrics_file(tmp_path: Path) -> Non
         assert sum(rewards) / len(rewards) == pytest.approx(
             next(x["reward"] for x in lines if x["step"] == k), abs=1e-5)
     assert "config" in texts and "`algo`: `grpo`" in texts["config"][0]
+
+
+def test_a_tracker_that_fails_to_start_is_named(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tracker's own exception at start (MLflow 3 refusing a file store was one) becomes an
+    error naming ``--report-to`` and the tracker, not a traceback from inside the package."""
+    from jaxrl_sym.rl import trackers
+
+    def refuses(directory: Path, config: object, name: str) -> None:
+        raise RuntimeError("the filesystem tracking backend is in maintenance mode")
+
+    monkeypatch.setitem(trackers.TRACKERS, "tensorboard", refuses)
+    cfg = ReportConfig.parse("tensorboard", log_dir=str(tmp_path / "runs"))
+    with pytest.raises(InputError, match=r"--report-to tensorboard: the tracker did not start "
+                                         r"in .*runs: RuntimeError: the filesystem tracking"):
+        trackers.Report(cfg, {"lr": 1e-3})

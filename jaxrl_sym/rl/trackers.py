@@ -12,8 +12,10 @@ Each tracker is an optional dependency, imported only when asked for, and a miss
 error before any work that names the flag and the install line. Importing this module imports
 neither JAX nor any tracker. W&B runs in offline mode unless an API key is configured
 (``WANDB_API_KEY`` or ``wandb login``) or ``WANDB_MODE`` says otherwise: a run on a machine
-without network must not stop on a login prompt. MLflow logs to ``<log_dir>/mlruns`` unless
-``MLFLOW_TRACKING_URI`` names a server.
+without network must not stop on a login prompt. MLflow logs to a SQLite store,
+``<log_dir>/mlflow.db``, unless ``MLFLOW_TRACKING_URI`` names a server or store (MLflow 3 refuses
+its old ``mlruns`` file store unless told otherwise; its own recommendation is a database). A
+tracker that fails to start is an error naming ``--report-to`` and the tracker, before any work.
 """
 
 from __future__ import annotations
@@ -190,13 +192,14 @@ class WandB:
 
 
 class MLflow:
-    """An MLflow run (``<dir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` is set)."""
+    """An MLflow run (``<dir>/mlflow.db`` unless ``MLFLOW_TRACKING_URI`` is set)."""
 
     def __init__(self, directory: Path, config: Mapping[str, Any], name: str) -> None:
         import mlflow
 
         if not os.environ.get("MLFLOW_TRACKING_URI"):
-            mlflow.set_tracking_uri((directory / "mlruns").resolve().as_uri())
+            directory.mkdir(parents=True, exist_ok=True)
+            mlflow.set_tracking_uri(f"sqlite:///{(directory / 'mlflow.db').resolve()}")
         self.mlflow = mlflow
         self.run = mlflow.start_run(run_name=name)
         mlflow.log_params({k: str(v)[:500] for k, v in config.items()})
@@ -215,6 +218,17 @@ TRACKERS: dict[str, Callable[[Path, Mapping[str, Any], str], Tracker]] = {
     "tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow}
 
 
+def _start(name: str, directory: Path, config: Mapping[str, Any], run: str) -> Tracker:
+    """The tracker ``name`` started, or an :class:`InputError` naming ``--report-to`` and what
+    the tracker said (a store it refuses, a missing extra, a bad environment setting) — the
+    library's own exception class and traceback said nothing about which flag set it up."""
+    try:
+        return TRACKERS[name](directory, config, run)
+    except Exception as err:  # any tracker's own failure, mapped at this boundary
+        raise InputError(f"--report-to {name}: the tracker did not start in {directory}: "
+                         f"{type(err).__name__}: {str(err)[:300]}") from err
+
+
 def markdown_config(config: Mapping[str, Any]) -> str:
     return "\n".join(f"- `{k}`: `{v}`" for k, v in sorted(config.items()))
 
@@ -231,7 +245,7 @@ class Report:
             cfg.check_installed()
             self.dir = cfg.directory()
             name = cfg.run_name or self.dir.name
-            self.trackers = [TRACKERS[n](self.dir, config, name) for n in cfg.report_to]
+            self.trackers = [_start(n, self.dir, config, name) for n in cfg.report_to]
 
     def scored(self, task: Any) -> Callable[[Any, Any], float]:
         """``task.reward`` with each scored sample kept for the step's completion table (the
