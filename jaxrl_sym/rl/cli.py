@@ -89,6 +89,8 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                    metavar="N", help="a table of sampled completions with their rewards every "
                                      "N steps (0: never)")
     _add_step_flags(t)
+    _add_optimizer_flags(t)
+    _add_execution_flags(t)
     _add_run_flags(t)
     _add_data_flags(t)
     t.add_argument("--no-progress", action="store_true")
@@ -101,9 +103,6 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
                    help="prompts per step")
     t.add_argument("--group", type=int, default=RLConfig.group_size,
                    help="generations per prompt")
-    t.add_argument("--lr", type=float, default=None,
-                   help="default: the recipe's (1e-3 for the built-in tasks, 1e-6 for a "
-                        "--model checkpoint, 2e-4 for its LoRA adapters)")
     t.add_argument("--beta", type=float, default=RLConfig.beta,
                    help="KL weight (0: no reference pass)")
     t.add_argument("--epochs", type=int, default=RLConfig.epochs)
@@ -127,6 +126,23 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
                    help="advantage scale; default: the task recipe's (none: Dr. GRPO)")
     t.add_argument("--drop-zero-var", action=argparse.BooleanOptionalAction, default=None,
                    help="drop groups whose rewards are all equal from the loss")
+    t.add_argument("--tis-cap", type=float, default=None, metavar="C",
+                   help="truncated importance sampling: weight each token's gradient by "
+                        "min(pi_trainer / pi_generation, C), for precision or kernel mismatch "
+                        "between generation and training (verl's TIS; e.g. 2; default off; "
+                        "needs --epochs 1)")
+    t.add_argument("--partial-weight", type=float, default=None,
+                   help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
+                        "(default: 0.5); with --model, the weight of the '#### N' format in a "
+                        "correct answer's reward, in [0, 0.5) (default: 0.2; 0: the exact answer "
+                        "only)")
+
+
+def _add_optimizer_flags(t: argparse.ArgumentParser) -> None:
+    """The optimiser's flags: RLConfig's rate, schedule, rule and decay."""
+    t.add_argument("--lr", type=float, default=None,
+                   help="default: the recipe's (1e-3 for the built-in tasks, 1e-6 for a "
+                        "--model checkpoint, 2e-4 for its LoRA adapters)")
     t.add_argument("--warmup-steps", type=int, default=None, help="linear lr warm-up, RL steps")
     t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
                    help="after warm-up: constant, or decay to the end of the run")
@@ -135,11 +151,11 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
                         "adafactor: less optimiser state)")
     t.add_argument("--weight-decay", type=float, default=None,
                    help="decay rate (default 0; adamw, sgd, lion, adafactor)")
-    t.add_argument("--partial-weight", type=float, default=None,
-                   help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
-                        "(default: 0.5); with --model, the weight of the '#### N' format in a "
-                        "correct answer's reward, in [0, 0.5) (default: 0.2; 0: the exact answer "
-                        "only)")
+
+
+def _add_execution_flags(t: argparse.ArgumentParser) -> None:
+    """How the step runs, not what it computes: memory and layout knobs (those in RLConfig's
+    :data:`~jaxrl_sym.rl.config.EXECUTION_KNOBS` a resume may change)."""
     t.add_argument("--update-tokens", type=int, default=None, metavar="N",
                    help="token slots per training micro-batch (gradients accumulate over "
                         "micro-batches: less memory, same update); default: the whole batch, "
@@ -147,11 +163,6 @@ def _add_step_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
                    help="recompute each layer's activations in the update's backward instead "
                         "of keeping them (default: on; --no-remat is faster, uses more memory)")
-    t.add_argument("--tis-cap", type=float, default=None, metavar="C",
-                   help="truncated importance sampling: weight each token's gradient by "
-                        "min(pi_trainer / pi_generation, C), for precision or kernel mismatch "
-                        "between generation and training (verl's TIS; e.g. 2; default off; "
-                        "needs --epochs 1)")
     t.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=None,
                    help="sym's training rows hold a group's prompt once, its G responses "
                         "attending to it (default on; --no-share-prompts packs every sample "
