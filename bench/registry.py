@@ -52,6 +52,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                                  "vs unchunked log-probs"),
     Experiment("project", "an RL step's peak memory (a ledger of named buffers) and time, "
                           "projected to a GPU from XLA's memory/cost analysis; nothing runs"),
+    Experiment("reasoning", "one GRPO step at reasoning lengths (caps 4k-32k, skewed): each "
+                            "system's peak, largest batch and step seconds on a GPU, projected "
+                            "from compiled programs", cheap=False),
     Experiment("gpu_compile", "the padded generation program compiled for an H100 on a machine "
                               "without one: XLA:GPU's buffer assignment beside the CPU's",
                cheap=False),

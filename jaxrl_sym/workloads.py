@@ -182,6 +182,20 @@ def grpo_rollout(*, prompts: int, group: int, scale: int, sigma: float, vocab: i
     return tokens, [int(x) for x in np.clip(np.round(lengths), 1, cap)]
 
 
+def reasoning_rollout(*, prompts: int, group: int, cap: int, vocab: int, seed: int = 0,
+                      median: float | None = None) -> tuple[list[np.ndarray], list[int]]:
+    """One GRPO step's request on :func:`reasoning` lengths: ``prompts`` prompts (random tokens
+    below ``vocab``) and ``prompts * group`` response lengths (prompt-major). The rows are one
+    :func:`reasoning` draw of ``prompts * group``; a group's samples share its first row's
+    prompt (GRPO samples one prompt G times), so the prompt/response correlation holds between
+    a group's prompt and its first response."""
+    step = reasoning(prompts * group, cap=cap, median=median, seed=seed)
+    rng = np.random.default_rng([seed, 1])
+    tokens = [rng.integers(0, vocab, size=step.prompt_lens[g * group], dtype=np.int32)
+              for g in range(prompts)]
+    return tokens, list(step.response_lens)
+
+
 def skewed(task: str, *, batch: int, steps: int, scale: float = 1.0, seed: int = 0) -> Profile:
     """``steps`` requests of ``batch`` rows drawn from :data:`TASKS` ``[task]``, lengths divided
     by ``scale``."""

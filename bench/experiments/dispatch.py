@@ -60,6 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check", type=presets.at_least(1), default=None,
                    help="compile sym's decode tiles testing their rows every CHECK steps "
                         "instead of the plan's (1: the tile as the committed runs measured it)")
+    p.add_argument("--prompts", type=presets.at_least(1), default=None,
+                   help="prompts per step (the preset's otherwise)")
+    p.add_argument("--group", type=presets.at_least(2), default=None, help="samples per prompt")
+    p.add_argument("--cap", type=presets.at_least(16), default=None,
+                   help="the reasoning-length workload at this response cap instead of "
+                        "rlft_step's (python -m bench reasoning)")
     p.add_argument("--calibrate", action="store_true",
                    help="fit t_launch / t_sync on the committed H100 generation rows")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

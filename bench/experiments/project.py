@@ -4,7 +4,7 @@ Why: GPUs are lent rarely, and what a 2-core CPU shows (compute, compile seconds
 GPU pays (bytes moved, launches, memory peaks). Every program of the step (reference chunks,
 gradient micro-batches, gradient sum, optimiser apply) is compiled on this machine at the
 workload's real shapes; XLA's ``memory_analysis`` and ``cost_analysis`` give its temporaries,
-outputs, flops and bytes; :func:`jaxrl_sym.rl.ledger.step_ledger` adds the state and the
+outputs, flops and bytes; :func:`jaxrl_sym.rl.step.ledger.step_ledger` adds the state and the
 generation stores into a ledger of named buffers per moment of the step, whose largest moment is
 the projected peak. Time per stage is a roofline over the programs (``max(flops / peak flops,
 bytes / bandwidth)`` each, times how often it runs) and, for generation, the memory-bound floor
@@ -78,6 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    type=presets.json_object(presets.engine_options),
                    help="EngineOptions fields for the trainer's generation, e.g. "
                         "'{\"microbatch_rows\": 32, \"refill\": true}' (as rlft_step's)")
+    p.add_argument("--prompts", type=presets.at_least(1), default=None,
+                   help="prompts per step (the preset's otherwise)")
+    p.add_argument("--group", type=presets.at_least(2), default=None, help="samples per prompt")
+    p.add_argument("--cap", type=presets.at_least(16), default=None,
+                   help="the reasoning-length workload at this response cap instead of "
+                        "rlft_step's (jaxrl_sym.workloads.reasoning: log-normal responses, "
+                        "median cap/16, ~1%% truncated at the cap; python -m bench reasoning)")
     p.add_argument("--no-remat", action="store_true",
                    help="RLConfig.remat=False: keep the layers' activations for the backward")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
@@ -174,7 +181,7 @@ def recalibrate(path: Path) -> int:
 def config(args: argparse.Namespace) -> dict[str, Any]:
     """The projected step's configuration in ``rlft_step``'s report keys (what a measured run
     must share to calibrate it: :func:`bench.lib.projection.run_config`)."""
-    return {"preset": args.preset, "precision": args.precision or "fp32",
+    return {"preset": args.preset, "cap": args.cap, "precision": args.precision or "fp32",
             "lora_rank": args.lora_rank, "update_tokens": args.update_tokens,
             "engine": args.engine, "logprob_chunk": args.logprob_chunk,
             "remat": not args.no_remat}

@@ -37,7 +37,7 @@ import numpy as np
 from bench import presets
 from bench.lib import child
 from jaxrl_sym.systems import BASELINE, REFERENCE
-from jaxrl_sym.workloads import grpo_rollout
+from jaxrl_sym.workloads import grpo_rollout, reasoning_rollout
 
 # Qwen2.5-0.5B: 24 layers, d 896, 14 q / 2 kv heads of 64, FFN 4864, vocab 151,936, θ 1e6.
 # Shrunk for a 2-core CPU, keeping the ratios that shape the cost (GQA 7:1, FFN ≈ 5.4·d).
@@ -73,11 +73,16 @@ def model_config(args: argparse.Namespace) -> dict[str, Any]:
 
 def workload(args: argparse.Namespace, vocab: int | None = None
              ) -> tuple[list[np.ndarray], list[int]]:
-    """Prompts and per-sample response lengths (:func:`jaxrl_sym.workloads.grpo_rollout`);
-    token ids below ``vocab`` (default: the preset model's vocabulary)."""
+    """Prompts and per-sample response lengths (:func:`jaxrl_sym.workloads.grpo_rollout`, or
+    with ``args.cap`` — ``project``/``dispatch --cap``, ``bench reasoning`` —
+    :func:`jaxrl_sym.workloads.reasoning_rollout` at that cap); token ids below ``vocab``
+    (default: the preset model's vocabulary)."""
+    vocab = vocab or model_config(args)["vocab_size"]
+    if getattr(args, "cap", None):
+        return reasoning_rollout(prompts=args.prompts, group=args.group, cap=args.cap,
+                                 vocab=vocab, seed=args.seed)
     return grpo_rollout(prompts=args.prompts, group=args.group, scale=args.scale,
-                        sigma=args.sigma, vocab=vocab or model_config(args)["vocab_size"],
-                        seed=args.seed)
+                        sigma=args.sigma, vocab=vocab, seed=args.seed)
 
 
 def reward_fn(prompt: np.ndarray, response: np.ndarray) -> float:

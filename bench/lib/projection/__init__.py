@@ -56,7 +56,7 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
     from bench.experiments import rlft_step
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.rl import RLTrainer
-    from jaxrl_sym.rl.ledger import step_ledger
+    from jaxrl_sym.rl.step.ledger import step_ledger
     from jaxrl_sym.runtime.options import EngineOptions
     from jaxrl_sym.weights.lora_config import LoraConfig
 
@@ -204,7 +204,8 @@ def run_config(cfg: dict[str, Any]) -> tuple[Any, ...]:
     """What must agree between a projection and a run for one to calibrate the other (the
     first H100 run's reports predate ``precision`` and ``lora_rank``: fp32, no LoRA; every run
     before ``RLConfig.remat`` kept the activations: remat off)."""
-    return (cfg.get("preset"), cfg.get("precision") or "fp32", cfg.get("lora_rank") or 0,
+    return (cfg.get("preset"), cfg.get("cap"), cfg.get("precision") or "fp32",
+            cfg.get("lora_rank") or 0,
             bool(cfg.get("remat", False)), cfg.get("overlap_reference"),
             cfg.get("update_tokens"), cfg.get("logprob_chunk"),
             json.dumps(json.loads(cfg["engine"]), sort_keys=True) if cfg.get("engine") else None)
