@@ -122,19 +122,12 @@ def systems(trains: bool = False) -> Callable[[str], str]:
 
 
 def engine_options(fields: dict[str, Any]) -> None:
-    """``--engine``'s check (with :func:`json_object`): ``EngineOptions`` built from the JSON
-    (JAX-free), so a field it does not have or a value outside its domain is refused by name
-    before any warm-up or child starts."""
-    import dataclasses
-
+    """``--engine``'s check (with :func:`json_object`): the runtime's own
+    ``EngineOptions.from_fields`` (JAX-free), so a field it does not have or a value outside its
+    domain is refused by name before any warm-up or child starts."""
     from jaxrl_sym.runtime.options import EngineOptions
 
-    known = {f.name for f in dataclasses.fields(EngineOptions)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"EngineOptions has no field {', '.join(unknown)}; its fields: "
-                         f"{', '.join(sorted(known))}")
-    EngineOptions(**fields)
+    EngineOptions.from_fields(fields, flag="")
 
 
 def truth(text: str) -> bool:

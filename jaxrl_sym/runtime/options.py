@@ -196,15 +196,23 @@ class EngineOptions:
                              "'{\"refill\": true, \"microbatch_rows\": 8}'") from None
         if not isinstance(obj, dict):
             raise InputError(f"{flag} must be a JSON object ({{...}}), got {text!r}")
+        return cls.from_fields(obj, flag)
+
+    @classmethod
+    def from_fields(cls, obj: dict[str, Any], flag: str = "--engine") -> EngineOptions:
+        """The options from a mapping of field names (a parsed ``--engine``), an unknown field
+        or a value out of its domain named with ``flag`` (empty: the caller names it, e.g.
+        argparse's ``argument --engine:``)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(obj) - known)
+        pre = f"{flag}: " if flag else ""
         if unknown:
-            raise InputError(f"{flag}: EngineOptions has no field {', '.join(unknown)}; its "
+            raise InputError(f"{pre}EngineOptions has no field {', '.join(unknown)}; its "
                              f"fields: {', '.join(sorted(known))}")
         try:
             return cls(**obj)
         except InputError as err:
-            raise InputError(f"{flag}: {err}") from None
+            raise InputError(f"{pre}{err}") from None
 
     def __post_init__(self) -> None:
         """Check every knob against its domain (:data:`_DOMAINS`) and normalise it, then the
