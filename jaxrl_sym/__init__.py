@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         parse_pattern,
     )
     from jaxrl_sym.rl import PartialConfig, RLConfig, RLTrainer, SamplingConfig, get_task
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.run.train import train
     from jaxrl_sym.runtime.engine import SymbolicLM
     from jaxrl_sym.runtime.options import EngineOptions, Speculation
     from jaxrl_sym.runtime.speculative import SpeculativeLM
@@ -61,7 +61,7 @@ _HOME = {
     "padded_generate": "jaxrl_sym.baselines.padded",
     **dict.fromkeys(("PartialConfig", "RLConfig", "RLTrainer", "SamplingConfig", "get_task"),
                     "jaxrl_sym.rl"),
-    "train": "jaxrl_sym.rl.train",
+    "train": "jaxrl_sym.rl.run.train",
 }
 # Public subpackages, also loaded on first use: ``jaxrl_sym.systems`` is the registry of
 # generation systems (JAX-free; ``systems.get("padded").bind(model, options)``).

@@ -43,8 +43,8 @@ from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
 from jaxrl_sym.report import decode_table
-from jaxrl_sym.rl import config_file
-from jaxrl_sym.rl.eval_cli import add_eval_parser
+from jaxrl_sym.rl.run import config_file
+from jaxrl_sym.rl.run.eval_cli import add_eval_parser
 from jaxrl_sym.runtime.options import BACKENDS, EngineOptions  # JAX-free
 from jaxrl_sym.sizes import parse_bytes
 
@@ -130,16 +130,16 @@ def _decode_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _parser(with_train: bool = True) -> _Parser:
     """The user-facing parser. ``with_train=False`` lists ``train`` without building its
-    options: they live in :mod:`jaxrl_sym.rl.cli`, whose import pulls in JAX (seconds), so only
+    options: they live in :mod:`jaxrl_sym.rl.run.cli`, whose import pulls in JAX (seconds), so only
     a ``train`` command line pays for it."""
     p = _Parser(prog="jaxrl-sym", description=__doc__, formatter_class=_Help)
     sub = p.add_subparsers(dest="cmd", required=True,
                            metavar="{decode,train,generate,export,eval}")
     p.commands = {"decode": _decode_parser(sub)}
     p.commands.update(add_hf_parsers(sub, _Help))  # generate, export: jaxrl_sym/hf_cli.py
-    p.commands["eval"] = add_eval_parser(sub, _Help)  # jaxrl_sym/rl/eval_cli.py
+    p.commands["eval"] = add_eval_parser(sub, _Help)  # jaxrl_sym/rl/run/eval_cli.py
     if with_train:
-        from jaxrl_sym.rl.cli import add_train_parser
+        from jaxrl_sym.rl.run.cli import add_train_parser
 
         train = p.commands["train"] = add_train_parser(sub)
         train.formatter_class = _Help
@@ -281,8 +281,8 @@ def check_train(args: argparse.Namespace) -> list[str]:
     """Every problem with a ``train`` command line that can be seen without running it: the
     flags' own format (sizes, rates, output paths: a read-only ``--metrics`` path used to fail
     after the steps ran), then — when those pass — the library's rules, by building the configs
-    ``train`` runs with (:func:`jaxrl_sym.rl.cli.check_configs`; JAX-free)."""
-    from jaxrl_sym.rl.cli import check_configs
+    ``train`` runs with (:func:`jaxrl_sym.rl.run.cli.check_configs`; JAX-free)."""
+    from jaxrl_sym.rl.run.cli import check_configs
 
     errors = _at_least(args, {"steps": 1, "group": 1, "seed": 0})
     for dest, positive in (("lr", True), ("beta", False)):
@@ -475,13 +475,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:  # the effective flags, as the TOML --config reads
             print(config_file.effective(p.commands["train"], args), end="")
             return 0
-        from jaxrl_sym.rl.cli import run_train
+        from jaxrl_sym.rl.run.cli import run_train
 
         return run_train(args)
     if args.cmd in HF_COMMANDS:
         return run_hf(args, lambda errors: _refuse(p, args.cmd, errors))
     if args.cmd == "eval":
-        from jaxrl_sym.rl.eval_cli import run_eval
+        from jaxrl_sym.rl.run.eval_cli import run_eval
 
         return run_eval(args)
     return 2

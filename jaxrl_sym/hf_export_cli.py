@@ -142,7 +142,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
                                   overwrite=args.overwrite, max_shard_bytes=shard)
         source: dict[str, Any] = {"model": os.path.abspath(args.model)}
     else:
-        from jaxrl_sym.rl.export import export_checkpoint, source_model
+        from jaxrl_sym.rl.run.export import export_checkpoint, source_model
 
         if not args.peft:  # a model export copies the run's source tokenizer
             src = source_model(args.checkpoint_dir, args.step)
@@ -157,7 +157,7 @@ def run_export(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0}
 
 
-# train's signals (jaxrl_sym.rl.interrupt.SIGNALS; that package imports JAX)
+# train's signals (jaxrl_sym.rl.run.interrupt.SIGNALS; that package imports JAX)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
 

@@ -38,8 +38,8 @@ from zoo import GemmaishConfig, GemmaishLM  # noqa: E402
 from jaxrl_sym.generation import GenerationConfig  # noqa: E402
 from jaxrl_sym.models.lm import init_model  # noqa: E402
 from jaxrl_sym.rl import RLTrainer, compute_rewards  # noqa: E402
-from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint  # noqa: E402
-from jaxrl_sym.rl.state import params_sha256  # noqa: E402
+from jaxrl_sym.rl.run.checkpoint import Checkpointer, fingerprint  # noqa: E402
+from jaxrl_sym.rl.step.state import params_sha256  # noqa: E402
 from jaxrl_sym.runtime.engine import SymbolicLM  # noqa: E402
 from jaxrl_sym.runtime.options import EngineOptions  # noqa: E402
 from jaxrl_sym.sharding import MeshConfig, to_host  # noqa: E402

@@ -24,7 +24,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.sharding import MeshConfig, per_device_bytes
@@ -182,8 +182,8 @@ def checkpoint(ctx: dict[str, Any]) -> dict[str, Any]:
     ``test_cli_trains_on_two_processes_and_resumes_on_one`` on one device)."""
     import tempfile
 
-    from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
-    from jaxrl_sym.rl.state import params_sha256
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer, fingerprint
+    from jaxrl_sym.rl.step.state import params_sha256
 
     src = ctx.get("stepped")
     if src is None:

@@ -14,7 +14,7 @@ import pytest
 from jaxrl_sym.cli import _parser
 from jaxrl_sym.cli import main as cli_main
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.config_file import with_config
+from jaxrl_sym.rl.run.config_file import with_config
 
 FLAGS = ["--steps", "2", "--prompts", "4", "--group", "4", "--max-digits", "2",
          "--eval-prompts", "8", "--seed", "3", "--no-remat", "--lr", "0.002"]

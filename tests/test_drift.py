@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_sym.rl.progress import GreedyDrift, distinct2
-from jaxrl_sym.rl.train import train
+from jaxrl_sym.rl.run.progress import GreedyDrift, distinct2
+from jaxrl_sym.rl.run.train import train
 
 MODEL = Path(__file__).parent / "fixtures" / "text" / "chatml_qwen2"
 

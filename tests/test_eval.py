@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxrl_sym.cli import main
-from jaxrl_sym.rl.evaluate import EvalConfig, pass_at_k
+from jaxrl_sym.rl.run.evaluate import EvalConfig, pass_at_k
 from tests.zoo import naive_generate
 
 MODEL = Path(__file__).parent / "fixtures" / "text" / "chatml_qwen2"

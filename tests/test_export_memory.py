@@ -67,10 +67,10 @@ def test_checkpoint_export_reads_and_verifies_only_the_policy(tmp_path: Path) ->
     refused by the parameters' digest, naming the step."""
     from bench.lib.checkpoints import TEMPLATE
     from jaxrl_sym.models.hf import load_pretrained
-    from jaxrl_sym.rl.checkpoint import Checkpointer, CheckpointError, fingerprint
     from jaxrl_sym.rl.config import RLConfig
-    from jaxrl_sym.rl.export import export_checkpoint
-    from jaxrl_sym.rl.step import RLTrainer
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer, CheckpointError, fingerprint
+    from jaxrl_sym.rl.run.export import export_checkpoint
+    from jaxrl_sym.rl.step.trainer import RLTrainer
 
     src = tmp_path / "src"
     write_random_checkpoint(src, {"eos_token_id": 0}, template=TEMPLATE)

@@ -25,23 +25,23 @@ from jaxrl_sym.cli import main as cli_main
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-from jaxrl_sym.rl.checkpoint import (
+from jaxrl_sym.rl.config import CheckpointConfig
+from jaxrl_sym.rl.run.checkpoint import (
     Checkpointer,
     NoGoodCheckpointError,
     NonFiniteStateError,
     fingerprint,
     tree_sha256,
 )
-from jaxrl_sym.rl.cli import add_train_parser
-from jaxrl_sym.rl.config import CheckpointConfig
-from jaxrl_sym.rl.run_files import LOCK_FILE, open_checkpoints
-from jaxrl_sym.rl.tasks import EOS
-from jaxrl_sym.rl.train import (
+from jaxrl_sym.rl.run.cli import add_train_parser
+from jaxrl_sym.rl.run.run_files import LOCK_FILE, open_checkpoints
+from jaxrl_sym.rl.run.train import (
     TASK_MODEL,
     TASK_RECIPE,
     ResumeMismatchError,
     train,
 )
+from jaxrl_sym.rl.tasks.token_tasks import EOS
 
 # every train() here rebuilds the same tiny trainer: its programs are compiled once per session
 pytestmark = pytest.mark.share_compiles
@@ -372,7 +372,7 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 _CHILD = """
 import sys
-from jaxrl_sym.rl.train import train
+from jaxrl_sym.rl.run.train import train
 sys.path.insert(0, {tests!r})
 from test_faults_checkpoint import RUN, SEED
 train("grpo", "reverse", steps={steps}, seed=SEED, checkpoint_dir={d!r}, checkpoint_every=1,

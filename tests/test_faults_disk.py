@@ -127,7 +127,7 @@ def test_a_save_that_fails_anyway_names_the_directory_and_step(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The disk filling between the space check and the write (another process): orbax's
     error, wrapped in its own types, still ends as one error naming the directory and step."""
-    from jaxrl_sym.rl.checkpoint import Checkpointer
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer
 
     monkeypatch.setattr(Checkpointer, "_check_space", lambda self, step, state: None)
     rc, _, err = _train(capsys, "--checkpoint-dir", str(nearly_full_dir / "run"))

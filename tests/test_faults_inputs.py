@@ -269,7 +269,7 @@ def test_preset_choices_match_the_model_presets() -> None:
 def test_train_bad_flag_fails_before_any_step(args: list[str], message: str, capsys) -> None:
     import jax.monitoring
 
-    import jaxrl_sym.rl.cli  # noqa: F401  (its import is not what is checked)
+    import jaxrl_sym.rl.run.cli  # noqa: F401  (its import is not what is checked)
 
     compiles: list[str] = []  # XLA compiles while the command runs: none, so no step ran
     listen = lambda event, secs, **kw: compiles.append(event) if "compile" in event else None

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, select_tokens
 from jaxrl_sym.rl import RewardError, RLConfig
-from jaxrl_sym.rl.algorithms import sample_advantages, slot_terms
+from jaxrl_sym.rl.algorithms.advantages import sample_advantages
+from jaxrl_sym.rl.algorithms.losses import slot_terms
 
 # ------------------------------------------------------------------ rewards that overflow
 

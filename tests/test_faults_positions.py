@@ -40,7 +40,7 @@ def test_generate_past_the_trained_positions_is_refused_then_opted_into(
 
 
 def test_rl_text_task_prompts_past_the_trained_positions_are_refused() -> None:
-    from jaxrl_sym.rl.pretrained import setup
+    from jaxrl_sym.rl.run.pretrained import setup
 
     rng = np.random.default_rng(0)
     fits = setup(str(TEXT), "word-problems", max_new_tokens=64)
@@ -113,7 +113,7 @@ def test_the_unreplayed_sym_estimate_is_a_lower_bound(p: int, n: int, monkeypatc
 def test_a_jsonl_row_past_the_positions_is_refused_at_setup(tmp_path: Path) -> None:
     """A fixed list's longest row is checked when the run is set up, naming it, not when a step
     happens to sample it (issue 50: it was found only then, or never)."""
-    from jaxrl_sym.rl.pretrained import setup
+    from jaxrl_sym.rl.run.pretrained import setup
 
     rows = [{"prompt": "What is 2 + 3?", "answer": 5}] * 3
     rows.insert(2, {"prompt": "What is " + " + ".join(["1"] * 700) + "?", "answer": 700})

@@ -196,7 +196,7 @@ def test_no_tokenizer_beside_a_tokenizer_is_refused(tmp_path: Path,
 def lora_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(checkpoint dir, its source model — a copy, so a test may take its tokenizer away —,
     task file) of a one-step LoRA run of rank 2."""
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.run.train import train
 
     tmp = tmp_path_factory.mktemp("lora")
     src, tasks, run = tmp / "src", tmp / "sums.jsonl", tmp / "run"
@@ -259,8 +259,8 @@ def test_peft_export_overflowing_the_dtype_is_refused_naming_the_tensor(
     """Adapters scaled past float16's ±65504 as they are read (a diverging run's)."""
     import jax
 
-    from jaxrl_sym.rl.checkpoint import Checkpointer
-    from jaxrl_sym.rl.export import export_checkpoint
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer
+    from jaxrl_sym.rl.run.export import export_checkpoint
 
     restore = Checkpointer.restore_params
 
@@ -282,7 +282,7 @@ def test_peft_export_overflowing_the_dtype_is_refused_naming_the_tensor(
 def test_resume_with_another_lora_rank_names_the_flag(lora_run: tuple[Path, Path, Path]) -> None:
     """Settings are compared before parameter shapes, so the flag that changed them is named
     (it said "parameter shapes differ (28 arrays …)")."""
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.run.train import train
 
     run, src, tasks = lora_run
     with pytest.raises(InputError, match=r"--lora-rank.*2.*4"):
@@ -297,7 +297,7 @@ def test_an_edited_jsonl_task_file_is_named_on_resume(lora_run: tuple[Path, Path
     """The checkpoint records a digest of the ``jsonl:`` task file's contents: the same path
     holding other problems is another run's data (it was trained on without a word), named on
     ``--resume``."""
-    from jaxrl_sym.rl.train import ResumeMismatchError, train
+    from jaxrl_sym.rl.run.train import ResumeMismatchError, train
 
     run, src, tasks = lora_run
     keep = tasks.read_text()
@@ -322,7 +322,7 @@ def test_a_base_whose_weights_changed_is_refused_on_resume_and_merged_export(
     ``--peft`` adapters alone still export."""
     from safetensors.numpy import load_file, save_file
 
-    from jaxrl_sym.rl.train import ResumeMismatchError, train
+    from jaxrl_sym.rl.run.train import ResumeMismatchError, train
 
     run, src, tasks = lora_run
     weights, keep = src / "model.safetensors", tmp_path / "keep.safetensors"
@@ -515,7 +515,7 @@ def test_unreadable_model_directory_named_by_the_cli(
 
 def test_unreadable_model_directory_named_by_train_setup(model_copy: Path, deny: Any) -> None:
     """r--: ``Path.is_file`` said "no config.json" for a directory that has one."""
-    from jaxrl_sym.rl.pretrained import setup
+    from jaxrl_sym.rl.run.pretrained import setup
 
     deny(model_copy, listable=True)
     with pytest.raises(InputError, match=re.escape(

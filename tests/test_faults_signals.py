@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.run_files import RunLock
-from jaxrl_sym.rl.train import train
+from jaxrl_sym.rl.run.run_files import RunLock
+from jaxrl_sym.rl.run.train import train
 
 pytestmark = pytest.mark.share_compiles
 TINY = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16, ffn_dim=64)
@@ -37,8 +37,8 @@ TRIALS = int(os.environ.get("SIGNAL_TRIALS", "2"))
 _CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
-from jaxrl_sym.rl.interrupt import Interrupted, install
-from jaxrl_sym.rl.train import train
+from jaxrl_sym.rl.run.interrupt import Interrupted, install
+from jaxrl_sym.rl.run.train import train
 install()
 from test_faults_signals import RUN, SEED, STEPS
 try:
@@ -124,7 +124,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     d = tmp_path / "run"
     d.mkdir()
     code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parent.parent)!r})\n"
-            "from jaxrl_sym.rl.run_files import RunLock\n"
+            "from jaxrl_sym.rl.run.run_files import RunLock\n"
             f"lock = RunLock({str(d)!r}).acquire(); print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"

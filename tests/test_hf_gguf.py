@@ -251,9 +251,9 @@ def test_train_fine_tunes_a_gguf_file(tmp_path: Path, monkeypatch: pytest.Monkey
     steps the dequantized model (the weights move away from the file's); the run exports as a
     Hugging Face directory (config and tokenizer rebuilt from the file) holding the trained
     parameters, and ``eval --checkpoint-dir`` reads it."""
-    from jaxrl_sym.rl.export import export_checkpoint
-    from jaxrl_sym.rl.state import params_sha256
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.run.export import export_checkpoint
+    from jaxrl_sym.rl.run.train import train
+    from jaxrl_sym.rl.step.state import params_sha256
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the rebuilt config's home
     path = FIXTURE / "tied" / "model-Q4_1.gguf"

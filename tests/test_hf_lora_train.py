@@ -20,9 +20,9 @@ from safetensors.numpy import load_file
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf import load_pretrained
-from jaxrl_sym.rl.checkpoint import Checkpointer
-from jaxrl_sym.rl.export import export_checkpoint
-from jaxrl_sym.rl.train import train
+from jaxrl_sym.rl.run.checkpoint import Checkpointer
+from jaxrl_sym.rl.run.export import export_checkpoint
+from jaxrl_sym.rl.run.train import train
 
 pytestmark = pytest.mark.share_compiles
 

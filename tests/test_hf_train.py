@@ -21,8 +21,8 @@ import pytest
 from jaxrl_sym.cli import main
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf import load_pretrained
-from jaxrl_sym.rl.export import export_checkpoint, restore_policy
-from jaxrl_sym.rl.train import ResumeMismatchError, train
+from jaxrl_sym.rl.run.export import export_checkpoint, restore_policy
+from jaxrl_sym.rl.run.train import ResumeMismatchError, train
 
 # every train() here rebuilds the same tiny trainer: its programs are compiled once per session
 pytestmark = pytest.mark.share_compiles
@@ -140,7 +140,7 @@ def test_token_task_rewards_decoded_responses() -> None:
     """Word problems through the checkpoint's chat template; the reward decodes the response
     and scores it against the answer of that prompt (not another one's)."""
     from jaxrl_sym.models.hf.text import HFText
-    from jaxrl_sym.rl.pretrained import setup
+    from jaxrl_sym.rl.run.pretrained import setup
 
     run = setup(str(MODEL), "word-problems", max_new_tokens=32)
     text = HFText(MODEL)

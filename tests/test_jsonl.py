@@ -47,7 +47,7 @@ def test_dumps_is_strict_json_and_keeps_every_finite_value(obj: Any) -> None:
 def test_metrics_with_nulls_read_back_and_plot(tmp_path) -> None:
     """Metrics lines now carry null where a value was not finite: reading and plotting a run
     with such lines works (the plot leaves the gap)."""
-    from jaxrl_sym.rl.plot import plot_run, read_metrics
+    from jaxrl_sym.rl.run.plot import plot_run, read_metrics
 
     m = tmp_path / "m.jsonl"
     rows = [{"step": k, "reward": 0.1 * k, "kl": float("nan") if k == 2 else 0.01 * k,
@@ -81,7 +81,7 @@ def test_read_lines_returns_what_json_wrote(tmp_path_factory, recs, crlf: bool) 
 
 
 def test_unicode_line_separator_inside_a_prompt_loads(tmp_path) -> None:
-    from jaxrl_sym.rl.text_tasks import load_problems
+    from jaxrl_sym.rl.tasks.text_tasks import load_problems
 
     path = tmp_path / "t.jsonl"
     path.write_text('{"prompt": "two\u2028lines\u0085and\u2029more", "answer": 4}\n\n'
@@ -94,7 +94,7 @@ def test_bytes_that_are_not_utf8_name_file_line_and_column(tmp_path) -> None:
     import pytest
 
     from jaxrl_sym.errors import InputError
-    from jaxrl_sym.rl.text_tasks import load_problems
+    from jaxrl_sym.rl.tasks.text_tasks import load_problems
     from jaxrl_sym.workloads import load_trace
 
     task = tmp_path / "t.jsonl"

@@ -19,7 +19,7 @@ from flax import nnx
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.weights.lora_config import LoraConfig
 
 TASK = get_task("reverse", max_digits=3)
@@ -93,7 +93,7 @@ def test_a_step_trains_the_adapters_only_and_keeps_the_base() -> None:
 
 
 def test_resume_of_a_lora_run_is_bit_identical(tmp_path: Any) -> None:
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.run.train import train
 
     kw = dict(task="reverse", prompts_per_step=2, group_size=2, eval_prompts=0, progress=False,
               model={"n_layers": 1}, lora={"rank": 2}, beta=0.1)
@@ -108,7 +108,7 @@ def test_resume_of_a_lora_run_is_bit_identical(tmp_path: Any) -> None:
 
 
 def test_bad_lora_input_is_refused_by_name() -> None:
-    from jaxrl_sym.rl.cli import lora_of
+    from jaxrl_sym.rl.run.cli import lora_of
 
     class Args:
         lora_rank, lora_alpha, lora_targets = None, 4.0, None
@@ -125,7 +125,7 @@ def test_bad_lora_input_is_refused_by_name() -> None:
 
 
 def test_the_ledger_holds_the_frozen_base_once_and_no_second_reference() -> None:
-    from jaxrl_sym.rl.ledger import step_ledger
+    from jaxrl_sym.rl.step.ledger import step_ledger
 
     lora, _, _, _ = setup()
     prompts = [p for p in TASK.sample(np.random.default_rng(0), 2) for _ in range(CFG.group_size)]
@@ -147,7 +147,7 @@ def test_generation_reads_the_base_unmerged_and_the_adapters_renew_at_the_commit
     a second step generates from it."""
     from test_lora import oracle_forward, run
 
-    from jaxrl_sym.rl import stages
+    from jaxrl_sym.rl.step import stages
 
     trainer = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG, system=system, lora=LORA)
     bound = trainer.forwards.bound(trainer.system)

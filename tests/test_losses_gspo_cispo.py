@@ -5,8 +5,8 @@
   every token of the sequence carrying it (per-token A: its own A, the sequence's ratio);
 * CISPO (MiniMax-M1, arXiv:2506.13585): token term ``-sg(clip(r_t, 1 - eps_lo, 1 + eps_hi)) A
   logp_t``, ``r_t = exp(logp_t - logp_old_t)``;
-* plus what :func:`~jaxrl_sym.rl.algorithms.loss_from_terms` adds to either: ``beta`` times the
-  k3 KL ``exp(d) - d - 1`` (``d = logp_ref - logp``), minus ``entropy_coef`` times the entropy,
+* plus what :func:`~jaxrl_sym.rl.algorithms.losses.loss_from_terms` adds to either: ``beta`` times
+  the k3 KL ``exp(d) - d - 1`` (``d = logp_ref - logp``), minus ``entropy_coef`` times the entropy,
   summed with the aggregation weights (``token_mean``, ``seq_mean``, ``token_sum``; samples not
   kept weigh 0).
 
@@ -30,10 +30,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.algorithms import RLConfig, loss_from_terms, sequence_means, token_weights
-from jaxrl_sym.rl.cli import add_train_parser, check_configs, train_configs
-from jaxrl_sym.rl.config import task_rl_config
-from jaxrl_sym.rl.layout import packed_layout, padded_layout, shared_prefix_layout
+from jaxrl_sym.rl.algorithms.advantages import token_weights
+from jaxrl_sym.rl.algorithms.losses import loss_from_terms, sequence_means
+from jaxrl_sym.rl.config import RLConfig, task_rl_config
+from jaxrl_sym.rl.run.cli import add_train_parser, check_configs, train_configs
+from jaxrl_sym.rl.step.layout import packed_layout, padded_layout, shared_prefix_layout
 
 SHAPE = (16, 128)
 """Every layout is padded to these [rows, L] with unmasked slots, so the eager loss meets one

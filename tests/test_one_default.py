@@ -1,5 +1,5 @@
 """One default per knob (issue 48 item 5): a knob's default lives in its config dataclass, and
-``jaxrl-sym train``'s flags and :func:`jaxrl_sym.rl.train.train`'s keywords read it from there.
+``jaxrl-sym train``'s flags and :func:`jaxrl_sym.rl.run.train.train`'s keywords read it from there.
 
 Why: the same knob was given a default in up to three places (the dataclass field, the flag,
 ``train()``'s signature), and they drifted. The test walks the dataclasses, the CLI's parser and
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from jaxrl_sym.rl.config import CheckpointConfig, PartialConfig, RLConfig, RunConfig
-from jaxrl_sym.rl.trackers import ReportConfig
+from jaxrl_sym.rl.run.trackers import ReportConfig
 
 ROOT = Path(__file__).parent.parent
 # flags that set a field of a config other than RLConfig/RunConfig (train.FLAGS names those)
@@ -45,7 +45,7 @@ def _field(cls: type, name: str) -> dataclasses.Field[Any]:
 
 def _owners() -> dict[str, tuple[type, str]]:
     """flag -> (dataclass, field) for every flag that sets one config field."""
-    from jaxrl_sym.rl.train import FLAGS
+    from jaxrl_sym.rl.run.train import FLAGS
 
     out = dict(OTHER_FLAGS)
     for name, flag in FLAGS.items():
@@ -87,7 +87,7 @@ def test_every_flag_that_sets_a_field_has_the_fields_default() -> None:
 def test_no_flag_spells_a_default_of_its_own() -> None:
     owners = _owners()
     bad = []
-    tree = ast.parse((ROOT / "jaxrl_sym/rl/cli.py").read_text())
+    tree = ast.parse((ROOT / "jaxrl_sym/rl/run/cli.py").read_text())
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
                 and node.args and isinstance(node.args[0], ast.Constant)):
@@ -99,7 +99,7 @@ def test_no_flag_spells_a_default_of_its_own() -> None:
 
 
 def test_train_keywords_read_their_fields_defaults() -> None:
-    from jaxrl_sym.rl import train as train_module
+    from jaxrl_sym.rl.run import train as train_module
 
     sig = inspect.signature(train_module.train)
     fn = next(n for n in ast.walk(ast.parse(inspect.getsource(train_module)))

@@ -3,7 +3,7 @@
 Oracles: each rule's update written out in numpy from its paper's equations (Adam/AdamW:
 Kingma & Ba, Loshchilov & Hutter; Lion: Chen et al. 2023; SGD with an L2 term), run for three
 steps on random parameters and gradients and compared with what the trainer's optimiser
-(:func:`jaxrl_sym.rl.state.make_optimizer`) does; Adafactor by its defining property (factored
+(:func:`jaxrl_sym.rl.step.state.make_optimizer`) does; Adafactor by its defining property (factored
 second moments: state of O(rows + cols) per matrix) and a descent direction. Then the knob end
 to end: ``train --optimizer`` reaches the trainer (the saved optimiser state has the rule's
 shape), a resume with another optimiser names the flag, bad values are refused before JAX.
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl import RLConfig
-from jaxrl_sym.rl.state import make_optimizer
+from jaxrl_sym.rl.step.state import make_optimizer
 
 B1, B2, EPS = 0.9, 0.999, 1e-8  # optax's adam/adamw defaults
 L1, L2 = 0.9, 0.99  # optax's lion defaults
@@ -106,7 +106,7 @@ def test_cli_optimizer_reaches_the_trainer_and_resume_names_it(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]
                                                                ) -> None:
     from jaxrl_sym.cli import main
-    from jaxrl_sym.rl.checkpoint import Checkpointer
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer
 
     run = tmp_path / "run"
     base = ["train", "--task", "reverse", "--prompts", "2", "--group", "2",
@@ -130,7 +130,7 @@ def test_the_trainer_holds_its_rules_state(name: str, moments: int) -> None:
     Lion's one, SGD's none (plus scalars: step count, injected rate and decay)."""
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLTrainer
-    from jaxrl_sym.rl.tasks import get_task
+    from jaxrl_sym.rl.tasks.token_tasks import get_task
 
     tr = RLTrainer(init_model(preset("tiny"), 0), get_task("reverse").reward,
                    RLConfig(group_size=2, optimizer=name), system="padded")

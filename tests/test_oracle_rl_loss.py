@@ -1,10 +1,10 @@
 """The RL loss against a numpy oracle written from the algorithms' definitions.
 
 Everything else checks the loss sym-vs-padded, and both systems call the same
-:func:`~jaxrl_sym.rl.algorithms.rl_loss`; here the library's public path — a layout
-(packed, shared-prompt or padded), :func:`~jaxrl_sym.rl.stages.loss_arrays` (advantages,
-weights, scattering) and :func:`~jaxrl_sym.rl.algorithms.rl_loss` — is compared with a float64
-numpy computation that imports nothing from the library's math:
+:func:`~jaxrl_sym.rl.algorithms.losses.rl_loss`; here the library's public path — a layout
+(packed, shared-prompt or padded), :func:`~jaxrl_sym.rl.step.stages.loss_arrays` (advantages,
+weights, scattering) and :func:`~jaxrl_sym.rl.algorithms.losses.rl_loss` — is compared with a
+float64 numpy computation that imports nothing from the library's math:
 
 * advantages: GRPO ``(r - mean_g) / (std_g + eps)`` (population std; ``batch_std``: one std of
   ``r - mean_g`` over the batch; ``none``: Dr. GRPO's ``r - mean_g``), 0 for a group whose
@@ -34,10 +34,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrl_sym.rl.algorithms import RLConfig, rl_loss
-from jaxrl_sym.rl.layout import packed_layout, padded_layout, shared_prefix_layout
-from jaxrl_sym.rl.rollout import Rollout
-from jaxrl_sym.rl.stages import loss_arrays
+from jaxrl_sym.rl.algorithms.losses import rl_loss
+from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.step.layout import packed_layout, padded_layout, shared_prefix_layout
+from jaxrl_sym.rl.step.rollout import Rollout
+from jaxrl_sym.rl.step.stages import loss_arrays
 
 VOCAB = 5
 SHAPE = (16, 128)

@@ -1,5 +1,5 @@
-"""Partial rollouts (``jaxrl_sym.rl.partial``): the degenerate setting equals the plain step; with
-it on, every sample finishes and is trained exactly once, carried tokens are a prefix of the
+"""Partial rollouts (``jaxrl_sym.rl.step.partial``): the degenerate setting equals the plain step;
+with it on, every sample finishes and is trained exactly once, carried tokens are a prefix of the
 trained response and keep the behaviour policy's log-probs (checked against a plain forward of
 the parameters that sampled them) — on sym, where one generation call stops itself, with a
 Gemma-like zoo model, and on padded, which generates in segments, with a GPT-2-like one."""
@@ -16,9 +16,9 @@ from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-from jaxrl_sym.rl.partial import PartialBuffer, PartialConfig
-from jaxrl_sym.rl.state import params_sha256
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.rl.step.partial import PartialBuffer, PartialConfig
+from jaxrl_sym.rl.step.state import params_sha256
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.runtime.options import EngineOptions
 
 TASK = get_task("reverse", max_digits=2)
@@ -120,7 +120,7 @@ def test_carried_rows_finish_once_with_behaviour_logprobs(system: str) -> None:
 
 
 def test_train_refuses_a_bad_partial_config_before_any_work() -> None:
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.run.train import train
 
     with pytest.raises(InputError, match="--partial-rollout"):
         train("grpo", "reverse", steps=1, partial={"fraction": 1.5}, progress=False)

@@ -21,9 +21,9 @@ from jax.extend import core as jcore
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-from jaxrl_sym.rl.programs import _guarded_step
-from jaxrl_sym.rl.state import make_optimizer
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.rl.step.programs import _guarded_step
+from jaxrl_sym.rl.step.state import make_optimizer
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.weights.precision import Precision
 from jaxrl_sym.weights.view import WeightView, check_precision
 
@@ -148,7 +148,7 @@ def test_a_gpu_without_bf16_units_is_refused_by_name() -> None:
 
 
 def test_a_run_records_its_precision_and_a_resume_in_another_is_refused(tmp_path: Any) -> None:
-    from jaxrl_sym.rl.train import ResumeMismatchError, train
+    from jaxrl_sym.rl.run.train import ResumeMismatchError, train
 
     kw = dict(task="reverse", steps=1, prompts_per_step=2, group_size=2, eval_prompts=0,
               progress=False, checkpoint_dir=str(tmp_path / "run"), model={"n_layers": 1})

@@ -209,7 +209,7 @@ def test_a_grpo_step_with_refill_is_the_step_without() -> None:
     near-zero gradient's noise up to the learning rate)."""
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-    from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+    from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
     task = get_task("reverse", max_digits=3)
     out = {}

@@ -1,4 +1,4 @@
-"""Remat between attention calls (:mod:`jaxrl_sym.rl.remat`): the same loss and gradients as
+"""Remat between attention calls (:mod:`jaxrl_sym.rl.step.remat`): the same loss and gradients as
 the function itself — checked against jax.grad of the plain model, no remat — and fewer bytes
 kept for the backward, read from XLA's own buffer assignment."""
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from jaxrl_sym.models.lm import DecoderLM, LMConfig
 from jaxrl_sym.ops.attention import Causal, Window, attention_p
-from jaxrl_sym.rl.remat import remat_between_attention, segments
+from jaxrl_sym.rl.step.remat import remat_between_attention, segments
 from tests import zoo
 
 
@@ -102,7 +102,7 @@ def test_trainer_gradients_equal_with_remat_off(system: str, lora: bool) -> None
     equal those with them kept (the oracle tests of the loss run with remat on, the default)."""
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
-    from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+    from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
     from jaxrl_sym.weights.lora_config import LoraConfig
 
     task = get_task("reverse", max_digits=3)

@@ -13,7 +13,7 @@ import pytest
 from zoo import GPT2Like, GPTConfig
 
 from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
 TASK = get_task("reverse", max_digits=2)
 CFG = RLConfig(algo="grpo", group_size=2, beta=0.1, epochs=1, eos_id=EOS,

@@ -18,10 +18,10 @@ from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-from jaxrl_sym.rl.cli import main as train_main
 from jaxrl_sym.rl.config import speculation_of, task_rl_config
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
-from jaxrl_sym.rl.train import hparam_diffs, run_hparams
+from jaxrl_sym.rl.run.cli import main as train_main
+from jaxrl_sym.rl.run.train import hparam_diffs, run_hparams
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.runtime.options import Speculation
 
 TASK = get_task("reverse", max_digits=3)

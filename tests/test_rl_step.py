@@ -24,9 +24,9 @@ from jaxrl_sym.rl import (
     Rollout,
     compute_rewards,
     get_task,
-    stages,
 )
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+from jaxrl_sym.rl.step import stages
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
 TASK = get_task("reverse", max_digits=3)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
@@ -241,8 +241,8 @@ def test_a_diverged_update_leaves_the_trainer_as_it_was(epochs: int, update_toke
     non-finite update must still leave the trainer's state exactly as before the step (the
     same digest, every buffer alive), whether it diverged in the fused update, in the
     micro-batched apply, or in a later epoch (which must undo the earlier ones)."""
-    from jaxrl_sym.rl.stages import DivergedError
-    from jaxrl_sym.rl.state import params_sha256
+    from jaxrl_sym.rl.step.stages import DivergedError
+    from jaxrl_sym.rl.step.state import params_sha256
 
     cfg = replace(CFG, lr=1e38, max_grad_norm=None, beta=0.0, epochs=epochs,
                   update_tokens=update_tokens)

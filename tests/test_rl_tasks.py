@@ -7,15 +7,23 @@ import pytest
 
 from jaxrl_sym.errors import InputError, SymError
 from jaxrl_sym.rl import RewardError, RLConfig, compute_rewards, get_task
-from jaxrl_sym.rl.algorithms import (
+from jaxrl_sym.rl.algorithms.advantages import (
     gae,
     informative_samples,
     sample_advantages,
     token_weights,
     whiten,
 )
-from jaxrl_sym.rl.layout import packed_layout, padded_layout
-from jaxrl_sym.rl.tasks import BOS, EOS, PLUS, SEP, TASK_NAMES, VOCAB_SIZE, partial_credit
+from jaxrl_sym.rl.step.layout import packed_layout, padded_layout
+from jaxrl_sym.rl.tasks.token_tasks import (
+    BOS,
+    EOS,
+    PLUS,
+    SEP,
+    TASK_NAMES,
+    VOCAB_SIZE,
+    partial_credit,
+)
 
 
 @pytest.mark.parametrize("name", TASK_NAMES)
@@ -193,7 +201,7 @@ def test_stabiliser_config_validation() -> None:
 
 
 def test_lr_schedule_warms_up_and_decays() -> None:
-    from jaxrl_sym.rl.state import lr_schedule
+    from jaxrl_sym.rl.step.state import lr_schedule
 
     cfg = RLConfig(lr=1e-3, warmup_steps=10, lr_schedule="cosine", total_steps=100,
                    min_lr_ratio=0.1, epochs=2)

@@ -11,8 +11,8 @@ import pytest
 from jaxrl_sym.cli import main as cli_main
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl import CheckpointError
-from jaxrl_sym.rl.cli import add_train_parser
-from jaxrl_sym.rl.train import train
+from jaxrl_sym.rl.run.cli import add_train_parser
+from jaxrl_sym.rl.run.train import train
 
 # Small enough that three runs (uninterrupted, interrupted, resumed) compile and run in seconds.
 TINY = dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, head_dim=16, ffn_dim=64)
@@ -122,7 +122,7 @@ def test_cli_train_json_metrics_and_plot(tmp_path, capsys) -> None:
 
 def test_progress_line_shows_the_mean_step_time_and_what_is_left(capsys) -> None:
     """Under pytest stderr is no terminal: one plain line per step (what a log file keeps)."""
-    from jaxrl_sym.rl.progress import Bar
+    from jaxrl_sym.rl.run.progress import Bar
 
     with Bar(True, total=6, done=1, title="t") as bar:  # resumed after step 1
         for sec in (3.0, 1.0):  # a compile-heavy first step, then a fast one
@@ -140,7 +140,7 @@ def test_progress_line_shows_the_mean_step_time_and_what_is_left(capsys) -> None
 
 
 def test_health_flags_entropy_collapse_with_flat_reward_and_non_finite() -> None:
-    from jaxrl_sym.rl.progress import RunHealth
+    from jaxrl_sym.rl.run.progress import RunHealth
 
     h = RunHealth()
     flags = [h.check({"reward": 0.46, "entropy": 0.02, "loss": 0.0, "grad_norm": 0.1})
@@ -158,8 +158,8 @@ def test_health_flags_entropy_collapse_with_flat_reward_and_non_finite() -> None
 
 
 def test_a_diverging_run_stops_and_says_so(tmp_path, capsys) -> None:
-    from jaxrl_sym.rl.progress import Bar
-    from jaxrl_sym.rl.stages import DivergedError
+    from jaxrl_sym.rl.run.progress import Bar
+    from jaxrl_sym.rl.step.stages import DivergedError
 
     # an absurd learning rate overflows the weights on the first update; the next update's
     # loss is non-finite, is not applied, and the run stops naming the step
@@ -185,7 +185,7 @@ def test_resume_takes_changed_execution_settings_and_refuses_the_rest(tmp_path, 
     with a smaller one and is told what changed; ``--lr`` is still refused."""
     import logging
 
-    from jaxrl_sym.rl.train import ResumeMismatchError
+    from jaxrl_sym.rl.run.train import ResumeMismatchError
 
     ckpt = str(tmp_path / "b")
     train("grpo", "reverse", steps=2, seed=5, checkpoint_dir=ckpt, eval_prompts=0, **RUN)
@@ -210,7 +210,7 @@ def test_health_flags_steps_without_a_learning_signal() -> None:
     """Three steps in a row where every group's rewards were identical (or the gradient was
     exactly 0) is a run that cannot learn: flagged from the third on, cleared by a step with a
     signal; PPO (a critic) is not flagged for identical group rewards."""
-    from jaxrl_sym.rl.progress import RunHealth
+    from jaxrl_sym.rl.run.progress import RunHealth
 
     flat = {"reward": 0.0, "entropy": 1.0, "loss": 0.0, "grad_norm": 0.3, "zero_var_frac": 1.0}
     h = RunHealth("grpo")

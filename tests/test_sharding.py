@@ -113,7 +113,7 @@ def test_budget_refuses_a_program_over_it_naming_the_program() -> None:
 
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-    from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+    from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
     task = get_task("reverse", max_digits=3)
     cfg = RLConfig(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
@@ -227,8 +227,8 @@ def test_two_processes_generate_and_train_as_one_device_and_restore_on_one(
 
     from jaxrl_sym.models.lm import init_model
     from jaxrl_sym.rl import RLTrainer
-    from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
-    from jaxrl_sym.rl.state import params_sha256
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer, fingerprint
+    from jaxrl_sym.rl.step.state import params_sha256
 
     one = RLTrainer(init_model(MODEL, 2), TASK.reward, CFG)
     Checkpointer(tmp_path / "ckpt", create=False).restore(one, fingerprint(one))

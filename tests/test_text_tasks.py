@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.text_tasks import (
+from jaxrl_sym.rl.tasks.text_tasks import (
     INSTRUCTION,
     MULTIPLIERS,
     Extracted,
@@ -194,7 +194,7 @@ def test_jsonl_loading_and_errors(tmp_path: Path) -> None:
 
 
 def test_word_problems_difficulty_by_name() -> None:
-    from jaxrl_sym.rl.text_tasks import get_text_task, is_text_task
+    from jaxrl_sym.rl.tasks.text_tasks import get_text_task, is_text_task
 
     one = get_text_task("word-problems:1")
     assert (one.min_steps, one.max_steps) == (1, 1) and is_text_task("word-problems:4")
@@ -229,7 +229,7 @@ def test_no_stated_number_exceeds_the_bound_and_the_answer_follows(seed: int, st
                                                                   largest: int) -> None:
     """word-problems:K:N states no number above N (distractors included), and the answer is
     what the worked lines compute, re-done here with Python's own arithmetic."""
-    from jaxrl_sym.rl.text_tasks import get_text_task
+    from jaxrl_sym.rl.tasks.text_tasks import get_text_task
 
     task = get_text_task(f"word-problems:{steps}:{largest}")
     for p in task.sample(np.random.default_rng(seed), 4):
@@ -250,7 +250,7 @@ def test_no_stated_number_exceeds_the_bound_and_the_answer_follows(seed: int, st
 def test_the_run_weight_reaches_the_checkpoint_task_reward() -> None:
     """``train`` builds the text task with the run's weight (``setup(format_weight=...)``): an
     unformatted correct answer earns 1 - w through the token interface the trainer calls."""
-    from jaxrl_sym.rl.pretrained import setup
+    from jaxrl_sym.rl.run.pretrained import setup
 
     fixture = str(Path(__file__).parent / "fixtures" / "text" / "chatml_qwen2")
     for w in (0.0, 0.2):

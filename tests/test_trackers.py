@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from jaxrl_sym.cli import main
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.trackers import SAMPLES_SHOWN, ReportConfig, scalars
-from jaxrl_sym.rl.train import train
+from jaxrl_sym.rl.run.trackers import SAMPLES_SHOWN, ReportConfig, scalars
+from jaxrl_sym.rl.run.train import train
 from tests import tb_events
 
 pytestmark = pytest.mark.share_compiles
@@ -102,7 +102,7 @@ def test_a_tracker_that_fails_to_start_is_named(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A tracker's own exception at start (MLflow 3 refusing a file store was one) becomes an
     error naming ``--report-to`` and the tracker, not a traceback from inside the package."""
-    from jaxrl_sym.rl import trackers
+    from jaxrl_sym.rl.run import trackers
 
     def refuses(directory: Path, config: object, name: str) -> None:
         raise RuntimeError("the filesystem tracking backend is in maintenance mode")

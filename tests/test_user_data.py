@@ -24,8 +24,8 @@ import pytest
 
 from jaxrl_sym.cli import main
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.data import Fields, load_dataset, open_dataset
-from jaxrl_sym.rl.rewards import (
+from jaxrl_sym.rl.tasks.data import Fields, load_dataset, open_dataset
+from jaxrl_sym.rl.tasks.rewards import (
     RewardFunctionError,
     boxed,
     exact_number,
@@ -165,7 +165,7 @@ def test_bad_json_and_csv_rows_and_files(tmp_path: Path,
 
 def test_held_out_split_eval_dataset_chat_rows_and_system_prompt(tmp_path: Path) -> None:
     from jaxrl_sym.models.hf.text import HFText
-    from jaxrl_sym.rl.pretrained import setup
+    from jaxrl_sym.rl.run.pretrained import setup
 
     d = write_jsonl(tmp_path / "d.jsonl", GSM8K)
     ds = open_dataset(str(d))
@@ -194,7 +194,7 @@ def test_held_out_split_eval_dataset_chat_rows_and_system_prompt(tmp_path: Path)
     assert run.task.eval_task.task.problems == both.held_out and run.task.eval_task.task.held_out
     assert run.hparams["eval_dataset"] == str(e) and run.hparams["reward"] is None
     assert json.loads(json.dumps(run.hparams)) == run.hparams  # compares equal once saved
-    from jaxrl_sym.rl.train import hparam_diffs
+    from jaxrl_sym.rl.run.train import hparam_diffs
 
     assert hparam_diffs({"dataset_sha256": "a", "reward": ["format"]},
                         {"dataset_sha256": "b", "reward": ["format"]}) == [
@@ -308,8 +308,8 @@ def test_train_temperature_flag_reaches_the_step_and_is_checked(
     trains with); out of its domain it fails before JAX with the flag named."""
     import argparse
 
-    from jaxrl_sym.rl.cli import add_train_parser, train_configs
     from jaxrl_sym.rl.config import task_rl_config
+    from jaxrl_sym.rl.run.cli import add_train_parser, train_configs
 
     sub = argparse.ArgumentParser().add_subparsers()
     add_train_parser(sub)

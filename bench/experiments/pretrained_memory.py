@@ -6,7 +6,7 @@ vocabulary 49,152; fp32, 0.54 GB), runs ``jaxrl-sym train --model DIR --task wor
 for one step of ``--prompts 1 --group 8 --max-new-tokens 128`` in a fresh child process and
 reads the child's high-water RSS (``VmHWM``, which starts afresh at ``exec``; ``ru_maxrss``
 would carry the parent's over). A second child builds the same trainer and prints the step's
-ledger (:func:`jaxrl_sym.rl.ledger.step_ledger`: compiled, never run), so the table sets what
+ledger (:func:`jaxrl_sym.rl.step.ledger.step_ledger`: compiled, never run), so the table sets what
 XLA accounts for beside what the process held.
 
 Why a trained tokenizer: the template's word-level tokenizer maps most words of the word
@@ -54,7 +54,7 @@ def write_model(out: Path, shape: str) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from bench.lib.checkpoints import SMOLLM2_135M, write_random_checkpoint
-    from jaxrl_sym.rl.text_tasks import word_problem
+    from jaxrl_sym.rl.tasks.text_tasks import word_problem
 
     nbytes = write_random_checkpoint(out, SMOLLM2_135M if shape != "tiny" else None)
     rng = np.random.default_rng(0)
@@ -103,9 +103,9 @@ def ledger(model: str, group: int, tokens: int) -> dict[str, Any]:
 
     from jaxrl_sym.rl import RLTrainer
     from jaxrl_sym.rl.config import task_rl_config
-    from jaxrl_sym.rl.ledger import step_ledger
-    from jaxrl_sym.rl.pretrained import setup
-    from jaxrl_sym.rl.train import EOS
+    from jaxrl_sym.rl.run.pretrained import setup
+    from jaxrl_sym.rl.run.train import EOS
+    from jaxrl_sym.rl.step.ledger import step_ledger
 
     hf = setup(model, "word-problems", max_new_tokens=tokens)
     assert hf is not None

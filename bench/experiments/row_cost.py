@@ -39,8 +39,8 @@ def measure(rows: int, steps: int, repeats: int) -> dict[str, Any]:
 
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.lm import init_model, preset
-    from jaxrl_sym.rl.tasks import VOCAB_SIZE
-    from jaxrl_sym.rl.train import TASK_MODEL
+    from jaxrl_sym.rl.run.train import TASK_MODEL
+    from jaxrl_sym.rl.tasks.token_tasks import VOCAB_SIZE
     from jaxrl_sym.runtime.engine import SymbolicLM
 
     model = init_model(preset("tiny", **TASK_MODEL), 0)

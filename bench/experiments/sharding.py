@@ -50,8 +50,8 @@ def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
 
     from jaxrl_sym.models.lm import init_model, preset
     from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
-    from jaxrl_sym.rl.stages import update_once
-    from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE
+    from jaxrl_sym.rl.step.stages import update_once
+    from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
     task = get_task("reverse", max_digits=3)
     cfg = RLConfig(algo="grpo", group_size=8, beta=0.0, eos_id=EOS,

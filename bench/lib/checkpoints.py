@@ -106,10 +106,10 @@ def write_rl_checkpoint(model_dir: str | Path, run_dir: str | Path, *, beta: flo
     a CPU; the export only reads what was saved, which this writes in seconds.
     """
     from jaxrl_sym.models.hf import load_pretrained
-    from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
     from jaxrl_sym.rl.config import RLConfig
-    from jaxrl_sym.rl.step import RLTrainer
-    from jaxrl_sym.rl.train import run_hparams
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer, fingerprint
+    from jaxrl_sym.rl.run.train import run_hparams
+    from jaxrl_sym.rl.step.trainer import RLTrainer
 
     model = load_pretrained(model_dir)[0]
     cfg = RLConfig(beta=beta, max_new_tokens=8, eos_id=0)

@@ -83,7 +83,7 @@ def check_features(model: Any) -> str | None:
     Why optional: a model is only required to produce logits, but at a 150k vocabulary the
     ``[tokens x vocab]`` logits dominate an RL update's memory; a model that also exposes its
     final hidden states and its (position-wise) head lets the step apply the head to a chunk of
-    tokens at a time (:mod:`jaxrl_sym.rl.logprobs`). A model without the split still trains,
+    tokens at a time (:mod:`jaxrl_sym.rl.step.logprobs`). A model without the split still trains,
     unchunked. One that has both methods but whose composition disagrees with ``__call__`` on
     an abstract ``[1, 2]`` batch (shape or dtype) is a broken model: :class:`InputError`.
     """

@@ -2,8 +2,8 @@
 flags before paying JAX's import, with the same rules the library applies.
 
 * :class:`RLConfig`: one step's algorithm, optimiser and step knobs (its sampling part is
-  :class:`~jaxrl_sym.rl.sampling.SamplingConfig`, derived with ``SamplingConfig.of``).
-* :class:`PartialConfig`: partial rollouts (:mod:`jaxrl_sym.rl.partial`).
+  :class:`~jaxrl_sym.rl.step.sampling.SamplingConfig`, derived with ``SamplingConfig.of``).
+* :class:`PartialConfig`: partial rollouts (:mod:`jaxrl_sym.rl.step.partial`).
 * :class:`RunConfig`: a training run on a task — the task, the prompt stream, the system, the
   model, how rollouts are generated (:class:`~jaxrl_sym.runtime.options.EngineOptions`,
   :class:`~jaxrl_sym.runtime.options.Speculation`) — and :class:`CheckpointConfig`: where it is
@@ -24,8 +24,8 @@ from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import check_sampling_temperature
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, OPTIMIZERS
-from jaxrl_sym.rl.tasks import Task, get_task
-from jaxrl_sym.rl.text_tasks import FORMAT_WEIGHT, check_format_weight, is_text_task
+from jaxrl_sym.rl.tasks.text_tasks import FORMAT_WEIGHT, check_format_weight, is_text_task
+from jaxrl_sym.rl.tasks.token_tasks import Task, get_task
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import Precision
@@ -34,7 +34,7 @@ __all__ = ["PG_LOSSES", "TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "Parti
            "RLConfig", "RunConfig", "speculation_of", "task_rl_config"]
 
 PG_LOSSES = ("ppo_clip", "gspo", "cispo")
-"""``RLConfig.pg_loss`` / ``train --pg-loss`` choices (:mod:`jaxrl_sym.rl.algorithms`)."""
+"""``RLConfig.pg_loss`` / ``train --pg-loss`` choices (:mod:`jaxrl_sym.rl.algorithms.losses`)."""
 
 MOVED: dict[str, str] = {
     "speculate": "the run's speculation: train(speculate=K), --speculate K, "
@@ -109,7 +109,7 @@ class RLConfig:
     pack_row_len: row length of the packed training layout (None: at least 64 and the longest
       sequence, rounded to a length bucket).
     share_prompts: on the symbolic runtime, pack a GRPO group's samples behind one copy of
-      their prompt per row (:func:`jaxrl_sym.rl.layout.shared_prefix_layout`): the reference,
+      their prompt per row (:func:`jaxrl_sym.rl.step.layout.shared_prefix_layout`): the reference,
       value and training forwards compute each prompt token once per row instead of G times —
       the same numbers (each response sees the same keys at the same positions), 31% fewer
       token slots on the step benchmark's workload (prompts 8-64, G = 8). False: every sample
@@ -125,7 +125,7 @@ class RLConfig:
     logprob_chunk: token slots whose logits exist at once in the reference, value and loss
       programs (and the loss's backward, which recomputes each chunk's logits): the model's
       head is applied to the final hidden states one chunk at a time
-      (:mod:`jaxrl_sym.rl.logprobs`), so the update's peak no longer grows with tokens x vocab.
+      (:mod:`jaxrl_sym.rl.step.logprobs`), so the update's peak no longer grows with tokens x vocab.
       Needs a model with the contract's optional ``features``/``head`` split; without it the
       step runs unchunked and its ``logprob_chunking`` stat says why. A batch of at most this
       many slots runs unchunked too (one chunk would hold the same logits and its recomputed
@@ -137,7 +137,7 @@ class RLConfig:
       CPU a smaller chunk is slower (``bench/experiments/logprob_memory.py``: 100 s vs 62 s at
       1024, 4,096 slots, loaded 2-core CPU): set 1024 there if time matters more than memory.
     remat: recompute each layer's activations in the update's backward instead of keeping them
-      (gradient checkpointing between attention calls, :mod:`jaxrl_sym.rl.remat`; every
+      (gradient checkpointing between attention calls, :mod:`jaxrl_sym.rl.step.remat`; every
       system). On by default for what a GPU pays: at the GPU preset's micro-batch it removes
       ~2 GB of the update's temporaries (Qwen2.5-0.5B, 1,280 slots, bf16) for ~27% more update
       flops. False: keep them (faster where memory is plentiful).
@@ -320,7 +320,7 @@ class RunConfig:
     system: the registered system the steps run on. model: overrides of the built-in model's
     fields; model_dir: a Hugging Face checkpoint to fine-tune instead. eval_prompts: held-out
     prompts for the final greedy evaluation (0: skip). mesh / device_memory: see
-    :class:`~jaxrl_sym.rl.step.RLTrainer`. partial: partial rollouts (None: off).
+    :class:`~jaxrl_sym.rl.step.trainer.RLTrainer`. partial: partial rollouts (None: off).
     speculation: speculative decoding of the rollouts (None: plain; :func:`speculation_of`
     builds it from ``--speculate``). engine: the generation engine's options (None: the
     runtime's defaults, ``EngineOptions()``). precision: ``fp32``, ``bf16-mixed`` or ``bf16``
@@ -376,7 +376,8 @@ class RunConfig:
         return FORMAT_WEIGHT if self.model_dir is not None else TASK_REWARD["partial_weight"]
 
     def task_of(self) -> Task:
-        """The built-in token task this run trains on (:func:`~jaxrl_sym.rl.tasks.get_task`)."""
+        """The built-in token task this run trains on
+        (:func:`~jaxrl_sym.rl.tasks.token_tasks.get_task`)."""
         return get_task(self.task, max_digits=self.max_digits, partial_weight=self.reward_weight)
 
 

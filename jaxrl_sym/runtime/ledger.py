@@ -11,8 +11,8 @@ bytes accessed), both available from ``jax.jit(f).lower(*shapes).compile()`` wit
 anything, on any backend, at any shape that compiles.
 
 This module is plain data and arithmetic over those numbers; it neither compiles nor runs. The
-RL step's ledger is built by :mod:`jaxrl_sym.rl.ledger`, the projection to a device by ``python -m
-bench project``.
+RL step's ledger is built by :mod:`jaxrl_sym.rl.step.ledger`, the projection to a device by
+``python -m bench project``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Adding a system is one file here (its ``bind(spec, model, options) -> BoundSyste
 :mod:`jaxrl_sym.systems.bound`) plus one :func:`register` line below; ``docs/extending.md``
 walks through one. No other module compares system names: callers ask a spec's capabilities.
 A system that trains also names its RL half, ``trainer="module:Class"`` (a
-:class:`jaxrl_sym.rl.systems.System`, imported by ``spec.trainable()`` only: the RL package
+:class:`jaxrl_sym.rl.step.systems.System`, imported by ``spec.trainable()`` only: the RL package
 sits above this one), which ``RLTrainer(system=name)`` runs the step on.
 """
 
@@ -40,11 +40,11 @@ register(SystemSpec(
     Capabilities(trains=True, speculates=True, draft_models=True, shards=True,
                  stops_itself=True, engine=True), "jaxrl_sym.systems.sym",
     variants=("xla", "triton", "auto"),
-    trainer="jaxrl_sym.rl.systems:SymSystem"))
+    trainer="jaxrl_sym.rl.step.systems:SymSystem"))
 register(SystemSpec(
     "padded", "the padded/masked XLA baseline: left-padded prompts, MAX_LEN caches, one program",
     Capabilities(trains=True, speculates=True), "jaxrl_sym.systems.padded",
-    trainer="jaxrl_sym.rl.systems:PaddedSystem"))
+    trainer="jaxrl_sym.rl.step.systems:PaddedSystem"))
 register(SystemSpec(
     "pershape", "the per-shape baseline: exact caches, re-jitted for every length",
     Capabilities(), "jaxrl_sym.systems.pershape"))

@@ -64,7 +64,7 @@ class SystemSpec:
     user model and of an attention pattern outside ``capabilities.patterns``. ``variants``:
     suffixes that name a value of ``variant_option`` (``sym-triton``: backend ``triton``).
     ``trainer``: ``"module:Class"`` of the system's RL half (a
-    :class:`jaxrl_sym.rl.systems.System` subclass: layout, forward, generation for the step),
+    :class:`jaxrl_sym.rl.step.systems.System` subclass: layout, forward, generation for the step),
     set exactly when ``capabilities.trains``; imported by :meth:`trainable` only, so this module
     stays below the RL package and JAX-free.
     """
@@ -141,7 +141,7 @@ class SystemSpec:
         return _load(self.binder, "bind")(self, model, options)
 
     def trainable(self) -> Any:
-        """This system's RL half, ``trainer(self)`` (a :class:`jaxrl_sym.rl.systems.System`;
+        """This system's RL half, ``trainer(self)`` (a :class:`jaxrl_sym.rl.step.systems.System`;
         typed ``Any`` for the reason :meth:`bind` is). An :class:`InputError` for a system
         that does not train."""
         if self.trainer is None:

@@ -18,8 +18,8 @@ precision      master + Adam  compute copy   what it gives
 ============== ============== ============== ================================================
 
 In every policy, logits, log-softmax, the loss and the advantages are float32 (the models'
-heads return float32 logits; :mod:`jaxrl_sym.rl.algorithms` upcasts). :mod:`.view` applies the
-policy to a model's leaves.
+heads return float32 logits; :mod:`jaxrl_sym.rl.algorithms.losses` upcasts). :mod:`.view`
+applies the policy to a model's leaves.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class Analysed:
 
 
 def compiler(target: str) -> Any:
-    """``compiler(build)`` for the ledgers (:func:`jaxrl_sym.rl.ledger.step_ledger`,
+    """``compiler(build)`` for the ledgers (:func:`jaxrl_sym.rl.step.ledger.step_ledger`,
     :func:`jaxrl_sym.runtime.ledger_generation.sym_ledger`): every program compiled for
     ``target`` (its memory) and for this machine (its counts); ``build`` a
     :class:`~jaxrl_sym.runtime.programs.Build`."""

@@ -257,7 +257,7 @@ class CausalLM(nnx.Module):
                  segment_ids: jax.Array | None = None) -> jax.Array:
         """Final hidden states ``[B, T, hidden]`` (after the final norm, in the model dtype):
         the optional ``features``/``head`` split of the contract, which lets the RL step apply
-        the head to a chunk of tokens at a time (:mod:`jaxrl_sym.rl.logprobs`)."""
+        the head to a chunk of tokens at a time (:mod:`jaxrl_sym.rl.step.logprobs`)."""
         if segment_ids is None:
             segment_ids = jnp.zeros_like(positions)
         return self.model(tokens, positions, segment_ids)

@@ -49,8 +49,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxrl_sym.rl.errors import CheckpointError
-from jaxrl_sym.rl.state import params_sha256
-from jaxrl_sym.rl.step import RLTrainer
+from jaxrl_sym.rl.step.state import params_sha256
+from jaxrl_sym.rl.step.trainer import RLTrainer
 from jaxrl_sym.sharding import to_host
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class _BadStep(Exception):
 
 def tree_sha256(tree: Any) -> str:
     """Digest of every leaf (shape, dtype and bytes, in pytree order): the construction of
-    :func:`jaxrl_sym.rl.state.params_sha256`, so the parameter digest stored in a checkpoint
+    :func:`jaxrl_sym.rl.step.state.params_sha256`, so the parameter digest stored in a checkpoint
     equals the ``params_sha256`` a run reports."""
     return params_sha256(tree)
 
@@ -113,7 +113,7 @@ def fingerprint(trainer: RLTrainer, **run: Any) -> dict[str, Any]:
     """What must agree for a checkpoint's arrays to fit ``trainer`` at all (JSON-serialisable).
 
     Hyper-parameters that only change the trajectory are not here: they are compared separately
-    (and may be overridden) by :mod:`jaxrl_sym.rl.train`.
+    (and may be overridden) by :mod:`jaxrl_sym.rl.run.train`.
     """
     model = {k: v for k, v in trainer.model_fingerprint.items() if k != "params"}
     shapes = [[list(np.shape(x)), str(np.result_type(x))]

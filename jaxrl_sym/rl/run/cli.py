@@ -36,10 +36,10 @@ from jaxrl_sym.rl.names import (
     SYSTEMS,
     TASK_HELP,
 )
-from jaxrl_sym.rl.pretrained import setup as setup_pretrained
-from jaxrl_sym.rl.rewards import text_options
-from jaxrl_sym.rl.text_tasks import DATASET_TASK
-from jaxrl_sym.rl.trackers import ReportConfig  # JAX-free
+from jaxrl_sym.rl.run.pretrained import setup as setup_pretrained
+from jaxrl_sym.rl.run.trackers import ReportConfig  # JAX-free
+from jaxrl_sym.rl.tasks.rewards import text_options
+from jaxrl_sym.rl.tasks.text_tasks import DATASET_TASK
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import PRECISIONS
@@ -225,7 +225,8 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
 
 
 def _add_data_flags(t: argparse.ArgumentParser) -> None:
-    """Your data and your reward (``--model`` runs; :mod:`jaxrl_sym.rl.data`, ``.rewards``)."""
+    """Your data and your reward (``--model`` runs; :mod:`jaxrl_sym.rl.tasks.data`,
+    :mod:`jaxrl_sym.rl.tasks.rewards`)."""
     t.add_argument("--dataset", default=None, metavar="PATH",
                    help="with --model, train on your rows instead of a --task: JSONL, JSON (a "
                         "list, or {\"data\": [...]}), CSV or Parquet (needs pyarrow), each row a "
@@ -250,7 +251,7 @@ def _add_data_flags(t: argparse.ArgumentParser) -> None:
 
 
 def text_of(args: argparse.Namespace) -> Any:
-    """The run's :class:`~jaxrl_sym.rl.data.TextOptions` (None: none asked): the dataset read
+    """The run's :class:`~jaxrl_sym.rl.tasks.data.TextOptions` (None: none asked): the dataset read
     and checked, rewards imported — once per command line (the flag check and the run share
     it), and before JAX is imported."""
     if not hasattr(args, "_text"):
@@ -293,12 +294,12 @@ def run_train(args: argparse.Namespace) -> int:
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from jaxrl_sym.rl import interrupt
-    from jaxrl_sym.rl.interrupt import Interrupted
-    from jaxrl_sym.rl.run_files import check_output_file
-    from jaxrl_sym.rl.train import train_run
+    from jaxrl_sym.rl.run import interrupt
+    from jaxrl_sym.rl.run.interrupt import Interrupted
+    from jaxrl_sym.rl.run.run_files import check_output_file
+    from jaxrl_sym.rl.run.train import train_run
 
-    if dist is None:  # one process: SIGTERM / SIGINT end the run cleanly (rl/interrupt.py)
+    if dist is None:  # one process: SIGTERM / SIGINT end the run cleanly (rl/run/interrupt.py)
         interrupt.install()
     try:
         with _warnings_to_stderr():
@@ -319,7 +320,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) -> int:
     """Print a finished run (its plot written where asked); the exit code."""
-    from jaxrl_sym.rl.plot import plot_run, read_metrics
+    from jaxrl_sym.rl.run.plot import plot_run, read_metrics
 
     hist = summary.pop("history")
     rows = read_metrics(args.metrics) if args.metrics and os.path.exists(args.metrics) else hist
@@ -449,7 +450,7 @@ def _join(dist: Any, args: argparse.Namespace) -> bool:
 
 
 def report_of(args: argparse.Namespace) -> Any:
-    """The run's :class:`~jaxrl_sym.rl.trackers.ReportConfig` from ``--report-to``,
+    """The run's :class:`~jaxrl_sym.rl.run.trackers.ReportConfig` from ``--report-to``,
     ``--log-dir`` and ``--log-completions-every`` (its own checks name the flags)."""
 
     return ReportConfig.parse(args.report_to, log_dir=args.log_dir,
@@ -475,7 +476,7 @@ def _warnings_to_stderr() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m jaxrl_sym.rl.cli train ...``)."""
+    """Stand-alone entry (``python -m jaxrl_sym.rl.run.cli train ...``)."""
     p = argparse.ArgumentParser(prog="jaxrl-sym")
     sub = p.add_subparsers(dest="cmd", required=True)
     add_train_parser(sub)

@@ -1,4 +1,4 @@
-"""The ``eval`` sub-command's flags and runner (:mod:`jaxrl_sym.rl.evaluate`).
+"""The ``eval`` sub-command's flags and runner (:mod:`jaxrl_sym.rl.run.evaluate`).
 
 Its flags are checked before JAX is imported: the dataset is read and every row checked, the
 reward functions imported, the numbers put in their domains (:class:`EvalConfig`); only then is
@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxrl_sym import jsonl, systems
 from jaxrl_sym.errors import InputError, SymError
-from jaxrl_sym.rl.evaluate import EvalConfig
+from jaxrl_sym.rl.run.evaluate import EvalConfig
 
 GEN_SYSTEMS = systems.names(peer=False)
 
@@ -64,9 +64,9 @@ def config_of(args: argparse.Namespace) -> EvalConfig:
 
 def _inputs(args: argparse.Namespace) -> tuple[EvalConfig, Any, list[Any]]:
     """The flags checked and the rows read, JAX-free."""
-    from jaxrl_sym.rl.data import Fields, load_dataset
-    from jaxrl_sym.rl.rewards import text_options
-    from jaxrl_sym.rl.run_files import check_output_file
+    from jaxrl_sym.rl.run.run_files import check_output_file
+    from jaxrl_sym.rl.tasks.data import Fields, load_dataset
+    from jaxrl_sym.rl.tasks.rewards import text_options
 
     cfg = config_of(args)
     if args.step is not None and args.checkpoint_dir is None:
@@ -92,7 +92,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, str]:
         from jaxrl_sym.models.hf import load_pretrained
 
         return load_pretrained(args.model)[0], args.model
-    from jaxrl_sym.rl.export import restore_policy, source_model
+    from jaxrl_sym.rl.run.export import restore_policy, source_model
 
     return restore_policy(args.checkpoint_dir, args.step)[0], source_model(
         args.checkpoint_dir, args.step)
@@ -103,7 +103,7 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         cfg, options, problems = _inputs(args)
         from jaxrl_sym.models.hf.text import HFText, find_eos_ids
-        from jaxrl_sym.rl.evaluate import dataset_task, evaluate_rows
+        from jaxrl_sym.rl.run.evaluate import dataset_task, evaluate_rows
 
         model, tok_dir = _model(args)
         text = HFText(tok_dir)

@@ -4,8 +4,8 @@ with the rewards training uses, on the same generation systems.
 Why a command and not only the run's final evaluation: a practitioner compares the base model,
 each checkpoint and a peer's export on the same held-out file, with the same grader, before and
 after a run (TRL, verl and Tunix users do it with a separate script that re-implements the
-reward). Here the rows are read by the training loader (:mod:`jaxrl_sym.rl.data`), prompts
-rendered by the training task (:class:`~jaxrl_sym.rl.pretrained.TokenTextTask`: chat template,
+reward). Here the rows are read by the training loader (:mod:`jaxrl_sym.rl.tasks.data`), prompts
+rendered by the training task (:class:`~jaxrl_sym.rl.run.pretrained.TokenTextTask`: chat template,
 system prompt), and the rewards are the ``--reward`` functions of training; generation runs on a
 registered system (``sym`` by default, ``padded`` beside it).
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.text_tasks import FORMAT_WEIGHT, TextTask
+from jaxrl_sym.rl.tasks.text_tasks import FORMAT_WEIGHT, TextTask
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def evaluate_rows(model: Any, task: Any, problems: list[Any], cfg: EvalConfig,
                   eos: tuple[int, ...]) -> dict[str, Any]:
     """Greedy and sampled completions of ``problems`` (a
-    :class:`~jaxrl_sym.rl.pretrained.TokenTextTask` renders and scores them) on ``cfg.system``.
+    :class:`~jaxrl_sym.rl.run.pretrained.TokenTextTask` renders and scores them) on ``cfg.system``.
     Returns the summary and one record per row."""
     from jaxrl_sym.generation import GenerationConfig
 
@@ -124,7 +124,7 @@ def _scored(task: Any, prompts: list[np.ndarray], responses: list[Any]) -> list[
 def dataset_task(problems: list[Any], name: str, text: Any, cfg: EvalConfig,
                  options: Any) -> Any:
     """The training task's rendering and scoring over a fixed list of rows."""
-    from jaxrl_sym.rl.pretrained import TokenTextTask
+    from jaxrl_sym.rl.run.pretrained import TokenTextTask
 
     if not problems:
         raise InputError(f"--dataset {name}: no rows to evaluate")

@@ -2,7 +2,7 @@
 :func:`restore_policy`) and exported as a Hugging Face directory or PEFT adapters
 (``jaxrl-sym export --checkpoint-dir``, :func:`export_checkpoint`).
 
-Why apart from :mod:`jaxrl_sym.rl.pretrained` (which sets a run up): these run after training,
+Why apart from :mod:`jaxrl_sym.rl.run.pretrained` (which sets a run up): these run after training,
 from the checkpoint's metadata alone — the source model's directory, its dtype, LoRA settings
 and the digest of the base weights the run trained on.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.pretrained import model_digest
+from jaxrl_sym.rl.run.pretrained import model_digest
 from jaxrl_sym.weights.precision import Precision
 
 
@@ -160,7 +160,7 @@ def _export_step(checkpoint_dir: str | Path, step: int | None) -> tuple[Any, int
     """``(checkpointer, step, metadata)`` of the step to export: the one named, else the newest.
     One named step, never a fall-back: an export must not change a training directory. The
     hyper-parameters come first: they say which model to build."""
-    from jaxrl_sym.rl.checkpoint import Checkpointer
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer
 
     ckpt = Checkpointer(checkpoint_dir, create=False)
     steps = ckpt.steps()
@@ -185,7 +185,7 @@ def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: st
     merged in (a plain Hugging Face directory), or with ``peft`` a PEFT adapter directory."""
     from jaxrl_sym.models.contract import model_fingerprint
     from jaxrl_sym.models.hf import load_pretrained
-    from jaxrl_sym.rl.checkpoint import Checkpointer
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer
     from jaxrl_sym.weights.lora import plan_lora
     from jaxrl_sym.weights.lora_config import LoraConfig
     from jaxrl_sym.weights.peft import export_merged

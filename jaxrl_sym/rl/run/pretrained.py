@@ -1,12 +1,12 @@
 """RL fine-tuning of a pretrained Hugging Face checkpoint on a text task, and the way back out.
 
 ``jaxrl-sym train --model DIR --task word-problems`` (or ``--task jsonl:FILE``) runs the same
-training loop as the built-in tasks (:func:`jaxrl_sym.rl.train.train`); this module supplies what
-differs, so the loop itself only asks :func:`setup` for it:
+training loop as the built-in tasks (:func:`jaxrl_sym.rl.run.train.train`); this module supplies
+what differs, so the loop itself only asks :func:`setup` for it:
 
 * the **task in tokens**: problems rendered through the checkpoint's chat template when it has
   one (else plain text), encoded with its tokenizer; the reward decodes the response and scores
-  it with :func:`jaxrl_sym.rl.text_tasks.reward` against the answer of *that* prompt;
+  it with :func:`jaxrl_sym.rl.tasks.text_tasks.reward` against the answer of *that* prompt;
 * the **EOS id** from the checkpoint's files, and the **model** itself (loaded only after the
   loop has checked its flags and output paths);
 * the **source directory** in the run's hyper-parameters (``model_dir``), so a checkpoint knows
@@ -14,8 +14,8 @@ differs, so the loop itself only asks :func:`setup` for it:
   setting, and :func:`export_checkpoint` can write the trained policy as a Hugging Face
   directory next to that model's config and tokenizer;
 * the user's **dataset, system prompt and rewards** (``--dataset``, ``--reward``:
-  :mod:`jaxrl_sym.rl.data`, :mod:`jaxrl_sym.rl.rewards`), whose flags and file digests join the
-  recorded hyper-parameters, so a resume with other data or reward code is a changed run.
+  :mod:`jaxrl_sym.rl.tasks.data`, :mod:`jaxrl_sym.rl.tasks.rewards`), whose flags and file digests
+  join the recorded hyper-parameters, so a resume with other data or reward code is a changed run.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.data import TextOptions, chat_messages, file_sha256, plain_prompt
-from jaxrl_sym.rl.text_tasks import (
+from jaxrl_sym.rl.tasks.data import TextOptions, chat_messages, file_sha256, plain_prompt
+from jaxrl_sym.rl.tasks.text_tasks import (
     FORMAT_WEIGHT,
     TEXT_TASK_NAMES,
     Problem,
@@ -81,7 +81,7 @@ class TokenTextTask:
         self.max_new_tokens = max_new_tokens
         self.format_weight = format_weight
         self.system_prompt = system_prompt
-        self.rewards = rewards  # a RewardSet (jaxrl_sym.rl.rewards); None: reward() below
+        self.rewards = rewards  # a RewardSet (jaxrl_sym.rl.tasks.rewards); None: reward() below
         self.max_positions = text.max_positions  # read once: checked on every sample
         self._answers: dict[tuple[int, ...], Problem] = {}
         self.eval_task: TokenTextTask = self  # what the final evaluation samples
@@ -163,7 +163,7 @@ class TokenTextTask:
 
 @dataclasses.dataclass
 class PretrainedRun:
-    """What :func:`jaxrl_sym.rl.train.train` needs from a ``--model DIR`` run."""
+    """What :func:`jaxrl_sym.rl.run.train.train` needs from a ``--model DIR`` run."""
 
     model_dir: str
     task: TokenTextTask
@@ -199,12 +199,12 @@ class PretrainedRun:
 
 
 def model_digest(model: Any) -> str:
-    """SHA-256 of a model's parameters as loaded (:func:`~jaxrl_sym.rl.state.params_sha256`
+    """SHA-256 of a model's parameters as loaded (:func:`~jaxrl_sym.rl.step.state.params_sha256`
     over its state): what a checkpoint records of its base and an export compares."""
     import jax
     from flax import nnx
 
-    from jaxrl_sym.rl.state import params_sha256
+    from jaxrl_sym.rl.step.state import params_sha256
 
     return params_sha256(jax.tree_util.tree_leaves(nnx.state(model)))
 
@@ -217,7 +217,7 @@ def setup(model_dir: str | None, task: str, *, max_new_tokens: int | None = None
     Cheap: reads the tokenizer, chat template, EOS ids and (for ``jsonl:``) the task file — the
     weights are loaded later by :meth:`PretrainedRun.load_model`. Every mismatch of model and
     task is an :class:`InputError` naming the flag. ``text``: the user's dataset, system prompt
-    and rewards (:func:`jaxrl_sym.rl.rewards.text_options`; None: the task's own).
+    and rewards (:func:`jaxrl_sym.rl.tasks.rewards.text_options`; None: the task's own).
     """
     if model_dir is None:
         if is_text_task(task) or text is not None:

@@ -1,6 +1,6 @@
 """What a training run shows while it runs: the progress bar and the health check of each step.
 
-Kept apart from the loop (:mod:`jaxrl_sym.rl.train`) because neither changes the run: they read
+Kept apart from the loop (:mod:`jaxrl_sym.rl.run.train`) because neither changes the run: they read
 its per-step metrics and report.
 """
 

@@ -24,8 +24,8 @@ from typing import IO, Any
 import jax
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.checkpoint import Checkpointer
 from jaxrl_sym.rl.config import CheckpointConfig
+from jaxrl_sym.rl.run.checkpoint import Checkpointer
 
 log = logging.getLogger(__name__)
 LOCK_FILE = ".jaxrl-sym.lock"

@@ -22,7 +22,6 @@ import numpy as np
 from jaxrl_sym import jsonl
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
-from jaxrl_sym.rl.checkpoint import Checkpointer, fingerprint
 from jaxrl_sym.rl.config import (
     EXECUTION_KNOBS,
     TASK_RECIPE,
@@ -34,23 +33,24 @@ from jaxrl_sym.rl.config import (
     speculation_of,
     task_rl_config,
 )
-from jaxrl_sym.rl.data import TextOptions
 from jaxrl_sym.rl.errors import CheckpointError, RewardError
-from jaxrl_sym.rl.interrupt import Interrupted, abandoned, graceful
-from jaxrl_sym.rl.pretrained import setup as setup_pretrained
-from jaxrl_sym.rl.progress import Bar, GreedyDrift, RunHealth, recipe_line
-from jaxrl_sym.rl.rewards import reward_failure
-from jaxrl_sym.rl.run_files import (
+from jaxrl_sym.rl.run.checkpoint import Checkpointer, fingerprint
+from jaxrl_sym.rl.run.interrupt import Interrupted, abandoned, graceful
+from jaxrl_sym.rl.run.pretrained import setup as setup_pretrained
+from jaxrl_sym.rl.run.progress import Bar, GreedyDrift, RunHealth, recipe_line
+from jaxrl_sym.rl.run.run_files import (
     check_output_file,
     open_checkpoints,
     prepare_metrics,
     save_last,
     saved_note,
 )
-from jaxrl_sym.rl.stages import DivergedError
-from jaxrl_sym.rl.step import RLTrainer
-from jaxrl_sym.rl.tasks import EOS, VOCAB_SIZE, Task
-from jaxrl_sym.rl.trackers import Report, ReportConfig
+from jaxrl_sym.rl.run.trackers import Report, ReportConfig
+from jaxrl_sym.rl.step.stages import DivergedError
+from jaxrl_sym.rl.step.trainer import RLTrainer
+from jaxrl_sym.rl.tasks.data import TextOptions
+from jaxrl_sym.rl.tasks.rewards import reward_failure
+from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE, Task
 from jaxrl_sym.runtime.metrics import trim_host_heap
 from jaxrl_sym.runtime.options import EngineOptions
 from jaxrl_sym.sharding import MeshConfig, describe
@@ -96,7 +96,7 @@ FLAGS: dict[str, str] = {
     "update_tokens": "--update-tokens", "remat": "--remat/--no-remat",
     "lora": "--lora-rank/--lora-alpha/"
     "--lora-targets",
-    # a --model run's own data and rewards (jaxrl_sym.rl.data.TextOptions.hparams)
+    # a --model run's own data and rewards (jaxrl_sym.rl.tasks.data.TextOptions.hparams)
     "dataset": "--dataset", "prompt_field": "--prompt-field", "answer_field": "--answer-field",
     "system_prompt": "--system-prompt", "eval_dataset": "--eval-dataset",
     "dataset_sha256": "--dataset (the file's contents)",
@@ -224,7 +224,7 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     directory.
 
     run: the task, prompt stream, system and model (:class:`RunConfig`; ``model_dir``
-      fine-tunes a Hugging Face checkpoint on a text task, :mod:`jaxrl_sym.rl.pretrained`).
+      fine-tunes a Hugging Face checkpoint on a text task, :mod:`jaxrl_sym.rl.run.pretrained`).
     rl: the step's :class:`RLConfig`, or its fields over the task's recipe, response limit and
       EOS (:func:`~jaxrl_sym.rl.config.task_rl_config`).
     checkpoints: save every ``every`` steps and at the end (:class:`CheckpointConfig`); its
@@ -236,10 +236,10 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     metrics_file: JSON lines, one per step (appended on resume, after dropping lines of steps
       that will be re-run). on_step: called with each step's metrics (after its checkpoint).
     text: a ``--model`` run's dataset, system prompt and rewards
-      (:func:`~jaxrl_sym.rl.rewards.text_options`); a reward's mean is logged as ``reward/<name>``,
-      and a failing reward stops the run after saving the last finished step.
+      (:func:`~jaxrl_sym.rl.tasks.rewards.text_options`); a reward's mean is logged as
+      ``reward/<name>``, and a failing reward stops the run after saving the last finished step.
     report: trackers that get every step's metrics, the final evaluation and tables of sampled
-      completions (:mod:`jaxrl_sym.rl.trackers`; a missing package is refused before any work).
+      completions (:mod:`jaxrl_sym.rl.run.trackers`; a missing package is refused before any work).
 
     Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` and (text tasks) ``final_format_rate``
@@ -385,7 +385,7 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
     """Steps ``steps_done + 1 .. run.steps``: prompts and seed from ``(seed, k)`` only (resume
     replays), one metrics line each, a checkpoint every ``every`` steps and at the end. SIGTERM
     or SIGINT stops the loop after the step under way (a second one abandons it), saves the
-    last finished step and raises :class:`~jaxrl_sym.rl.interrupt.Interrupted`."""
+    last finished step and raises :class:`~jaxrl_sym.rl.run.interrupt.Interrupted`."""
     seed, steps = run.seed, run.steps
     history: list[dict[str, Any]] = []
     health = RunHealth(trainer.cfg.algo)

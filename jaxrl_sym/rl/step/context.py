@@ -4,12 +4,12 @@ Why an object of its own: the stages used to take the trainer and read some eigh
 attributes (config, system, engine, compiled programs, reward function, resident bytes...), so a
 stage's inputs were "the whole trainer" and partial rollouts reached back into it to swap the
 rollout buffer. A frozen context names exactly what a step needs; the evolving parts — the
-:class:`~jaxrl_sym.rl.state.TrainState` and the rows partial rollouts carry — are passed in and
+:class:`~jaxrl_sym.rl.step.state.TrainState` and the rows partial rollouts carry — are passed in and
 returned, and only the trainer's commit stores them.
 
-This module imports nothing that imports it back: the trainer (:mod:`jaxrl_sym.rl.step`) builds
-contexts, the stages (:mod:`jaxrl_sym.rl.stages`) and rollout sources
-(:mod:`jaxrl_sym.rl.partial`) only read them.
+This module imports nothing that imports it back: the trainer (:mod:`jaxrl_sym.rl.step.trainer`)
+builds contexts, the stages (:mod:`jaxrl_sym.rl.step.stages`) and rollout sources
+(:mod:`jaxrl_sym.rl.step.partial`) only read them.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import Any, Protocol
 import jax
 import optax
 
-from jaxrl_sym.rl.algorithms import RLConfig
-from jaxrl_sym.rl.layout import Layout
-from jaxrl_sym.rl.programs import Programs, Weights, build_fns
-from jaxrl_sym.rl.rollout import Drawn, RewardFn, Rollout
-from jaxrl_sym.rl.sampling import SamplingConfig
-from jaxrl_sym.rl.state import TrainState
-from jaxrl_sym.rl.systems import Bound, System
+from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.step.layout import Layout
+from jaxrl_sym.rl.step.programs import Programs, Weights, build_fns
+from jaxrl_sym.rl.step.rollout import Drawn, RewardFn, Rollout
+from jaxrl_sym.rl.step.sampling import SamplingConfig
+from jaxrl_sym.rl.step.state import TrainState
+from jaxrl_sym.rl.step.systems import Bound, System
 
 __all__ = ["Forwards", "RolloutSource", "StepContext", "rows_per_chunk"]
 
@@ -49,8 +49,8 @@ class Forwards:
 
     A trainer trains on its own system, but a rollout may be laid out and scored on another
     (``loss_and_grads(..., "padded")`` compares the two): every system gets its own bound
-    system and programs, keyed by the :class:`~jaxrl_sym.rl.systems.System` a
-    :class:`~jaxrl_sym.rl.layout.Layout` carries.
+    system and programs, keyed by the :class:`~jaxrl_sym.rl.step.systems.System` a
+    :class:`~jaxrl_sym.rl.step.layout.Layout` carries.
     """
 
     def __init__(self, bind: Callable[[System], Bound], tx: optax.GradientTransformation,
@@ -68,7 +68,7 @@ class Forwards:
 
     def fns(self, system: System, cfg: RLConfig) -> dict[str, Any]:
         """Jitted reference / value / loss-grad / update functions of ``system``'s layout
-        (:func:`~jaxrl_sym.rl.programs.build_fns`), built with ``cfg`` on first use."""
+        (:func:`~jaxrl_sym.rl.step.programs.build_fns`), built with ``cfg`` on first use."""
         if system not in self._fns:
             self._fns[system] = build_fns(cfg, self._tx, self.bound(system).logits_fn(),
                                           self._shardings, self._weights)
@@ -143,9 +143,9 @@ class StepContext:
 
 
 class RolloutSource(Protocol):
-    """Where a step's samples come from: fresh prompts (:class:`~jaxrl_sym.rl.stages.Fresh`) or
-    partial rollouts (:class:`~jaxrl_sym.rl.partial.Carried`). ``draw`` must not change anything
-    it was given: what it carries into the next step it returns in :class:`Drawn`, and the
+    """Where a step's samples come from: fresh prompts (:class:`~jaxrl_sym.rl.step.stages.Fresh`) or
+    partial rollouts (:class:`~jaxrl_sym.rl.step.partial.Carried`). ``draw`` must not change
+    anything it was given: what it carries into the next step it returns in :class:`Drawn`, and the
     trainer stores it only when the step commits."""
 
     def draw(self, ctx: StepContext, state: TrainState) -> Drawn: ...

@@ -4,8 +4,8 @@ Both layouts put prompt+response of each sample into a [rows, L] token array and
 sample's response by a *span* ``(row, first, n)``: slots ``first .. first+n-1`` are the slots whose
 logits predict the n response tokens (slot of the token minus one, so ``first = start + len(prompt)
 - 1`` ≥ start because prompts are non-empty). Per-token quantities (old / reference log-probs,
-advantages, weights) are scattered to those slots, so :func:`jaxrl_sym.rl.algorithms.rl_loss` sees
-the same numbers in either layout and only the forward differs:
+advantages, weights) are scattered to those slots, so :func:`jaxrl_sym.rl.algorithms.losses.rl_loss`
+sees the same numbers in either layout and only the forward differs:
 
 * ``sym``: sequences bin-packed into rows by :class:`~jaxrl_sym.runtime.engine.PackedBatch`
   (positions restart per sequence, segment ids keep them apart), forward through
@@ -39,7 +39,7 @@ from jaxrl_sym.runtime.engine import PackedBatch, length_bucket
 class Layout:
     """A training batch in one system's layout.
 
-    system: the trainable system that laid it out (a :class:`jaxrl_sym.rl.systems.System`,
+    system: the trainable system that laid it out (a :class:`jaxrl_sym.rl.step.systems.System`,
       typed ``Any`` because that module builds layouts from this one); its forward and compiled
       programs run the batch. The functions here leave it None: which layout a system uses is
       its own choice, and ``System.layout`` tags what it builds.

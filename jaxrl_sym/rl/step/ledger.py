@@ -10,14 +10,14 @@ each program the step would run, at the batch's real shapes, and reading XLA's o
 * **generation**: the state + what the generating system adds at its peak — given by the caller:
   the system's own walk over the step's lengths (:meth:`BoundSystem.ledger`) or its worst-case
   estimate (:meth:`BoundSystem.estimate`) — plus, where the reference is scored while generation
-  runs, the reference chunks in flight (:data:`~jaxrl_sym.rl.overlap.MAX_INFLIGHT`);
+  runs, the reference chunks in flight (:data:`~jaxrl_sym.rl.step.overlap.MAX_INFLIGHT`);
 * **reference**: the state + each reference chunk's program (``update_tokens`` slots);
 * **update**: the state + each micro-batch's gradient program, the gradient accumulator and the
   optimiser's ``apply`` (one fused ``update`` program when the batch is one micro-batch).
 
 The programs are the trainer's own (``StepContext.fns``), compiled for the shapes the step's own
-chunking (:func:`~jaxrl_sym.rl.stages.row_chunks`) produces, so the ledger follows the code that
-runs rather than a model of it.
+chunking (:func:`~jaxrl_sym.rl.step.stages.row_chunks`) produces, so the ledger follows the code
+that runs rather than a model of it.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_sym.rl.overlap import MAX_INFLIGHT, OVERLAP_ROWS, chunk_waits_for
-from jaxrl_sym.rl.stages import row_chunks
-from jaxrl_sym.rl.systems import Bound
+from jaxrl_sym.rl.step.overlap import MAX_INFLIGHT, OVERLAP_ROWS, chunk_waits_for
+from jaxrl_sym.rl.step.stages import row_chunks
+from jaxrl_sym.rl.step.systems import Bound
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
 from jaxrl_sym.runtime.ledger_generation import GenerationLedger
 from jaxrl_sym.runtime.programs import Build
@@ -51,7 +51,7 @@ class StepLedger:
 def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[int], *,
                 overlap: bool = False, generation: Any = None,
                 compiler: Compiler | None = None) -> StepLedger:
-    """The ledger of one step of ``trainer`` (an :class:`~jaxrl_sym.rl.step.RLTrainer`) on
+    """The ledger of one step of ``trainer`` (an :class:`~jaxrl_sym.rl.step.trainer.RLTrainer`) on
     ``prompts`` (already expanded G-fold) whose responses have ``limits`` tokens.
 
     ``overlap``: the trainer scores the reference during generation (on an accelerator), which
@@ -106,7 +106,7 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
 
 def _in_flight(size: ProgramSize) -> list[Buffer]:
     """Up to MAX_INFLIGHT reference chunks queued behind the decode work, each holding its
-    temporaries and outputs from enqueue to end (:mod:`jaxrl_sym.rl.overlap`)."""
+    temporaries and outputs from enqueue to end (:mod:`jaxrl_sym.rl.step.overlap`)."""
     return [dataclasses.replace(b, name=f"{b.name} (reference chunk {k + 1} of {MAX_INFLIGHT} "
                                         "in flight)")
             for k in range(MAX_INFLIGHT) for b in size.buffers()]

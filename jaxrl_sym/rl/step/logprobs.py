@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from jaxrl_sym.rl.algorithms import slot_terms, value_predictions
+from jaxrl_sym.rl.algorithms.losses import slot_terms, value_predictions
 
 LogitsFn = Callable[[list[jax.Array], tuple[jax.Array, ...]], jax.Array]
 """``logits_fn(lm_leaves, layout_inputs) -> [rows, L, vocab]`` logits: one system's forward."""
@@ -49,7 +49,7 @@ class SplitForward:
     """A system's forward as ``head(features(...))``, plus the whole-logits forward.
 
     Callable as a :data:`LogitsFn` (the unchunked path, unchanged), so code that wants logits
-    keeps working; :func:`jaxrl_sym.rl.programs.build_fns` uses ``features``/``head`` when the
+    keeps working; :func:`jaxrl_sym.rl.step.programs.build_fns` uses ``features``/``head`` when the
     config asks for chunks. ``head_leaves``: indices of the leaves ``head`` reads (the rest are
     kept out of the scan's gradient, see :func:`head_leaf_indices`).
     """
@@ -136,7 +136,8 @@ def chunked_terms(fwd: SplitForward, leaves: list[jax.Array], inputs: tuple[jax.
                   targets: jax.Array | None, temperature: float, chunk: int, *,
                   value_head: dict[str, jax.Array] | None = None, entropy: bool = True,
                   logprobs: bool = True) -> dict[str, jax.Array]:
-    """:func:`~jaxrl_sym.rl.algorithms.slot_terms` of every slot, one chunk's logits at a time.
+    """:func:`~jaxrl_sym.rl.algorithms.losses.slot_terms` of every slot, one chunk's logits at
+    a time.
 
     ``logprobs=False`` (the value pass, ``targets`` None) computes only ``v``. The features are
     computed once for the whole batch, outside the scan.

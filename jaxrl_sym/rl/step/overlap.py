@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_sym.rl.layout import Layout, packed_layout
+from jaxrl_sym.rl.step.layout import Layout, packed_layout
 from jaxrl_sym.sharding import to_host
 
 MAX_INFLIGHT = 1  # reference chunks dispatched and not yet finished, at most (module docstring)

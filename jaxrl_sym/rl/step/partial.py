@@ -18,7 +18,7 @@ Decisions, and why:
 * **Carried tokens keep their generation-time log-probs.** The tokens a row emitted in an earlier
   step were sampled by that step's policy; their log-probs (``Rollout.old_logprobs``) stay the
   behaviour policy's, so the loss's importance ratio ``pi_current / pi_behaviour`` (clipped, see
-  :func:`jaxrl_sym.rl.algorithms.rl_loss`) corrects exactly the off-policy part. Nothing is
+  :func:`jaxrl_sym.rl.algorithms.losses.rl_loss`) corrects exactly the off-policy part. Nothing is
   recomputed.
 * **A group is trained when all its G rows finished.** Group-relative advantages (GRPO, RLOO)
   compare the G responses of one prompt; training a partial group would bias its baseline. Rows
@@ -51,9 +51,9 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import PartialConfig
-from jaxrl_sym.rl.context import StepContext
-from jaxrl_sym.rl.rollout import Drawn, Rollout, sampling_batch
-from jaxrl_sym.rl.state import TrainState
+from jaxrl_sym.rl.step.context import StepContext
+from jaxrl_sym.rl.step.rollout import Drawn, Rollout, sampling_batch
+from jaxrl_sym.rl.step.state import TrainState
 
 __all__ = ["Carried", "PartialBuffer", "PartialConfig", "Row", "partial_generate"]
 
@@ -76,7 +76,7 @@ class Row:
 def _seg_seed(seed: int, seg: int) -> int:
     """Segment 0 samples with the step's seed (so fraction 1 with one segment is the plain
     step); later segments with distinct seeds derived from it (both then go through
-    :meth:`~jaxrl_sym.rl.sampling.SamplingConfig.generation`'s one seed rule)."""
+    :meth:`~jaxrl_sym.rl.step.sampling.SamplingConfig.generation`'s one seed rule)."""
     return seed if seg == 0 else (int(seed) * 1_000_003 + seg * 104_729) & 0x7FFFFFFF
 
 

@@ -3,7 +3,7 @@ reference / value / loss-gradient / update functions built over one system's for
 
 Why the functions are built from a ``logits_fn`` rather than per system: the loss, its gradient
 and the optimiser update are the same code on every layout (see :mod:`jaxrl_sym.rl.algorithms`);
-only the forward differs, and that is what a :class:`~jaxrl_sym.rl.systems.System` provides.
+only the forward differs, and that is what a :class:`~jaxrl_sym.rl.step.systems.System` provides.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_sym.rl.algorithms import (
-    RLConfig,
+from jaxrl_sym.rl.algorithms.losses import (
     loss_from_terms,
     rl_loss,
     token_logprobs,
     value_predictions,
 )
-from jaxrl_sym.rl.logprobs import LogitsFn, SplitForward, chunked_terms, chunking_status
-from jaxrl_sym.rl.remat import remat_between_attention
-from jaxrl_sym.rl.state import clip_by_global_norm
+from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.step.logprobs import LogitsFn, SplitForward, chunked_terms, chunking_status
+from jaxrl_sym.rl.step.remat import remat_between_attention
+from jaxrl_sym.rl.step.state import clip_by_global_norm
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.sharding import lowerable
@@ -88,9 +88,9 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     (:func:`_guarded_step`); plus ``logprob_chunking``, a sentence for the step's stats (on, or
     off and why).
 
-    logits_fn: the system's forward; a :class:`~jaxrl_sym.rl.logprobs.SplitForward` with
+    logits_fn: the system's forward; a :class:`~jaxrl_sym.rl.step.logprobs.SplitForward` with
     ``cfg.logprob_chunk`` set makes ``ref``/``values``/``grad``/``update`` apply the head a chunk
-    of token slots at a time (:mod:`jaxrl_sym.rl.logprobs`), anything else runs unchunked.
+    of token slots at a time (:mod:`jaxrl_sym.rl.step.logprobs`), anything else runs unchunked.
 
     shardings (on a device mesh): ``{"params", "opt", "rows", "repl"}`` — trees of
     ``NamedSharding`` for the parameters and optimiser state, the batch rows' sharding and the
@@ -99,7 +99,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     batch's rows are split over the data axes; the loss is the same sum, partitioned by XLA.
 
     ``cfg.remat`` rematerialises the loss's layers in its backward
-    (:func:`~jaxrl_sym.rl.remat.remat_between_attention`).
+    (:func:`~jaxrl_sym.rl.step.remat.remat_between_attention`).
 
     weights: the precision/LoRA policy (:class:`~jaxrl_sym.weights.view.WeightView`): the
     policy's forward reads ``weights.forward(params["lm"], frozen)`` (a bf16 cast; LoRA's
@@ -187,7 +187,7 @@ def _guarded_step(tx: optax.GradientTransformation, params: Any, opt_state: Any,
     where the old one was and the step never holds two copies of it (at SmolLM2-135M's shape in
     fp32, 1.6 GB). The old state is then gone once the program runs, so a non-finite loss or
     gradient norm must not reach it: the guard returns the given values unchanged and the
-    trainer keeps them (:class:`~jaxrl_sym.rl.stages.DivergedError` carries them)."""
+    trainer keeps them (:class:`~jaxrl_sym.rl.step.stages.DivergedError` carries them)."""
     def step(params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
         updates, new_state = tx.update(grads, opt_state, params)
         # each buffer keeps its dtype (the hyperparameters are float32, so a bf16 moment would

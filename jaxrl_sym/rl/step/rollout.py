@@ -16,7 +16,7 @@ import numpy as np
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, validate_prompts
 from jaxrl_sym.rl.errors import RewardError
-from jaxrl_sym.rl.sampling import SamplingConfig
+from jaxrl_sym.rl.step.sampling import SamplingConfig
 
 RewardFn = Callable[[np.ndarray, np.ndarray], float]
 """``reward_fn(prompt_tokens, response_tokens) -> float``; the response includes the EOS token
@@ -45,7 +45,7 @@ class Rollout:
 class Drawn:
     """What a rollout source hands a step: the rollout to train on, what the step adds to its
     metrics (partial rollouts: ``{"partial": stats}``), and the rows in flight after it
-    (:class:`~jaxrl_sym.rl.partial.PartialBuffer`; None: the source carries nothing). The
+    (:class:`~jaxrl_sym.rl.step.partial.PartialBuffer`; None: the source carries nothing). The
     trainer stores ``carried`` only when the step commits."""
 
     rollout: Rollout

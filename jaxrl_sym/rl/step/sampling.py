@@ -52,7 +52,7 @@ class SamplingConfig:
 
     @classmethod
     def of(cls, cfg: Any) -> SamplingConfig:
-        """The sampling fields of ``cfg`` (an :class:`~jaxrl_sym.rl.algorithms.RLConfig`)."""
+        """The sampling fields of ``cfg`` (an :class:`~jaxrl_sym.rl.config.RLConfig`)."""
         return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
     def generation(self, seed: Any, max_new_tokens: int | tuple[int, ...] | None = None

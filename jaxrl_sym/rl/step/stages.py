@@ -1,9 +1,9 @@
-"""The stages of one RL step, as functions of a :class:`~jaxrl_sym.rl.state.TrainState`.
+"""The stages of one RL step, as functions of a :class:`~jaxrl_sym.rl.step.state.TrainState`.
 
 generation → pack → reference log-probs → rewards → advantages / loss arrays → update;
 :func:`run_step` composes them.
 
-Each stage takes the :class:`~jaxrl_sym.rl.context.StepContext` (the fixed machinery: config,
+Each stage takes the :class:`~jaxrl_sym.rl.step.context.StepContext` (the fixed machinery: config,
 bound system, compiled programs, reward function) and the state it should read, and returns
 data — the update returns a *new* state. None of them assigns to anything: the trainer's
 ``commit`` alone stores the state a step returns, which is what makes a failed step (a reward
@@ -28,20 +28,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.algorithms import (
-    RLConfig,
+from jaxrl_sym.rl.algorithms.advantages import (
     gae,
     informative_samples,
-    merge_aux,
     sample_advantages,
     token_weights,
     whiten,
 )
-from jaxrl_sym.rl.context import RolloutSource, StepContext, rows_per_chunk
+from jaxrl_sym.rl.algorithms.losses import merge_aux
+from jaxrl_sym.rl.config import RLConfig
 from jaxrl_sym.rl.errors import RewardError
-from jaxrl_sym.rl.layout import Layout
-from jaxrl_sym.rl.rollout import Drawn, Rollout, compute_rewards, sampling_batch
-from jaxrl_sym.rl.state import TrainState, current_lr
+from jaxrl_sym.rl.step.context import RolloutSource, StepContext, rows_per_chunk
+from jaxrl_sym.rl.step.layout import Layout
+from jaxrl_sym.rl.step.rollout import Drawn, Rollout, compute_rewards, sampling_batch
+from jaxrl_sym.rl.step.state import TrainState, current_lr
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     device_peak_bytes,

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from jaxrl_sym.rl.algorithms import RLConfig
+from jaxrl_sym.rl.config import RLConfig
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.sharding import to_host
 

@@ -3,21 +3,22 @@
 A *system* owns exactly what differs between the symbolic runtime and the padded baseline:
 
 * how samples are generated (sampled and greedy),
-* the training layout (packed exact-length rows vs right-padded rows, :mod:`jaxrl_sym.rl.layout`),
+* the training layout (packed exact-length rows vs right-padded rows,
+  :mod:`jaxrl_sym.rl.step.layout`),
 * the forward that turns a layout's inputs into logits (reference, value and training passes),
 * optional capabilities — here, scoring the reference while generation still runs (sym only).
 
 Everything else — rewards, advantages, the loss, micro-batching, the optimiser, commit — is shared
-and lives in :mod:`jaxrl_sym.rl.stages`. Why objects rather than ``if system ==`` branches: the
+and lives in :mod:`jaxrl_sym.rl.step.stages`. Why objects rather than ``if system ==`` branches: the
 branches were spread over half a dozen trainer methods, so adding a system (or changing one) meant
 editing all of them in step; now a system is one class.
 
 There is one list of systems, :mod:`jaxrl_sym.systems`: a spec that trains names its class here
 (``SystemSpec.trainer``) and :func:`trainable` builds it from the spec, so
-:class:`~jaxrl_sym.rl.step.RLTrainer` takes any registered name that trains. A :class:`System`
-is a frozen value (its class and spec): it tags the layouts it builds, and equal systems share
-the step's compiled programs while a subclass registered under another name gets its own.
-``bind`` makes a :class:`Bound` system for one policy — the model's structure, its current
+:class:`~jaxrl_sym.rl.step.trainer.RLTrainer` takes any registered name that trains. A
+:class:`System` is a frozen value (its class and spec): it tags the layouts it builds, and equal
+systems share the step's compiled programs while a subclass registered under another name gets its
+own. ``bind`` makes a :class:`Bound` system for one policy — the model's structure, its current
 weights (``set_params``, called by the step's commit) and, for sym, the traced runtime. A bound
 system never reads the trainer: what it needs is given when it is bound, or passed to the call.
 """
@@ -39,15 +40,15 @@ from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.models.contract import check_features
-from jaxrl_sym.rl.layout import Layout, packed_layout, padded_layout, shared_prefix_layout
-from jaxrl_sym.rl.logprobs import (
+from jaxrl_sym.rl.step.layout import Layout, packed_layout, padded_layout, shared_prefix_layout
+from jaxrl_sym.rl.step.logprobs import (
     FeaturesFn,
     LogitsFn,
     LogitsOnly,
     SplitForward,
     head_leaf_indices,
 )
-from jaxrl_sym.rl.overlap import OVERLAP_ROWS, ReferenceOverlap
+from jaxrl_sym.rl.step.overlap import OVERLAP_ROWS, ReferenceOverlap
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
 from jaxrl_sym.runtime.evaluate import constant_values, evaluate
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
@@ -90,7 +91,7 @@ class System:
     ``trainer="module:Class"``); subclasses implement ``bind`` and ``build_layout``.
 
     A frozen value of its class and spec: it is the key the step's programs are cached under
-    (a :class:`~jaxrl_sym.rl.layout.Layout` carries the system that built it), and its name,
+    (a :class:`~jaxrl_sym.rl.step.layout.Layout` carries the system that built it), and its name,
     the spec's, names those programs in stats and logs.
     """
 
@@ -224,7 +225,7 @@ class Bound:
     def logits_fn(self) -> LogitsFn:
         """``(lm_leaves, layout.inputs) -> logits``: traceable, differentiable in the leaves.
 
-        The built-in systems return a :class:`~jaxrl_sym.rl.logprobs.SplitForward` (see
+        The built-in systems return a :class:`~jaxrl_sym.rl.step.logprobs.SplitForward` (see
         :meth:`split_forward`) when the model has the contract's ``features``/``head`` split, so
         the step can apply the head a chunk of tokens at a time; a plain function runs unchunked.
         """
@@ -333,7 +334,7 @@ class SymBound(Bound):
                          score: ScoreFn, *, row_len: int | None, rows_per_chunk: ChunkRows
                          ) -> tuple[GenerationResult, ReferenceOverlap | None]:
         """Finished rows are packed into chunks whose reference forward is dispatched while the
-        remaining rows still decode (see :mod:`jaxrl_sym.rl.overlap`): a row's reference
+        remaining rows still decode (see :mod:`jaxrl_sym.rl.step.overlap`): a row's reference
         log-probs depend only on its own tokens, which exact-length stores make available the
         moment it ends."""
         # One row length for the whole step (the longest possible prompt + response), so the

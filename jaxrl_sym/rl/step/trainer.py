@@ -5,10 +5,10 @@ programs (prefill / decode / compaction per shape bucket), one reference forward
 reward, and one jitted loss-gradient-optimiser program per epoch. Each compiled program is cached
 by shape, so a steady-state step compiles nothing.
 
-:class:`RLTrainer` holds a :class:`~jaxrl_sym.rl.state.TrainState` (policy parameters, optimiser
-state, frozen reference when ``beta > 0``, step count) and runs the step on one of the systems of
-:mod:`jaxrl_sym.systems` that train (their RL halves, :mod:`jaxrl_sym.rl.systems`), which share
-everything except generation, the layout and the forward:
+:class:`RLTrainer` holds a :class:`~jaxrl_sym.rl.step.state.TrainState` (policy parameters,
+optimiser state, frozen reference when ``beta > 0``, step count) and runs the step on one of the
+systems of :mod:`jaxrl_sym.systems` that train (their RL halves, :mod:`jaxrl_sym.rl.step.systems`),
+which share everything except generation, the layout and the forward:
 
 * ``sym``: :class:`~jaxrl_sym.runtime.engine.SymbolicLM` generates on exact-size stores; the
   reference, value and training forwards run on exact-length sequences bin-packed into rows
@@ -17,9 +17,9 @@ everything except generation, the layout and the forward:
 * ``padded``: :func:`~jaxrl_sym.baselines.padded.padded_generate` and ``padded_forward`` over rows
   padded to max prompt + max response, masked.
 
-The stages themselves are functions in :mod:`jaxrl_sym.rl.stages` of a frozen
-:class:`~jaxrl_sym.rl.context.StepContext` (what they read) and a state;
-:func:`~jaxrl_sym.rl.stages.run_step` composes and times them around a rollout source (fresh
+The stages themselves are functions in :mod:`jaxrl_sym.rl.step.stages` of a frozen
+:class:`~jaxrl_sym.rl.step.context.StepContext` (what they read) and a state;
+:func:`~jaxrl_sym.rl.step.stages.run_step` composes and times them around a rollout source (fresh
 prompts, or partial rollouts), and :meth:`RLTrainer.commit` alone stores what a step returns.
 Choices that matter:
 
@@ -27,7 +27,7 @@ Choices that matter:
   temperature). They are never recomputed: TRL and verl spend a whole forward pass on that.
 * On ``sym`` the reference log-probs of a row are computed as soon as the row finishes: finished
   rows are packed into chunks whose reference forward is dispatched (asynchronously) while the
-  remaining rows still decode (:mod:`jaxrl_sym.rl.overlap`). The padded baseline, like TRL,
+  remaining rows still decode (:mod:`jaxrl_sym.rl.step.overlap`). The padded baseline, like TRL,
   runs one reference pass over the padded batch after generation.
 * Nothing is committed until the update succeeded: every stage reads the step's starting state
   and the update returns a new one, so a reward function that raises or returns a bad value
@@ -48,15 +48,15 @@ from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.contract import check_model, model_fingerprint
 from jaxrl_sym.models.hf.modeling import CausalLM
-from jaxrl_sym.rl import stages
-from jaxrl_sym.rl.algorithms import RLConfig
-from jaxrl_sym.rl.context import Forwards, RolloutSource, StepContext
-from jaxrl_sym.rl.layout import Layout
-from jaxrl_sym.rl.partial import Carried, PartialBuffer, PartialConfig
-from jaxrl_sym.rl.programs import Programs
-from jaxrl_sym.rl.rollout import RewardFn, Rollout, compute_rewards
-from jaxrl_sym.rl.sampling import SamplingConfig
-from jaxrl_sym.rl.state import (
+from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.step import stages
+from jaxrl_sym.rl.step.context import Forwards, RolloutSource, StepContext
+from jaxrl_sym.rl.step.layout import Layout
+from jaxrl_sym.rl.step.partial import Carried, PartialBuffer, PartialConfig
+from jaxrl_sym.rl.step.programs import Programs
+from jaxrl_sym.rl.step.rollout import RewardFn, Rollout, compute_rewards
+from jaxrl_sym.rl.step.sampling import SamplingConfig
+from jaxrl_sym.rl.step.state import (
     TrainState,
     init_state,
     make_optimizer,
@@ -64,7 +64,7 @@ from jaxrl_sym.rl.state import (
     place_state,
     state_shardings,
 )
-from jaxrl_sym.rl.systems import BindArgs, Bound, System, trainable
+from jaxrl_sym.rl.step.systems import BindArgs, Bound, System, trainable
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.ledger import tree_nbytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
@@ -111,7 +111,7 @@ class RLTrainer:
         check). The sharded state and every compiled program's per-device footprint are checked
         against it before they run (:class:`~jaxrl_sym.sharding.MemoryBudget`), so a model that
         does not fit fails at construction with the mesh it needs, not mid-step.
-      partial: partial rollouts (:mod:`jaxrl_sym.rl.partial`): a step stops generating when
+      partial: partial rollouts (:mod:`jaxrl_sym.rl.step.partial`): a step stops generating when
         ``partial.fraction`` of its rows finished, trains the complete groups and carries the
         unfinished rows into the next step (None, the default: every step generates to the end).
       precision: ``"fp32"``, ``"bf16-mixed"`` or ``"bf16"`` (:mod:`jaxrl_sym.weights.precision`:
@@ -326,7 +326,7 @@ class RLTrainer:
     def generate(self, prompts: Sequence[np.ndarray | Sequence[int]], seed: int,
                  limits: Sequence[int] | None = None) -> Rollout:
         """G samples per prompt at the configured temperature, with their sampling log-probs
-        (:func:`jaxrl_sym.rl.stages.generate` at the current state; nothing is trained)."""
+        (:func:`jaxrl_sym.rl.step.stages.generate` at the current state; nothing is trained)."""
         return stages.generate(self.context, self.state, prompts, seed, limits)
 
     def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
@@ -362,10 +362,10 @@ class RLTrainer:
              limits: Sequence[int] | None = None,
              on_stage: stages.OnStage | None = None) -> dict[str, Any]:
         """Run one full RL step and commit it; returns the step's metrics
-        (:func:`jaxrl_sym.rl.stages.run_step`; ``on_stage`` hears each stage start and end).
+        (:func:`jaxrl_sym.rl.step.stages.run_step`; ``on_stage`` hears each stage start and end).
 
         With partial rollouts (``partial``) the rollout source is
-        :class:`~jaxrl_sym.rl.partial.Carried`: ``prompts`` may then be empty to finish the
+        :class:`~jaxrl_sym.rl.step.partial.Carried`: ``prompts`` may then be empty to finish the
         carried rows.
         """
         source: RolloutSource = (stages.Fresh(prompts, seed, limits) if self.rollouts is None

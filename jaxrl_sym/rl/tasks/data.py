@@ -8,7 +8,7 @@ step runs. So this module is JAX-free: the CLI reads and checks the whole file w
 flags. Parquet goes through ``pyarrow`` when it is installed (an optional dependency: without it
 a ``.parquet`` file is refused with ``pip install pyarrow``).
 
-A row becomes a :class:`~jaxrl_sym.rl.text_tasks.Problem`: a text prompt or a list of
+A row becomes a :class:`~jaxrl_sym.rl.tasks.text_tasks.Problem`: a text prompt or a list of
 ``{role, content}`` chat messages (rendered with the tokenizer's chat template), an exact answer
 (a number, ``"1,234"``, or text ending ``#### N``), and its other fields as read (which
 ``--reward module:function`` receives). Without ``--eval-dataset`` a fixed 10% of the rows (at
@@ -32,7 +32,7 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.jsonl import parse_object, read_lines
-from jaxrl_sym.rl.text_tasks import (
+from jaxrl_sym.rl.tasks.text_tasks import (
     DATASET_TASK,
     Problem,
     TextTask,
@@ -301,7 +301,7 @@ NO_REWARDS: dict[str, Any] = dict.fromkeys(("reward", "reward_weights", "reward_
 @dataclass(frozen=True)
 class TextOptions:
     """What a ``--model`` run takes from the user besides a ``--task``: a dataset, a system
-    prompt, reward functions (a :class:`~jaxrl_sym.rl.rewards.RewardSet`). None of each: the
+    prompt, reward functions (a :class:`~jaxrl_sym.rl.tasks.rewards.RewardSet`). None of each: the
     task's problems, the prompt alone, the built-in reward."""
 
     dataset: Dataset | None = None

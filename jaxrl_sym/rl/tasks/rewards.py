@@ -8,11 +8,11 @@ signature of TRL's reward functions, ``f(prompts, completions, **row_fields) -> 
 of a ``module:function``: ``exact_number`` (the answer from ``#### N``, ``\\boxed{N}`` or the last
 number equals the row's, no format credit), ``boxed`` (the last ``\\boxed{N}`` equals it) and
 ``format`` (the response has a ``#### N`` line, right or wrong: paid alone it was reward-hacked,
-see :mod:`jaxrl_sym.rl.text_tasks`, so give it a small weight). The step's reward is
+see :mod:`jaxrl_sym.rl.tasks.text_tasks`, so give it a small weight). The step's reward is
 ``sum(w_i * r_i)`` (``--reward-weights``, default 1 each); each ``r_i``'s mean is logged per step
 as ``reward/<name>``.
 
-The trainer scores samples one at a time (:func:`jaxrl_sym.rl.rollout.compute_rewards`), so a
+The trainer scores samples one at a time (:func:`jaxrl_sym.rl.step.rollout.compute_rewards`), so a
 function is called once per sample with lists of one. What it returns is checked: an exception,
 a non-number, NaN/inf or a list of the wrong length is an InputError naming the function and the
 sample (its index in the step's batch), and the loop saves the last finished step first when the
@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.data import Fields, TextOptions, open_dataset, parse_answer, short
 from jaxrl_sym.rl.errors import RewardError
-from jaxrl_sym.rl.text_tasks import Problem, answer_in, extract_answer, format_answer
+from jaxrl_sym.rl.tasks.data import Fields, TextOptions, open_dataset, parse_answer, short
+from jaxrl_sym.rl.tasks.text_tasks import Problem, answer_in, extract_answer, format_answer
 
 
 def _targets(answer: Sequence[Any]) -> list[Fraction]:

@@ -50,7 +50,7 @@ _BOXED_RE = re.compile(r"\\boxed\{\s*(?:\\\$|\$)?\s*(" + _NUM + r")\s*\}", re.AS
 class Problem:
     """One problem: the prompt text, its exact answer, and a worked solution (templates only).
 
-    A row of a user's dataset (:mod:`jaxrl_sym.rl.data`) may instead hold a chat prompt
+    A row of a user's dataset (:mod:`jaxrl_sym.rl.tasks.data`) may instead hold a chat prompt
     (``messages``: ``(role, content)`` pairs, rendered with the tokenizer's chat template;
     ``prompt`` is then its last user message, for logs) and keeps its other fields as read
     (``fields``), which ``--reward module:function`` receives as keyword lists."""
@@ -298,7 +298,7 @@ LARGEST_NUMBER = (2, 999)  # the range word-problems:K:N accepts for N
 MAX_DISTRACTORS = 2  # word-problems:K:N:D accepts D in 0..2
 
 
-DATASET_TASK = "dataset"  # the task name of a run on --dataset FILE (jaxrl_sym.rl.data)
+DATASET_TASK = "dataset"  # the task name of a run on --dataset FILE (jaxrl_sym.rl.tasks.data)
 
 
 def is_text_task(name: str) -> bool:
@@ -333,6 +333,6 @@ def get_text_task(name: str, *, max_steps: int = 3) -> TextTask:
         return TextTask(name, tuple(load_problems(name.removeprefix("jsonl:"))))
     if name == DATASET_TASK:
         raise InputError(f"task {name!r} trains on --dataset FILE: give the file (train(..., "
-                         "text=jaxrl_sym.rl.rewards.text_options(dataset=FILE)))")
+                         "text=jaxrl_sym.rl.tasks.rewards.text_options(dataset=FILE)))")
     raise InputError(f"unknown text task {name!r}; choose {', '.join(TEXT_TASK_NAMES)} or "
                      "jsonl:PATH (a file of {\"prompt\", \"answer\"} lines)")

@@ -4,7 +4,7 @@ Why these tasks: they are small enough to learn from random initialisation on a 
 (digit reversal, per FIELD_NOTES §5), their prompt and answer lengths vary per sample (so the
 exact-length runtime has something to save), and the correct answer is a deterministic function of
 the prompt, so a reward function needs only ``(prompt_tokens, response_tokens)`` — the signature
-a user's reward function gets in :mod:`jaxrl_sym.rl.step`.
+a user's reward function gets in :mod:`jaxrl_sym.rl.step.trainer`.
 
 Vocabulary (14 tokens): ``0..9`` digits, ``PLUS`` (10), ``SEP`` ('=', 11, ends every prompt),
 ``EOS`` (12, ends a response), ``BOS`` (13, starts every prompt).
