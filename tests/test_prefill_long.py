@@ -27,8 +27,17 @@ import jaxrl_sym.runtime.prefill as prefill
 from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import DecoderLM, preset
-from jaxrl_sym.ops.attention import Block, Causal, Linear, Window, attention_p, child_segment
-from jaxrl_sym.ops.attention_blocks import QUERY_BLOCK_MIN, attend_in_query_blocks, query_block
+from jaxrl_sym.ops.attention import (
+    QUERY_BLOCK_MIN,
+    Block,
+    Causal,
+    Linear,
+    Window,
+    attention_p,
+    child_segment,
+    query_block,
+)
+from jaxrl_sym.ops.attention_blocks import attend_in_query_blocks
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.ledger_generation import sym_ledger
 from jaxrl_sym.runtime.metrics import executable_temp_bytes

@@ -300,6 +300,54 @@ def reference_attention(
     return out.reshape(b, tq, hq, v.shape[-1]).astype(q.dtype)
 
 
+QUERY_BLOCK_MIN = 16  # fewest queries a block holds (past it a block's scores pass the budget)
+SCORES_BYTES_PER_CALL = 1 << 30
+"""fp32 scores ``[rows, heads, Tq, Tk]`` one lowered call may hold before it runs in blocks of
+queries (:func:`bounded_reference`): every committed 1k-token workload stays one call (the GPU
+preset's 1,280-slot update row: 275 MB); a 16k-token row held 23.5 GB a layer (issue 47)."""
+
+
+def query_block(rows: int, heads: int, tq: int, tk: int, budget: int) -> int:
+    """Queries per block such that one block's fp32 scores ``[rows, heads, block, tk]`` fit
+    ``budget`` (at least :data:`QUERY_BLOCK_MIN`; ``tq`` when all fit), as even as the block
+    count allows, on a multiple of 8 (under 8 queries of padding per block)."""
+    per_query = 4 * rows * heads * tk
+    if tq * per_query <= budget:
+        return tq
+    even = -(-tq // -(-tq // max(QUERY_BLOCK_MIN, budget // per_query)))  # tq / blocks, up
+    return min(tq, -(-even // 8) * 8)
+
+
+def in_query_blocks(one, q: jax.Array, q_pos: jax.Array, q_seg: jax.Array, block: int
+                    ) -> jax.Array:
+    """``one(q, q_pos, q_seg)`` over ``block`` queries at a time (``lax.map``); padding queries
+    sit at position -1 (empty: output 0) and are cut off."""
+    b, tq = q.shape[:2]
+    n = -(-tq // block)
+
+    def blocks(x: jax.Array, fill: int | float) -> jax.Array:
+        x = jnp.pad(x, [(0, 0), (0, n * block - tq)] + [(0, 0)] * (x.ndim - 2),
+                    constant_values=fill)
+        return jnp.moveaxis(x.reshape(b, n, block, *x.shape[2:]), 1, 0)
+
+    out = jax.lax.map(lambda x: one(*x), (blocks(q, 0), blocks(q_pos, -1), blocks(q_seg, 0)))
+    return jnp.moveaxis(out, 0, 1).reshape(b, n * block, *out.shape[3:])[:, :tq]
+
+
+def bounded_reference(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
+                      k_pos: jax.Array, q_seg: jax.Array, k_seg: jax.Array, *, pattern: Pattern,
+                      scale: float, softcap: float, budget: int = SCORES_BYTES_PER_CALL
+                      ) -> jax.Array:
+    """:func:`reference_attention` in checkpointed blocks of queries past ``budget``: a gradient
+    recomputes one block's scores at a time (``block x Tk``); equal up to rounding."""
+    ref = lambda qb, pb, sb: reference_attention(qb, k, v, pb, k_pos, sb, k_seg,
+                                                 pattern=pattern, scale=scale, softcap=softcap)
+    block = query_block(q.shape[0], q.shape[2], q.shape[1], k.shape[1], budget)
+    if block >= q.shape[1]:
+        return ref(q, q_pos, q_seg)
+    return in_query_blocks(jax.checkpoint(ref), q, q_pos, q_seg, block)
+
+
 # --------------------------------------------------------------------------- primitive
 
 attention_p = Primitive("sym_attention")
@@ -308,7 +356,7 @@ attention_p = Primitive("sym_attention")
 
 
 def _impl(*args: jax.Array, pattern: Pattern, scale: float, softcap: float) -> jax.Array:
-    return jax.jit(reference_attention, static_argnames=("pattern", "scale", "softcap"))(
+    return jax.jit(bounded_reference, static_argnames=("pattern", "scale", "softcap"))(
         *args, pattern=pattern, scale=scale, softcap=softcap
     )
 
@@ -332,7 +380,7 @@ def _jvp(primals, tangents, *, pattern: Pattern, scale: float, softcap: float):
     # per backward.
     q, k, v, *rest = primals
     tq, tk, tv, *_ = tangents
-    f = jax.checkpoint(lambda q_, k_, v_: reference_attention(
+    f = jax.checkpoint(lambda q_, k_, v_: bounded_reference(
         q_, k_, v_, *rest, pattern=pattern, scale=scale, softcap=softcap))
     tq, tk, tv = (ad.instantiate_zeros(t) for t in (tq, tk, tv))
     return jax.jvp(f, (q, k, v), (tq, tk, tv))
@@ -358,7 +406,7 @@ batching.primitive_batchers[attention_p] = _batch
 mlir.register_lowering(
     attention_p,
     mlir.lower_fun(
-        lambda *a, pattern, scale, softcap: reference_attention(
+        lambda *a, pattern, scale, softcap: bounded_reference(
             *a, pattern=pattern, scale=scale, softcap=softcap),
         multiple_results=False,
     ),

@@ -8,27 +8,8 @@ a row of its own, where the primitive in one call holds ``[heads, T, T]`` scores
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
-from jaxrl_sym.ops.attention import Pattern, attention_p
-
-QUERY_BLOCK_MIN = 16
-"""Fewest queries :func:`query_block` puts in a block: past it a block's scores exceed the
-budget rather than the loop growing without end (keys that long are rare)."""
-
-
-def query_block(rows: int, heads: int, tq: int, tk: int, budget: int) -> int:
-    """Queries per block of :func:`attend_in_query_blocks` such that one block's fp32 scores
-    ``[rows, heads, block, tk]`` fit ``budget`` bytes (at least :data:`QUERY_BLOCK_MIN`);
-    ``tq`` (one block, the plain primitive) when all of them fit. Blocks are as even as their
-    count allows, on a multiple of 8, so the padding stays under 8 queries per block."""
-    per_query = 4 * rows * heads * tk
-    if tq * per_query <= budget:
-        return tq
-    most = max(QUERY_BLOCK_MIN, budget // per_query)
-    n = -(-tq // most)  # blocks
-    even = -(-tq // n)  # queries per block, as even as n blocks allow
-    return min(tq, -(-even // 8) * 8)
+from jaxrl_sym.ops.attention import Pattern, attention_p, in_query_blocks
 
 
 def attend_in_query_blocks(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array,
@@ -46,21 +27,9 @@ def attend_in_query_blocks(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.
     Why: a packed prefill runs the primitive over whole packed rows, one long prompt a row of
     its own; at 16,384 tokens the ``[heads, T, T]`` fp32 scores were 4.3 GB of a 2-layer toy
     model's 4.55 GB prefill (issue 47)."""
-    b, tq = q.shape[:2]
-    if block >= tq:
+    if block >= q.shape[1]:
         return attention_p.bind(q, k, v, q_pos, k_pos, q_seg, k_seg, pattern=pattern,
                                 scale=scale, softcap=softcap)
-    n = -(-tq // block)
-    pad = n * block - tq
-
-    def blocks(x: jax.Array, fill: int | float) -> jax.Array:
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
-        return jnp.moveaxis(x.reshape(b, n, block, *x.shape[2:]), 1, 0)
-
-    def one(qb: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
-        return attention_p.bind(qb[0], k, v, qb[1], k_pos, qb[2], k_seg, pattern=pattern,
-                                scale=scale, softcap=softcap)
-
-    out = jax.lax.map(one, (blocks(q, 0), blocks(q_pos, -1), blocks(q_seg, 0)))
-    out = jnp.moveaxis(out, 0, 1).reshape(b, n * block, *out.shape[3:])
-    return out[:, :tq]
+    return in_query_blocks(lambda qb, pb, sb: attention_p.bind(
+        qb, k, v, pb, k_pos, sb, k_seg, pattern=pattern, scale=scale, softcap=softcap),
+        q, q_pos, q_seg, block)

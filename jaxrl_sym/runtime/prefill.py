@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_sym.ops.attention_blocks import attend_in_query_blocks, query_block
+from jaxrl_sym.ops.attention import query_block
+from jaxrl_sym.ops.attention_blocks import attend_in_query_blocks
 from jaxrl_sym.ops.sampling import sample
 from jaxrl_sym.runtime.evaluate import evaluate
 
