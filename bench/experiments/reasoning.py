@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-for", default=None, choices=("h100",),
                    help="compile for this GPU (XLA:GPU's buffer assignment; "
                         "scripts/gpu_compile_deps.sh first) instead of this CPU")
+    p.add_argument("--dispatch-from", default=None, metavar="OUT_JSON",
+                   help="take generation's dispatch ledger from an earlier run's OUT.json of "
+                        "the same cap, batch and precision instead of compiling it again")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--out", default=None, help="OUT.json (summary + project's report), OUT.md")
     return presets.parse(p, PRESETS, argv)
@@ -113,6 +116,19 @@ def dispatch_rows(args: argparse.Namespace) -> dict[str, Any] | None:
             print(f"dispatch: {res.status}\n{res.tail(8)}", file=sys.stderr)
             return None
         return json.loads(out.with_suffix(".json").read_text())["systems"]
+
+
+def _earlier(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The dispatch rows of an earlier run (``--dispatch-from``), refused unless it projected
+    the same request (cap, samples, precision: what generation's programs depend on)."""
+    old = json.loads(Path(args.dispatch_from).read_text())
+    same = (old["cap"], old["samples"], old["precision"]) == (
+        args.cap, args.prompts * args.group, args.precision or "fp32")
+    if not same:
+        raise SystemExit(f"--dispatch-from {args.dispatch_from}: it projected cap "
+                         f"{old['cap']}, {old['samples']} samples, {old['precision']}; this "
+                         "run differs")
+    return old["dispatch"]
 
 
 def generation_seconds(row: dict[str, Any] | None, dev: dict[str, Any], per: dict[str, float]
@@ -174,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp) / "project"
         rc = project.main(project_argv(args, out))
         report = json.loads(out.with_suffix(".json").read_text())
-    gen = dispatch_rows(args)
+    gen = dispatch_rows(args) if not args.dispatch_from else _earlier(args)
     summary = {"cap": args.cap, "device": args.device, "precision": args.precision or "fp32",
                "lora_rank": args.lora_rank, "samples": args.prompts * args.group,
                "generation": "dispatch ledger (H100 compile, fitted per-kernel time)"

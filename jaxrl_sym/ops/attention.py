@@ -301,7 +301,7 @@ def reference_attention(
 
 
 QUERY_BLOCK_MIN = 16  # fewest queries a block holds (past it a block's scores pass the budget)
-SCORES_BYTES_PER_CALL = 1 << 30
+SCORES_BYTES_PER_CALL = 512 << 20
 """fp32 scores ``[rows, heads, Tq, Tk]`` one lowered call may hold before it runs in blocks of
 queries (:func:`bounded_reference`): every committed 1k-token workload stays one call (the GPU
 preset's 1,280-slot update row: 275 MB); a 16k-token row held 23.5 GB a layer (issue 47)."""

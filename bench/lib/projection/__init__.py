@@ -138,8 +138,8 @@ def largest_batches(bound: Any, expanded: list[np.ndarray], gcfg: Any, ledger: d
     out: dict[str, int | None] = {}
     for name, d in devices().items():
         limit = d["memory"] * d["jax_fraction"]
-        if others > limit or base + own > limit:
-            out[name] = 0
+        if others > limit or fixed > limit:  # not even one sample fits (the batch at hand
+            out[name] = 0  # may not, where a smaller one does)
         elif per_sample < 1024:  # resident rows fixed (refill): no bound from generation
             out[name] = None
         else:
