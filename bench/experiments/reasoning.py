@@ -73,12 +73,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-for", default=None, choices=("h100",),
                    help="compile for this GPU (XLA:GPU's buffer assignment; "
                         "scripts/gpu_compile_deps.sh first) instead of this CPU")
-    p.add_argument("--dispatch-from", default=None, metavar="OUT_JSON",
+    p.add_argument("--dispatch-from", default=None, metavar="OUT_JSON", type=_report_file,
                    help="take generation's dispatch ledger from an earlier run's OUT.json of "
                         "the same cap, batch and precision instead of compiling it again")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--out", default=None, help="OUT.json (summary + project's report), OUT.md")
     return presets.parse(p, PRESETS, argv)
+
+
+def _report_file(text: str) -> str:
+    """``--dispatch-from``: an earlier run's OUT.json holding its dispatch rows."""
+    try:
+        old = json.loads(Path(text).read_text())
+    except (OSError, ValueError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a reasoning report: "
+                                         f"{err}") from None
+    if not isinstance(old, dict) or not old.get("dispatch"):
+        raise argparse.ArgumentTypeError(f"{text!r} holds no dispatch rows (a reasoning "
+                                         "OUT.json written with the compile-only packages)")
+    return text
 
 
 def project_argv(args: argparse.Namespace, out: Path) -> list[str]:
