@@ -548,3 +548,26 @@ def test_unreadable_tokenizer_file_named(model_copy: Path, deny: Any) -> None:
             f"cannot read tokenizer {tok}: permission denied on {tok}; loading it "
             f"{NEEDS_FILE}")):
         HFText(model_copy)
+
+
+def test_lora_targets_no_peft_adapter_can_name_are_reported_at_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """LoRA on the embedding trains and exports merged, but ``export --peft`` refused it only
+    after the run: the warning now comes when the model loads, before any step (issue 50)."""
+    import logging
+
+    from jaxrl_sym.rl.run.pretrained import setup
+    from jaxrl_sym.weights.lora_config import LoraConfig
+
+    tasks = tmp_path / "sums.jsonl"
+    tasks.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    run = setup(str(TEXT), f"jsonl:{tasks}", max_new_tokens=4)
+    with caplog.at_level(logging.WARNING):
+        run.load_model(LoraConfig(rank=2, targets=r".*(embed_tokens\.embedding|q_proj\.kernel)"))
+    text = caplog.text
+    assert "--lora-targets matches 1 weight(s) that are not Linear layers" in text, text
+    assert "model.embed_tokens.embedding" in text and "export --peft" in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run.load_model(LoraConfig(rank=2))  # all-linear: every target a PEFT module
+    assert "not Linear layers" not in caplog.text

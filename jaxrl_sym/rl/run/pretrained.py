@@ -21,6 +21,7 @@ what differs, so the loop itself only asks :func:`setup` for it:
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import stat
 from collections.abc import Sequence
@@ -188,14 +189,35 @@ class PretrainedRun:
                 "model_dtype": self.dtype, "task_sha256": self.task_sha256, **base,
                 **self.user.hparams()}
 
-    def load_model(self) -> Any:
+    def load_model(self, lora: Any = None) -> Any:
         """The checkpoint's model; its weights' digest becomes part of the run's identity
-        (:attr:`hparams`): a base whose weights changed between runs is a changed run."""
+        (:attr:`hparams`): a base whose weights changed between runs is a changed run. With
+        ``lora`` (a LoraConfig), targets no PEFT adapter can name are reported now, before the
+        run, not by ``export --peft`` after it."""
         from jaxrl_sym.models.hf import load_pretrained
 
         model = load_pretrained(self.model_dir, dtype=self.dtype)[0]
         self.base_sha256 = model_digest(model)
+        if lora is not None:
+            _warn_unexportable(model, lora)
         return model
+
+
+def _warn_unexportable(model: Any, lora: Any) -> None:
+    """A warning at the start for LoRA targets that are not Linear layers of the Hugging Face
+    model (an embedding, a norm): they train and export merged, but a PEFT adapter cannot
+    name them, so ``export --peft`` will refuse the run."""
+    from jaxrl_sym.weights.lora import plan_lora
+    from jaxrl_sym.weights.peft import linear_modules
+
+    linear = set(linear_modules(model).values())
+    other = [n for n in plan_lora(model, lora).names if n not in linear]
+    if other:
+        logging.getLogger(__name__).warning(
+            "--lora-targets matches %d weight(s) that are not Linear layers (%s): they train "
+            "and `export` merges them, but `export --peft` will refuse this run's adapters; "
+            "narrow --lora-targets to Linear layers for PEFT adapters", len(other),
+            ", ".join(other[:3]))
 
 
 def model_digest(model: Any) -> str:

@@ -345,7 +345,7 @@ def _hparams(run: RunConfig, cfg: RLConfig, hf: Any) -> dict[str, Any]:
 def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any, report: Report) -> RLTrainer:
     """The run's trainer: the task's model (seeded) or the Hugging Face one; its reward is the
     task's, with each scored sample shown to the trackers' completion tables."""
-    policy = hf.load_model() if hf else init_model(
+    policy = hf.load_model(run.lora) if hf else init_model(
         preset("tiny", **{**TASK_MODEL, **(run.model or {})}), run.seed)
     return RLTrainer(policy, report.scored(task), cfg, system=run.system,
                      metric_fn=task.exact_match, engine=run.engine, speculation=run.speculation,
