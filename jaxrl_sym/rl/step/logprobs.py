@@ -2,13 +2,14 @@
 
 Why: at Qwen's 151,936-token vocabulary the fp32 logits of 16k token slots take ~10 GB, and the
 loss's backward wants them (or their softmax) again — the memory blow-up RL users hit first.
-Everything the RL loss reads from the logits is per slot (:func:`~jaxrl_sym.rl.algorithms.
-slot_terms`: the target's log-prob, the entropy, PPO's linear value read-out), and the LM head
-is position-wise; so when a model exposes its final hidden states and its head separately (the
-contract's optional ``features``/``head`` split, :func:`jaxrl_sym.models.contract.
-check_features`), the head is applied to one chunk of slots at a time inside a ``lax.scan``
-whose body is rematerialised (``jax.checkpoint``): the forward keeps only the ``[slots, D]``
-hidden states and the per-slot terms, and the backward recomputes one chunk's logits at a time.
+Everything the RL loss reads from the logits is per slot
+(:func:`~jaxrl_sym.rl.algorithms.losses.slot_terms`: the target's log-prob, the entropy, PPO's
+linear value read-out), and the LM head is position-wise; so when a model exposes its final hidden
+states and its head separately (the contract's optional ``features``/``head`` split,
+:func:`jaxrl_sym.models.contract.check_features`), the head is applied to one chunk of slots at a
+time inside a ``lax.scan`` whose body is rematerialised (``jax.checkpoint``): the forward keeps
+only the ``[slots, D]`` hidden states and the per-slot terms, and the backward recomputes one
+chunk's logits at a time.
 Peak memory then grows with ``chunk × vocab``, not ``tokens × vocab``.
 
 Chunks run along the sequence axis of the layout's ``[rows, L]`` slots (``chunk // rows``

@@ -2,8 +2,9 @@
 reference / value / loss-gradient / update functions built over one system's forward.
 
 Why the functions are built from a ``logits_fn`` rather than per system: the loss, its gradient
-and the optimiser update are the same code on every layout (see :mod:`jaxrl_sym.rl.algorithms`);
-only the forward differs, and that is what a :class:`~jaxrl_sym.rl.step.systems.System` provides.
+and the optimiser update are the same code on every layout (see
+:mod:`jaxrl_sym.rl.algorithms.losses`); only the forward differs, and that is what a
+:class:`~jaxrl_sym.rl.step.systems.System` provides.
 """
 
 from __future__ import annotations
