@@ -36,6 +36,7 @@ from jaxrl_sym.rl.names import (
     SYSTEMS,
     TASK_HELP,
 )
+from jaxrl_sym.rl.run.eval_cli import add_row_flags
 from jaxrl_sym.rl.run.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.run.trackers import ReportConfig  # JAX-free
 from jaxrl_sym.rl.tasks.rewards import text_options
@@ -233,14 +234,9 @@ def _add_data_flags(t: argparse.ArgumentParser) -> None:
                         "prompt (text or chat messages) and a numeric answer (GSM8K's question/"
                         "'... #### 72' answer work as they are); without --eval-dataset a fixed "
                         "10%% is held out for the final evaluation")
-    t.add_argument("--prompt-field", default=None, metavar="NAME",
-                   help="the rows' prompt field (default: prompt, else question)")
-    t.add_argument("--answer-field", default=None, metavar="NAME",
-                   help="the rows' answer field (default: answer)")
+    add_row_flags(t)
     t.add_argument("--eval-dataset", default=None, metavar="PATH",
                    help="rows for the final evaluation (default: 10%% of --dataset, held out)")
-    t.add_argument("--system-prompt", default=None, metavar="TEXT",
-                   help="a system message before every prompt, through the chat template")
     t.add_argument("--reward", action="append", default=None, metavar="NAME",
                    help="repeatable: exact_number, boxed, format, or module:function (a "
                         "function f(prompts, completions, **row_fields) -> list[float], "

@@ -19,6 +19,16 @@ from jaxrl_sym.rl.run.evaluate import EvalConfig
 GEN_SYSTEMS = systems.names(peer=False)
 
 
+def add_row_flags(p: argparse.ArgumentParser) -> None:
+    """How a dataset's rows read (``train --dataset`` and ``eval``: one definition)."""
+    p.add_argument("--prompt-field", default=None, metavar="NAME",
+                   help="the rows' prompt field (default: prompt, else question)")
+    p.add_argument("--answer-field", default=None, metavar="NAME",
+                   help="the rows' answer field (default: answer)")
+    p.add_argument("--system-prompt", default=None, metavar="TEXT",
+                   help="a system message before every prompt, through the chat template")
+
+
 def add_eval_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
     e = sub.add_parser("eval", formatter_class=formatter,
                        help="score a checkpoint or a trained run on a dataset: greedy accuracy "
@@ -31,12 +41,7 @@ def add_eval_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
     e.add_argument("--dataset", required=True, metavar="PATH",
                    help="JSONL, JSON, CSV or Parquet rows, as `train --dataset` reads them "
                         "(every row is evaluated; --limit N the first N)")
-    e.add_argument("--prompt-field", default=None, metavar="NAME",
-                   help="the rows' prompt field (default: prompt, else question)")
-    e.add_argument("--answer-field", default=None, metavar="NAME",
-                   help="the rows' answer field (default: answer)")
-    e.add_argument("--system-prompt", default=None, metavar="TEXT",
-                   help="a system message before every prompt, through the chat template")
+    add_row_flags(e)
     e.add_argument("--reward", action="append", default=None, metavar="NAME",
                    help="repeatable, as for train: exact_number, boxed, format or "
                         "module:function (default: the built-in answer reward)")
