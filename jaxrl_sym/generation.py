@@ -289,8 +289,8 @@ def select_tokens(
         lp = jax.nn.log_softmax(x / temperature, axis=-1)
         # Inverse-CDF sampling: one uniform per row instead of categorical's V Gumbel draws.
         # Why: drawing V random numbers per row and step made sampling at temperature 1 take a
-        # third of the CPU rollout (128 rows, V = 2,048: 0.59 s against 0.40 s greedy), and at
-        # Qwen's 151,936 words it is 19M draws per decode step of 128 rows. Exact: token i is
+        # third of the CPU rollout (bench/results/cpu/design_notes.md), and at Qwen's 151,936
+        # words it is 19M draws per decode step of 128 rows. Exact: token i is
         # picked iff cdf[i-1] <= u < cdf[i], probability p[i]; a zero-probability token spans an
         # empty interval, and u is scaled by the row's total so rounding never runs off the end.
         cdf = jnp.cumsum(jnp.exp(lp), axis=-1)

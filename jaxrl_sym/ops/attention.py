@@ -304,7 +304,8 @@ QUERY_BLOCK_MIN = 16  # fewest queries a block holds (past it a block's scores p
 SCORES_BYTES_PER_CALL = 512 << 20
 """fp32 scores ``[rows, heads, Tq, Tk]`` one lowered call may hold before it runs in blocks of
 queries (:func:`bounded_reference`): every committed 1k-token workload stays one call (the GPU
-preset's 1,280-slot update row: 275 MB); a 16k-token row held 23.5 GB a layer (issue 47)."""
+preset's 1,280-slot update row: 275 MB); a 16k-token row held tens of GB a layer (issue 47;
+the numbers: ``bench/results/cpu/design_notes.md``)."""
 
 
 def query_block(rows: int, heads: int, tq: int, tk: int, budget: int) -> int:
@@ -374,10 +375,9 @@ def _jvp(primals, tangents, *, pattern: Pattern, scale: float, softcap: float):
     # attention call and recomputes its scores in the backward pass, as every flash-attention
     # backward does. Without it XLA saved about four fp32 [rows, heads, T, T] buffers per call
     # (scores, mask, exponentials, probabilities): at the Qwen2.5-0.5B RL-step shape that was
-    # 70% of the update's per-layer memory, and the gradient program's XLA temporaries fell from
-    # 39.6 to 13.2 GB (sym, 3 x 1280 slots; padded 2 x 1475: 33.9 to 10.6 GB; CPU
-    # memory_analysis, ``python -m bench project``); the price is one more attention forward
-    # per backward.
+    # most of the update's per-layer memory, and checkpointing cut the gradient program's XLA
+    # temporaries to about a third for both systems (bench/results/projection.md); the price is
+    # one more attention forward per backward.
     q, k, v, *rest = primals
     tq, tk, tv, *_ = tangents
     f = jax.checkpoint(lambda q_, k_, v_: bounded_reference(

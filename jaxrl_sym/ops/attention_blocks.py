@@ -25,8 +25,8 @@ def attend_in_query_blocks(q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.
     position -1 (empty: output 0) and are cut off. ``block >= Tq``: the primitive itself.
 
     Why: a packed prefill runs the primitive over whole packed rows, one long prompt a row of
-    its own; at 16,384 tokens the ``[heads, T, T]`` fp32 scores were 4.3 GB of a 2-layer toy
-    model's 4.55 GB prefill (issue 47)."""
+    its own; at 16k tokens the ``[heads, T, T]`` fp32 scores were nearly all of a toy model's
+    prefill memory (issue 47; the numbers: ``bench/results/cpu/design_notes.md``)."""
     if block >= q.shape[1]:
         return attention_p.bind(q, k, v, q_pos, k_pos, q_seg, k_seg, pattern=pattern,
                                 scale=scale, softcap=softcap)

@@ -7,9 +7,10 @@ under the contract only ``attend`` mixes positions, and the PDG states it edge b
 edge into such a node reads its source at the same ``(r, t)`` point). So those nodes can run on
 the needed positions alone: gather the tensors that cross into the tail at those (row, position)
 pairs and evaluate the tail with extents ``B = pairs, T = 1``. At a 151,936-word vocabulary the
-head alone is 0.6 MB of fp32 logits per prompt position; 128 rows x 16 positions per chunk held
-1.25 GB where 128 rows' last positions need 78 MB (measured on a tiny model with a 50,000-word
-vocabulary: the packed prefill's temporaries 104 MB -> see ``tests/test_positions.py``).
+head alone is 0.6 MB of fp32 logits per prompt position; 128 rows x 16 positions per chunk hold
+1.25 GB where 128 rows' last positions need 78 MB. On a tiny model the packed prefill's
+temporaries shrink by more than an order of magnitude (``tests/test_positions.py``; the numbers:
+``bench/results/projection.md``).
 
 Build time only (sympy): :func:`position_tail` returns a :class:`PositionTail` (node ids and the
 axes each crossing tensor is gathered on) or None where the model does not allow it — a node

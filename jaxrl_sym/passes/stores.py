@@ -20,10 +20,10 @@ Layouts (per attention node, pytrees of arrays; batch axis first so rows can be 
 Why heads-major keys and values: attention reads a store as a batched matmul over (row, kv head),
 and XLA:GPU wants those batch dimensions outermost. With slots outside the heads (``[B, C, Hkv,
 D]``, the model's own ``[B, T, H, D]``) it kept a transposed copy of every store as the decode
-tile's loop state — compiled for the H100 at Qwen2.5-0.5B's shape, 128 rows × 1,024 slots, the
-decode tile's temporaries were 1.69 GB beside 1.62 GB of stores (twice the store memory, and
-the copy in and out on every tile); heads-major, the loop updates the stores in place
-(``tests/test_store_layout.py``). Chunks arrive ``[B, c, Hkv, D]`` and are written through
+tile's loop state — compiled for the H100 at Qwen2.5-0.5B's shape, the decode tile's
+temporaries were as large as the stores themselves (twice the store memory, and the copy in and
+out on every tile; ``bench/results/projection.md``); heads-major, the loop updates the stores in
+place (``tests/test_store_layout.py``). Chunks arrive ``[B, c, Hkv, D]`` and are written through
 :func:`_heads`; reads see the model's layout through :func:`_keys` (a transpose XLA folds into
 the matmul).
 

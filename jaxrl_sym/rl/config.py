@@ -111,8 +111,9 @@ class RLConfig:
     share_prompts: on the symbolic runtime, pack a GRPO group's samples behind one copy of
       their prompt per row (:func:`jaxrl_sym.rl.step.layout.shared_prefix_layout`): the reference,
       value and training forwards compute each prompt token once per row instead of G times —
-      the same numbers (each response sees the same keys at the same positions), 31% fewer
-      token slots on the step benchmark's workload (prompts 8-64, G = 8). False: every sample
+      the same numbers (each response sees the same keys at the same positions), about a
+      third fewer token slots on the step benchmark's workload (prompts 8-64, G = 8; the
+      numbers: ``bench/results/cpu/design_notes.md``). False: every sample
       packed as its own prompt + response sequence.
     overlap_reference: on the symbolic runtime, score finished rows with the reference model
       while the rest still generate (False: one reference pass after generation). None (auto):
@@ -131,16 +132,16 @@ class RLConfig:
       many slots runs unchunked too (one chunk would hold the same logits and its recomputed
       backward more). None: off (unchunked). The default, 256, is chosen for what a GPU pays:
       the chunk's backward holds about three ``[chunk x vocab]`` fp32 buffers, 1.8 GB at 1024
-      slots of Qwen2.5's 151,936-word vocabulary and 0.45 GB at 256 (the projected update peak
-      at the GPU preset, bf16-mixed + LoRA 16, one 1,280-slot row: 6.43 -> 5.03 GB;
-      ``bench/results/projection.md``), while the head's flops are the same at any chunk. On a
-      CPU a smaller chunk is slower (``bench/experiments/logprob_memory.py``: 100 s vs 62 s at
-      1024, 4,096 slots, loaded 2-core CPU): set 1024 there if time matters more than memory.
+      slots of Qwen2.5's 151,936-word vocabulary and 0.45 GB at 256 (it lowers the projected
+      update peak at the GPU preset: ``bench/results/cpu/design_notes.md``), while the head's
+      flops are the same at any chunk. On a CPU a smaller chunk is slower
+      (``bench/experiments/logprob_memory.py``; ``bench/results/logprob_memory.md``): set 1024
+      there if time matters more than memory.
     remat: recompute each layer's activations in the update's backward instead of keeping them
       (gradient checkpointing between attention calls, :mod:`jaxrl_sym.rl.step.remat`; every
       system). On by default for what a GPU pays: at the GPU preset's micro-batch it removes
-      ~2 GB of the update's temporaries (Qwen2.5-0.5B, 1,280 slots, bf16) for ~27% more update
-      flops. False: keep them (faster where memory is plentiful).
+      most of the update's per-layer temporaries for about a quarter more update flops
+      (``bench/results/projection.md``). False: keep them (faster where memory is plentiful).
     tis_cap: truncated importance sampling (verl, slime) for the gap between the generation's
       log-probs and the trainer's own at the same weights (bf16 generation vs a recompute,
       another system's kernels): each token's policy gradient is weighted by
@@ -291,9 +292,9 @@ class PartialConfig:
 # The recipe that learns here (issue 12; bench/learning.py measures it over seeds and
 # algorithms). FIELD_NOTES' Adam 3e-3 with plain GRPO collapsed this model (tied embeddings,
 # RMSNorm) within ~10 steps; lr 1e-3, a 0.01 entropy bonus and per-sequence averaging learned on
-# some seeds only: on seed 11 the entropy fell 2.2 -> 0.19 nats/token in 50 steps, 63% -> 97%
-# of groups became zero-variance, and the policy settled on partial credit (reward 0.46, greedy
-# exact match 0.047). Group-std advantages scale a group's near-equal partial-credit rewards up to
+# some seeds only: on seed 11 the entropy collapsed, most groups became zero-variance, and the
+# policy settled on partial credit (bench/results/learning.md, "Why seed 11 stalled before").
+# Group-std advantages scale a group's near-equal partial-credit rewards up to
 # unit size, so the policy sharpens on noise at full speed whatever the entropy bonus (0.05 still
 # collapsed; lower lr or a warm-up only delayed it). Advantages at reward scale (Dr. GRPO) let the
 # policy gradient shrink as a group's rewards converge, leaving the entropy bonus to keep sampling

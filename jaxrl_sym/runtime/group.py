@@ -331,9 +331,8 @@ class DecodeGroup(RefillRows):
         """Keep the live rows in a bucket of ``rows`` (fillers repeat a live row, masked), one
         store per program. Why: a smaller copy cannot alias its input, so compacting every store
         in one program holds all old and all new stores at once — compiled for the H100 at
-        Qwen2.5-0.5B's shape, 128 → 96 rows of 1,024 slots held 1.62 + 1.22 GB, sym's
-        generation peak (``bench/results/projection/``); store by store the old copy of one
-        store (67 MB) is all that is added."""
+        Qwen2.5-0.5B's shape that was sym's generation peak; store by store the old copy of one
+        store is all that is added (the numbers: ``bench/results/projection.md``)."""
         keep, filler = self.kept(live, rows)
         kept = jax.device_put(keep.astype(np.int32))
         self.fed = self.fed[keep]
@@ -367,10 +366,10 @@ class DecodeGroup(RefillRows):
         """Grow the growing stores to ``capacity`` in place, one store per program.
 
         Why one at a time: a padded copy cannot alias its input, so growing every layer in one
-        program keeps all old and all new buffers live together. On an H100 (GPT-2-small shape,
-        batch 64, 4096 tokens) that made sym's peak 39.7 GB for a 19.4 GB final store, above
-        padded's 22.7 GB; one store per program measured 20.9 GB. Each store is replaced in the
-        dict as soon as its copy exists, so its old buffers are freed before the next one grows.
+        program keeps all old and all new buffers live together: on an H100 that put sym's peak at
+        about twice its final stores, above padded's; one store per program brought it to just above
+        the stores (``bench/results/nvidia-h100-80gb-hbm3/README.md``). Each store is replaced in
+        the dict as soon as its copy exists, so its old buffers are freed before the next one grows.
         Stores of equal shape share one compiled program.
         """
         for g in self.plan.growing:

@@ -1,14 +1,14 @@
 """A memory ledger: which named buffers are alive at each moment of a run, and the peak with the
 buffers that make it up — plus what each compiled program costs in flops and bytes.
 
-Why a ledger and not one peak number: on the only H100 RL step so far, sym's peak was 1.34×
-padded's and nobody could say which buffer made the difference. A ledger names them (weights,
-optimiser state, reference copy, each store, a program's arguments, outputs and XLA
-temporaries) so a peak can be taken apart, compared between systems and projected to a device
-that is not here. Program sizes come from XLA itself: ``compiled.memory_analysis()`` (buffer
-assignment: argument, output, alias and temporary bytes) and ``compiled.cost_analysis()`` (flops,
-bytes accessed), both available from ``jax.jit(f).lower(*shapes).compile()`` without running
-anything, on any backend, at any shape that compiles.
+Why a ledger and not one peak number: on the first H100 RL step, sym's peak was above padded's and
+nobody could say which buffer made the difference (``bench/results/gpu.md``). A ledger names them
+(weights, optimiser state, reference copy, each store, a program's arguments, outputs and XLA
+temporaries) so a peak can be taken apart, compared between systems and projected to a device that
+is not here. Program sizes come from XLA itself: ``compiled.memory_analysis()`` (buffer assignment:
+argument, output, alias and temporary bytes) and ``compiled.cost_analysis()`` (flops, bytes
+accessed), both available from ``jax.jit(f).lower(*shapes).compile()`` without running anything, on
+any backend, at any shape that compiles.
 
 This module is plain data and arithmetic over those numbers; it neither compiles nor runs. The
 RL step's ledger is built by :mod:`jaxrl_sym.rl.step.ledger`, the projection to a device by

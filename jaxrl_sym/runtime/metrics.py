@@ -135,11 +135,11 @@ def trim_host_heap() -> None:
     Why: on CPU the device's buffers are host allocations, and glibc keeps freed ones that sit
     between live ones as part of RSS. Loading a checkpoint and building a trainer frees a model's
     worth of buffers; generation frees its stores; without a trim those pages stay resident under
-    the update's own peak (at SmolLM2-135M's shape, 0.44 GB after building the trainer). XLA's
-    compiler leaves its working memory the same way: after one GRPO step at that shape a trim
-    gave back 0.72 GB. The training loop trims after it builds the trainer and before each
-    update, and :class:`~jaxrl_sym.runtime.programs.ProgramCache` after each compile — each
-    call takes milliseconds, a compile seconds."""
+    the update's own peak. XLA's compiler leaves its working memory the same way; at SmolLM2-135M's
+    shape either is a sizeable share of the step's RSS (``bench/results/cpu/pretrained_memory.md``).
+    The training loop trims after it builds the trainer and before each update, and
+    :class:`~jaxrl_sym.runtime.programs.ProgramCache` after each compile — each call takes
+    milliseconds, a compile seconds."""
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)

@@ -154,10 +154,10 @@ class EngineOptions:
       still compiling (``DecodeGroup._defer``). Which buckets a call uses depends only on what
       earlier calls requested, never on compile timing, so runs stay reproducible. Off by
       default: it moves compile time rather than removing it. On the CPU step benchmark (2
-      cores) the first generation took 7.0 s instead of 18-21 s and the warm-up step 18.3 s
-      instead of 29-31 s, but the second step waited 8 s for the background compiles, so two
-      steps took 28.7 s against about 32 s; steady state is the same. It pays where spare cores
-      compile while the step's reference and update run.
+      cores) the first generation and the warm-up step were much faster, but the second step
+      waited for the background compiles, so two steps gained little; steady state is the
+      same (``bench/results/headline.md``). It pays where spare cores compile while the step's
+      reference and update run.
     refill: with ``microbatch_rows`` R below the request's rows, one group of R resident rows
       runs the whole request: as rows finish, waiting samples take them (their prompts' keys
       and values copied from the prompt cache, :mod:`jaxrl_sym.runtime.prompt_cache`), so the

@@ -21,9 +21,9 @@ PACK_ROW: int | None = None
 """Target packed row length; None: the longest prompt's (on the length grid). Why that short:
 attention inside the prefill is the masked primitive over each packed row, ``L^2`` scores per
 row, so a request's attention work is about ``total * L`` — rows of 1,024 made the prefill of
-``bench/experiments/rlft_step.py``'s rollout (128 prompts of 8–64 tokens, CPU preset) 4–5×
-slower than the whole padded generation; rows of the longest prompt cut that request's
-generation from 12–14 s to 2–3 s (same machine, same run). Short prompts still share rows
+``bench/experiments/rlft_step.py``'s rollout (short prompts, CPU preset) slower than the whole
+padded generation; rows of the longest prompt made that request's generation several times
+faster (the numbers: ``bench/results/cpu/design_notes.md``). Short prompts still share rows
 (first-fit-decreasing). (The scores' memory is bounded apart from the work: a row longer than
 :data:`~jaxrl_sym.runtime.prefill.SCORES_BYTES` allows attends in blocks of queries.)"""
 
@@ -31,7 +31,8 @@ PACK_PER_OCTAVE = 16
 """Packed row lengths lie on a geometric grid of 16 steps per octave (tail ≤ 1/16 of a row).
 Why this grid: the prefill program is compiled per (rows, length), so the grid bounds the
 programs an RL run meets as prompt totals drift (about 16 per doubling of the total), while 4
-per octave left 5.1% of the suite's realistic request's positions as packing tail."""
+per octave left a visible share of the suite's realistic request's positions as packing tail
+(``bench/results/waste.md``)."""
 
 PACK_MIN = 32
 """Shortest packed row; with the default rows, a request whose prompts total at most this many
@@ -44,7 +45,8 @@ prefill programs, about 16 per doubling of the total, each compiled once."""
 PACK_TRIES = 4
 """Grid steps a row may lengthen so the prompts fit ``ceil(total / row)`` rows before
 one more row is taken: first-fit-decreasing needs some slack, and an extra row left most of a
-row empty (the old packing wasted up to 54% of a prefill that way)."""
+row empty (the old packing wasted up to half a prefill that way;
+``bench/results/cpu/design_notes.md``)."""
 
 
 def _ffd(order: Sequence[int], size: Sequence[int], length: int
@@ -115,8 +117,8 @@ class PackedPrompts:
         and every slot repeating it — padded with ``R`` (out of range: dropped); M is the most
         slots sharing one prompt (1 when none repeats). Why written to every copy rather than
         copied after: a gather of the filled stores' rows is a second copy of every store
-        while it runs (compiled for the H100 at Qwen2.5-0.5B's shape: 1.6 GB, the prefill's
-        whole temporary size)."""
+        while it runs (compiled for the H100 at Qwen2.5-0.5B's shape it was the prefill's
+        whole temporary size: ``bench/results/projection.md``)."""
         r = len(self.source)
         groups = [np.flatnonzero(self.source == i) for i in range(r)]
         out = np.full((r, max(len(g) for g in groups)), r, np.int32)

@@ -29,11 +29,11 @@ DEFAULT_MAX_PAD_FRACTION = 1.0
 """Prompt padding a microbatch may add, as a share of its work; 1.0: one group (up to
 ``microbatch_rows``). Why one group: the packed prefill computes no prompt padding, so padding
 costs only decode key slots, while every extra group costs its own set of compiled programs and
-decodes after the previous one at a smaller batch. Measured (``bench/experiments/waste.py``,
-CPU): 4 groups at 0.1 compiled 36 programs on the suite's realistic request, one group 16; an
-equal-length GRPO step generated in 4.78 s split in groups at 0.1 and 3.34 s as one group
-(README). The block
-prefill computes the padding: pass 0.1 with ``prefill='block'``."""
+decodes after the previous one at a smaller batch: on the suite's realistic request, groups
+at 0.1 compiled more than twice the programs of one group, and an equal-length GRPO step
+generated faster as one group (``bench/experiments/waste.py``; the numbers:
+``bench/results/cpu/design_notes.md``). The block prefill computes the padding: pass 0.1 with
+``prefill='block'``."""
 
 
 def next_pow2(n: int) -> int:
@@ -43,12 +43,12 @@ def next_pow2(n: int) -> int:
 def capacity_grid(n: int) -> int:
     """The smallest growing-store capacity holding ``n`` slots: a power of two or three
     quarters of one (…, 512, 768, 1024, 1536, …), so a store is at most 1.5x (not 2x) what it
-    holds. Why not powers of two: at the GPU preset (Qwen2.5-0.5B, 128 rows, prompts up to 451
-    in a 512-slot block) the stores started at 1,024 slots for every row, half of them unused
-    until step 512, and were half of sym's generation peak (1.62 of 3.19 GB, projected for
-    the H100); at 768 they are 0.75x. Each extra capacity is one more decode program per row
-    bucket that reaches it (one at that preset). It is the length grid at two steps per
-    octave."""
+    holds. Why not powers of two: at the GPU preset (Qwen2.5-0.5B, 128 rows, prompts up to 451 in
+    a 512-slot block) the stores started at 1,024 slots for every row, half of them unused until
+    step 512, and were half of sym's generation peak projected for the H100
+    (``bench/results/projection.md``); at 768 they are 0.75x. Each extra capacity is one more
+    decode program per row bucket that reaches it (one at that preset). It is the length grid at
+    two steps per octave."""
     return length_bucket(n, per_octave=2, minimum=1)
 
 
@@ -77,7 +77,8 @@ def row_bucket(n: int, multiple: int = 1) -> int:
     """Rows a group's programs run at for ``n`` rows: exact up to 8, then a geometric grid with
     four steps per octave (9-16 by 2, 17-32 by 4, …, 65-128 by 16), so filler rows stay under
     1/8 of a bucket. Powers of two left up to half the bucket as filler: on the suite's
-    realistic lengths, 15% of the runtime's token positions (the engine's own log).
+    realistic lengths, a large share of the runtime's token positions (the engine's own log;
+    ``bench/results/waste.md``).
 
     ``multiple``: on a device mesh, the devices the data axes split rows over — the bucket is
     rounded up to a multiple of them (the extra rows are fillers, as for any bucket), so a
@@ -95,12 +96,13 @@ compiles against waste (table in ``bench/results/waste.md``, ``python -m bench w
 
 COMPACT_MIN_ROWS = 8
 """No compaction goes below this many rows. Why: below it a decode step costs about the same
-whatever the rows, while every bucket is one more decode program to compile. Measured on the
-CPU step model (``small``, 2 cores, ms per decode step by rows): 1: 0.40, 2: 0.42, 3: 0.50,
-4: 0.67, 8: 0.90, 48: 3.7, 128: 8.6; each decode program took 1.7-2.2 s to compile, and the
-first GRPO generation went on from 8 to buckets 4, 3 and 1 — 6 s of compiles to save under
-0.5 ms per step of its tail. On a GPU decode is bound by reading the weights and the flat
-range is wider; raise it there (``SymbolicLM(model, EngineOptions(compact_min_rows=...))``)."""
+whatever the rows, while every bucket is one more decode program to compile. On the CPU step
+model a decode step below 8 rows cost little more than at one row and an order of magnitude
+less than at 128, and the first GRPO generation compiled three more buckets below 8 rows, whose
+compiles cost far more than the decode time they saved (the numbers:
+``bench/results/cpu/design_notes.md``). On a GPU decode is bound by reading the weights and
+the flat range is wider; raise it there
+(``SymbolicLM(model, EngineOptions(compact_min_rows=...))``)."""
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,11 @@ class Tiling:
     previous tile, up to ``max``, after one in which none did. Why: a row that ends inside a
     tile computes its remaining steps for nothing (tile overrun), so while rows are ending the
     tile stays short; when none end — no EOS in the request, or a long tail of live rows — the
-    host sync per tile is pure cost, and the tile grows. Measured on the CPU window decode
-    (``bench/experiments/tunix_window.py``, 8 rows, no EOS): a tile-8 program ran 0.45 ms per
-    step on device but the generation took 0.55 ms per token (the host's share of 128 syncs);
-    tile 32 took 0.46. One decode program serves every tile length up to ``max`` (its step count
-    is a run-time argument), so growing costs no compile.
+    host sync per tile is pure cost, and the tile grows. On the CPU window decode
+    (``bench/experiments/tunix_window.py``, 8 rows, no EOS) a tile-8 generation spent a sixth of
+    its time per token on the host's syncs, and tile 32 ran at the device's own step time (the
+    numbers: ``bench/results/tunix.md``). One decode program serves every tile length up to
+    ``max`` (its step count is a run-time argument), so growing costs no compile.
 
     ``check``: steps between the tile program's tests of its live rows (a tile runs whole
     checks). On a GPU a loop test XLA cannot count is a device→host round-trip, so the engine
@@ -164,10 +166,10 @@ class Compaction:
       so the compaction runs then rather than at the tile's end.
 
     Why ``early`` is off by default: compacting at the threshold step lands on every bucket the
-    share allows, where a tile's end usually jumps past some. Measured on the CPU step's
-    generation (128 rows, log-normal lengths, median of 8 alternating calls): token-position
-    waste 13.1% instead of 19.1% and 0.399 s instead of 0.412 s a call, but 21 programs
-    compiled instead of 15 (about 7 s more on the first call of a process with a cold cache).
+    share allows, where a tile's end usually jumps past some. On the CPU step's generation it
+    cut the token-position waste by about a third and a call's time a little, but compiled
+    more programs, seconds more on the first call of a process with a cold cache (the
+    numbers: ``bench/results/waste.md``).
     Long RL runs with a warm persistent cache want it on; a first call against the clock not.
     """
 

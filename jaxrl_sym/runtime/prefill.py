@@ -2,9 +2,10 @@
 
 Why: the block prefill pushes a rectangle ``[row bucket, prompt block]`` through the model, so a
 group whose prompts range from 64 to 512 tokens computes every short prompt's left padding and
-every filler row of its bucket. On the suite's realistic lengths that was 24% of all token
-positions the runtime computed (the engine's own log, ``waste_by_cause``: prompt alignment 9%,
-row-bucket filler 15%). Packed, the prefill computes the prompts' tokens and the packing's tail.
+every filler row of its bucket. On the suite's realistic lengths that was about a quarter of
+all token positions the runtime computed (the engine's own log, ``waste_by_cause``: prompt
+alignment and row-bucket filler; ``bench/results/waste.md``). Packed, the prefill computes the
+prompts' tokens and the packing's tail.
 
 How: prompts are packed (:mod:`jaxrl_sym.runtime.packing`: first-fit-decreasing into rows of the
 longest prompt's bucketed length, as the training forward packs sequences); the model runs on
@@ -48,15 +49,15 @@ queries (:func:`~jaxrl_sym.ops.attention_blocks.attend_in_query_blocks`), each o
 row, so the prefill's temporaries grow linearly in a long prompt's length, not with its square.
 
 Why: the masked primitive over a whole packed row holds ``[heads, T, T]`` scores, and one long
-prompt is a row of its own: a 2-layer toy model's prefill held 1.39 GB at 8,192 prompt tokens,
-4.55 GB at 16,384 and over 15.9 GB at 29,990, where padded — whose prompt chunks of
-``GenerationConfig.prefill_chunk`` bound its queries — held 0.57 and 0.71 GB (issue 47). Rows of
+prompt is a row of its own: a toy model's prefill grew with the square of a long prompt, many
+times padded's, whose prompt chunks of ``GenerationConfig.prefill_chunk`` bound its queries
+(issue 47; the numbers: ``bench/results/cpu/design_notes.md``). Rows of
 the default packing (the longest prompt's length, RL prompts of a few hundred tokens) fit in one
 block and run the primitive unchanged. 64 MiB: a few such buffers per block stay far below a
 device's memory while the blocks stay long enough (1,024 queries at 4,096 keys and 4 heads) that
-the loop over them costs little. Measured (``preset("tiny")``, one prompt, XLA:CPU
-memory_analysis of the prefill program): 4,096 tokens 538 -> 137 MB, 16,384 tokens 8.6 GB ->
-146 MB (``tests/test_prefill_long.py``)."""
+the loop over them costs little; with them a long prompt's prefill temporaries stay near
+flat in its length (``tests/test_prefill_long.py`` checks it; the numbers:
+``bench/results/cpu/design_notes.md``)."""
 
 
 def packed_prefill(builder: Any, hoisted: tuple[jax.Array, ...], stores: dict[str, Any],

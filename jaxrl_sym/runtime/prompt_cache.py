@@ -2,9 +2,9 @@
 rows that take its samples get its keys and values copied in.
 
 Why: a refill used to run a packed prefill of the prompts it refilled. Its packed shape changed
-with every refill, and each shape was a compiled program: on the CPU RL step's request
-(16 prompts x 8 samples, 32 resident rows) that was 28 programs, with 4.2% of all token
-positions packing tail and 6.8% finished rows waiting for a tile's end. And a GRPO prompt
+with every refill, and each shape was a compiled program: on the CPU RL step's request that
+was many programs, and packing tail and finished rows waiting for a tile's end were a share of
+all token positions (the numbers: ``bench/results/cpu/design_notes.md``). And a GRPO prompt
 whose 8 samples were refilled at different moments was computed once per refill.
 
 How: the group's samples are cut, in the order the group takes them, into chunks whose

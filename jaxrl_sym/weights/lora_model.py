@@ -1,12 +1,12 @@
 """A contract model that runs LoRA unmerged: the frozen base and the adapters are its weights,
 every targeted ``x @ W`` is ``x @ W + scale · (x @ A) @ B``.
 
-Why: with the adapters merged (``W + scale · A @ B``), every forward — generation's decode
-steps, the reference, scoring — reads a merged copy of the model beside the frozen base: at
-Qwen2.5-0.5B in bf16 that is 0.99 GB held through generation, the stage where both systems'
-RL-step peaks now sit (H100, 2026-11-27: sym 5.12 GB with that copy in it). A runtime that
-takes *this* model instead holds the base once and the adapters (a few MB); a decode step pays
-two ``[tokens, rank]`` products per target, nothing against reading the weights.
+Why: with the adapters merged (``W + scale · A @ B``), every forward — generation's decode steps,
+the reference, scoring — reads a merged copy of the model beside the frozen base: at Qwen2.5-0.5B
+in bf16 that is 0.99 GB held through generation, the stage where both systems' RL-step peaks sit
+on the H100 (``bench/results/nvidia-h100-80gb-hbm3/2026-11-27/README.md``). A runtime that takes
+*this* model instead holds the base once and the adapters (a few MB); a decode step pays two
+``[tokens, rank]`` products per target, nothing against reading the weights.
 
 How, for any contract model: :class:`LoraModel` is itself a contract model (``model(tokens,
 positions, segment_ids) -> logits``; ``features``/``head`` when the base has them) whose call

@@ -4,8 +4,8 @@ Why not ``safetensors.numpy`` for the weights themselves:
 
 * **Reading.** ``safe_open`` memory-maps the file; every page a ``get_tensor`` touches stays in
   the process's resident set until the file is closed, so loading a whole file through it showed
-  the weights twice in peak RSS (a 538 MB checkpoint: +1,065 MB over the baseline; read with
-  ``readinto`` into the tensor's own buffer: +556 MB). Reading at the header's offsets also
+  the weights twice in peak RSS, where ``readinto`` into the tensor's own buffer shows them once
+  (``bench/results/cpu/export_memory.md``). Reading at the header's offsets also
   serves bfloat16 on safetensors builds whose numpy side refuses it.
 * **Writing.** ``save_file`` needs every tensor of a file in memory at once (the dict it is
   given), i.e. a full host copy of the weights next to the model's. :func:`write_safetensors`

@@ -302,12 +302,13 @@ class Checkpointer:
 
         For an export, which needs the policy only. Restoring the whole training state into a
         trainer (parameters, Adam's two moments, the reference, the trainer's own copies, every
-        tree once more on the host for the digests) peaked at 5.8 GB for 0.54 GB of weights;
-        :func:`read_params` reads the ``params`` arrays and nothing else. Verified like a
-        resume, for what is read: the metadata digest, ``expected`` (``model`` and the leading
-        ``params`` shapes, compared before any array is read), the parameters' digest and
-        finiteness. Any failure is a :class:`CheckpointError` naming the step and why; nothing
-        in the directory is changed (no fallback to an older step, nothing moved aside).
+        tree once more on the host for the digests) peaked at about ten times the weights' size
+        (``bench/results/cpu/export_memory.md``); :func:`read_params` reads the ``params`` arrays
+        and nothing else. Verified like a resume, for what is read: the metadata digest,
+        ``expected`` (``model`` and the leading ``params`` shapes, compared before any array is
+        read), the parameters' digest and finiteness. Any failure is a :class:`CheckpointError`
+        naming the step and why; nothing in the directory is changed (no fallback to an older step,
+        nothing moved aside).
         """
         where = f"checkpoint {self.directory}/{step}"
         try:
@@ -454,10 +455,11 @@ def read_params(item_dir: epath.Path, group_bytes: int = 64 * 2**20) -> Any:
 
     In groups of about ``max(group_bytes, total / 16, largest array)`` bytes, one orbax restore
     per group (the rest of the tree, optimiser state and reference included, is a
-    ``PLACEHOLDER``): one restore of all 0.54 GB of a 135M-parameter policy peaked at
-    1.6-1.8x its size in RSS (tensorstore's read buffers, kept by the allocator), groups of
-    64 MiB at 1.09x. The item's own handler is used (the format ``StandardSave`` wrote): a
-    ``Checkpointer`` on the item directory warns about missing step metadata.
+    ``PLACEHOLDER``): one restore of a whole policy peaked well above its size in RSS (tensorstore's
+    read buffers, kept by the allocator), groups of 64 MiB at little above it
+    (``bench/results/cpu/export_memory.md``). The item's own handler is used (the format
+    ``StandardSave`` wrote): a ``Checkpointer`` on the item directory warns about missing step
+    metadata.
     """
     handler = ocp.PyTreeCheckpointHandler()
     try:

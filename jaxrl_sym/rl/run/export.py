@@ -40,9 +40,10 @@ def _host_policy(checkpoint_dir: str | Path, step: int | None, dtype: str | None
 
     Built without a trainer and without loading the source weights: the source's config.json
     gives a shape-only model, :meth:`Checkpointer.restore_params` reads only the parameters,
-    and each is cast (if asked) and placed into the model one at a time. The export of a
-    0.54 GB policy went from 5.8 GB peak RSS (a trainer, its optimiser state and reference,
-    host copies of all of them) to one copy of the weights plus orbax's read buffers.
+    and each is cast (if asked) and placed into the model one at a time. An export's peak RSS
+    went from about ten times the policy's size (a trainer, its optimiser state and reference,
+    host copies of all of them) to one copy of the weights plus orbax's read buffers
+    (``bench/results/cpu/export_memory.md``).
     """
     import jax
     from flax import nnx

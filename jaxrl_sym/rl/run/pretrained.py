@@ -47,8 +47,9 @@ from jaxrl_sym.rl.tasks.text_tasks import (
 DEFAULT_MAX_NEW_TOKENS = 256  # room for a short worked solution and its '#### N' line
 # Token slots per training micro-batch of a checkpoint run (RLConfig.update_tokens). A
 # pretrained model's activations dominate the update: at SmolLM2-135M's shape in fp32 a GRPO
-# batch of 8 x 128 tokens in one micro-batch peaks at 4.9 GB (ledger), in micro-batches of 512
-# slots at 3.0 GB; the update is the same (gradients are summed, then one optimiser step).
+# batch of 8 x 128 tokens peaks lower in micro-batches than in one (the ledger's numbers:
+# bench/results/cpu/design_notes.md); the update is the same (gradients are summed, then one
+# optimiser step).
 PRETRAINED_UPDATE_TOKENS = 256
 # The fine-tuning recipe of a pretrained checkpoint, over the built-in tasks' (TASK_RECIPE, made
 # for models trained from scratch: lr 1e-3 and an entropy bonus, which moves every weight even
@@ -59,9 +60,9 @@ PRETRAINED_UPDATE_TOKENS = 256
 PRETRAINED_RECIPE: dict[str, Any] = {"lr": 1e-6, "entropy_coef": 0.0,
                                      "update_tokens": PRETRAINED_UPDATE_TOKENS}
 # LoRA's own rate: adapters start at B = 0 and a rank-r update of a frozen base needs a rate
-# ~100x the full model's (PEFT's and TRL's LoRA examples use 1e-4-2e-4). Measured on
-# SmolLM2-135M, LoRA 16: 3e-4 learned (bench/results/cpu/pretrained_learning_exact70.md),
-# 5e-4 collapsed; 1e-6 left the adapters where they started.
+# ~100x the full model's (PEFT's and TRL's LoRA examples use 1e-4-2e-4). On SmolLM2-135M with
+# LoRA 16, 3e-4 learned (bench/results/cpu/pretrained_learning_exact70.md), 5e-4 collapsed
+# (bench/results/cpu/pretrained_learning_d0_lr5e4.md); 1e-6 left the adapters where they started.
 PRETRAINED_LORA_LR = 2e-4
 
 

@@ -33,8 +33,9 @@ Decisions, and why:
   generation call runs every row and ends a tile after the rule holds. A system whose generation
   is one program to the end (padded) runs segments of ``segment`` tokens per row instead, each a
   normal generation call on the still-unfinished rows (re-prefilled), checking the rule after
-  each. Segments were the only way at first; on sym they made generation 2.5x slower (every
-  segment re-prefills every row and pays its own dispatches), which the hook removes.
+  each. Segments were the only way at first; on sym they made generation more than twice as
+  slow (every segment re-prefills every row and pays its own dispatches;
+  ``bench/results/partial_rollouts.md``), which the hook removes.
 * **Not in checkpoints**: the carried rows live in the trainer's host memory; a run resumed from a
   checkpoint starts with an empty buffer (its trajectory then differs from an uninterrupted one).
 """

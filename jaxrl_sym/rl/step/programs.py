@@ -198,7 +198,8 @@ def _guarded_step(tx: optax.GradientTransformation, params: Any, opt_state: Any,
                 jax.tree_util.tree_map(keep, new_state, opt_state))
 
     # a conditional, not a select: XLA then updates the donated state in place (a select over
-    # both trees keeps the new moments and parameters as temporaries: +1.2 GB at 135M fp32)
+    # both trees keeps the new moments and parameters as temporaries:
+    # bench/results/cpu/design_notes.md)
     return jax.lax.cond(ok, step, lambda p, o, _: (p, o), params, opt_state, grads)
 
 
@@ -211,7 +212,7 @@ def _heads(cfg: RLConfig, logits_fn: LogitsFn, split: SplitForward | None) -> tu
         return whole
     # A batch of at most one chunk runs the whole-logits program: one chunk holds the same
     # [slots x vocab] logits, and its rematerialised backward keeps more such buffers alive
-    # (bench/logprob_memory.py: 2.47 GB vs 1.85 GB at 1,024 slots).
+    # (bench/results/cpu/design_notes.md).
     small = lambda inputs: inputs[0].size <= chunk  # static: shapes are known when tracing
 
     def ref_lp(leaves, inputs, targets):

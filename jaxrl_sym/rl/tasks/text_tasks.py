@@ -14,7 +14,9 @@ sets ``--partial-weight``; ``w = 0`` rewards the exact answer alone. The format 
 the right answer because, paid on its own (``w`` for any ``#### N``), it was reward-hacked: two
 SmolLM2-135M runs learned the format first while exact match fell. Gated, it breaks ties among
 correct samples in favour of the parseable format, so runs that chase the answer do not drop it
-(exact-only runs fell from 27% to 0.4-11% formatted).
+(exact-only runs lost most of their formatted answers:
+``bench/results/cpu/pretrained_learning_p8_e256.md``,
+``bench/results/cpu/pretrained_learning_lr3e4.md``).
 
 Pure Python (no JAX): the CLI can check a ``jsonl:`` task file before importing JAX.
 """
