@@ -42,6 +42,7 @@ from jaxrl_sym.generation import seed32
 from jaxrl_sym.hf_cli import COMMANDS as HF_COMMANDS
 from jaxrl_sym.hf_cli import add_parsers as add_hf_parsers
 from jaxrl_sym.hf_cli import run as run_hf
+from jaxrl_sym.output_paths import check_output_dir, check_output_file, path_errors
 from jaxrl_sym.report import decode_table
 from jaxrl_sym.rl.run import config_file
 from jaxrl_sym.rl.run.eval_cli import add_eval_parser
@@ -176,52 +177,6 @@ def _at_least(args: argparse.Namespace, minima: dict[str, int]) -> list[str]:
     return errors
 
 
-def _writable(directory: str) -> bool:
-    """Create and delete a file in ``directory``: permission bits say nothing for root or on a
-    read-only mount, an actual write does."""
-    try:
-        fd, name = tempfile.mkstemp(dir=directory, prefix=".jaxrl-sym-write-check-")
-    except OSError:
-        return False
-    os.close(fd)
-    os.remove(name)
-    return True
-
-
-def check_output_file(flag: str, path: str | None) -> list[str]:
-    """A file we will write: not a directory, its parent directory exists and is writable (and
-    the file itself is writable if it exists). Checked before any work, so a typo in a path does
-    not cost a whole run."""
-    if path is None:
-        return []
-    full = os.path.abspath(path)
-    parent = os.path.dirname(full)
-    if os.path.isdir(full):
-        return [f"{flag} {path}: is a directory; give a file name"]
-    if not os.path.isdir(parent):
-        return [f"{flag} {path}: directory {parent} does not exist"]
-    if not _writable(parent) or (os.path.exists(full) and not os.access(full, os.W_OK)):
-        return [f"{flag} {path}: not writable"]
-    return []
-
-
-def check_output_dir(flag: str, path: str | None) -> list[str]:
-    """A directory we will write into: if it exists, a writable directory; if not, its parent
-    exists and is writable (it will be created there)."""
-    if path is None:
-        return []
-    full = os.path.abspath(path)
-    if os.path.exists(full):
-        if not os.path.isdir(full):
-            return [f"{flag} {path}: exists and is not a directory"]
-        return [] if _writable(full) else [f"{flag} {path}: not writable"]
-    parent = os.path.dirname(full)
-    if not os.path.isdir(parent):
-        return [f"{flag} {path}: parent directory {parent} does not exist"]
-    return [] if _writable(parent) else [
-        f"{flag} {path}: cannot be created ({parent} is not writable)"]
-
-
 def _module_findable(module: str) -> bool:
     """Whether ``module``'s top-level package can be found where the child process will look
     (the working directory first, as ``python -m`` puts it there) — without importing it."""
@@ -273,7 +228,7 @@ def check_decode(args: argparse.Namespace) -> list[str]:
         errors.append(f"--speculate must be >= 0 (0: off), got {args.speculate}")
     elif args.draft != "ngram" and not args.speculate:
         errors.append(f"--draft {args.draft} drafts for --speculate K; give K >= 1")
-    errors += check_output_file("--out", args.out)
+    errors += path_errors(check_output_file, "--out", args.out)
     return errors
 
 
@@ -291,9 +246,10 @@ def check_train(args: argparse.Namespace) -> list[str]:
                                   or (positive and value == 0)):
             errors.append(f"--{dest.replace('_', '-')} must be finite and "
                           f"{'> 0' if positive else '>= 0'}, got {value}")
-    errors += check_output_dir("--checkpoint-dir", getattr(args, "checkpoint_dir", None))
-    errors += check_output_file("--metrics", getattr(args, "metrics", None))
-    errors += check_output_file("--plot", getattr(args, "plot", None))
+    errors += path_errors(check_output_dir, "--checkpoint-dir",
+                          getattr(args, "checkpoint_dir", None))
+    errors += path_errors(check_output_file, "--metrics", getattr(args, "metrics", None))
+    errors += path_errors(check_output_file, "--plot", getattr(args, "plot", None))
     return errors or check_configs(args)
 
 

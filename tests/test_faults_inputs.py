@@ -21,15 +21,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrl_sym.cli import (
-    PRESETS,
-    check_output_dir,
-    check_output_file,
-    main,
-    parse_prompt_len,
-)
+from jaxrl_sym.cli import PRESETS, main, parse_prompt_len
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, seed32
+from jaxrl_sym.output_paths import check_output_dir, check_output_file, path_errors
 from jaxrl_sym.report import MEMORY_LEGEND, verdict_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,25 +292,37 @@ def test_prompt_len_accepts_exactly_ordered_positive_pairs(lo: int, hi: int, sin
             parse_prompt_len(text)
 
 
+def _file(flag: str, path: Path) -> list[str]:
+    return path_errors(check_output_file, flag, str(path))
+
+
+def _dir(flag: str, path: Path) -> list[str]:
+    return path_errors(check_output_dir, flag, str(path))
+
+
 def test_output_paths(tmp_path: Path) -> None:
-    assert check_output_file("--out", str(tmp_path / "r.json")) == []
-    assert "is a directory" in check_output_file("--out", str(tmp_path))[0]
-    assert "does not exist" in check_output_file("--out", str(tmp_path / "no" / "r.json"))[0]
-    assert check_output_dir("--checkpoint-dir", str(tmp_path / "new")) == []
-    assert check_output_dir("--checkpoint-dir", str(tmp_path)) == []
+    assert _file("--out", tmp_path / "r.json") == []
+    assert path_errors(check_output_file, "--out", None) == []
+    assert "is a directory" in _file("--out", tmp_path)[0]
+    assert "does not exist" in _file("--out", tmp_path / "no" / "r.json")[0]
+    assert _dir("--checkpoint-dir", tmp_path / "new") == []
+    assert _dir("--checkpoint-dir", tmp_path) == []
     (tmp_path / "f").write_text("x")
-    assert "not a directory" in check_output_dir("--checkpoint-dir", str(tmp_path / "f"))[0]
-    assert "does not exist" in check_output_dir("--checkpoint-dir", str(tmp_path / "a" / "b"))[0]
+    assert "not a directory" in _dir("--checkpoint-dir", tmp_path / "f")[0]
+    assert "does not exist" in _dir("--checkpoint-dir", tmp_path / "a" / "b")[0]
+    with pytest.raises(InputError, match=r"--rows .* is a directory"):
+        check_output_file(str(tmp_path), "--rows")
 
 
 def test_read_only_output_paths(tmp_path: Path, unwritable_dir: Path) -> None:
     ro = unwritable_dir
     try:
-        assert "not writable" in check_output_file("--metrics", str(ro / "m.jsonl"))[0]
-        assert "not writable" in check_output_dir("--checkpoint-dir", str(ro))[0]
-        assert "cannot be created" in check_output_dir("--checkpoint-dir", str(ro / "c"))[0]
+        error = _file("--metrics", ro / "m.jsonl")[0]
+        assert "--metrics" in error and "cannot write" in error
+        assert "cannot write" in _dir("--checkpoint-dir", ro)[0]
+        assert "cannot write" in _dir("--checkpoint-dir", ro / "c")[0]
         proc, before_jax = _cli("decode", "--out", str(ro / "r.json"))
-        assert proc.returncode == 2 and "--out" in proc.stderr and "not writable" in proc.stderr
+        assert proc.returncode == 2 and "--out" in proc.stderr and "cannot write" in proc.stderr
         assert before_jax
     finally:
         (tmp_path / "ro").chmod(0o755)

@@ -290,9 +290,9 @@ def run_train(args: argparse.Namespace) -> int:
     except SymError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from jaxrl_sym.output_paths import check_output_file
     from jaxrl_sym.rl.run import interrupt
     from jaxrl_sym.rl.run.interrupt import Interrupted
-    from jaxrl_sym.rl.run.run_files import check_output_file
     from jaxrl_sym.rl.run.train import train_run
 
     if dist is None:  # one process: SIGTERM / SIGINT end the run cleanly (rl/run/interrupt.py)

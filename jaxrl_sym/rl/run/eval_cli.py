@@ -69,7 +69,7 @@ def config_of(args: argparse.Namespace) -> EvalConfig:
 
 def _inputs(args: argparse.Namespace) -> tuple[EvalConfig, Any, list[Any]]:
     """The flags checked and the rows read, JAX-free."""
-    from jaxrl_sym.rl.run.run_files import check_output_file
+    from jaxrl_sym.output_paths import check_output_file
     from jaxrl_sym.rl.tasks.data import Fields, load_dataset
     from jaxrl_sym.rl.tasks.rewards import text_options
 

@@ -2,7 +2,8 @@
 slow model set-up) and the metrics log (checked writable; truncated to the resumed step).
 
 Why one module: every path a run writes is checked the same way — by a probe write, since
-permission bits say nothing for root or read-only mounts — and named by its flag in the error.
+permission bits say nothing for root or read-only mounts (:mod:`jaxrl_sym.output_paths`, the
+checks the command lines use too) — and named by its flag in the error.
 The lock: two trainers on one ``--checkpoint-dir`` used to write the same step numbers, one
 dying with an orbax traceback, the directory holding steps of two runs. A run now holds an
 ``fcntl`` lock on ``<dir>/.jaxrl-sym.lock`` (released by the kernel when the process ends, so a
@@ -17,13 +18,13 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import time
 from typing import IO, Any
 
 import jax
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.output_paths import check_output_dir
 from jaxrl_sym.rl.config import CheckpointConfig
 from jaxrl_sym.rl.run.checkpoint import Checkpointer
 
@@ -68,54 +69,6 @@ class RunLock:
         if self._file is not None:
             self._file.close()  # closing the descriptor releases the lock
             self._file = None
-
-
-def _probe_writable(directory: str, what: str) -> None:
-    """Create and delete a file: permission bits alone say nothing for root or read-only mounts."""
-    try:
-        fd, name = tempfile.mkstemp(dir=directory, prefix=".jaxrl-sym-write-check-")
-        os.close(fd)
-        os.remove(name)
-    except OSError as e:
-        raise InputError(f"{what}: cannot write in {directory} ({e.strerror or e}); choose a "
-                         "writable location") from e
-
-
-def check_output_dir(path: str, what: str) -> bool:
-    """Raise :class:`InputError` (naming ``what``, the flag) unless ``path`` is a writable
-    directory or can be created in an existing, writable parent. Returns whether it exists."""
-    path = os.path.abspath(path)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise InputError(f"{what} {path} exists and is not a directory; give a directory")
-        _probe_writable(path, f"{what} {path}")
-        return True
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
-                         "it first or fix the path")
-    _probe_writable(parent, f"{what} {path}")
-    return False
-
-
-def check_output_file(path: str, what: str) -> None:
-    """Raise :class:`InputError` (naming ``what``) unless ``path`` can be written: its parent
-    exists and is writable (files are replaced via a temporary next to them) and an existing
-    ``path`` is a file that opens for appending."""
-    path = os.path.abspath(path)
-    if os.path.isdir(path):
-        raise InputError(f"{what} {path} is a directory; give a file name")
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        raise InputError(f"{what} {path}: its parent directory {parent} does not exist; create "
-                         "it first or fix the path")
-    _probe_writable(parent, f"{what} {path}")
-    if os.path.exists(path):
-        try:
-            with open(path, "a"):
-                pass
-        except OSError as e:
-            raise InputError(f"{what} {path} cannot be written ({e.strerror or e})") from e
 
 
 def open_checkpoints(cc: CheckpointConfig

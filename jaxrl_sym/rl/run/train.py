@@ -22,6 +22,7 @@ import numpy as np
 from jaxrl_sym import jsonl
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
+from jaxrl_sym.output_paths import check_output_file
 from jaxrl_sym.rl.config import (
     EXECUTION_KNOBS,
     TASK_RECIPE,
@@ -39,7 +40,6 @@ from jaxrl_sym.rl.run.interrupt import Interrupted, abandoned, graceful
 from jaxrl_sym.rl.run.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.run.progress import Bar, GreedyDrift, RunHealth, recipe_line
 from jaxrl_sym.rl.run.run_files import (
-    check_output_file,
     open_checkpoints,
     prepare_metrics,
     save_last,
