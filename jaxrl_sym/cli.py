@@ -403,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
         return _child(argv[1:])
     if argv[:1] == [ESTIMATE]:
         return estimate_child(argv[1:])
+    try:  # installed system plugins (entry points): a broken one is named, not a traceback
+        systems.load_plugins()
+    except SymError as e:
+        print(f"jaxrl-sym: error: {e}", file=sys.stderr)
+        return 2
     p = _parser(with_train=argv[:1] == ["train"])
     if argv[:1] == ["train"]:  # --config FILE: its flags go before the command line's
         try:

@@ -27,7 +27,6 @@ from jaxrl_sym.hf_checks import DTYPES, CliError, is_gguf, model_errors
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 
 COMMANDS = ("generate", "export")
-GEN_SYSTEMS = systems.names(peer=False)  # the systems that run any model of the contract
 
 
 def _prompt_text(text: str) -> tuple[str, Any]:
@@ -87,8 +86,9 @@ def _generate_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
                    help="generate past the checkpoint's max_position_embeddings (refused "
                         "without it: the model never saw those positions)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (any integer)")
-    g.add_argument("--system", choices=GEN_SYSTEMS, default=systems.REFERENCE,
-                   help="; ".join(f"{n}: {systems.get(n).summary}" for n in GEN_SYSTEMS))
+    gen = systems.names(peer=False)  # the systems that run any model of the contract
+    g.add_argument("--system", choices=gen, default=systems.REFERENCE,
+                   help="; ".join(f"{n}: {systems.get(n).summary}" for n in gen))
     g.add_argument("--dtype", choices=DTYPES, default=None,
                    help="parameter dtype (default: the checkpoint's)")
     g.add_argument("--eos-id", type=int, action="append", default=None, metavar="ID",

@@ -29,8 +29,9 @@ from jaxrl_sym.models.hf import load_pretrained
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer
 from jaxrl_sym.rl.algorithms.losses import loss_from_terms, slot_terms
-from jaxrl_sym.rl.step.logprobs import SplitForward, chunked_terms
+from jaxrl_sym.rl.step.logprobs import chunked_terms
 from jaxrl_sym.rl.step.programs import build_fns
+from jaxrl_sym.systems.forward import SplitForward
 
 TOL = 1e-5
 CFG = RLConfig(algo="ppo", group_size=1, beta=0.1, entropy_coef=0.01, temperature=0.8)

@@ -22,7 +22,7 @@ NOT_OURS = {
     "integrations/ggml.py": "transformers' GGUF loader, which models/hf/gguf.py transcribes",
     "integrations/gguf/gguf_tokenizer_mapping.py": "transformers' GGUF tokenizer map",
     "jaxrl_sym/systems/naive.py": "docs/extending.md: the file a reader adds for a new system",
-    "jaxrl_sym/rl/step/padded_copy.py": "docs/extending.md: the RL half a reader adds",
+    "mypkg/padded_copy.py": "docs/extending.md: the RL half a reader adds in their package",
 }
 PATH = re.compile(r"`{1,2}([A-Za-z0-9_./-]+\.py)(?::[A-Za-z_0-9.]+)?`{1,2}")
 DOTTED = re.compile(r"`{1,2}((?:jaxrl_sym|bench)(?:\.[A-Za-z_][A-Za-z_0-9]*)+)(?:\(\))?`{1,2}")

@@ -151,3 +151,33 @@ def test_bench_module_names_are_unique() -> None:
     names = Counter(f.stem for f in BENCH.rglob("*.py") if f.name != "__init__.py")
     assert not [n for n, k in names.items() if k > 1], sorted(
         str(f.relative_to(PKG.parent)) for f in BENCH.rglob("*.py") if names[f.stem] > 1)
+
+
+def _class_homes(pkg: Path = PKG) -> dict[str, list[str]]:
+    """Every top-level class name of the package → the modules that define one by that name."""
+    homes: dict[str, list[str]] = {}
+    for f in sorted(pkg.rglob("*.py")):
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                homes.setdefault(node.name, []).append(_module_name(f))
+    return homes
+
+
+def test_no_class_name_is_defined_in_two_modules() -> None:
+    """One home per noun: a name such as ``SymBound`` means one class. Two classes of one name
+    (the symbolic runtime once had a generation ``SymBound`` and an RL ``SymBound``) make a
+    reader guess which one a traceback or a docstring means."""
+    twice = {n: m for n, m in _class_homes().items() if len(m) > 1}
+    assert not twice, f"class names defined in more than one module: {twice}"
+
+
+def test_each_trainable_system_keeps_both_halves_in_its_module() -> None:
+    """A system is one module: the RL half a spec names (``trainer="module:Class"``) lives in
+    the module its binder does, so a system's generation and training read as one file."""
+    import jaxrl_sym.systems as systems
+
+    for name in systems.names(trains=True):
+        spec = systems.get(name)
+        assert spec.trainer is not None
+        assert spec.trainer.partition(":")[0] == spec.binder.partition(":")[0], spec
+

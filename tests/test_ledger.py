@@ -156,7 +156,7 @@ def test_reference_chunks_join_generation_only_after_rows_finished() -> None:
     moments after the overlap's first chunk can exist (``chunk_waits_for`` rows finished);
     an estimate (every row to its limit) gets them at its one moment."""
     from jaxrl_sym.rl.step.ledger import _generation_moment
-    from jaxrl_sym.rl.step.overlap import OVERLAP_ROWS, chunk_waits_for
+    from jaxrl_sym.systems.overlap import OVERLAP_ROWS, chunk_waits_for
     from jaxrl_sym.runtime.estimate import Estimate
     from jaxrl_sym.runtime.ledger import Buffer, Ledger, moment
     from jaxrl_sym.runtime.ledger_generation import WEIGHTS, GenerationLedger

@@ -160,7 +160,7 @@ def test_generation_reads_the_base_unmerged_and_the_adapters_renew_at_the_commit
     def spy(ctx, state, layout, arrays):
         seen["alive"] = before & {id(x) for x in jax.live_arrays()}
         seen["abstract"] = all(isinstance(x, jax.ShapeDtypeStruct) for x in bound.leaves)
-        seen["engine"] = getattr(getattr(bound, "engine", None), "leaves", None)
+        seen["engine"] = getattr(getattr(bound, "lm", None), "leaves", None)
         return real(ctx, state, layout, arrays)
 
     monkeypatch.setattr(stages, "update", spy)
@@ -173,7 +173,7 @@ def test_generation_reads_the_base_unmerged_and_the_adapters_renew_at_the_commit
                for name, ad in zip(plan.names, st.params["lm"], strict=True)}
     assert any(np.any(b) for _, b in by_name.values())  # the step moved the adapters
     want = oracle_forward(init_model(MODEL, 0), by_name, plan.scale)
-    np.testing.assert_allclose(np.asarray(run(bound.model())), np.asarray(want), rtol=1e-5,
+    np.testing.assert_allclose(np.asarray(run(bound.model)), np.asarray(want), rtol=1e-5,
                                atol=1e-5)
     monkeypatch.setattr(stages, "update", real)
     trainer.step(TASK.sample(np.random.default_rng(4), 2), seed=4)  # generates from the new one

@@ -34,7 +34,7 @@ from jaxrl_sym.rl.algorithms.advantages import token_weights
 from jaxrl_sym.rl.algorithms.losses import loss_from_terms, sequence_means
 from jaxrl_sym.rl.config import RLConfig, task_rl_config
 from jaxrl_sym.rl.run.cli import add_train_parser, check_configs, train_configs
-from jaxrl_sym.rl.step.layout import packed_layout, padded_layout, shared_prefix_layout
+from jaxrl_sym.systems.layout import packed_layout, padded_layout, shared_prefix_layout
 
 SHAPE = (16, 128)
 """Every layout is padded to these [rows, L] with unmasked slots, so the eager loss meets one

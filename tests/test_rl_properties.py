@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxrl_sym.rl.algorithms.losses import merge_aux
-from jaxrl_sym.rl.step.layout import Layout, packed_layout, padded_layout
-from jaxrl_sym.rl.step.overlap import ReferenceOverlap
+from jaxrl_sym.systems.layout import Layout, packed_layout, padded_layout
+from jaxrl_sym.systems.overlap import ReferenceOverlap
 
 seqs = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=24)
 

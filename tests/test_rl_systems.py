@@ -14,7 +14,9 @@ from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-from jaxrl_sym.rl.step.systems import PaddedSystem, SymSystem, trainable
+from jaxrl_sym.systems.padded import PaddedSystem
+from jaxrl_sym.systems.sym import SymSystem
+from jaxrl_sym.systems.trainable import trainable
 from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.systems import registry

@@ -14,7 +14,7 @@ from jaxrl_sym.rl.algorithms.advantages import (
     token_weights,
     whiten,
 )
-from jaxrl_sym.rl.step.layout import packed_layout, padded_layout
+from jaxrl_sym.systems.layout import packed_layout, padded_layout
 from jaxrl_sym.rl.tasks.token_tasks import (
     BOS,
     EOS,

@@ -27,7 +27,7 @@ from jaxrl_sym import Block, Causal, Linear
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer
-from jaxrl_sym.rl.step.layout import packed_layout, shared_prefix_layout
+from jaxrl_sym.systems.layout import packed_layout, shared_prefix_layout
 
 groups = st.lists(st.tuples(st.integers(1, 12), st.lists(st.integers(1, 14), min_size=1,
                                                         max_size=6)), min_size=1, max_size=6)

@@ -121,7 +121,7 @@ def test_a_system_trains_exactly_when_it_names_its_rl_half() -> None:
     with pytest.raises(InputError, match="trains exactly when"):
         systems.SystemSpec("x", "", systems.Capabilities(), "m", trainer="m:Class")
     assert [systems.get(n).trainer for n in systems.names(trains=True)] == [
-        "jaxrl_sym.rl.step.systems:SymSystem", "jaxrl_sym.rl.step.systems:PaddedSystem"]
+        "jaxrl_sym.systems.sym:SymSystem", "jaxrl_sym.systems.padded:PaddedSystem"]
     for path in (ROOT / "jaxrl_sym" / "systems").glob("*.py"):
         assert not re.search(r"^\s*(from|import) jaxrl_sym\.rl\b", path.read_text(), re.M), path
 

@@ -107,7 +107,7 @@ PLAN: tuple[Item, ...] = (
          "H100: the runtime's generation 1.82 GB, an overlapped reference chunk 0.19); the "
          "leading suspect is the temporaries of reference chunks queued asynchronously behind "
          "the decode tiles (86 per step), each allocated when enqueued — since capped at 1 in "
-         "flight (rl/step/overlap.py MAX_INFLIGHT), so item 2 measures the cap and this the "
+         "flight (systems/overlap.py MAX_INFLIGHT), so item 2 measures the cap and this the "
          "reference after generation",
          (*_BF16,
           "--systems", "sym", "--update-tokens", "1280",

@@ -109,7 +109,7 @@ class RLConfig:
     pack_row_len: row length of the packed training layout (None: at least 64 and the longest
       sequence, rounded to a length bucket).
     share_prompts: on the symbolic runtime, pack a GRPO group's samples behind one copy of
-      their prompt per row (:func:`jaxrl_sym.rl.step.layout.shared_prefix_layout`): the reference,
+      their prompt per row (:func:`jaxrl_sym.systems.layout.shared_prefix_layout`): the reference,
       value and training forwards compute each prompt token once per row instead of G times —
       the same numbers (each response sees the same keys at the same positions), about a
       third fewer token slots on the step benchmark's workload (prompts 8-64, G = 8; the

@@ -5,14 +5,11 @@ a bad flag before paying JAX's multi-second import; the modules that implement t
 (algorithms, layouts, tasks) import JAX and re-export these tuples from here.
 """
 
-from jaxrl_sym import systems
-
 ALGOS = ("grpo", "rloo", "ppo")
 LOSS_AGGS = ("token_mean", "seq_mean", "token_sum")
 ADV_NORMS = ("group_std", "batch_std", "none")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 OPTIMIZERS = ("adam", "adamw", "sgd", "lion", "adafactor")  # optax's, jaxrl_sym.rl.step.state
-SYSTEMS = systems.names(trains=True)  # the registry's trainable systems (jaxrl_sym.systems)
 TASK_NAMES = ("reverse", "copy", "sort", "add")  # token tasks of the built-in model
 TEXT_TASK_NAMES = ("word-problems",)  # text tasks of a --model checkpoint, plus "jsonl:PATH"
 TASK_HELP = (f"one of {', '.join(TASK_NAMES)} (the built-in model); with --model a text task: "

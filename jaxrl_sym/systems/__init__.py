@@ -13,22 +13,26 @@ JAX's import. A spec names the module that runs it (its *binder*), imported on
     bound = spec.bind(model, systems.BindOptions(speculate=4))
     bound.generate(prompts, GenerationConfig(max_new_tokens=64))
 
-Adding a system is one file here (its ``bind(spec, model, options) -> BoundSystem``, see
-:mod:`jaxrl_sym.systems.bound`) plus one :func:`register` line below; ``docs/extending.md``
-walks through one. No other module compares system names: callers ask a spec's capabilities.
-A system that trains also names its RL half, ``trainer="module:Class"`` (a
-:class:`jaxrl_sym.rl.step.systems.System`, imported by ``spec.trainable()`` only: the RL package
-sits above this one), which ``RLTrainer(system=name)`` runs the step on.
+Another package adds its systems through the ``jaxrl_sym.systems`` entry-point group
+(:func:`load_plugins`, run by the first lookup in every process, so the decode command's child
+processes see them too).
+Adding a system to this package is one file here (its ``bind(spec, model, options) ->
+BoundSystem``, see :mod:`jaxrl_sym.systems.bound`) plus one :func:`register` line below;
+``docs/extending.md`` walks through one. No other module compares system names: callers ask
+a spec's capabilities. A system that trains keeps its RL half in the same file and names it,
+``trainer="module:Class"`` (a :class:`jaxrl_sym.systems.trainable.TrainableSystem`, imported by
+``spec.trainable()`` only), which ``RLTrainer(system=name)`` runs the step on; its bound class
+is then a :class:`~jaxrl_sym.systems.trainable.TrainBound`, one object for both halves.
 """
 
 from __future__ import annotations
 
 from jaxrl_sym.systems.choice import refusals, split
-from jaxrl_sym.systems.registry import BASELINE, REFERENCE, get, names, register
+from jaxrl_sym.systems.registry import BASELINE, REFERENCE, get, load_plugins, names, register
 from jaxrl_sym.systems.spec import BindOptions, Capabilities, SystemSpec
 
-__all__ = ["BASELINE", "REFERENCE", "BindOptions", "Capabilities", "SystemSpec", "get", "names",
-           "refusals", "register", "split"]
+__all__ = ["BASELINE", "REFERENCE", "BindOptions", "Capabilities", "SystemSpec", "get",
+           "load_plugins", "names", "refusals", "register", "split"]
 
 PEER_INSTALL = ("pip install 'jaxrl_sym[peers]' (light, as CI: pip install --no-deps "
                 "google-tunix==0.1.7 jaxtyping wadler_lindig sentencepiece)")
@@ -40,11 +44,11 @@ register(SystemSpec(
     Capabilities(trains=True, speculates=True, draft_models=True, shards=True,
                  stops_itself=True, engine=True), "jaxrl_sym.systems.sym",
     variants=("xla", "triton", "auto"),
-    trainer="jaxrl_sym.rl.step.systems:SymSystem"))
+    trainer="jaxrl_sym.systems.sym:SymSystem"))
 register(SystemSpec(
     "padded", "the padded/masked XLA baseline: left-padded prompts, MAX_LEN caches, one program",
     Capabilities(trains=True, speculates=True), "jaxrl_sym.systems.padded",
-    trainer="jaxrl_sym.rl.step.systems:PaddedSystem"))
+    trainer="jaxrl_sym.systems.padded:PaddedSystem"))
 register(SystemSpec(
     "pershape", "the per-shape baseline: exact caches, re-jitted for every length",
     Capabilities(), "jaxrl_sym.systems.pershape"))

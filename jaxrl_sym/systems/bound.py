@@ -23,15 +23,23 @@ if TYPE_CHECKING:
 
 
 class BoundSystem:
-    """``spec`` on ``model`` with ``options``. Subclasses implement :meth:`generate`; trainable
-    systems (``spec.capabilities.trains``) also offer the RL step's halves."""
+    """``spec`` on ``model`` with ``options``. Subclasses implement :meth:`generate`; a trainable
+    system's bound class (``spec.capabilities.trains``) is also a
+    :class:`~jaxrl_sym.systems.trainable.TrainBound`: the same object generates for the decode
+    command and for an RL step, so it is bound once per trainer."""
 
     def __init__(self, spec: SystemSpec, model: Any, options: BindOptions) -> None:
-        self.spec, self.model, self.options = spec, model, options
+        self.spec, self.options, self._model = spec, options, model
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def model(self) -> Any:
+        """The model this system runs (a trainable system's: with the policy's current
+        weights, see :class:`~jaxrl_sym.systems.trainable.TrainBound`)."""
+        return self._model
 
     def generate(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig) -> GenerationResult:
         """A response per prompt (tokens, log-probs, logits if asked, stats)."""

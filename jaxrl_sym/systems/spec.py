@@ -38,18 +38,29 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class BindOptions:
-    """How a system is bound to a model; every field is JAX-free, so a command line's choices
-    become options before any work. ``draft``: ``"ngram"`` (prompt lookup) or a draft model.
-    ``progress(tokens_so_far)`` is called by systems that read tokens back as they go.
-    ``engine``: the symbolic runtime's ``EngineOptions`` (refill, resident rows, tiles; None:
-    its defaults), with ``backend`` as its backend; the same object training takes."""
+    """How a system is bound to a model — the one options object of every binding (the decode
+    command, evaluation, an RL trainer); every field is JAX-free, so a command line's choices
+    become options before any work.
 
-    backend: str = "xla"
+    ``backend``: the kernels' backend (None: the engine's own, ``EngineOptions.backend``).
+    ``engine``: the symbolic runtime's ``EngineOptions`` (refill, resident rows, tiles; None: its
+    defaults). ``speculate``: the most draft tokens per verify (0: plain decoding),
+    ``speculate_adaptive``: pick k per verify tile (sym only), ``draft``: ``"ngram"`` (prompt
+    lookup) or a draft model. ``progress(tokens_so_far)`` is called by systems that read tokens
+    back as they go. ``budget``: a :class:`~jaxrl_sym.sharding.MemoryBudget` every compiled
+    program is checked against (None: no check). ``logprob_chunk``: the RL forward's logits
+    chunk (None: whole logits; a trainer passes ``RLConfig.logprob_chunk``, the knob's one
+    default)."""
+
+    backend: str | None = None
     mesh: Any = None
     speculate: int = 0
+    speculate_adaptive: bool = False
     draft: Any = "ngram"
     progress: Callable[[int], None] | None = None
     engine: Any = None
+    budget: Any = None
+    logprob_chunk: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,9 +75,9 @@ class SystemSpec:
     user model and of an attention pattern outside ``capabilities.patterns``. ``variants``:
     suffixes that name a value of ``variant_option`` (``sym-triton``: backend ``triton``).
     ``trainer``: ``"module:Class"`` of the system's RL half (a
-    :class:`jaxrl_sym.rl.step.systems.System` subclass: layout, forward, generation for the step),
-    set exactly when ``capabilities.trains``; imported by :meth:`trainable` only, so this module
-    stays below the RL package and JAX-free.
+    :class:`jaxrl_sym.systems.trainable.TrainableSystem` subclass, in the system's own module:
+    layout and the program key; its binder's class is then a ``TrainBound``), set exactly when
+    ``capabilities.trains``; imported by :meth:`trainable` only, so this module stays JAX-free.
     """
 
     name: str
@@ -141,7 +152,8 @@ class SystemSpec:
         return _load(self.binder, "bind")(self, model, options)
 
     def trainable(self) -> Any:
-        """This system's RL half, ``trainer(self)`` (a :class:`jaxrl_sym.rl.step.systems.System`;
+        """This system's RL half, ``trainer(self)`` (a
+        :class:`jaxrl_sym.systems.trainable.TrainableSystem`;
         typed ``Any`` for the reason :meth:`bind` is). An :class:`InputError` for a system
         that does not train."""
         if self.trainer is None:

@@ -102,7 +102,7 @@ def _linear(cfg: HFConfig, n_in: int, n_out: int, bias: bool) -> nnx.Linear:
                       rngs=nnx.Rngs(0))
 
 
-class Attention(nnx.Module):
+class HFAttention(nnx.Module):
     """GQA self-attention; all sequence mixing is inside ``attend``.
 
     With ``cfg.qk_norm`` (Qwen3, Gemma 3), q and k are RMS-normalised per head over head_dim
@@ -139,7 +139,7 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(*out.shape[:2], cfg.num_heads * cfg.head_dim))
 
 
-class MLP(nnx.Module):
+class GatedMLP(nnx.Module):
     """Gated MLP: ``down_proj(act(gate_proj(x)) * up_proj(x))``; SwiGLU (silu) or GeGLU
     (Gemma's tanh-approximated gelu), per ``cfg.hidden_act``."""
 
@@ -162,9 +162,9 @@ class DecoderLayer(nnx.Module):
 
     def __init__(self, cfg: HFConfig, pattern: Pattern, inv_freq: tuple[float, ...]) -> None:
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.self_attn = Attention(cfg, pattern, inv_freq)
+        self.self_attn = HFAttention(cfg, pattern, inv_freq)
         self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.mlp = MLP(cfg)
+        self.mlp = GatedMLP(cfg)
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
         x = x + self.self_attn(self.input_layernorm(x), positions, segment_ids)
@@ -182,10 +182,10 @@ class SandwichDecoderLayer(nnx.Module):
     def __init__(self, cfg: HFConfig, pattern: Pattern, inv_freq: tuple[float, ...]) -> None:
         d = cfg.hidden_size
         self.input_layernorm = make_norm(cfg, d)
-        self.self_attn = Attention(cfg, pattern, inv_freq)
+        self.self_attn = HFAttention(cfg, pattern, inv_freq)
         self.post_attention_layernorm = make_norm(cfg, d)
         self.pre_feedforward_layernorm = make_norm(cfg, d)
-        self.mlp = MLP(cfg)
+        self.mlp = GatedMLP(cfg)
         self.post_feedforward_layernorm = make_norm(cfg, d)
 
     def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> jax.Array:

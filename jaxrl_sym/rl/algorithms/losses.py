@@ -230,7 +230,7 @@ def sequence_means(x: jax.Array, mask: jax.Array) -> jax.Array:
     """Per slot, the mean of ``x`` over the slots of its sequence; 0 off the mask.
 
     A sequence is a run of consecutive ``mask`` slots along the last axis: in every layout
-    (:mod:`jaxrl_sym.rl.step.layout`) a span ``(row, first, n)`` is followed in its row by at least
+    (:mod:`jaxrl_sym.systems.layout`) a span ``(row, first, n)`` is followed in its row by at least
     one unmasked slot (the one holding the response's last token, which predicts nothing), so
     two sequences never touch even in packed or shared-prompt rows. Why runs rather than a
     segment array: the loss then needs nothing beyond the arrays every layout already gives

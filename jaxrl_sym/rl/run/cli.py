@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrl_sym import jsonl
+from jaxrl_sym import jsonl, systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import (
     PG_LOSSES,
@@ -33,7 +33,6 @@ from jaxrl_sym.rl.names import (
     LOSS_AGGS,
     LR_SCHEDULES,
     OPTIMIZERS,
-    SYSTEMS,
     TASK_HELP,
 )
 from jaxrl_sym.rl.run.eval_cli import add_row_flags
@@ -172,7 +171,7 @@ def _add_execution_flags(t: argparse.ArgumentParser) -> None:
 
 def _add_run_flags(t: argparse.ArgumentParser) -> None:
     """The run's flags: system, task size, model, devices, partial rollouts, speculation."""
-    t.add_argument("--system", choices=SYSTEMS, default=RunConfig.system)
+    t.add_argument("--system", choices=systems.names(trains=True), default=RunConfig.system)
     t.add_argument("--max-digits", type=int, default=RunConfig.max_digits)
     t.add_argument("--model", default=None, metavar="DIR",
                    help="fine-tune this Hugging Face checkpoint directory on a text task: "

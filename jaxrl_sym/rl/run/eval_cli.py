@@ -16,8 +16,6 @@ from jaxrl_sym import jsonl, systems
 from jaxrl_sym.errors import InputError, SymError
 from jaxrl_sym.rl.run.evaluate import EvalConfig
 
-GEN_SYSTEMS = systems.names(peer=False)
-
 
 def add_row_flags(p: argparse.ArgumentParser) -> None:
     """How a dataset's rows read (``train --dataset`` and ``eval``: one definition)."""
@@ -55,8 +53,9 @@ def add_eval_parser(sub: Any, formatter: type) -> argparse.ArgumentParser:
     e.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     e.add_argument("--limit", type=int, default=None, metavar="N",
                    help="evaluate the first N rows")
-    e.add_argument("--system", choices=GEN_SYSTEMS, default=d.system,
-                   help="; ".join(f"{n}: {systems.get(n).summary}" for n in GEN_SYSTEMS))
+    gen = systems.names(peer=False)  # read here: plugins load before the parser is built
+    e.add_argument("--system", choices=gen, default=d.system,
+                   help="; ".join(f"{n}: {systems.get(n).summary}" for n in gen))
     e.add_argument("--rows", default=None, metavar="FILE",
                    help="write one JSON line per row (prompt, completion, correct, reward)")
     return e

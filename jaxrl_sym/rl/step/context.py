@@ -22,12 +22,12 @@ import jax
 import optax
 
 from jaxrl_sym.rl.config import RLConfig
-from jaxrl_sym.rl.step.layout import Layout
 from jaxrl_sym.rl.step.programs import Programs, Weights, build_fns
 from jaxrl_sym.rl.step.rollout import Drawn, RewardFn, Rollout
 from jaxrl_sym.rl.step.sampling import SamplingConfig
 from jaxrl_sym.rl.step.state import TrainState
-from jaxrl_sym.rl.step.systems import Bound, System
+from jaxrl_sym.systems.layout import Layout
+from jaxrl_sym.systems.trainable import TrainableSystem, TrainBound
 
 __all__ = ["Forwards", "RolloutSource", "StepContext", "rows_per_chunk"]
 
@@ -49,24 +49,25 @@ class Forwards:
 
     A trainer trains on its own system, but a rollout may be laid out and scored on another
     (``loss_and_grads(..., "padded")`` compares the two): every system gets its own bound
-    system and programs, keyed by the :class:`~jaxrl_sym.rl.step.systems.System` a
-    :class:`~jaxrl_sym.rl.step.layout.Layout` carries.
+    system and programs, keyed by the :class:`~jaxrl_sym.systems.trainable.TrainableSystem` a
+    :class:`~jaxrl_sym.systems.layout.Layout` carries.
     """
 
-    def __init__(self, bind: Callable[[System], Bound], tx: optax.GradientTransformation,
-                 shardings: dict[str, Any] | None, weights: Weights | None = None) -> None:
+    def __init__(self, bind: Callable[[TrainableSystem], TrainBound],
+                 tx: optax.GradientTransformation, shardings: dict[str, Any] | None,
+                 weights: Weights | None = None) -> None:
         self._bind, self._tx, self._shardings = bind, tx, shardings
         self._weights = weights  # the precision/LoRA policy: trained leaves -> the forward's
-        self._bound: dict[System, Bound] = {}
-        self._fns: dict[System, dict[str, Any]] = {}
+        self._bound: dict[TrainableSystem, TrainBound] = {}
+        self._fns: dict[TrainableSystem, dict[str, Any]] = {}
 
-    def bound(self, system: System) -> Bound:
+    def bound(self, system: TrainableSystem) -> TrainBound:
         """``system`` bound to this trainer's policy."""
         if system not in self._bound:
             self._bound[system] = self._bind(system)
         return self._bound[system]
 
-    def fns(self, system: System, cfg: RLConfig) -> dict[str, Any]:
+    def fns(self, system: TrainableSystem, cfg: RLConfig) -> dict[str, Any]:
         """Jitted reference / value / loss-grad / update functions of ``system``'s layout
         (:func:`~jaxrl_sym.rl.step.programs.build_fns`), built with ``cfg`` on first use."""
         if system not in self._fns:
@@ -116,7 +117,7 @@ class StepContext:
 
     cfg: RLConfig
     sampling: SamplingConfig
-    system: Bound
+    system: TrainBound
     forwards: Forwards
     programs: Programs
     reward_fn: RewardFn
@@ -125,7 +126,7 @@ class StepContext:
     row_multiple: int
     overlaps_reference: bool
 
-    def fns(self, system: System) -> dict[str, Any]:
+    def fns(self, system: TrainableSystem) -> dict[str, Any]:
         """The jitted functions of ``system``'s layout (:class:`Forwards`)."""
         return self.forwards.fns(system, self.cfg)
 
@@ -133,7 +134,7 @@ class StepContext:
         """Rows of ``width`` slots per forward (:func:`rows_per_chunk`)."""
         return rows_per_chunk(self.cfg, width, self.row_multiple)
 
-    def layout(self, rollout: Rollout, system: System | None = None) -> Layout:
+    def layout(self, rollout: Rollout, system: TrainableSystem | None = None) -> Layout:
         """The rollout in ``system``'s training layout (default: the trainer's system); on a
         mesh its rows are padded to a multiple of the data axes with empty rows."""
         bound = self.system if system is None else self.forwards.bound(system)

@@ -10,7 +10,7 @@ each program the step would run, at the batch's real shapes, and reading XLA's o
 * **generation**: the state + what the generating system adds at its peak — given by the caller:
   the system's own walk over the step's lengths (:meth:`BoundSystem.ledger`) or its worst-case
   estimate (:meth:`BoundSystem.estimate`) — plus, where the reference is scored while generation
-  runs, the reference chunks in flight (:data:`~jaxrl_sym.rl.step.overlap.MAX_INFLIGHT`);
+  runs, the reference chunks in flight (:data:`~jaxrl_sym.systems.overlap.MAX_INFLIGHT`);
 * **reference**: the state + each reference chunk's program (``update_tokens`` slots);
 * **update**: the state + each micro-batch's gradient program, the gradient accumulator and the
   optimiser's ``apply`` (one fused ``update`` program when the batch is one micro-batch).
@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from jaxrl_sym.rl.step.overlap import MAX_INFLIGHT, OVERLAP_ROWS, chunk_waits_for
 from jaxrl_sym.rl.step.stages import row_chunks
-from jaxrl_sym.rl.step.systems import Bound
 from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
 from jaxrl_sym.runtime.ledger_generation import GenerationLedger
 from jaxrl_sym.runtime.programs import Build
+from jaxrl_sym.systems.overlap import MAX_INFLIGHT, OVERLAP_ROWS, chunk_waits_for
+from jaxrl_sym.systems.trainable import TrainBound
 
 __all__ = ["StepLedger", "step_ledger"]
 
@@ -58,7 +58,7 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     applies to systems that can (their ``generate_scoring`` overlaps).
     ``generation``: what generation adds to the state — the generating system's walk over these
     lengths (a :class:`~jaxrl_sym.runtime.ledger_generation.GenerationLedger`, from
-    ``Bound.ledger``) or its worst-case :class:`~jaxrl_sym.runtime.estimate.Estimate` (None:
+    ``TrainBound.ledger``) or its worst-case :class:`~jaxrl_sym.runtime.estimate.Estimate` (None:
     no generation moment).
     ``compiler``: ``compiler(build) -> Compiled`` for the step's programs
     (:class:`~jaxrl_sym.runtime.programs.Build`; None: compiled on this machine; the bench
@@ -106,7 +106,7 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
 
 def _in_flight(size: ProgramSize) -> list[Buffer]:
     """Up to MAX_INFLIGHT reference chunks queued behind the decode work, each holding its
-    temporaries and outputs from enqueue to end (:mod:`jaxrl_sym.rl.step.overlap`)."""
+    temporaries and outputs from enqueue to end (:mod:`jaxrl_sym.systems.overlap`)."""
     return [dataclasses.replace(b, name=f"{b.name} (reference chunk {k + 1} of {MAX_INFLIGHT} "
                                         "in flight)")
             for k in range(MAX_INFLIGHT) for b in size.buffers()]
@@ -126,7 +126,7 @@ def _generation_moment(held: list[Buffer], generation: Any, chunks: list[Buffer]
 
 def _scores_while_generating(bound: Any) -> bool:
     """Whether the bound system overrides the default (no-overlap) ``generate_scoring``."""
-    return type(bound).generate_scoring is not Bound.generate_scoring
+    return type(bound).generate_scoring is not TrainBound.generate_scoring
 
 
 def _batch(size: ProgramSize) -> list[Buffer]:

@@ -4,7 +4,7 @@ reference / value / loss-gradient / update functions built over one system's for
 Why the functions are built from a ``logits_fn`` rather than per system: the loss, its gradient
 and the optimiser update are the same code on every layout (see
 :mod:`jaxrl_sym.rl.algorithms.losses`); only the forward differs, and that is what a
-:class:`~jaxrl_sym.rl.step.systems.System` provides.
+:class:`~jaxrl_sym.systems.trainable.TrainableSystem` provides.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from jaxrl_sym.rl.algorithms.losses import (
     value_predictions,
 )
 from jaxrl_sym.rl.config import RLConfig
-from jaxrl_sym.rl.step.logprobs import LogitsFn, SplitForward, chunked_terms, chunking_status
+from jaxrl_sym.rl.step.logprobs import chunked_terms
 from jaxrl_sym.rl.step.remat import remat_between_attention
 from jaxrl_sym.rl.step.state import clip_by_global_norm
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.sharding import lowerable
+from jaxrl_sym.systems.forward import LogitsFn, SplitForward, chunking_status
 
 __all__ = ["LogitsFn", "Programs", "Weights", "build_fns"]
 
@@ -89,7 +90,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     (:func:`_guarded_step`); plus ``logprob_chunking``, a sentence for the step's stats (on, or
     off and why).
 
-    logits_fn: the system's forward; a :class:`~jaxrl_sym.rl.step.logprobs.SplitForward` with
+    logits_fn: the system's forward; a :class:`~jaxrl_sym.systems.forward.SplitForward` with
     ``cfg.logprob_chunk`` set makes ``ref``/``values``/``grad``/``update`` apply the head a chunk
     of token slots at a time (:mod:`jaxrl_sym.rl.step.logprobs`), anything else runs unchunked.
 

@@ -39,7 +39,6 @@ from jaxrl_sym.rl.algorithms.losses import merge_aux
 from jaxrl_sym.rl.config import RLConfig
 from jaxrl_sym.rl.errors import RewardError
 from jaxrl_sym.rl.step.context import RolloutSource, StepContext, rows_per_chunk
-from jaxrl_sym.rl.step.layout import Layout
 from jaxrl_sym.rl.step.rollout import Drawn, Rollout, compute_rewards, sampling_batch
 from jaxrl_sym.rl.step.state import TrainState, current_lr
 from jaxrl_sym.runtime.metrics import (
@@ -50,6 +49,7 @@ from jaxrl_sym.runtime.metrics import (
     trim_host_heap,
 )
 from jaxrl_sym.sharding import to_host
+from jaxrl_sym.systems.layout import Layout
 
 Arrays = dict[str, np.ndarray]
 

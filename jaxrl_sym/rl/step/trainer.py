@@ -7,8 +7,8 @@ by shape, so a steady-state step compiles nothing.
 
 :class:`RLTrainer` holds a :class:`~jaxrl_sym.rl.step.state.TrainState` (policy parameters,
 optimiser state, frozen reference when ``beta > 0``, step count) and runs the step on one of the
-systems of :mod:`jaxrl_sym.systems` that train (their RL halves, :mod:`jaxrl_sym.rl.step.systems`),
-which share everything except generation, the layout and the forward:
+systems of :mod:`jaxrl_sym.systems` that train (each one module with both halves,
+:mod:`jaxrl_sym.systems.trainable`), which share everything except generation, the layout and the forward:
 
 * ``sym``: :class:`~jaxrl_sym.runtime.engine.SymbolicLM` generates on exact-size stores; the
   reference, value and training forwards run on exact-length sequences bin-packed into rows
@@ -27,7 +27,7 @@ Choices that matter:
   temperature). They are never recomputed: TRL and verl spend a whole forward pass on that.
 * On ``sym`` the reference log-probs of a row are computed as soon as the row finishes: finished
   rows are packed into chunks whose reference forward is dispatched (asynchronously) while the
-  remaining rows still decode (:mod:`jaxrl_sym.rl.step.overlap`). The padded baseline, like TRL,
+  remaining rows still decode (:mod:`jaxrl_sym.systems.overlap`). The padded baseline, like TRL,
   runs one reference pass over the padded batch after generation.
 * Nothing is committed until the update succeeded: every stage reads the step's starting state
   and the update returns a new one, so a reward function that raises or returns a bad value
@@ -37,6 +37,7 @@ Choices that matter:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -51,7 +52,6 @@ from jaxrl_sym.models.hf.modeling import CausalLM
 from jaxrl_sym.rl.config import RLConfig
 from jaxrl_sym.rl.step import stages
 from jaxrl_sym.rl.step.context import Forwards, RolloutSource, StepContext
-from jaxrl_sym.rl.step.layout import Layout
 from jaxrl_sym.rl.step.partial import Carried, PartialBuffer, PartialConfig
 from jaxrl_sym.rl.step.programs import Programs
 from jaxrl_sym.rl.step.rollout import RewardFn, Rollout, compute_rewards
@@ -64,12 +64,14 @@ from jaxrl_sym.rl.step.state import (
     place_state,
     state_shardings,
 )
-from jaxrl_sym.rl.step.systems import BindArgs, Bound, System, trainable
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.ledger import tree_nbytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes
+from jaxrl_sym.systems import BindOptions
+from jaxrl_sym.systems.layout import Layout
+from jaxrl_sym.systems.trainable import TrainableSystem, TrainBound, trainable
 from jaxrl_sym.weights.lora import plan_lora
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import Precision
@@ -91,12 +93,10 @@ class RLTrainer:
         :func:`jaxrl_sym.systems.register` (``docs/extending.md``).
       metric_fn: optional second per-sample function reported as ``exact_match`` (not optimised).
       engine: how the symbolic runtime generates (:class:`~jaxrl_sym.runtime.options.
-        EngineOptions`; None: its defaults, the same as ``SymbolicLM``'s). RL used its own
-        (stores from 16 slots, microbatches split above 0.3 padding); on the step benchmark's
-        full workload (``python -m bench rlft_step``, loaded 2-core CPU) the defaults sampled
-        the same tokens in the same 27 dispatches and 15 compiles (quick preset: 8 dispatches
-        and 4 compiles against 12 and 6), with median generation 1.23 / 1.47 / 1.22 s against
-        1.09 / 1.40 / 1.21 s in three interleaved runs, whose own spread was 28%.
+        EngineOptions`; None: its defaults, the same as ``SymbolicLM``'s). RL once used its
+        own (stores from 16 slots, microbatches split above 0.3 padding); the engine's defaults
+        sampled the same tokens in no more dispatches or compiles, at a generation time within
+        the runs' own spread (``bench/results/cpu/design_notes.md``).
       speculation: speculative decoding of the rollouts (:class:`~jaxrl_sym.runtime.options.
         Speculation`: a prompt-lookup draft proposes up to ``k`` tokens per row, the policy
         verifies them; the sampled tokens stay distributed as the policy's and the "old"
@@ -144,7 +144,7 @@ class RLTrainer:
         precision: str | Precision | None = None,
         lora: LoraConfig | None = None,
     ) -> None:
-        self.system: System = trainable(system)
+        self.system: TrainableSystem = trainable(system)
         _check_options(self.system, engine, speculation)
         if not callable(reward_fn):
             raise InputError(f"reward_fn must be callable (prompt, response) -> float, got "
@@ -172,11 +172,15 @@ class RLTrainer:
         # donated to an update
         own = self.view.compute_model(self.graphdef, self.treedef, self.state.params["lm"],
                                       self.state.frozen)
-        bind_args = BindArgs(own, engine or EngineOptions(), speculation,
-                             mesh=self.mesh, budget=self.budget, logprob_chunk=cfg.logprob_chunk)
+        options = BindOptions(
+            mesh=self.mesh, engine=engine or EngineOptions(),
+            speculate=speculation.k if speculation else 0,
+            speculate_adaptive=bool(speculation and speculation.adaptive),
+            budget=self.budget, logprob_chunk=cfg.logprob_chunk)
 
-        def bind(system: System) -> Bound:
-            bound = system.bind(bind_args)  # traces now: a bad model fails here
+        def bind(system: TrainableSystem) -> TrainBound:
+            caps = system.spec.capabilities  # a mesh shards the step's programs for every system
+            bound = system.bind(own, replace(options, mesh=options.mesh if caps.shards else None))
             bound.set_params(self.policy_leaves())
             return bound
 
@@ -292,7 +296,7 @@ class RLTrainer:
     def engine(self) -> SymbolicLM:
         """The symbolic runtime generating for this trainer (shares the trainer's weights); an
         :class:`InputError` on a system that generates without it."""
-        engine = getattr(self.forwards.bound(self.system), "engine", None)
+        engine = getattr(self.forwards.bound(self.system), "lm", None)
         if engine is None:
             raise InputError(f"system {self.system.name!r} generates without the symbolic "
                              "runtime: it has no engine")
@@ -315,8 +319,8 @@ class RLTrainer:
         """``cfg.overlap_reference``, or where it is None (auto) whether the device is an
         accelerator. Why not on a CPU: there the "device" is the host's own cores, so scoring
         chunks during generation does not fill idle device time, it competes with the decode
-        loop for the same cores; on the CPU step benchmark it cost 0.33 s of generation +
-        reference per step (1.27 s against 0.94 s) and 0.9 s of step time."""
+        loop for the same cores, and the CPU step benchmark was slower with it
+        (``bench/results/cpu/design_notes.md``)."""
         if self.cfg.overlap_reference is not None:
             return bool(self.cfg.overlap_reference)
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
@@ -380,7 +384,7 @@ class RLTrainer:
         return outcome.metrics
 
 
-def _check_options(system: System, engine: EngineOptions | None,
+def _check_options(system: TrainableSystem, engine: EngineOptions | None,
                    speculation: Speculation | None) -> None:
     """The trainer's generation options, checked against what ``system`` can do (its spec's
     capabilities) before any tracing."""

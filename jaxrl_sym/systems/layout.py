@@ -39,10 +39,11 @@ from jaxrl_sym.runtime.engine import PackedBatch, length_bucket
 class Layout:
     """A training batch in one system's layout.
 
-    system: the trainable system that laid it out (a :class:`jaxrl_sym.rl.step.systems.System`,
-      typed ``Any`` because that module builds layouts from this one); its forward and compiled
-      programs run the batch. The functions here leave it None: which layout a system uses is
-      its own choice, and ``System.layout`` tags what it builds.
+    system: the trainable system that laid it out (a
+      :class:`jaxrl_sym.systems.trainable.TrainableSystem`, typed ``Any`` because that module
+      builds layouts from this one); its forward and compiled programs run the batch. The
+      functions here leave it None: which layout a system uses is its own choice, and
+      ``TrainableSystem.layout`` tags what it builds.
     inputs: ``(tokens, positions, segment_ids)`` for ``sym``; ``(tokens, lengths)`` for ``padded``.
     targets: [rows, L] the token each slot predicts (only meaningful on response spans).
     spans: per sample ``(row, first, n)`` as described in the module docstring.

@@ -38,8 +38,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_sym.rl.step.layout import Layout, packed_layout
 from jaxrl_sym.sharding import to_host
+from jaxrl_sym.systems.layout import Layout, packed_layout
 
 MAX_INFLIGHT = 1  # reference chunks dispatched and not yet finished, at most (module docstring)
 
