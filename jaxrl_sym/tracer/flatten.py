@@ -1,4 +1,5 @@
-"""One interpreter over a model's jaxpr: calls inlined, static loops around ``attend`` unrolled.
+"""A model's jaxpr with calls inlined and static loops around ``attend`` unrolled: the tracer's
+rules for the one interpreter (:mod:`jaxrl_sym.tracer.interpret`).
 
 Real Flax models hide their layers behind higher-order primitives: ``nnx.jit``/``jax.jit``
 (``pjit``), ``jax.checkpoint`` (``checkpoint``), ``custom_jvp``/``custom_vjp`` (``jax.nn.gelu``,
@@ -7,8 +8,9 @@ MaxText) — ``lax.scan`` over stacked layer weights, or ``fori_loop`` over one 
 ``attend`` call inside such a loop is a *different* attention store per iteration. Reading the
 loop body once, as a call, gives one store instead of L and generates wrong tokens.
 
-:func:`eval_jaxpr` evaluates a closed jaxpr equation by equation, with one hook for the library's
-attention primitive, and
+:func:`eval_jaxpr` evaluates a closed jaxpr through the one interpreter with the rules of
+:func:`unfolding` — a hook for the library's attention primitive, rules beside ``scan``,
+``while`` and ``cond``, and a default for call-like primitives — which together
 
 * inlines every call-like primitive whose body contains ``attend`` or a static loop (others are
   bound unchanged, keeping their custom derivative rules and jit caching);
@@ -19,28 +21,31 @@ attention primitive, and
 * refuses, naming the user's source line, what cannot be unrolled: ``while_loop`` (dynamic trip
   count) or ``cond``/``switch`` around ``attend``, and a scan over the sequence length.
 
-Two users, one interpreter: :func:`flatten` re-traces the model through it with the hook binding
+Two users, one set of rules: :func:`flatten` re-traces the model through it with the hook binding
 ``attend`` unchanged, so the tracer sees a flat program (one attention equation per layer); the
 padded baseline runs it with a hook that reads and writes MAX_LEN caches, so the *unmodified*
 model is the padded baseline.
 
-Source lines survive re-tracing: each equation is re-bound inside JAX's ``user_context`` with the
-original traceback, so errors raised later (tracer rules) still name the user's line.
+Source lines survive re-tracing: the interpreter re-binds each equation inside JAX's
+``user_context`` with the original traceback, so errors raised later (tracer rules) still name
+the user's line.
 """
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.extend import core as jcore
+from jax.extend.core.primitives import cond_p, scan_p, while_p
 
 from jaxrl_sym.errors import UnsupportedPrimitiveError, source_line
+from jaxrl_sym.ops.attention import attention_p
+from jaxrl_sym.tracer.interpret import Interpreter, NotHandled, bind_eqn
 
 ATTENTION = "sym_attention"
 MAX_UNROLL = 1024
@@ -99,84 +104,65 @@ def call_body(eqn: Any) -> jcore.ClosedJaxpr | None:
     return None
 
 
-@contextlib.contextmanager
-def _user_frame(eqn: Any) -> Iterator[None]:
-    """Re-bind under the equation's original traceback, as ``jax.core.eval_jaxpr`` does (private
-    JAX API, used in one place)."""
-    try:
-        from jax._src import source_info_util
-        ctx = source_info_util.user_context(
-            eqn.source_info.traceback,
-            name_stack=source_info_util.current_name_stack() + eqn.source_info.name_stack)
-    except Exception:  # pragma: no cover - older/newer JAX without it: lose lines, not results
-        ctx = contextlib.nullcontext()
-    with ctx:
-        yield
+def unfolding(on_attend: AttendHook) -> Interpreter:
+    """The tracer's rules for the one interpreter (:mod:`jaxrl_sym.tracer.interpret`): each
+    attention call goes to ``on_attend`` with its number in execution order, a static scan is
+    unrolled, a call whose body holds ``attend`` or a static loop is inlined, and what cannot be
+    unrolled around ``attend`` is refused. Everything else is bound unchanged."""
+    count = itertools.count()
+
+    def attend(eqn: Any, invals: list[Any], interp: Interpreter) -> list[Any]:
+        del interp
+        return [on_attend(next(count), eqn, invals)]
+
+    return Interpreter({attention_p: attend, scan_p: _scan_rule, while_p: _refuse_rule,
+                        cond_p: _refuse_rule}, default=_call_rule)
 
 
-@dataclass
-class _Counter:
-    n: int = 0
-    seen: list[Any] = field(default_factory=list)
-
-    def next(self) -> int:
-        self.n += 1
-        return self.n - 1
-
-
-def eval_jaxpr(closed: jcore.ClosedJaxpr, args: Sequence[Any], on_attend: AttendHook,
-               _counter: _Counter | None = None) -> list[Any]:
+def eval_jaxpr(closed: jcore.ClosedJaxpr, args: Sequence[Any], on_attend: AttendHook
+               ) -> list[Any]:
     """Evaluate ``closed`` on ``args`` (arrays or tracers); ``on_attend`` runs each attention."""
-    counter = _counter if _counter is not None else _Counter()
-    jaxpr = closed.jaxpr
-    env: dict[Any, Any] = {}
-
-    def read(a: Any) -> Any:
-        return a.val if isinstance(a, jcore.Literal) else env[a]
-
-    for v, x in zip(jaxpr.constvars, closed.consts, strict=True):
-        env[v] = x
-    for v, x in zip(jaxpr.invars, args, strict=True):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        invals = [read(a) for a in eqn.invars]
-        with _user_frame(eqn):
-            outs = _eval_eqn(eqn, invals, on_attend, counter)
-        for v, x in zip(eqn.outvars, outs, strict=True):
-            env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+    return unfolding(on_attend).eval_jaxpr(closed, args)
 
 
-def _eval_eqn(eqn: Any, invals: list[Any], on_attend: AttendHook, counter: _Counter) -> list:
-    name = eqn.primitive.name
-    if name == ATTENTION:
-        return [on_attend(counter.next(), eqn, invals)]
-    has_attend = any(contains_attend(j) for j in _sub_jaxprs(eqn.params))
-    if _static_scan(eqn):  # layers applied by a loop: one copy of the body per iteration
-        return _unroll_scan(eqn, invals, on_attend, counter)
+def _scan_rule(eqn: Any, invals: list[Any], interp: Interpreter) -> Any:
+    """Layers applied by a loop: one copy of the body per iteration (and a scan around
+    ``attend`` that is not static is refused by :func:`_unroll_scan`)."""
+    if _static_scan(eqn) or contains_attend_eqn(eqn):
+        return _unroll_scan(eqn, invals, interp)
+    return NotHandled
+
+
+def _refuse_rule(eqn: Any, invals: list[Any], interp: Interpreter) -> Any:
+    """``while_loop`` / ``cond`` around ``attend``: the store count is not known when traced."""
+    del invals, interp
+    if not contains_attend_eqn(eqn):
+        return NotHandled
+    what = ("a while_loop (its trip count is only known at run time)"
+            if eqn.primitive is while_p else
+            "lax.cond/switch (the branch is only known at run time)")
+    raise UnsupportedPrimitiveError(
+        f"attend is called inside {what} at {source_line(eqn)}: each attention call needs its "
+        "own store, known when the model is traced. Loop over layers with a Python loop, "
+        "lax.scan / nnx.scan, or fori_loop with Python-int bounds.")
+
+
+def _call_rule(eqn: Any, invals: list[Any], interp: Interpreter) -> Any:
+    """Any other primitive: a call around ``attend`` or a static loop is inlined (custom_vjp
+    may prepend operands); others are left to bind, keeping their derivative rules and jit
+    caching; ``attend`` inside a primitive that is not a call is refused."""
     body = call_body(eqn)
     if body is not None and any(needs_unfolding(j) for j in _sub_jaxprs(eqn.params)):
-        n_in = len(body.jaxpr.invars)  # custom_vjp may prepend operands
-        return eval_jaxpr(body, invals[len(invals) - n_in:], on_attend, counter)
-    if has_attend:
-        if name == "scan":
-            return _unroll_scan(eqn, invals, on_attend, counter)  # raises: too long / over T
-        if name in ("while", "cond"):
-            what = ("a while_loop (its trip count is only known at run time)" if name == "while"
-                    else "lax.cond/switch (the branch is only known at run time)")
-            raise UnsupportedPrimitiveError(
-                f"attend is called inside {what} at {source_line(eqn)}: each attention call "
-                "needs its own store, known when the model is traced. Loop over layers with a "
-                "Python loop, lax.scan / nnx.scan, or fori_loop with Python-int bounds.")
+        n_in = len(body.jaxpr.invars)
+        return interp.eval_jaxpr(body, invals[len(invals) - n_in:])
+    if contains_attend_eqn(eqn):
         raise UnsupportedPrimitiveError(
-            f"attend is called inside primitive '{name}' at {source_line(eqn)}, which the tracer "
-            "cannot inline; call attend outside it.")
-    with eqn.ctx.manager:
-        out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-    return list(out) if eqn.primitive.multiple_results else [out]
+            f"attend is called inside primitive '{eqn.primitive.name}' at {source_line(eqn)}, "
+            "which the tracer cannot inline; call attend outside it.")
+    return NotHandled
 
 
-def _unroll_scan(eqn: Any, invals: list[Any], on_attend: AttendHook, counter: _Counter) -> list:
+def _unroll_scan(eqn: Any, invals: list[Any], interp: Interpreter) -> list:
     p = eqn.params
     length = p["length"]
     if not isinstance(length, int) or length > MAX_UNROLL:
@@ -191,7 +177,7 @@ def _unroll_scan(eqn: Any, invals: list[Any], on_attend: AttendHook, counter: _C
     ys_at: dict[int, list[Any]] = {}
     for i in (reversed(range(length)) if p["reverse"] else range(length)):
         x_i = [lax.index_in_dim(x, i, 0, keepdims=False) for x in xs]
-        outs = eval_jaxpr(body, [*consts, *carry, *x_i], on_attend, counter)
+        outs = interp.eval_jaxpr(body, [*consts, *carry, *x_i])
         carry, ys_at[i] = outs[:n_carry], outs[n_carry:]
     y_avals = eqn.outvars[n_carry:]
     if length == 0:
@@ -213,7 +199,8 @@ def _scan_counts(params: dict[str, Any]) -> tuple[int, int]:
 def bind_attend(index: int, eqn: Any, invals: list[Any]) -> Any:
     """The identity hook: attention stays the library's primitive."""
     del index
-    return eqn.primitive.bind(*invals, **eqn.params)
+    (out,) = bind_eqn(eqn, invals)
+    return out
 
 
 def flatten(closed: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
