@@ -10,8 +10,10 @@ update's temporaries. The low-rank path needs none of them: the base ``W`` is fr
 product needs no gradient), and ``dA``, ``dB`` come from ``[tokens, rank]`` intermediates.
 
 How, for any model: :func:`lora_call` traces ``fn(leaves, *args)`` to a jaxpr (once, when the
-enclosing program is traced) and evaluates it with the frozen base leaves, rewriting each
-``dot_general`` whose right operand is a target (directly or through dtype conversions) and
+enclosing program is traced) and evaluates it with the frozen base leaves through the tracer's
+one interpreter (:mod:`jaxrl_sym.tracer.interpret`), LoRA being two rules beside the primitives
+it changes, as JAX keeps a derivative rule beside each primitive. The rule for ``dot_general``
+rewrites each one whose right operand is a target (directly or through dtype conversions) and
 contracts the kernel's input axis with no batch axes — what ``nnx.Linear`` and every ``x @ W``
 emit. Any other use of a target (a transpose, a sub-program, a left operand) gets the merged
 weight, formed right there as ``merged_leaves`` forms it, so the result is always the merged
@@ -27,8 +29,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.extend import core as jcore
+from jax.extend.core.primitives import convert_element_type_p, dot_general_p
 
+from jaxrl_sym.tracer.interpret import Interpreter, NotHandled, bind_eqn
 from jaxrl_sym.weights.lora import Adapter, LoraPlan
 
 __all__ = ["lora_call"]
@@ -44,8 +47,11 @@ def lora_call(fn: Callable[..., Any], plan: LoraPlan, dtype: Any = None
     def call(base_leaves: Sequence[Any], adapters: Sequence[Adapter], *args: Any) -> Any:
         leaves = [_cast(x, dtype) for x in base_leaves]
         closed, shape = jax.make_jaxpr(fn, return_shape=True)(leaves, *args)
-        flat_args = jax.tree_util.tree_leaves(args)
-        out = _eval(closed, plan, leaves, list(base_leaves), adapters, flat_args, dtype)
+        interp, concrete = _interpreter(plan, list(base_leaves), adapters, dtype)
+        which = {idx: k for k, idx in enumerate(plan.indices)}
+        ins = [_Target(which[i], x.dtype, x) if i in which else x for i, x in enumerate(leaves)]
+        out = interp.eval_jaxpr(closed, [*ins, *jax.tree_util.tree_leaves(args)])
+        out = [concrete(x) for x in out]
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), out)
 
     return call
@@ -57,72 +63,54 @@ def _cast(x: Any, dtype: Any) -> Any:
 
 
 class _Target:
-    """A value that is target ``k``'s kernel, converted to ``dtype``: what a use reads."""
+    """A value that is target ``k``'s kernel converted to ``dtype``: what the interpreter's
+    environment holds for it, so the rules can tell a kernel product from any other use."""
 
-    def __init__(self, k: int, dtype: Any) -> None:
-        self.k, self.dtype = k, dtype
+    def __init__(self, k: int, dtype: Any, value: Any) -> None:
+        self.k, self.dtype, self.value = k, dtype, value
 
 
-def _eval(closed: jcore.ClosedJaxpr, plan: LoraPlan, leaves: list[Any], base: list[Any],
-          adapters: Sequence[Adapter], args: list[Any], dtype: Any) -> list[Any]:
-    jaxpr = closed.jaxpr
-    env: dict[Any, Any] = {}
-    target: dict[Any, _Target] = {}
-    which = {idx: k for k, idx in enumerate(plan.indices)}
+def _interpreter(plan: LoraPlan, base: list[Any], adapters: Sequence[Adapter], dtype: Any
+                 ) -> tuple[Interpreter, Callable[[Any], Any]]:
+    """The one interpreter (:mod:`jaxrl_sym.tracer.interpret`) with LoRA's rules beside
+    ``convert_element_type`` (a re-typed target stays a target) and ``dot_general`` (a kernel
+    product gets the low-rank term), and a default that gives every other use the merged
+    weight; with the function that merges a value if it is a target."""
     merged: dict[tuple[int, Any], Any] = {}
 
-    def merged_weight(t: _Target) -> Any:
+    def concrete(x: Any) -> Any:
         """The merged kernel in the use's dtype, as ``merged_leaves`` forms it (once per use
-        dtype: a target read by a transpose or a sub-program)."""
-        key = (t.k, jnp.dtype(t.dtype))
+        dtype: a target read by a transpose or a sub-program); any other value as it is."""
+        if not isinstance(x, _Target):
+            return x
+        key = (x.k, jnp.dtype(x.dtype))
         if key not in merged:
-            w, ad = base[plan.indices[t.k]], adapters[t.k]
+            w, ad = base[plan.indices[x.k]], adapters[x.k]
             delta = jnp.matmul(ad["a"].astype(jnp.float32), ad["b"].astype(jnp.float32),
                                precision=lax.Precision.HIGHEST)
             m = (w.astype(jnp.float32) + plan.scale * delta).astype(dtype or w.dtype)
-            merged[key] = m.astype(t.dtype)
+            merged[key] = m.astype(x.dtype)
         return merged[key]
 
-    def read(v: Any) -> Any:
-        if isinstance(v, jcore.Literal):
-            return v.val
-        return merged_weight(target[v]) if v in target else env[v]
+    def convert(eqn: Any, invals: list[Any], interp: Interpreter) -> Any:
+        (t,) = invals
+        if not isinstance(t, _Target):
+            return NotHandled
+        new = eqn.params["new_dtype"]
+        return [_Target(t.k, new, lax.convert_element_type(t.value, new))]
 
-    for v, c in zip(jaxpr.constvars, closed.consts, strict=True):
-        env[v] = c
-    invars = jaxpr.invars
-    for i, v in enumerate(invars[:len(leaves)]):
-        env[v] = leaves[i]
-        if i in which:
-            target[v] = _Target(which[i], leaves[i].dtype)
-    for v, x in zip(invars[len(leaves):], args, strict=True):
-        env[v] = x
-    for eqn in jaxpr.eqns:
-        outs = _eqn(eqn, env, target, read, plan, adapters)
-        if outs is None:
-            continue
-        for v, x in zip(eqn.outvars, outs, strict=True):
-            env[v] = x
-    return [read(v) for v in jaxpr.outvars]
+    def dot(eqn: Any, invals: list[Any], interp: Interpreter) -> Any:
+        x, t = invals
+        if not (isinstance(t, _Target) and _kernel_product(eqn)):
+            return NotHandled
+        return [_low_rank_product(eqn, concrete(x), t.value, adapters[t.k], plan.scale,
+                                  t.dtype)]
 
+    def other(eqn: Any, invals: list[Any], interp: Interpreter) -> list[Any]:
+        return bind_eqn(eqn, [concrete(x) for x in invals])
 
-def _eqn(eqn: Any, env: dict[Any, Any], target: dict[Any, _Target], read: Callable[[Any], Any],
-         plan: LoraPlan, adapters: Sequence[Adapter]) -> list[Any] | None:
-    """Evaluate one equation; None when it only re-typed a target (recorded, not computed)."""
-    name = eqn.primitive.name
-    ins = eqn.invars
-    if name == "convert_element_type" and ins[0] in target:
-        target[eqn.outvars[0]] = _Target(target[ins[0]].k, eqn.params["new_dtype"])
-        env[eqn.outvars[0]] = lax.convert_element_type(env[ins[0]], eqn.params["new_dtype"])
-        return None
-    if name == "dot_general" and ins[1] in target and _kernel_product(eqn):
-        t = target[ins[1]]
-        x, w = read(ins[0]), env[ins[1]]
-        return [_low_rank_product(eqn, x, w, adapters[t.k], plan.scale, t.dtype)]
-    params = eqn.primitive.get_bind_params(eqn.params)  # as jax.core.eval_jaxpr binds
-    with eqn.ctx.manager:
-        ans = eqn.primitive.bind(*[read(v) for v in ins], **params)
-    return list(ans) if eqn.primitive.multiple_results else [ans]
+    rules = {convert_element_type_p: convert, dot_general_p: dot}
+    return Interpreter(rules, default=other), concrete
 
 
 def _kernel_product(eqn: Any) -> bool:
