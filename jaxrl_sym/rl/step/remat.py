@@ -12,8 +12,10 @@ How, for any contract model: a model's only sequence mixing is ``attend``, so it
 (after the LoRA rewrite, :mod:`jaxrl_sym.weights.lora_apply`, whatever system built it: the
 symbolic runtime's PDG interpreter or the padded model itself) is a chain of position-wise
 segments joined by attention calls. :func:`remat_between_attention` traces the function to a
-jaxpr, cuts it at every attention equation, and evaluates each segment between two cuts under
-``jax.checkpoint``: the backward keeps only what crosses a cut (the residual stream, the next
+jaxpr, cuts it at every attention equation (:func:`segments`), and has the tracer's one
+interpreter (:mod:`jaxrl_sym.tracer.interpret`) evaluate each segment between two cuts as its own
+function under ``jax.checkpoint`` — a run of equations with a transformation, not another walk
+over the jaxpr: the backward keeps only what crosses a cut (the residual stream, the next
 attention's q/k/v — which attention's own rule keeps anyway — and the weights, which are alive
 regardless) and recomputes the rest of the segment, one segment at a time, because a segment's
 recomputation sits inside its own transposed checkpoint. Equations that manage their own
@@ -33,9 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax.extend import core as jcore
 
 from jaxrl_sym.ops.attention import attention_p
+from jaxrl_sym.tracer.interpret import Interpreter
 
 __all__ = ["remat_between_attention", "segments"]
 
@@ -69,67 +71,9 @@ def remat_between_attention(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     def call(*args: Any) -> Any:
         closed, shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-        out = _run(closed, jax.tree_util.tree_leaves(args))
+        runs = [(a, b, jax.checkpoint if remat else None)
+                for a, b, remat in segments(closed.jaxpr.eqns)]
+        out = Interpreter().eval_jaxpr(closed, jax.tree_util.tree_leaves(args), runs=runs)
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shape), out)
 
     return call
-
-
-def _run(closed: jcore.ClosedJaxpr, flat_args: list[Any]) -> list[Any]:
-    jaxpr = closed.jaxpr
-    env: dict[Any, Any] = dict(zip(jaxpr.constvars, closed.consts, strict=True))
-    env.update(zip(jaxpr.invars, flat_args, strict=True))
-    eqns = jaxpr.eqns
-    last = _last_reads(eqns, jaxpr.outvars)
-    for start, stop, remat in segments(eqns):
-        seg = eqns[start:stop]
-        ins, outs = _boundary(seg, last, stop)
-        run = _segment_fn(seg, ins, outs)
-        results = (jax.checkpoint(run) if remat else run)(*[env[v] for v in ins])
-        env.update(zip(outs, results, strict=True))
-    return [v.val if isinstance(v, jcore.Literal) else env[v] for v in jaxpr.outvars]
-
-
-def _last_reads(eqns: Sequence[Any], outvars: Sequence[Any]) -> dict[Any, int]:
-    """Each variable's last reader: an equation's index, ``len(eqns)`` if returned."""
-    last: dict[Any, int] = {}
-    for i, eqn in enumerate(eqns):
-        for v in eqn.invars:
-            if not isinstance(v, jcore.Literal):
-                last[v] = i
-    for v in outvars:
-        if not isinstance(v, jcore.Literal):
-            last[v] = len(eqns)
-    return last
-
-
-def _boundary(seg: Sequence[Any], last: dict[Any, int], stop: int
-              ) -> tuple[list[Any], list[Any]]:
-    """(variables the segment reads from before it, variables it defines that are read at or
-    after ``stop``), each in first-use order."""
-    defined = {v for eqn in seg for v in eqn.outvars}
-    ins: dict[Any, None] = {}
-    for eqn in seg:
-        for v in eqn.invars:
-            if not isinstance(v, jcore.Literal) and v not in defined:
-                ins.setdefault(v)
-    outs = [v for eqn in seg for v in eqn.outvars if last.get(v, -1) >= stop]
-    return list(ins), outs
-
-
-def _segment_fn(seg: Sequence[Any], ins: list[Any], outs: list[Any]) -> Callable[..., list[Any]]:
-    """The segment's equations as a function of its inputs, bound as ``jax.core.eval_jaxpr``
-    binds them."""
-
-    def run(*xs: Any) -> list[Any]:
-        local = dict(zip(ins, xs, strict=True))
-        read = lambda v: v.val if isinstance(v, jcore.Literal) else local[v]
-        for eqn in seg:
-            params = eqn.primitive.get_bind_params(eqn.params)
-            with eqn.ctx.manager:
-                ans = eqn.primitive.bind(*[read(v) for v in eqn.invars], **params)
-            local.update(zip(eqn.outvars, ans if eqn.primitive.multiple_results else [ans],
-                             strict=True))
-        return [local[v] for v in outs]
-
-    return run
