@@ -103,8 +103,8 @@ class SymBound(TrainBound):
 
     def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
         """The engine prices its own options (refill, microbatch rows, capacities,
-        speculation's larger stores)."""
-        return self.lm.estimate(prompt_lens, cfg)
+        speculation's larger stores), labelled with this system's name (``sym-xla``...)."""
+        return dataclasses.replace(self.lm.estimate(prompt_lens, cfg), system=self.name)
 
     def ledger(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig, *,
                compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:

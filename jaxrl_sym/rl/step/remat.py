@@ -1,10 +1,9 @@
 """Recompute each layer in the update's backward: ``jax.checkpoint`` between attention calls.
 
 Why: the update's gradient program keeps, for the backward, every activation of every layer —
-at Qwen2.5-0.5B's shape that is mostly the MLP's ``[tokens, 4864]`` intermediates, ~91 MB per
-layer per 1,280 token slots in bf16 (XLA's buffer assignment, compiled on the CPU), 2.2 GB over
-24 layers: the largest term of the projected RL-step peak once attention recomputes its scores
-(``bench/results/projection.md``). Gradient checkpointing is what every trainer offers for this
+at Qwen2.5-0.5B's shape mostly the MLP's ``[tokens, 4864]`` intermediates, the largest term of
+the projected RL-step peak once attention recomputes its scores (XLA's buffer assignment:
+``bench/results/projection.md``). Gradient checkpointing is what every trainer offers for this
 (TRL's ``gradient_checkpointing``, verl's ``enable_gradient_checkpointing``, MaxText's
 ``remat_policy``): keep each layer's input, recompute the layer in the backward.
 
@@ -21,9 +20,10 @@ regardless) and recomputes the rest of the segment, one segment at a time, becau
 recomputation sits inside its own transposed checkpoint. Equations that manage their own
 backward stay outside any segment: attention (its rule recomputes the scores from q/k/v),
 custom-VJP calls (the Triton kernels, the head's product) and loops (the chunked log-prob scan
-rematerialises its body already). Measured on the CPU (``tests/test_remat.py`` checks the
-numbers; the projection reports the peak): the gradient program's per-layer temporaries fall
-from ~91 MB to ~7.5 MB at 1,280 slots of Qwen2.5's width, for ~27% more update flops.
+rematerialises its body already). The gradient program's per-layer temporaries fall by an
+order of magnitude for about a quarter more update flops (``tests/test_remat.py`` checks the
+fall on XLA's own buffer assignment; the numbers at Qwen2.5's width are in
+``bench/results/projection.md``).
 
 The values are the same computation in the same order (only when they are computed differs), so
 losses and gradients equal the function's own to float rounding.
