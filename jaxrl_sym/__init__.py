@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from jaxrl_sym.rl.run.train import train
     from jaxrl_sym.runtime.engine import SymbolicLM
     from jaxrl_sym.runtime.options import EngineOptions, Speculation
-    from jaxrl_sym.runtime.speculative import SpeculativeLM
+    from jaxrl_sym.runtime.speculative.lm import SpeculativeLM
 
 _HOME = {
     **dict.fromkeys(("InputError", "NonCausalMixingError", "PatternError", "SymbolError",
@@ -57,7 +57,7 @@ _HOME = {
     **dict.fromkeys(("export_pretrained", "load_pretrained"), "jaxrl_sym.models.hf"),
     "SymbolicLM": "jaxrl_sym.runtime.engine",
     **dict.fromkeys(("EngineOptions", "Speculation"), "jaxrl_sym.runtime.options"),
-    "SpeculativeLM": "jaxrl_sym.runtime.speculative",
+    "SpeculativeLM": "jaxrl_sym.runtime.speculative.lm",
     "padded_generate": "jaxrl_sym.baselines.padded",
     **dict.fromkeys(("PartialConfig", "RLConfig", "RLTrainer", "SamplingConfig", "get_task"),
                     "jaxrl_sym.rl"),

@@ -6,7 +6,7 @@ compares every baseline's tokens and logits against sym's and ends with one verd
 
 Every flag is checked before JAX is imported (this module and its top imports are JAX-free),
 so a bad flag fails in under a second with its name. Then each system's memory is estimated from
-shapes (:mod:`jaxrl_sym.runtime.estimate`, in a child process) and a system that cannot fit
+shapes (:mod:`jaxrl_sym.runtime.memory.estimate`, in a child process) and a system that cannot fit
 (``--memory-limit``, else the GPU's or the host's memory) is skipped with the estimate's
 breakdown, instead of dying with ``RESOURCE_EXHAUSTED`` minutes into its run.
 """
@@ -307,7 +307,7 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
                             for s, e in memory["systems"].items()}}  # nothing fits: no work
     with tempfile.TemporaryDirectory() as tmp:
         for k, s in enumerate(names, 1):
-            # Peers have no shape estimate (jaxrl_sym.runtime.estimate knows our systems only).
+            # Peers have no shape estimate (runtime.memory.estimate knows our systems only).
             refused = memory["systems"][s]["refused"] if memory and s in memory["systems"] \
                 else None
             if refused and not args.no_memory_check:
@@ -360,7 +360,7 @@ def memory_check(args: argparse.Namespace, names: list[str]) -> dict[str, Any] |
 
     Why a child: the estimate imports JAX and traces the model; doing that here would make this
     parent hold a device context (and, on a GPU, memory) beside every measured system. Returns
-    :func:`jaxrl_sym.runtime.estimate.check_request`'s result, or None (with a warning on
+    :func:`jaxrl_sym.runtime.memory.estimate.check_request`'s result, or None (with a warning on
     stderr) when the estimate itself failed — the systems then run and report their own errors.
     """
     ours = [s for s in names if not systems.get(s).capabilities.peer]  # no shape estimate

@@ -220,7 +220,7 @@ def estimate_child(argv: list[str]) -> int:
     import jax
 
     from jaxrl_sym.generation import GenerationConfig
-    from jaxrl_sym.runtime.estimate import check_request
+    from jaxrl_sym.runtime.memory.estimate import check_request
 
     spec_path, out = argv
     with open(spec_path) as f:

@@ -263,7 +263,7 @@ def _check_memory(bound: Any, prompt_lens: list[int], gcfg: Any) -> None:
     """The system's estimate for this request against the device's (or host's) memory, before
     anything is allocated: a padded MAX_LEN cache of a billion tokens used to die in XLA with a
     64 GB RESOURCE_EXHAUSTED traceback, and sym ran without a word."""
-    from jaxrl_sym.runtime.estimate import check_request
+    from jaxrl_sym.runtime.memory.estimate import check_request
 
     est = bound.estimate(prompt_lens, gcfg)
     if est is not None:

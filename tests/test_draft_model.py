@@ -24,7 +24,7 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
-from jaxrl_sym.runtime.speculative import SpeculativeLM
+from jaxrl_sym.runtime.speculative.lm import SpeculativeLM
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_speculative import assert_logprobs_are_the_targets

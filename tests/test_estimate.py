@@ -25,7 +25,7 @@ from zoo import GemmaishConfig, GemmaishLM, GPT2Like, GPTConfig, ScanLM, Stacked
 from jaxrl_sym import systems
 from jaxrl_sym.cli import main, parse_bytes
 from jaxrl_sym.generation import GenerationConfig
-from jaxrl_sym.runtime.estimate import (
+from jaxrl_sym.runtime.memory.estimate import (
     AttendCall,
     Estimate,
     _kv_cache_bytes,

@@ -181,3 +181,11 @@ def test_each_trainable_system_keeps_both_halves_in_its_module() -> None:
         assert spec.trainer is not None
         assert spec.trainer.partition(":")[0] == spec.binder.partition(":")[0], spec
 
+
+
+def test_no_folder_holds_more_than_fifteen_modules() -> None:
+    """A room a newcomer can read the names of at a glance (issue 49: ~15 modules a folder)."""
+    big = {str(d.relative_to(PKG.parent)): n for d in [PKG, *PKG.rglob("*/")]
+           if d.is_dir() and "__pycache__" not in d.parts
+           and (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 15}
+    assert not big, f"folders over 15 modules: {big}"

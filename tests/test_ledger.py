@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxrl_sym.runtime.ledger import KINDS, Buffer, Ledger, Moment, ProgramSize, tree_nbytes
+from jaxrl_sym.runtime.memory.ledger import KINDS, Buffer, Ledger, Moment, ProgramSize, tree_nbytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ def test_sym_generation_ledger_follows_the_engine() -> None:
     largest moment, counted as the engine's own meter counts, is the meter's peak of a real
     generation; the dispatches and decode steps are what the engine ran."""
     from jaxrl_sym import SymbolicLM
-    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+    from jaxrl_sym.runtime.memory.ledger_generation import sym_ledger
 
     model, prompts, cfg = _request()
     lm = SymbolicLM(model)
@@ -131,7 +131,7 @@ def test_the_ledgers_stores_are_the_bytes_their_shapes_hold() -> None:
     import re
 
     from jaxrl_sym import SymbolicLM
-    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+    from jaxrl_sym.runtime.memory.ledger_generation import sym_ledger
 
     model, prompts, cfg = _request()
     c = model.cfg
@@ -156,10 +156,10 @@ def test_reference_chunks_join_generation_only_after_rows_finished() -> None:
     moments after the overlap's first chunk can exist (``chunk_waits_for`` rows finished);
     an estimate (every row to its limit) gets them at its one moment."""
     from jaxrl_sym.rl.step.ledger import _generation_moment
+    from jaxrl_sym.runtime.memory.estimate import Estimate
+    from jaxrl_sym.runtime.memory.ledger import Buffer, Ledger, moment
+    from jaxrl_sym.runtime.memory.ledger_generation import WEIGHTS, GenerationLedger
     from jaxrl_sym.systems.overlap import OVERLAP_ROWS, chunk_waits_for
-    from jaxrl_sym.runtime.estimate import Estimate
-    from jaxrl_sym.runtime.ledger import Buffer, Ledger, moment
-    from jaxrl_sym.runtime.ledger_generation import WEIGHTS, GenerationLedger
 
     held = [Buffer("state", "weights", 100)]
     chunks = [Buffer("chunk 1", "program_temp", 30), Buffer("chunk 2", "program_temp", 30)]

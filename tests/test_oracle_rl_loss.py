@@ -36,9 +36,9 @@ from hypothesis import strategies as st
 
 from jaxrl_sym.rl.algorithms.losses import rl_loss
 from jaxrl_sym.rl.config import RLConfig
-from jaxrl_sym.systems.layout import packed_layout, padded_layout, shared_prefix_layout
 from jaxrl_sym.rl.step.rollout import Rollout
 from jaxrl_sym.rl.step.stages import loss_arrays
+from jaxrl_sym.systems.layout import packed_layout, padded_layout, shared_prefix_layout
 
 VOCAB = 5
 SHAPE = (16, 128)

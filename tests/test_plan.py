@@ -19,7 +19,7 @@ from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import Compaction, Tiling
-from jaxrl_sym.runtime.speculative import SpeculativeLM
+from jaxrl_sym.runtime.speculative.lm import SpeculativeLM
 from jaxrl_sym.tracer.trace import trace_model
 
 

@@ -39,7 +39,7 @@ from jaxrl_sym.ops.attention import (
 )
 from jaxrl_sym.ops.attention_blocks import attend_in_query_blocks
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.ledger_generation import sym_ledger
+from jaxrl_sym.runtime.memory.ledger_generation import sym_ledger
 from jaxrl_sym.runtime.metrics import executable_temp_bytes
 from jaxrl_sym.runtime.options import EngineOptions
 

@@ -104,7 +104,7 @@ def test_public_face_imports_no_jax() -> None:
 
 # Upward imports the README's layout names as exceptions (importer, imported), and folders the
 # import graph does not cover (tests import everything).
-LAYOUT_EXCEPTIONS = {("jaxrl_sym/runtime/estimate.py", "jaxrl_sym/models/traced.py")}
+LAYOUT_EXCEPTIONS = {("jaxrl_sym/runtime/memory/estimate.py", "jaxrl_sym/models/traced.py")}
 NOT_IN_GRAPH = ("tests/", "scripts/")
 
 

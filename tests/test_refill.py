@@ -155,7 +155,7 @@ def test_refill_settings_are_refused_by_name() -> None:
     with pytest.raises(InputError, match="refill_min_free=0"):
         EngineOptions(refill=True, refill_min_free=0)
     with pytest.raises(InputError, match="drop speculation or refill"):
-        from jaxrl_sym.runtime.speculative import SpeculativeLM
+        from jaxrl_sym.runtime.speculative.lm import SpeculativeLM
 
         SpeculativeLM(model("gemmaish"), EngineOptions(refill=True, microbatch_rows=2),
                       speculation=Speculation(2))

@@ -261,7 +261,7 @@ def test_the_update_writes_the_new_state_into_the_old_one() -> None:
     """No second copy of parameters and Adam state while the update runs: XLA aliases every
     state output to its donated input (only the step's scalars are fresh outputs); the apply
     holds no copy of the gradients either."""
-    from jaxrl_sym.runtime.ledger import ProgramSize, tree_nbytes
+    from jaxrl_sym.runtime.memory.ledger import ProgramSize, tree_nbytes
 
     trainer, _, rollout, rewards = setup()
     layout, arrays = trainer.prepare(rollout, rewards, "sym")

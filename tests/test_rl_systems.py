@@ -14,12 +14,12 @@ from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
-from jaxrl_sym.systems.padded import PaddedSystem
-from jaxrl_sym.systems.sym import SymSystem
-from jaxrl_sym.systems.trainable import trainable
 from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.systems import registry
+from jaxrl_sym.systems.padded import PaddedSystem
+from jaxrl_sym.systems.sym import SymSystem
+from jaxrl_sym.systems.trainable import trainable
 
 TASK = get_task("reverse", max_digits=2)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)

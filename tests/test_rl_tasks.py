@@ -14,7 +14,6 @@ from jaxrl_sym.rl.algorithms.advantages import (
     token_weights,
     whiten,
 )
-from jaxrl_sym.systems.layout import packed_layout, padded_layout
 from jaxrl_sym.rl.tasks.token_tasks import (
     BOS,
     EOS,
@@ -24,6 +23,7 @@ from jaxrl_sym.rl.tasks.token_tasks import (
     VOCAB_SIZE,
     partial_credit,
 )
+from jaxrl_sym.systems.layout import packed_layout, padded_layout
 
 
 @pytest.mark.parametrize("name", TASK_NAMES)

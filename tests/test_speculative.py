@@ -1,4 +1,4 @@
-"""Speculative decoding (runtime/speculative.py) against plain decoding and the target's law.
+"""Speculative decoding (runtime/speculative/lm.py) against plain decoding and the target's law.
 
 Oracles: plain greedy decoding of the same engine kind (tokens equal, log-probs within 1e-5);
 the target's full forward (log-probs of sampled tokens); an exact chi-square test of the
@@ -28,8 +28,8 @@ from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.ops.attention import Block, Causal, Linear, Window
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
-from jaxrl_sym.runtime.speculative import SpeculativeLM, choose_k
-from jaxrl_sym.speculation import SpecLog, accept, device_ngram_draft, ngram_draft
+from jaxrl_sym.runtime.speculative.lm import SpeculativeLM, choose_k
+from jaxrl_sym.runtime.speculative.rules import SpecLog, accept, device_ngram_draft, ngram_draft
 
 sys.path.insert(0, str(Path(__file__).parent))
 from zoo import GemmaishConfig, GemmaishLM

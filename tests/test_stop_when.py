@@ -19,7 +19,7 @@ from zoo import zoo
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import Speculation
-from jaxrl_sym.runtime.speculative import SpeculativeLM
+from jaxrl_sym.runtime.speculative.lm import SpeculativeLM
 
 LIMITS = (3, 5, 9, 17, 30, 40)  # rows end tiles apart (decode tiles of 8 steps)
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.lm import DecoderLM, preset
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.ledger_generation import sym_ledger
+from jaxrl_sym.runtime.memory.ledger_generation import sym_ledger
 
 
 def _decode_temps(lm: SymbolicLM, prompts: list[np.ndarray], new: int,

@@ -88,7 +88,7 @@ def _model(args: argparse.Namespace) -> tuple[Any, Any, list[Any], list[int]]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every system's dispatch ledger, floor and projected seconds at ``args``."""
     from bench.lib.projection import decode_bytes, devices, dispatch_ledger
-    from jaxrl_sym.runtime.ledger import tree_nbytes
+    from jaxrl_sym.runtime.memory.ledger import tree_nbytes
 
     dev = devices()[args.device]
     model, state, prompts, limits = _model(args)

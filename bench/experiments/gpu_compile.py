@@ -75,7 +75,7 @@ def sym_generation(args: argparse.Namespace) -> dict[str, Any]:
     the peak moment with its named buffers."""
     import jax
 
-    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+    from jaxrl_sym.runtime.memory.ledger_generation import sym_ledger
     from jaxrl_sym.runtime.options import EngineOptions
     from jaxrl_sym.runtime.plan import compile_generation
     from jaxrl_sym.tracer.trace import trace_model

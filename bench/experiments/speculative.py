@@ -51,7 +51,7 @@ def systems(model: Any, ks: list[int], drafts: list[str] = (), tunix: bool = Fal
     on what acceptance alone buys). ``tunix``: Tunix's sampler, plain, as the peer row."""
     from jaxrl_sym import systems as registry
     from jaxrl_sym.decode_run import check_vocab, draft_model
-    from jaxrl_sym.runtime.speculative import SpeculativeLM
+    from jaxrl_sym.runtime.speculative.lm import SpeculativeLM
 
     def bound(name: str, **options: Any) -> Any:
         return registry.get(name).bind(model, registry.BindOptions(**options)).generate

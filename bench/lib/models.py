@@ -1,12 +1,12 @@
 """Models the memory benchmarks run besides the suite's DecoderLM presets: two of the test zoo's
 (no DecoderLM code) and a Hugging Face checkpoint read by the loader.
 
-Why: the ledger (``jaxrl_sym.runtime.ledger``, ``jaxrl_sym.rl.step.ledger``) must explain what a
-step holds on models it was not written around (issue 27: one HF checkpoint fixture and two
-non-DecoderLM zoo models), so ``python -m bench project --model NAME`` (the RL step) and
-``--workload decode --runs NAME:ATTENTION=N`` (generation) take these names. Each is scaled up
-from its test-sized config so that a step's transient bytes (tens of MB) stand well above the
-noise of a process's RSS.
+Why: the ledger (``jaxrl_sym.runtime.memory.ledger``, ``jaxrl_sym.rl.step.ledger``) must
+explain what a step holds on models it was not written around (issue 27: one HF checkpoint
+fixture and two non-DecoderLM zoo models), so ``python -m bench project --model NAME`` (the RL
+step) and ``--workload decode --runs NAME:ATTENTION=N`` (generation) take these names. Each is
+scaled up from its test-sized config so that a step's transient bytes (tens of MB) stand well
+above the noise of a process's RSS.
 
 - ``zoo-gpt2``: the zoo's GPT-2-like model (learned positions, LayerNorm with bias, fused QKV),
   full attention.

@@ -1,7 +1,7 @@
 """The padded baseline's generation ledger: its one program per call, compiled — never run — at
 the request's shapes (``python -m bench project --workload decode``).
 
-Why here and not beside sym's (:mod:`jaxrl_sym.runtime.ledger_generation`): the baselines sit
+Why here and not beside sym's (:mod:`jaxrl_sym.runtime.memory.ledger_generation`): the baselines sit
 below the runtime, and the program is :func:`~jaxrl_sym.baselines.padded.padded_program`, the one
 ``padded_generate`` runs. Its moment holds the weights, the left-padded inputs, the program's
 outputs (the MAX_LEN caches are outputs: the program allocates them) and XLA's temporaries.
@@ -21,8 +21,8 @@ from flax import nnx
 
 from jaxrl_sym.baselines.padded import left_pad_prompts, padded_program
 from jaxrl_sym.generation import GenerationConfig
-from jaxrl_sym.runtime.ledger import Buffer, Ledger, ProgramSize, moment, tree_nbytes
-from jaxrl_sym.runtime.ledger_generation import WEIGHTS, GenerationLedger, ProgramRun
+from jaxrl_sym.runtime.memory.ledger import Buffer, Ledger, ProgramSize, moment, tree_nbytes
+from jaxrl_sym.runtime.memory.ledger_generation import WEIGHTS, GenerationLedger, ProgramRun
 from jaxrl_sym.runtime.programs import Build
 
 __all__ = ["padded_ledger"]

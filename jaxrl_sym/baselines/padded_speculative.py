@@ -4,8 +4,8 @@ What a padded JAX stack does to speculate: prompts left-padded to P, every atten
 cache preallocated at ``MAX_LEN = P + N + K`` slots, one compiled prefill program and one
 compiled verify program at ``[B, K+1]``. Every row runs every verify until the last row ends
 (finished rows keep computing, masked), and every query attends over all MAX_LEN slots. The
-draft (:func:`~jaxrl_sym.speculation.ngram_draft`) and the acceptance rule
-(:func:`~jaxrl_sym.speculation.accept`) are the symbolic runtime's, so with the same
+draft (:func:`~jaxrl_sym.runtime.speculative.rules.ngram_draft`) and the acceptance rule
+(:func:`~jaxrl_sym.runtime.speculative.rules.accept`) are the symbolic runtime's, so with the same
 seed both systems keep the same drafts; greedy output equals plain padded decoding.
 
 Rows accept different numbers of drafts, so a row's write offset is its own:
@@ -36,7 +36,7 @@ from jaxrl_sym.runtime.metrics import (
     executable_temp_bytes,
     tree_bytes,
 )
-from jaxrl_sym.speculation import SpecLog, accept, ngram_draft
+from jaxrl_sym.runtime.speculative.rules import SpecLog, accept, ngram_draft
 
 
 @jax.tree_util.register_dataclass

@@ -235,7 +235,7 @@ class StoreKind:
 
     def speculative_capacity(self, spec: StoreSpec, k: int) -> int | None:
         """The planned size when verify steps write ``k + 1`` entries per row (speculative
-        decoding, :mod:`jaxrl_sym.runtime.speculative`): unchanged for stores that keep every
+        decoding, :mod:`jaxrl_sym.runtime.speculative.lm`): unchanged for stores that keep every
         key; a kind that evicts or folds keys says what it needs, or refuses."""
         return spec.capacity
 

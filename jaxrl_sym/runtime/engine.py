@@ -26,9 +26,9 @@ from jaxrl_sym.generation import (
 )
 from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.passes.stores import StoreSpec
-from jaxrl_sym.runtime.estimate import Estimate, plan_estimate
 from jaxrl_sym.runtime.group import DecodeGroup
-from jaxrl_sym.runtime.ledger_generation import GenerationLedger, sym_ledger
+from jaxrl_sym.runtime.memory.estimate import Estimate, plan_estimate
+from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger, sym_ledger
 from jaxrl_sym.runtime.metrics import (
     CompileCounter,
     MemoryMeter,
@@ -139,7 +139,7 @@ class SymbolicLM:
 
     def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
         """The bytes this engine, with its own options (refill, microbatches, capacities), will
-        hold for these prompts (:func:`~jaxrl_sym.runtime.estimate.plan_estimate`, sized at
+        hold for these prompts (:func:`~jaxrl_sym.runtime.memory.estimate.plan_estimate`, sized at
         the longest prompt and limit); compiles and runs nothing."""
         limits = row_limits(cfg, len(prompt_lens))
         weights = tree_bytes(self.leaves) if self.leaves is not None else 0
@@ -150,7 +150,7 @@ class SymbolicLM:
                compiler: Callable[[Any], Any] | None = None) -> GenerationLedger | None:
         """This engine's generation of ``prompts`` walked dispatch by dispatch with its own
         programs compiled — never run — by ``compiler(build)`` (None: for this machine):
-        :func:`~jaxrl_sym.runtime.ledger_generation.sym_ledger` (with refill: its
+        :func:`~jaxrl_sym.runtime.memory.ledger_generation.sym_ledger` (with refill: its
         representative moments)."""
         return sym_ledger(self.plan, self.leaves, prompts, cfg, compiler=compiler)
 

@@ -278,7 +278,7 @@ class Speculation:
     larger (:meth:`StoreKind.speculative_capacity`), a recurrent-state store is refused.
 
     k: the most draft tokens per verify (>= 1). adaptive: pick k per verify tile from
-    {1, 2, 4, …, k} (:func:`~jaxrl_sym.runtime.speculative.choose_k`); False: always k.
+    {1, 2, 4, …, k} (:func:`~jaxrl_sym.runtime.speculative.lm.choose_k`); False: always k.
     verify_tile: draft + verify steps per dispatch (one device→host sync per tile).
     """
 

@@ -18,8 +18,8 @@ from jaxrl_sym.runtime.metrics import WorkLog
 from jaxrl_sym.systems.spec import BindOptions, SystemSpec
 
 if TYPE_CHECKING:
-    from jaxrl_sym.runtime.estimate import Estimate
-    from jaxrl_sym.runtime.ledger_generation import GenerationLedger
+    from jaxrl_sym.runtime.memory.estimate import Estimate
+    from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger
 
 
 class BoundSystem:

@@ -23,8 +23,8 @@ from jaxrl_sym.baselines.padded_ledger import padded_ledger
 from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
-from jaxrl_sym.runtime.estimate import Estimate, estimate_padded
-from jaxrl_sym.runtime.ledger_generation import GenerationLedger
+from jaxrl_sym.runtime.memory.estimate import Estimate, estimate_padded
+from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger
 from jaxrl_sym.systems.bound import block_work, max_limit
 from jaxrl_sym.systems.forward import LogitsFn
 from jaxrl_sym.systems.layout import Layout, padded_layout

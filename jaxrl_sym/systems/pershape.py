@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxrl_sym.baselines.pershape import pershape_generate
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
-from jaxrl_sym.runtime.estimate import Estimate, estimate_pershape
+from jaxrl_sym.runtime.memory.estimate import Estimate, estimate_pershape
 from jaxrl_sym.systems.bound import BoundSystem, block_work, max_limit
 from jaxrl_sym.systems.spec import BindOptions, SystemSpec
 

@@ -1,11 +1,11 @@
 """``sym``: the symbolic runtime (:class:`~jaxrl_sym.runtime.engine.SymbolicLM`, or
-:class:`~jaxrl_sym.runtime.speculative.SpeculativeLM` when ``BindOptions.speculate`` > 0) as a
+:class:`~jaxrl_sym.runtime.speculative.lm.SpeculativeLM` when ``BindOptions.speculate`` > 0) as a
 system, both halves: :class:`SymBound` generates (the decode command, evaluation, an RL step's
 rollouts) and gives the RL step its layout and forward; :class:`SymSystem` is the RL half's
 value (packed layouts, the key of the step's programs). Variants ``sym-xla`` / ``sym-triton`` /
 ``sym-auto`` fix the kernels' backend.
 
-Its memory estimate is the runtime's own store plan (:func:`jaxrl_sym.runtime.estimate.
+Its memory estimate is the runtime's own store plan (:func:`jaxrl_sym.runtime.memory.estimate.
 estimate_sym`); its work is the host policy's replay (:func:`jaxrl_sym.runtime.policy.replay`)
 booked by cause exactly as the decode groups book it while they run.
 """
@@ -24,14 +24,14 @@ from flax import nnx
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, row_limits
 from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
-from jaxrl_sym.runtime.estimate import Estimate
 from jaxrl_sym.runtime.evaluate import constant_values, evaluate
-from jaxrl_sym.runtime.ledger_generation import GenerationLedger
+from jaxrl_sym.runtime.memory.estimate import Estimate
+from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger
 from jaxrl_sym.runtime.metrics import WorkLog
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.policy import Dispatch, GroupShape, replay
-from jaxrl_sym.runtime.speculative import DRAFTS, SpeculativeLM
+from jaxrl_sym.runtime.speculative.lm import DRAFTS, SpeculativeLM
 from jaxrl_sym.systems.bound import token_report
 from jaxrl_sym.systems.forward import FeaturesFn, LogitsFn
 from jaxrl_sym.systems.layout import Layout, packed_layout, shared_prefix_layout

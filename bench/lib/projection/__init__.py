@@ -108,7 +108,7 @@ def decode_bytes(model: Any, prompt_lens: list[int], limits: list[int],
                  weights: int) -> dict[str, int]:
     """What generation must read at least: the weights once per decode step (rows decode in
     lockstep until the longest ends) and each live row's K/V once per step it decodes."""
-    from jaxrl_sym.runtime.estimate import attend_calls
+    from jaxrl_sym.runtime.memory.estimate import attend_calls
 
     calls, _ = attend_calls(model)
     size = lambda dt: np.dtype(dt).itemsize

@@ -87,8 +87,8 @@ class ProgramCount:
 
 def program_count(run: Any, tree: tuple[thunks.Thunk, ...], check: int | None,
                   read_per_step: float | None = None) -> ProgramCount:
-    """``run`` (a :class:`~jaxrl_sym.runtime.ledger_generation.ProgramRun`) priced on its thunk
-    tree: a decode tile runs ``steps / check`` tested iterations over its calls.
+    """``run`` (a :class:`~jaxrl_sym.runtime.memory.ledger_generation.ProgramRun`) priced on its
+    thunk tree: a decode tile runs ``steps / check`` tested iterations over its calls.
     ``read_per_step``: what one step reads in the layout (None: XLA's cost analysis)."""
     fixed = thunks.count(tree, 0.0)
     per = thunks.count(tree, 1.0) + fixed * -1.0
@@ -187,8 +187,8 @@ def _sym_programs(model: Any, state: Any, prompts: list[np.ndarray], limits: lis
     import jax
 
     from jaxrl_sym.generation import GenerationConfig
-    from jaxrl_sym.runtime.ledger import tree_nbytes
-    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+    from jaxrl_sym.runtime.memory.ledger import tree_nbytes
+    from jaxrl_sym.runtime.memory.ledger_generation import sym_ledger
     from jaxrl_sym.runtime.options import EngineOptions
     from jaxrl_sym.runtime.plan import compile_generation
     from jaxrl_sym.tracer.trace import trace_model
@@ -249,8 +249,8 @@ def _padded_programs(model: Any, state: Any, prompts: list[np.ndarray], limits: 
     from jaxrl_sym.baselines.padded import left_pad_prompts
     from jaxrl_sym.baselines.padded_ledger import padded_ledger
     from jaxrl_sym.generation import GenerationConfig
-    from jaxrl_sym.runtime.estimate import attend_calls
-    from jaxrl_sym.runtime.ledger import tree_nbytes
+    from jaxrl_sym.runtime.memory.estimate import attend_calls
+    from jaxrl_sym.runtime.memory.ledger import tree_nbytes
 
     gcfg = GenerationConfig(max_new_tokens=tuple(int(n) for n in limits))
     led = padded_ledger(model, prompts, gcfg, compiler=rec)

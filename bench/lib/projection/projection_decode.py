@@ -1,5 +1,5 @@
 """``python -m bench project --workload decode``: a generation request's peak memory (a ledger of
-named buffers, :mod:`jaxrl_sym.runtime.ledger_generation`) and time, projected to a GPU from
+named buffers, :mod:`jaxrl_sym.runtime.memory.ledger_generation`) and time, projected to a GPU from
 XLA's own analyses of the programs each system runs — compiled on this machine, never run.
 
 Why: the H100 decode measurements (``bench/results/nvidia-h100-80gb-hbm3``, README §3) are the
@@ -108,7 +108,7 @@ def run_child(args: Namespace) -> dict[str, Any]:
     """``args.child`` = ``SYSTEM@MODEL:ATTENTION``: every length of that run, one process."""
     from jaxrl_sym.models.contract import check_model
     from jaxrl_sym.runtime.engine import SymbolicLM
-    from jaxrl_sym.runtime.ledger_generation import decode_floor
+    from jaxrl_sym.runtime.memory.ledger_generation import decode_floor
 
     system, _, what = args.child.partition("@")
     model_name, attention = what.split(":")
@@ -138,7 +138,7 @@ def run_child(args: Namespace) -> dict[str, Any]:
 def _ledger(system: str, lm: Any, model: Any, prompts: list[np.ndarray], cfg: Any,
             sizes: dict) -> Any:
     from jaxrl_sym.baselines.padded_ledger import padded_ledger
-    from jaxrl_sym.runtime.ledger_generation import sym_ledger
+    from jaxrl_sym.runtime.memory.ledger_generation import sym_ledger
 
     if system == REFERENCE:
         return sym_ledger(lm.plan, lm.leaves, prompts, cfg, sizes=sizes)

@@ -108,7 +108,7 @@ def compile_for(fn: Any, *args: Any, target: str = "h100", dump_to: str | None =
 
 
 class Analysed:
-    """What :class:`~jaxrl_sym.runtime.ledger.ProgramSize` reads: the memory of the program
+    """What :class:`~jaxrl_sym.runtime.memory.ledger.ProgramSize` reads: the memory of the program
     compiled for the GPU, the counts (flops, bytes) of the same program compiled here.
 
     Why the CPU's counts: against the H100's measured update seconds, the roofline over
@@ -127,7 +127,7 @@ class Analysed:
 
 def compiler(target: str) -> Any:
     """``compiler(build)`` for the ledgers (:func:`jaxrl_sym.rl.step.ledger.step_ledger`,
-    :func:`jaxrl_sym.runtime.ledger_generation.sym_ledger`): every program compiled for
+    :func:`jaxrl_sym.runtime.memory.ledger_generation.sym_ledger`): every program compiled for
     ``target`` (its memory) and for this machine (its counts); ``build`` a
     :class:`~jaxrl_sym.runtime.programs.Build`."""
     why = unavailable()

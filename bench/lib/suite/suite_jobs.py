@@ -22,7 +22,8 @@ Scenarios (each configuration × system is one child process,
 A configuration already in the JSONL with status ``ok`` or ``oom`` is skipped unless ``force``;
 one that fails (``error``, ``timeout``) is retried. A child that runs out of memory becomes a row
 with ``status: "oom"``, never a crash of the suite (:mod:`bench.lib.child`). Before anything runs,
-every configuration's memory can be estimated from shapes (``jaxrl_sym.runtime.estimate``); one
+every configuration's memory can be estimated from shapes
+(``jaxrl_sym.runtime.memory.estimate``); one
 estimated above the limit is recorded as ``status: "skipped: estimated X GB > limit Y GB"``
 without being started. Every row carries device, versions, git commit, date and command.
 """

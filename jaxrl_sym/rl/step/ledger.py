@@ -3,9 +3,9 @@
 Why: an RL step's peak is decided by a few buffers — weights, Adam state, the reference copy,
 the generation stores, and the largest program's XLA temporaries — and which one wins depends on
 the system, the micro-batch and the device. This builds the step's
-:class:`~jaxrl_sym.runtime.ledger.Ledger` for a trainer and a batch by compiling (never running)
-each program the step would run, at the batch's real shapes, and reading XLA's own
-``memory_analysis``/``cost_analysis`` (:class:`~jaxrl_sym.runtime.ledger.ProgramSize`):
+:class:`~jaxrl_sym.runtime.memory.ledger.Ledger` for a trainer and a batch by compiling (never
+running) each program the step would run, at the batch's real shapes, and reading XLA's own
+``memory_analysis``/``cost_analysis`` (:class:`~jaxrl_sym.runtime.memory.ledger.ProgramSize`):
 
 * **generation**: the state + what the generating system adds at its peak — given by the caller:
   the system's own walk over the step's lengths (:meth:`BoundSystem.ledger`) or its worst-case
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from jaxrl_sym.rl.step.stages import row_chunks
-from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
-from jaxrl_sym.runtime.ledger_generation import GenerationLedger
+from jaxrl_sym.runtime.memory.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_buffer
+from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger
 from jaxrl_sym.runtime.programs import Build
 from jaxrl_sym.systems.overlap import MAX_INFLIGHT, OVERLAP_ROWS, chunk_waits_for
 from jaxrl_sym.systems.trainable import TrainBound
@@ -57,9 +57,9 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     ``overlap``: the trainer scores the reference during generation (on an accelerator), which
     applies to systems that can (their ``generate_scoring`` overlaps).
     ``generation``: what generation adds to the state — the generating system's walk over these
-    lengths (a :class:`~jaxrl_sym.runtime.ledger_generation.GenerationLedger`, from
-    ``TrainBound.ledger``) or its worst-case :class:`~jaxrl_sym.runtime.estimate.Estimate` (None:
-    no generation moment).
+    lengths (a :class:`~jaxrl_sym.runtime.memory.ledger_generation.GenerationLedger`, from
+    ``TrainBound.ledger``) or its worst-case
+    :class:`~jaxrl_sym.runtime.memory.estimate.Estimate` (None: no generation moment).
     ``compiler``: ``compiler(build) -> Compiled`` for the step's programs
     (:class:`~jaxrl_sym.runtime.programs.Build`; None: compiled on this machine; the bench
     passes a compile for a GPU it does not have, ``bench/lib/projection/xla_gpu.py``)."""

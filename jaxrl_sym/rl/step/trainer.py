@@ -8,7 +8,8 @@ by shape, so a steady-state step compiles nothing.
 :class:`RLTrainer` holds a :class:`~jaxrl_sym.rl.step.state.TrainState` (policy parameters,
 optimiser state, frozen reference when ``beta > 0``, step count) and runs the step on one of the
 systems of :mod:`jaxrl_sym.systems` that train (each one module with both halves,
-:mod:`jaxrl_sym.systems.trainable`), which share everything except generation, the layout and the forward:
+:mod:`jaxrl_sym.systems.trainable`), which share everything except generation, the layout and
+the forward:
 
 * ``sym``: :class:`~jaxrl_sym.runtime.engine.SymbolicLM` generates on exact-size stores; the
   reference, value and training forwards run on exact-length sequences bin-packed into rows
@@ -65,7 +66,7 @@ from jaxrl_sym.rl.step.state import (
     state_shardings,
 )
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.ledger import tree_nbytes
+from jaxrl_sym.runtime.memory.ledger import tree_nbytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.sharding import MemoryBudget, data_size, make_mesh
 from jaxrl_sym.sizes import parse_bytes

@@ -4,7 +4,7 @@ Why a model: prompt lookup (the ``ngram`` draft) proposes well only where the ou
 context; a small model of the same vocabulary proposes what the target would likely say anywhere
 (RLHFSpec, ``../shared/seeds/004``). The draft follows the same contract as the target (it is
 traced, planned and run by the same runtime) and runs on device inside the verify tile
-(:func:`~jaxrl_sym.runtime.speculative_tile.model_draft`), so a verify tile is still one
+(:func:`~jaxrl_sym.runtime.speculative.tile.model_draft`), so a verify tile is still one
 dispatch.
 
 Its stores keep the target group's row layout (row b's slot is its position plus the same

@@ -4,8 +4,8 @@ Why: the plain engine already runs ``decode_tile`` steps per dispatch (one devic
 tile). A host-side draft needs the tokens back after every verify, which costs a sync per
 verify; on small models that sync costs more than the tokens speculation saves (measured:
 ``bench/experiments/speculative.py``). Here the prompt-lookup draft runs on device
-(:func:`~jaxrl_sym.speculation.device_ngram_draft`, the same drafts as
-:func:`~jaxrl_sym.speculation.ngram_draft`)
+(:func:`~jaxrl_sym.runtime.speculative.rules.device_ngram_draft`, the same drafts as
+:func:`~jaxrl_sym.runtime.speculative.rules.ngram_draft`)
 over each row's token history — or a draft model does, from its own stores
 (:func:`model_draft`) — so ``m`` verifies are one ``lax.scan``; each row stops at its EOS or
 limit inside the tile (later steps leave it untouched, its outputs are ignored).
@@ -21,7 +21,7 @@ from jax import lax
 
 from jaxrl_sym.runtime.evaluate import evaluate
 from jaxrl_sym.runtime.programs import StepBuilder
-from jaxrl_sym.speculation import accept, device_ngram_draft
+from jaxrl_sym.runtime.speculative.rules import accept, device_ngram_draft
 
 
 def forward_at(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
@@ -70,7 +70,7 @@ def model_draft(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: di
     writes the same keys). Then each proposal is fed back, k - 1 times. Rejected proposals
     from the previous round sit at positions this round writes before any query attends them
     (the argument of :meth:`StoreKind.verify`). Greedy, so the draft is deterministic — the
-    case the acceptance rule (:func:`~jaxrl_sym.speculation.accept`) is exact for.
+    case the acceptance rule (:func:`~jaxrl_sym.runtime.speculative.rules.accept`) is exact for.
     Done rows write nothing (slots -1) and their proposals are ignored."""
     two = jnp.asarray([-2, -1], jnp.int32)[None]
     pos = length[:, None] + two

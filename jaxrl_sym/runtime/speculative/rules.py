@@ -2,7 +2,7 @@
 
 Why a home of its own, below the runtime and the baselines: the padded speculative baseline
 (:mod:`jaxrl_sym.baselines.padded_speculative`) must keep the same drafts and decisions as the
-symbolic runtime (:mod:`jaxrl_sym.runtime.speculative`) so that the two are comparable token for
+symbolic runtime (:mod:`jaxrl_sym.runtime.speculative.lm`) so that the two are comparable token for
 token, yet a baseline must not import the system it is measured against. Both import these, as
 both import :func:`jaxrl_sym.generation.select_tokens`.
 

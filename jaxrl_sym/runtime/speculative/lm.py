@@ -1,9 +1,9 @@
 """Speculative decoding on the symbolic runtime: a draft proposes k tokens per row, the target
 verifies them in one forward over k+1 positions, and each row keeps its own number of them.
 
-The drafts, the acceptance rule and the speculation log live in :mod:`jaxrl_sym.speculation`
-(shared with the padded baseline); the verify program and the on-device draft in
-:mod:`jaxrl_sym.runtime.speculative_tile`. Here:
+The drafts, the acceptance rule and the speculation log live in
+:mod:`jaxrl_sym.runtime.speculative.rules` (shared with the padded baseline); the verify
+program and the on-device draft in :mod:`jaxrl_sym.runtime.speculative.tile`. Here:
 
 - :func:`choose_k`: the adaptive k, from measured acceptance and verify cost;
 - :class:`SpeculativeGroup`: the host loop of one aligned microbatch (prefill, compaction and
@@ -32,7 +32,6 @@ from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
-from jaxrl_sym.runtime.draft import DraftModel
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.group import DecodeGroup
 from jaxrl_sym.runtime.metrics import MemoryMeter
@@ -42,9 +41,10 @@ from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import next_pow2
 from jaxrl_sym.runtime.programs import ProgramCache
-from jaxrl_sym.runtime.speculative_tile import verify_tile
+from jaxrl_sym.runtime.speculative.draft import DraftModel
+from jaxrl_sym.runtime.speculative.rules import SpecLog
+from jaxrl_sym.runtime.speculative.tile import verify_tile
 from jaxrl_sym.sharding import to_host
-from jaxrl_sym.speculation import SpecLog
 
 DRAFTS = ("ngram",)
 
@@ -228,10 +228,10 @@ class SpeculativeLM(SymbolicLM):
         the most draft tokens per verify; ``adaptive``, pick k per verify tile from
         {1, 2, 4, …, k} by measured acceptance and verify cost (:func:`choose_k`; False: always
         k, one verify program per shape); ``verify_tile``, draft + verify steps per dispatch
-        (:mod:`jaxrl_sym.runtime.speculative_tile`: the draft runs on device, so m verifies cost
+        (:mod:`jaxrl_sym.runtime.speculative.tile`: the draft runs on device, so m verifies cost
         one device→host sync).
       draft: ``"ngram"`` (prompt lookup, no model) or a draft model: an NNX module following
-        the same contract with the target's vocabulary (:mod:`jaxrl_sym.runtime.draft`;
+        the same contract with the target's vocabulary (:mod:`jaxrl_sym.runtime.speculative.draft`;
         proposes greedily on device, its own stores in the target's row layout).
 
     ``SpeculativeLM(model, EngineOptions(min_capacity=16), speculation=Speculation(4))``.

@@ -2,7 +2,7 @@
 
 Why: a generation's peak is a handful of buffers (weights, the stores or caches, one program's
 XLA temporaries) and which one wins depends on the system, the lengths and the device; the
-estimate (:mod:`jaxrl_sym.runtime.estimate`) bounds them by rule of thumb, this follows the
+estimate (:mod:`jaxrl_sym.runtime.memory.estimate`) bounds them by rule of thumb, this follows the
 dispatches. Both systems are walked the way they run:
 
 * **sym** — the dispatch sequence is the runtime's own policy (:func:`~jaxrl_sym.runtime.policy.
@@ -45,7 +45,7 @@ from jaxrl_sym.runtime.group_programs import (
     prompt_cache_program,
     refill_program,
 )
-from jaxrl_sym.runtime.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_nbytes
+from jaxrl_sym.runtime.memory.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_nbytes
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay

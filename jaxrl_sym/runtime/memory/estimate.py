@@ -43,7 +43,7 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.cache import PaddedKVCache
 from jaxrl_sym.models.traced import trace_forward
 from jaxrl_sym.ops.attention import attention_p
-from jaxrl_sym.runtime.ledger import Buffer
+from jaxrl_sym.runtime.memory.ledger import Buffer
 from jaxrl_sym.runtime.metrics import device_memory_limit
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import GroupShape, replay
