@@ -55,6 +55,9 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("reasoning", "one GRPO step at reasoning lengths (caps 4k-32k, skewed): each "
                             "system's peak, largest batch and step seconds on a GPU, projected "
                             "from compiled programs", cheap=False),
+    Experiment("growing_rl", "a GRPO run whose responses grow 10x (reasoning_growing): sym "
+                             "without a MAX_LEN beside padded at the cap, cold programs and "
+                             "generation bytes per step", cheap=False),
     Experiment("gpu_compile", "the padded generation program compiled for an H100 on a machine "
                               "without one: XLA:GPU's buffer assignment beside the CPU's",
                cheap=False),

@@ -414,6 +414,10 @@ def metrics(ctx: StepContext, state: TrainState, rollout: Rollout, layout: Layou
         "padding_fraction": layout.padding_fraction,
         "layout_shape": list(layout.shape),
         "peak_bytes": peak_bytes(ctx, state, rollout),
+        # generation's own accounted bytes this step (stores, caches, its programs' temporaries):
+        # unlike peak_bytes on a CPU (the largest program so far), it follows this step's lengths
+        "generation_peak_bytes": int(rollout.stats.get("accounted_peak_bytes",
+                                                       rollout.stats.get("accounted_bytes", 0))),
         # "on: N token slots per chunk", or "off: <why>" (RLConfig.logprob_chunk, the model)
         "logprob_chunking": ctx.fns(layout.system)["logprob_chunking"],
         "compiles": cc.count,
