@@ -33,6 +33,7 @@ import numpy as np
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.ops.attention import child_segment
 from jaxrl_sym.runtime.engine import PackedBatch, length_bucket
+from jaxrl_sym.runtime.policy import packed_row_len
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,10 @@ def _check(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> No
 
 
 def _row_len(longest: int, row_len: int | None) -> int:
-    """``row_len`` checked against the longest sequence, or (None) at least 64 and the longest,
-    rounded to a length bucket."""
+    """``row_len`` checked against the longest sequence, or (None) the packed-row grid's length
+    above it (:func:`~jaxrl_sym.runtime.policy.packed_row_len`: at least 64, finer above 8k)."""
     if row_len is None:
-        return length_bucket(max(longest, 64))
+        return packed_row_len(longest)
     if row_len < longest:
         raise InputError(f"pack_row_len={row_len} is shorter than the longest sequence "
                          f"({longest} tokens); raise it or leave it None")

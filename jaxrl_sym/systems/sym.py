@@ -23,14 +23,14 @@ from flax import nnx
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult, row_limits
-from jaxrl_sym.runtime.engine import SymbolicLM, length_bucket
+from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.evaluate import constant_values, evaluate
 from jaxrl_sym.runtime.memory.estimate import Estimate
 from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger
 from jaxrl_sym.runtime.metrics import WorkLog
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.runtime.packing import PackedPrompts
-from jaxrl_sym.runtime.policy import Dispatch, GroupShape, replay
+from jaxrl_sym.runtime.policy import Dispatch, GroupShape, packed_row_len, replay
 from jaxrl_sym.runtime.speculative.lm import DRAFTS, SpeculativeLM
 from jaxrl_sym.systems.bound import token_report
 from jaxrl_sym.systems.forward import FeaturesFn, LogitsFn
@@ -139,7 +139,7 @@ class SymBound(TrainBound):
         limits = gcfg.max_new_tokens
         longest = max(len(p) for p in prompts) + (max(limits) if isinstance(limits, tuple)
                                                   else int(limits))
-        row_len = row_len or length_bucket(max(longest, 64))
+        row_len = row_len or packed_row_len(longest)  # the update's rows (layout)
         # full chunks of one row (at most the forward's budget) as rows finish: min_rows unused
         overlap = ReferenceOverlap(prompts, row_len, score, min_rows=1,
                                    max_rows=min(OVERLAP_ROWS, rows_per_chunk(row_len) or
