@@ -11,8 +11,10 @@ system and reduces its report to three numbers per system:
 
 * ``peak_gb``: the ledger's largest moment at the workload's batch (``prompts x group``).
 * ``largest_batch``: samples that fit the device (``project``'s own rule: generation's
-  bytes grow per sample, measured at B and 2B by the system's estimate; the reference and update
-  programs are fixed by ``--update-tokens``), 0 when the fixed part alone does not fit.
+  bytes grow per sample, measured at B and 2B by the system's own walk of its generation
+  programs — its estimate where it has no walk — and ``largest_batch_from`` says which; the
+  reference and update programs are fixed by ``--update-tokens``), 0 when the fixed part alone
+  does not fit.
 * ``step_s``: the roofline of the compiled reference/update/apply programs plus generation
   priced by the model fitted on every committed H100 generation row
   (``bench/results/projection/dispatch``: bytes read / bandwidth + kernels x 5.5 us): each
@@ -170,6 +172,7 @@ def summarise(report: dict[str, Any], gen: dict[str, Any] | None, device: str
         out[name] = {"peak_gb": round(row["ledger"]["peak"]["total"] / GB, 3),
                      "fits": row["projection"]["fits"],
                      "largest_batch": row["largest_batch"].get(device),
+                     "largest_batch_from": (row.get("largest_batch_from") or {}).get("used"),
                      "step_s": None if g is None else round(sum(stages.values()) + g, 3),
                      "generation_s": None if g is None else round(g, 3),
                      "generation_floor_s": round((d["weights_bytes"] + d["kv_bytes"])
@@ -192,6 +195,12 @@ def markdown(summary: dict[str, Any], args: argparse.Namespace, argv: list[str])
         lines.append(f"| {name} | {r['peak_gb']:.2f} | {'yes' if r['fits'] else 'no'} | "
                      f"{r['largest_batch']} | {show(r['step_s'])} | "
                      f"{show(r['generation_s'])} | {r['generation_floor_s']:.2f} |")
+    lines += ["", "Largest batch: generation's bytes at B and 2B samples, extended linearly, "
+              "from each system's " + ", ".join(
+                  f"{n} {r.get('largest_batch_from') or '-'}"
+                  for n, r in summary["systems"].items() if "error" not in r)
+              + " (walk: its own programs over the step's lengths; estimate: every row to the "
+              "longest)."]
     return "\n".join(lines)
 
 

@@ -101,7 +101,8 @@ def system_ledger(args: Namespace, name: str) -> dict[str, Any]:
             "programs": [{"stage": s, "count": c, **dataclasses.asdict(p)}
                          for s, c, p in sl.programs],
             "decode": decode_bytes(model, [len(p) for p in expanded], limits, weights),
-            "largest_batch": largest_batches(bound, expanded, gcfg, ledger, est)}
+            **largest_batches(bound, expanded, gcfg, ledger, est, walk,
+                              compiler=compiler, limits=limits)}
 
 
 def decode_bytes(model: Any, prompt_lens: list[int], limits: list[int],
@@ -120,31 +121,48 @@ def decode_bytes(model: Any, prompt_lens: list[int], limits: list[int],
 
 
 def largest_batches(bound: Any, expanded: list[np.ndarray], gcfg: Any, ledger: dict[str, Any],
-                    est: Any) -> dict[str, int | None]:
+                    est: Any, walk: Any, *, compiler: Any, limits: list[int]) -> dict[str, Any]:
     """Samples that fit each device: generation's stores grow with the batch, the reference and
     update programs do not (``update_tokens`` fixes their micro-batch), so the largest batch is
-    where generation's moment reaches the limit. Generation's bytes are the system's own
-    estimate at B and 2B samples, extended linearly (its stores are per row). None: generation
-    holds a fixed number of rows whatever the batch (refill), so no batch size is refused."""
+    where generation's moment reaches the limit. Generation's bytes beyond the weights are taken
+    at B and 2B samples (the same prompts and limits twice) and extended linearly: from the
+    system's own walk where it has one (the moment the step's ledger holds), else from its
+    estimate (sym's: every row decodes to the longest). ``largest_batch_from`` says which, with
+    both growths per sample. None: generation holds no more at 2B than at B (refill, or groups
+    that run one after another), so no batch size is refused by generation."""
     others = max((m["total"] for s, m in ledger["stages"].items() if s != "generation"),
                  default=0)
     gen = ledger["stages"].get("generation")
-    own = est.total - est.weights
-    base = (gen["total"] if gen else 0) - own  # state (+ an overlapped reference chunk)
     b = len(expanded)
     e2 = bound.estimate([len(p) for p in expanded] * 2, gcfg)
-    per_sample = ((e2.total - e2.weights) - own) / b
-    fixed = base + own - per_sample * b
+    grown = {"estimate": ((est.total - est.weights), (e2.total - e2.weights))}
+    if walk is not None:
+        w2 = bound.ledger(list(expanded) * 2, dataclasses.replace(
+            gcfg, max_new_tokens=tuple(int(n) for n in limits) * 2), compiler=compiler)
+        if w2 is not None:
+            grown["walk"] = (_beyond_weights(walk), _beyond_weights(w2))
+    used = "walk" if "walk" in grown else "estimate"
+    per = {k: (two - one) / b for k, (one, two) in grown.items()}
+    per_sample = per[used]
+    fixed = (gen["total"] if gen else 0) - per_sample * b  # state, the rest of generation
     out: dict[str, int | None] = {}
     for name, d in devices().items():
         limit = d["memory"] * d["jax_fraction"]
         if others > limit or fixed > limit:  # not even one sample fits (the batch at hand
             out[name] = 0  # may not, where a smaller one does)
-        elif per_sample < 1024:  # resident rows fixed (refill): no bound from generation
+        elif per_sample < 1024:  # generation holds no more at 2B: no bound from it
             out[name] = None
         else:
             out[name] = max(0, int((limit - fixed) // per_sample))
-    return out
+    return {"largest_batch": out, "largest_batch_from": {
+        "used": used, "per_sample_bytes": {k: round(v) for k, v in per.items()},
+        "generation_bytes_at_b_2b": {k: list(v) for k, v in grown.items()},
+        "fixed_bytes": round(fixed), "samples": b}}
+
+
+def _beyond_weights(walk: Any) -> int:
+    """A generation walk's largest moment without the weights it was given."""
+    return max(m.total for m, _ in walk.beyond_weights())
 
 
 def measure_step(args: Namespace, trainer: Any) -> dict[str, Any]:
