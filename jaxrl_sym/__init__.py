@@ -40,7 +40,16 @@ if TYPE_CHECKING:
         attend,
         parse_pattern,
     )
-    from jaxrl_sym.rl import PartialConfig, RLConfig, RLTrainer, SamplingConfig, get_task
+    from jaxrl_sym.rl import (
+        AlgorithmConfig,
+        ExecutionConfig,
+        OptimizerConfig,
+        PartialConfig,
+        RLConfig,
+        RLTrainer,
+        SamplingConfig,
+        get_task,
+    )
     from jaxrl_sym.rl.run.train import train
     from jaxrl_sym.runtime.engine import SymbolicLM
     from jaxrl_sym.runtime.options import EngineOptions, Speculation
@@ -59,8 +68,8 @@ _HOME = {
     **dict.fromkeys(("EngineOptions", "Speculation"), "jaxrl_sym.runtime.options"),
     "SpeculativeLM": "jaxrl_sym.runtime.speculative.lm",
     "padded_generate": "jaxrl_sym.baselines.padded",
-    **dict.fromkeys(("PartialConfig", "RLConfig", "RLTrainer", "SamplingConfig", "get_task"),
-                    "jaxrl_sym.rl"),
+    **dict.fromkeys(("AlgorithmConfig", "ExecutionConfig", "OptimizerConfig", "PartialConfig",
+                     "RLConfig", "RLTrainer", "SamplingConfig", "get_task"), "jaxrl_sym.rl"),
     "train": "jaxrl_sym.rl.run.train",
 }
 # Public subpackages, also loaded on first use: ``jaxrl_sym.systems`` is the registry of
@@ -68,16 +77,19 @@ _HOME = {
 _SUBMODULES = ("systems",)
 
 __all__ = [
+    "AlgorithmConfig",
     "Block",
     "Causal",
     "DecoderLM",
     "EngineOptions",
+    "ExecutionConfig",
     "GenerationConfig",
     "GenerationResult",
     "InputError",
     "LMConfig",
     "Linear",
     "NonCausalMixingError",
+    "OptimizerConfig",
     "PartialConfig",
     "Pattern",
     "PatternError",

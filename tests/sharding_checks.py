@@ -31,8 +31,8 @@ from jaxrl_sym.sharding import MeshConfig, per_device_bytes
 
 TASK = get_task("reverse", max_digits=3)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
-CFG = RLConfig(algo="grpo", group_size=4, beta=0.1, epochs=1, eos_id=EOS,
-               max_new_tokens=TASK.max_new_tokens, lr=1e-2)
+CFG = RLConfig.of(algo="grpo", group_size=4, beta=0.1, epochs=1, eos_id=EOS,
+                  max_new_tokens=TASK.max_new_tokens, lr=1e-2)
 
 
 def mesh_of(spec: str) -> Any:

@@ -10,7 +10,6 @@ soft-cap), through the sym system (traced features) and the padded one. A model 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import jax
@@ -34,7 +33,7 @@ from jaxrl_sym.rl.step.programs import build_fns
 from jaxrl_sym.systems.forward import SplitForward
 
 TOL = 1e-5
-CFG = RLConfig(algo="ppo", group_size=1, beta=0.1, entropy_coef=0.01, temperature=0.8)
+CFG = RLConfig.of(algo="ppo", group_size=1, beta=0.1, entropy_coef=0.01, temperature=0.8)
 
 
 def _arrays(rng: np.random.Generator, shape: tuple[int, ...], targets: Any) -> dict[str, Any]:
@@ -75,13 +74,13 @@ def test_chunked_terms_match_whole_logits(rows: int, length: int, chunk: int, so
     arrays = _arrays(rng, (rows, length), rng.integers(0, vocab, (rows, length)))
 
     def chunked(w, value, feats):
-        terms = chunked_terms(fwd, [w], (feats,), arrays["targets"], CFG.temperature, chunk,
-                              value_head=value)
-        return loss_from_terms(terms, arrays, CFG), terms
+        terms = chunked_terms(fwd, [w], (feats,), arrays["targets"], CFG.algorithm.temperature,
+                              chunk, value_head=value)
+        return loss_from_terms(terms, arrays, CFG.algorithm), terms
 
     def whole(w, value, feats):
-        terms = slot_terms(head([w], feats), arrays["targets"], CFG.temperature, value)
-        return loss_from_terms(terms, arrays, CFG), terms
+        terms = slot_terms(head([w], feats), arrays["targets"], CFG.algorithm.temperature, value)
+        return loss_from_terms(terms, arrays, CFG.algorithm), terms
 
     @jax.jit
     def both(w, value, feats):  # one compile per example
@@ -108,7 +107,7 @@ def _programs(model: nnx.Module, system: str, chunks: tuple[int, ...]
     tr = RLTrainer(model, lambda p, r: 0.0, CFG, system=system)
     fwd = tr.forwards.bound(tr.system).logits_fn()
     assert isinstance(fwd, SplitForward)
-    cfgs = [replace(CFG, logprob_chunk=None)] + [replace(CFG, logprob_chunk=c) for c in chunks]
+    cfgs = [CFG.replace(logprob_chunk=None)] + [CFG.replace(logprob_chunk=c) for c in chunks]
     return tr, [build_fns(c, tr.tx, fwd) for c in cfgs]
 
 
@@ -140,7 +139,7 @@ def test_programs_chunked_equal_unchunked(make, system: str, chunks: tuple[int, 
             want = got
         else:
             _close(got, want)
-    assert fns[0]["logprob_chunking"] == "off: RLConfig.logprob_chunk=None"
+    assert fns[0]["logprob_chunking"] == "off: ExecutionConfig.logprob_chunk=None"
     assert fns[1]["logprob_chunking"] == f"on: {chunks[0]} token slots per chunk"
 
 
@@ -149,7 +148,7 @@ def test_model_without_split_falls_back_and_says_so() -> None:
     programs report why, instead of silently ignoring ``logprob_chunk``."""
     model = GPT2Like(GPTConfig(), rngs=nnx.Rngs(0))
     assert check_features(model) == "GPT2Like has no features/head"
-    tr = RLTrainer(model, lambda p, r: 0.0, replace(CFG, algo="grpo", group_size=2),
+    tr = RLTrainer(model, lambda p, r: 0.0, CFG.replace(algo="grpo", group_size=2),
                    system="padded")
     assert tr.fns("padded")["logprob_chunking"] == "off: GPT2Like has no features/head"
 
@@ -173,4 +172,4 @@ def test_inconsistent_split_is_an_input_error() -> None:
     with pytest.raises(InputError, match="head"):
         check_features(Bad())
     with pytest.raises(InputError, match="logprob_chunk"):
-        RLConfig(logprob_chunk=0)
+        RLConfig.of(logprob_chunk=0)

@@ -28,7 +28,7 @@ def test_checkpoint_export_reads_and_verifies_only_the_policy(tmp_path: Path) ->
 
     src = tmp_path / "src"
     write_random_checkpoint(src, {"eos_token_id": 0}, template=TEMPLATE)
-    cfg = RLConfig(algo="ppo", beta=0.04, max_new_tokens=4, eos_id=0)
+    cfg = RLConfig.of(algo="ppo", beta=0.04, max_new_tokens=4, eos_id=0)
     trainer = RLTrainer(load_pretrained(src)[0], lambda p, r: 0.0, cfg)
     meta = {"fingerprint": fingerprint(trainer), "lineage": [],
             "hparams": {**cfg.to_dict(), "model_dir": str(src), "model_dtype": None}}

@@ -65,8 +65,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def trainer() -> RLTrainer:
     """A trainer built as ``train`` builds it for RUN (same fingerprint), without tracing."""
     task = get_task("reverse", max_digits=RUN["max_digits"])
-    cfg = RLConfig(algo="grpo", group_size=RUN["group_size"], beta=RUN["beta"],
-                   max_new_tokens=task.max_new_tokens, eos_id=EOS, **TASK_RECIPE)  # lr 1e-3
+    cfg = RLConfig.of(algo="grpo", group_size=RUN["group_size"], beta=RUN["beta"],
+                      max_new_tokens=task.max_new_tokens, eos_id=EOS, **TASK_RECIPE)  # lr 1e-3
     model = init_model(preset("tiny", **{**TASK_MODEL, **TINY}), SEED)
     return RLTrainer(model, task.reward, cfg, system="padded")
 
@@ -277,7 +277,7 @@ def test_resume_with_changed_settings_is_refused_unless_overridden(
     assert "no longer the run that was checkpointed" in warnings_text(caplog)
     # the new checkpoint carries the new settings and the record of the change
     meta = json.loads((d / "5" / "meta" / "metadata").read_text())
-    assert meta["hparams"]["lr"] == 0.003 and meta["lineage"][0]["step"] == 4
+    assert meta["hparams"]["optim"]["lr"] == 0.003 and meta["lineage"][0]["step"] == 4
     with pytest.raises(ResumeMismatchError, match=r"--lr \(lr\): checkpoint 0.003, given 0.001"):
         train("grpo", "reverse", steps=STEPS + 1, seed=SEED, checkpoint_dir=str(d),
               resume=True, **RUN)

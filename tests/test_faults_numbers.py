@@ -56,8 +56,8 @@ def test_moderate_rewards_give_numpys_advantages(rewards: list[float], norm: str
 def test_temperatures_that_overflow_the_logits_are_refused(t: float) -> None:
     with pytest.raises(InputError, match=r"temperature=.*use 0 for greedy"):
         GenerationConfig(max_new_tokens=4, temperature=t)
-    with pytest.raises(InputError, match=r"RLConfig\.temperature=.*use 0 for greedy"):
-        RLConfig(temperature=t)
+    with pytest.raises(InputError, match=r"AlgorithmConfig\.temperature=.*use 0 for greedy"):
+        RLConfig.of(temperature=t)
 
 
 def test_generate_cli_names_the_temperature_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,9 +23,9 @@ from jaxrl_sym.rl import RLConfig, RLTrainer, Rollout
 
 MODEL = preset("tiny")  # 2 layers, vocabulary 64
 PROMPT, LONG, SHORT = 64, 4100, 37
-CFG = RLConfig(algo="grpo", group_size=2, max_new_tokens=LONG, eos_id=None, beta=0.0,
-               entropy_coef=0.0, loss_agg="token_mean", adv_norm="group_std", epochs=1,
-               logprob_chunk=512, update_tokens=None)
+CFG = RLConfig.of(algo="grpo", group_size=2, max_new_tokens=LONG, eos_id=None, beta=0.0,
+                  entropy_coef=0.0, loss_agg="token_mean", adv_norm="group_std", epochs=1,
+                  logprob_chunk=512, update_tokens=None)
 
 
 def _sequences() -> tuple[np.ndarray, list[np.ndarray]]:
@@ -46,7 +46,7 @@ def _plain_logprobs(model: nnx.Module, prompt: np.ndarray, response: np.ndarray)
 def test_a_4k_token_packed_row_gives_the_plain_models_loss_and_gradients() -> None:
     prompt, responses = _sequences()
     rewards = np.array([1.0, 0.0], np.float32)
-    adv = (rewards - rewards.mean()) / (rewards.std() + CFG.adv_eps)  # GRPO, one group
+    adv = (rewards - rewards.mean()) / (rewards.std() + CFG.algorithm.adv_eps)  # GRPO, one group
     graphdef, params, rest = nnx.split(init_model(MODEL, 0), nnx.Param, ...)
 
     def objective(p: nnx.State) -> jax.Array:

@@ -24,8 +24,8 @@ from jaxrl_sym.weights.lora_config import LoraConfig
 
 TASK = get_task("reverse", max_digits=3)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
-CFG = RLConfig(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
-               max_new_tokens=TASK.max_new_tokens, lr=1e-2, max_grad_norm=None)
+CFG = RLConfig.of(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
+                  max_new_tokens=TASK.max_new_tokens, lr=1e-2, max_grad_norm=None)
 LORA = LoraConfig(rank=4, alpha=8.0)
 
 
@@ -128,7 +128,8 @@ def test_the_ledger_holds_the_frozen_base_once_and_no_second_reference() -> None
     from jaxrl_sym.rl.step.ledger import step_ledger
 
     lora, _, _, _ = setup()
-    prompts = [p for p in TASK.sample(np.random.default_rng(0), 2) for _ in range(CFG.group_size)]
+    prompts = [p for p in TASK.sample(np.random.default_rng(0), 2)
+               for _ in range(CFG.algorithm.group_size)]
     led = step_ledger(lora, prompts, [TASK.max_new_tokens] * len(prompts)).ledger.to_dict()
     names = [b["name"] for b in led["peak"]["buffers"]]
     assert "frozen base weights (LoRA)" in names and "reference weights" not in names

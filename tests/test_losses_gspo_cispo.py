@@ -1,4 +1,4 @@
-"""GSPO and CISPO (``RLConfig.pg_loss``) against numpy oracles written from the papers.
+"""GSPO and CISPO (``AlgorithmConfig.pg_loss``) against numpy oracles written from the papers.
 
 * GSPO (Zheng et al. 2025, arXiv:2507.18071): ``s_i = exp(mean_t (logp - logp_old))`` over
   sequence i's tokens, sequence term ``-min(s_i A, clip(s_i, 1 - eps_lo, 1 + eps_hi) A)``,
@@ -20,7 +20,7 @@ the response slots, and its ``jax.grad`` must vanish there.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.algorithms.advantages import token_weights
 from jaxrl_sym.rl.algorithms.losses import loss_from_terms, sequence_means
-from jaxrl_sym.rl.config import RLConfig, task_rl_config
+from jaxrl_sym.rl.config import AlgorithmConfig, task_rl_config
 from jaxrl_sym.rl.run.cli import add_train_parser, check_configs, train_configs
 from jaxrl_sym.systems.layout import packed_layout, padded_layout, shared_prefix_layout
 
@@ -61,7 +61,7 @@ class Batch:
     kept: np.ndarray
 
 
-def oracle_weights(cfg: RLConfig, b: Batch) -> list[float]:
+def oracle_weights(cfg: AlgorithmConfig, b: Batch) -> list[float]:
     """Each token's weight in the sum, per sample (from the three aggregations' definitions)."""
     lengths = [len(x) for x in b.lp]
     n_kept = int(b.kept.sum())
@@ -80,7 +80,7 @@ def seq_ratio(lp: np.ndarray, old: np.ndarray) -> float:
     return float(np.exp(np.sum(lp - old) / len(lp)))
 
 
-def oracle_pg(cfg: RLConfig, lp: np.ndarray, old: np.ndarray, adv: np.ndarray,
+def oracle_pg(cfg: AlgorithmConfig, lp: np.ndarray, old: np.ndarray, adv: np.ndarray,
               frozen: np.ndarray | None = None) -> np.ndarray:
     """One sample's per-token policy term. ``frozen``: CISPO's log-probs at which its
     (stop-gradient) weights are taken; default this ``lp``."""
@@ -93,7 +93,7 @@ def oracle_pg(cfg: RLConfig, lp: np.ndarray, old: np.ndarray, adv: np.ndarray,
     return -np.clip(r, lo, hi) * adv * lp
 
 
-def oracle_loss(cfg: RLConfig, b: Batch, lp: list[np.ndarray] | None = None,
+def oracle_loss(cfg: AlgorithmConfig, b: Batch, lp: list[np.ndarray] | None = None,
                 frozen: list[np.ndarray] | None = None) -> float:
     """The loss in float64 (``lp`` overrides the batch's current log-probs)."""
     lp = b.lp if lp is None else lp
@@ -107,7 +107,7 @@ def oracle_loss(cfg: RLConfig, b: Batch, lp: list[np.ndarray] | None = None,
     return total
 
 
-def oracle_grad(cfg: RLConfig, b: Batch) -> list[np.ndarray]:
+def oracle_grad(cfg: AlgorithmConfig, b: Batch) -> list[np.ndarray]:
     """d loss / d logp, by hand. GSPO: ``d s_i / d logp_t = s_i / |y_i|`` for every token of the
     sequence; a token's term has zero gradient where the clip binds (``clip(s) A < s A``).
     CISPO: ``-clip(r_t) A_t`` (the weight is a constant). KL: ``beta (1 - exp(d_t))``."""
@@ -126,7 +126,7 @@ def oracle_grad(cfg: RLConfig, b: Batch) -> list[np.ndarray]:
     return out
 
 
-def finite_differences(cfg: RLConfig, b: Batch, h: float = 1e-6) -> list[np.ndarray]:
+def finite_differences(cfg: AlgorithmConfig, b: Batch, h: float = 1e-6) -> list[np.ndarray]:
     """Central differences of :func:`oracle_loss` in float64, CISPO's weights held at the
     batch's log-probs."""
     frozen = [np.asarray(x, np.float64) for x in b.lp] if cfg.pg_loss == "cispo" else None
@@ -157,16 +157,18 @@ def _clips(pg_loss: str) -> st.SearchStrategy[tuple[float, float | None]]:
 
 
 @st.composite
-def cases(draw: st.DrawFn, pg_loss: str | None = None) -> tuple[RLConfig, Batch, str]:
+def cases(draw: st.DrawFn, pg_loss: str | None = None) -> tuple[AlgorithmConfig, Batch, str]:
     pg_loss = pg_loss or draw(st.sampled_from(["gspo", "cispo"]))
     g, n_groups = draw(st.integers(2, 4)), draw(st.integers(1, 3))
     lengths = draw(st.lists(st.integers(1, 7), min_size=g * n_groups, max_size=g * n_groups))
     clip_eps, clip_high = draw(_clips(pg_loss))
-    cfg = RLConfig(pg_loss=pg_loss, group_size=g, clip_eps=clip_eps, clip_eps_high=clip_high,
-                   max_new_tokens=max(lengths) + draw(st.integers(0, 3)),
-                   loss_agg=draw(st.sampled_from(["token_mean", "seq_mean", "token_sum"])),
-                   beta=draw(st.sampled_from([0.0, 0.0, 0.1])),
-                   entropy_coef=draw(st.sampled_from([0.0, 0.01])))
+    cfg = AlgorithmConfig(pg_loss=pg_loss, group_size=g, clip_eps=clip_eps,
+                          clip_eps_high=clip_high,
+                          max_new_tokens=max(lengths) + draw(st.integers(0, 3)),
+                          loss_agg=draw(st.sampled_from(["token_mean", "seq_mean",
+                                                         "token_sum"])),
+                          beta=draw(st.sampled_from([0.0, 0.0, 0.1])),
+                          entropy_coef=draw(st.sampled_from([0.0, 0.01])))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     # log-ratio scale: on-policy (ratio 1), GSPO-sized, inside PPO's range, mostly outside
     drift = draw(st.sampled_from([0.0, 2e-4, 0.05, 0.3, 1.0]))
@@ -185,7 +187,7 @@ def cases(draw: st.DrawFn, pg_loss: str | None = None) -> tuple[RLConfig, Batch,
     return cfg, Batch(lp, old, ref, ent, adv, kept), draw(st.sampled_from(sorted(LAYOUTS)))
 
 
-def _away_from_gspo_kinks(cfg: RLConfig, b: Batch) -> bool:
+def _away_from_gspo_kinks(cfg: AlgorithmConfig, b: Batch) -> bool:
     if cfg.pg_loss != "gspo":
         return True  # CISPO's clipped weight is continuous in the ratio
     bounds = np.array([1.0 - cfg.clip_eps, 1.0 + cfg.clip_high])
@@ -196,7 +198,7 @@ def _away_from_gspo_kinks(cfg: RLConfig, b: Batch) -> bool:
 # --------------------------------------------------------------------------- the library
 
 
-def library_inputs(cfg: RLConfig, b: Batch, layout_name: str
+def library_inputs(cfg: AlgorithmConfig, b: Batch, layout_name: str
                    ) -> tuple[jax.Array, dict[str, jax.Array], dict[str, jax.Array],
                               list[tuple[int, int, int]]]:
     """(log-probs per slot, the other terms, loss arrays, spans) in the layout, padded to SHAPE:
@@ -224,17 +226,17 @@ def library_inputs(cfg: RLConfig, b: Batch, layout_name: str
             list(lay.spans))
 
 
-def library_loss(cfg: RLConfig, lp: jax.Array, terms: dict[str, jax.Array],
+def library_loss(cfg: AlgorithmConfig, lp: jax.Array, terms: dict[str, jax.Array],
                  arrays: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     return loss_from_terms({"lp": lp, **terms}, arrays, cfg)
 
 
-def library_grad(cfg: RLConfig, lp: jax.Array, terms: dict[str, jax.Array],
+def library_grad(cfg: AlgorithmConfig, lp: jax.Array, terms: dict[str, jax.Array],
                  arrays: dict[str, jax.Array]) -> np.ndarray:
     return np.asarray(jax.grad(lambda x: library_loss(cfg, x, terms, arrays)[0])(lp))
 
 
-def _msg(cfg: RLConfig, b: Batch, layout: str) -> str:
+def _msg(cfg: AlgorithmConfig, b: Batch, layout: str) -> str:
     return (f"layout={layout} pg_loss={cfg.pg_loss} clip=({cfg.clip_eps}, {cfg.clip_high}) "
             f"agg={cfg.loss_agg} beta={cfg.beta} lengths={[len(x) for x in b.lp]} "
             f"kept={b.kept.tolist()}")
@@ -245,7 +247,8 @@ def _msg(cfg: RLConfig, b: Batch, layout: str) -> str:
 
 @settings(max_examples=40, deadline=None)
 @given(cases())
-def test_loss_and_gradient_equal_the_numpy_oracle(case: tuple[RLConfig, Batch, str]) -> None:
+def test_loss_and_gradient_equal_the_numpy_oracle(case: tuple[AlgorithmConfig, Batch, str]
+                                                  ) -> None:
     cfg, b, layout = case
     assume(_away_from_gspo_kinks(cfg, b))
     lp, terms, arrays, spans = library_inputs(cfg, b, layout)
@@ -267,7 +270,7 @@ def test_loss_and_gradient_equal_the_numpy_oracle(case: tuple[RLConfig, Batch, s
 @settings(max_examples=15, deadline=None)
 @given(cases())
 def test_the_hand_derived_gradient_is_the_oracles_derivative(
-        case: tuple[RLConfig, Batch, str]) -> None:
+        case: tuple[AlgorithmConfig, Batch, str]) -> None:
     """The oracle's gradient (what the library is held to) against central differences."""
     cfg, b, _ = case
     assume(_away_from_gspo_kinks(cfg, b))
@@ -278,14 +281,13 @@ def test_the_hand_derived_gradient_is_the_oracles_derivative(
 @settings(max_examples=25, deadline=None)
 @given(cases(pg_loss="cispo"))
 def test_cispo_keeps_the_gradient_of_tokens_outside_the_clip_range(
-        case: tuple[RLConfig, Batch, str]) -> None:
+        case: tuple[AlgorithmConfig, Batch, str]) -> None:
     """What distinguishes CISPO from PPO/GRPO: a token whose ratio left the clip range in A's
     direction keeps a gradient (``-clip(r) A``, weight at the bound); ppo_clip's is zero."""
     cfg, b, layout = case
     lp, terms, arrays, spans = library_inputs(cfg, b, layout)
-    cfg0 = RLConfig(**{**cfg.to_dict(), "beta": 0.0, "entropy_coef": 0.0})
-    ppo = RLConfig(**{**cfg0.to_dict(), "pg_loss": "ppo_clip", "clip_eps": min(cfg.clip_eps,
-                                                                              0.9)})
+    cfg0 = replace(cfg, beta=0.0, entropy_coef=0.0)
+    ppo = replace(cfg0, pg_loss="ppo_clip", clip_eps=min(cfg.clip_eps, 0.9))
     cispo_g = library_grad(cfg0, lp, terms, arrays)
     ppo_g = library_grad(ppo, lp, terms, arrays)
     weights = oracle_weights(cfg0, b)
@@ -304,7 +306,7 @@ def test_cispo_keeps_the_gradient_of_tokens_outside_the_clip_range(
 
 @settings(max_examples=25, deadline=None)
 @given(cases(pg_loss="gspo"))
-def test_gspo_takes_one_clipping_decision_per_sequence(case: tuple[RLConfig, Batch, str]
+def test_gspo_takes_one_clipping_decision_per_sequence(case: tuple[AlgorithmConfig, Batch, str]
                                                        ) -> None:
     """One ratio per sequence: with a sequence-constant A (GRPO), every token of a sequence gets
     the same gradient — all zero where the sequence ratio is clipped, all ``-w s A`` where not
@@ -313,7 +315,7 @@ def test_gspo_takes_one_clipping_decision_per_sequence(case: tuple[RLConfig, Bat
     cfg, b, layout = case
     assume(_away_from_gspo_kinks(cfg, b))
     b = Batch(b.lp, b.old, b.ref, b.ent, [np.full(len(a), a[0]) for a in b.adv], b.kept)
-    cfg0 = RLConfig(**{**cfg.to_dict(), "beta": 0.0})
+    cfg0 = replace(cfg, beta=0.0)
     lp, terms, arrays, spans = library_inputs(cfg0, b, layout)
     grad = library_grad(cfg0, lp, terms, arrays)
     _, aux = library_loss(cfg0, lp, terms, arrays)
@@ -354,7 +356,7 @@ def test_the_oracles_are_not_vacuous() -> None:
     # GSPO: log-ratios ln 2 and 0 -> s = sqrt 2, outside [0.8, 1.2]
     b = Batch([one(-1.0, -2.0)], [one(-1.0 - np.log(2.0), -2.0)], [one(0, 0)], [one(0, 0)],
               [one(1.0, 1.0)], np.array([True]))
-    gspo = RLConfig(pg_loss="gspo", max_new_tokens=2, loss_agg="seq_mean")
+    gspo = AlgorithmConfig(pg_loss="gspo", max_new_tokens=2, loss_agg="seq_mean")
     assert np.isclose(oracle_loss(gspo, b), -1.2)  # A > 0: clipped at 1.2, no gradient
     assert np.allclose(oracle_grad(gspo, b)[0], 0.0)
     neg = Batch(b.lp, b.old, b.ref, b.ent, [-a for a in b.adv], b.kept)
@@ -365,7 +367,7 @@ def test_the_oracles_are_not_vacuous() -> None:
     assert np.isclose(float(library_loss(gspo, lp, terms, arrays)[0]), np.sqrt(2.0), atol=1e-6)
     # CISPO: ratio 2 on the first token (weight clipped to 1.2), 1 on the second; A = 1:
     # (-1.2 * -1 + -1 * -2) / 2 = 1.6; gradient -clip(r) A / 2 per token, nonzero on the first
-    cispo = RLConfig(pg_loss="cispo", max_new_tokens=2, loss_agg="token_mean")
+    cispo = AlgorithmConfig(pg_loss="cispo", max_new_tokens=2, loss_agg="token_mean")
     b2 = Batch(b.lp, [one(-1.0 - np.log(2.0), -2.0)], b.ref, b.ent, b.adv, b.kept)
     assert np.isclose(oracle_loss(cispo, b2), 1.6)
     assert np.allclose(oracle_grad(cispo, b2)[0], [-0.6, -0.5])
@@ -384,13 +386,13 @@ def _train_args(*flags: str) -> argparse.Namespace:
 def test_the_cli_and_config_select_the_losses() -> None:
     args = _train_args("--pg-loss", "gspo", "--clip-low", "3e-4", "--clip-high", "4e-4")
     run, rl, _ = train_configs(args)
-    cfg = task_rl_config(run.steps, 8, None, rl)
+    cfg = task_rl_config(run.steps, 8, None, rl).algorithm
     assert (cfg.pg_loss, cfg.clip_eps, cfg.clip_high) == ("gspo", 3e-4, 4e-4)
     assert check_configs(_train_args("--pg-loss", "cispo", "--clip-low", "1")) == []
-    assert RLConfig().pg_loss == "ppo_clip"
+    assert AlgorithmConfig().pg_loss == "ppo_clip"
     # only CISPO may drop the lower bound; the new losses refuse TIS; unknown names are refused
     for bad in (("--pg-loss", "gspo", "--clip-low", "1"), ("--clip-low", "1"),
                 ("--pg-loss", "cispo", "--tis-cap", "2")):
         assert check_configs(_train_args(*bad)), bad
     with pytest.raises(InputError, match="pg_loss"):
-        RLConfig(pg_loss="gspo-token")
+        AlgorithmConfig(pg_loss="gspo-token")

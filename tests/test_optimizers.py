@@ -55,7 +55,7 @@ ORACLES = {"adam": _adam, "adamw": _adam, "lion": _lion, "sgd": _sgd}
 
 
 def _run(cfg: RLConfig, p: np.ndarray, gs: list[np.ndarray]) -> tuple[np.ndarray, object]:
-    tx = make_optimizer(cfg)
+    tx = make_optimizer(cfg.optim, cfg.algorithm.epochs)
     params = {"w": jax.numpy.asarray(p)}
     state = tx.init(params)
     for g in gs:
@@ -74,7 +74,7 @@ def test_each_rule_equals_its_numpy_oracle(name: str, seed: int, lr: float, wd: 
     rng = np.random.default_rng(seed)
     p = rng.normal(size=(rows, cols)).astype(np.float32)
     gs = [rng.normal(size=(rows, cols)).astype(np.float32) for _ in range(3)]
-    got, _ = _run(RLConfig(lr=lr, optimizer=name, weight_decay=wd), p, gs)
+    got, _ = _run(RLConfig.of(lr=lr, optimizer=name, weight_decay=wd), p, gs)
     want = ORACLES[name](p.astype(np.float64), [g.astype(np.float64) for g in gs], lr, wd)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6 * lr / 1e-3)
 
@@ -83,10 +83,10 @@ def test_adafactor_keeps_factored_moments_and_descends() -> None:
     rng = np.random.default_rng(0)
     p = rng.normal(size=(256, 192)).astype(np.float32)  # optax factors dims >= 128
     g = rng.normal(size=(256, 192)).astype(np.float32)
-    got, state = _run(RLConfig(lr=1e-2, optimizer="adafactor"), p, [g])
+    got, state = _run(RLConfig.of(lr=1e-2, optimizer="adafactor"), p, [g])
     held = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(state))
     assert held < p.size // 64  # rows + cols (+ scalars), not rows x cols
-    _, adam_state = _run(RLConfig(lr=1e-2), p, [g])
+    _, adam_state = _run(RLConfig.of(lr=1e-2), p, [g])
     assert sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(adam_state)) >= 2 * p.size
     assert float(np.sum((got - p) * g)) < 0  # a step against the gradient
 
@@ -99,7 +99,7 @@ def test_adafactor_keeps_factored_moments_and_descends() -> None:
 ])
 def test_bad_optimizer_settings_are_refused_by_name(kw: dict, flag: str) -> None:
     with pytest.raises(InputError, match=flag):
-        RLConfig(**kw)
+        RLConfig.of(**kw)
 
 
 def test_cli_optimizer_reaches_the_trainer_and_resume_names_it(tmp_path: Path,
@@ -114,7 +114,7 @@ def test_cli_optimizer_reaches_the_trainer_and_resume_names_it(tmp_path: Path,
     assert main([*base, "--steps", "1", "--optimizer", "lion", "--weight-decay", "0.1"]) == 0
     assert "recipe: grpo, lion, weight decay 0.1," in capsys.readouterr().err
     ck = Checkpointer(run)
-    hp = ck._read_meta(ck.latest_step())["hparams"]
+    hp = ck._read_meta(ck.latest_step())["hparams"]["optim"]
     assert (hp["optimizer"], hp["weight_decay"]) == ("lion", 0.1)
     assert main([*base, "--steps", "2", "--optimizer", "adamw", "--weight-decay", "0.1",
                  "--resume"]) == 2
@@ -133,7 +133,7 @@ def test_the_trainer_holds_its_rules_state(name: str, moments: int) -> None:
     from jaxrl_sym.rl.tasks.token_tasks import get_task
 
     tr = RLTrainer(init_model(preset("tiny"), 0), get_task("reverse").reward,
-                   RLConfig(group_size=2, optimizer=name), system="padded")
+                   RLConfig.of(group_size=2, optimizer=name), system="padded")
     n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(tr.params))
     held = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(tr.opt_state))
     assert moments * n <= held <= moments * n + 8, (held, n)

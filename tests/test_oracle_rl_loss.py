@@ -35,7 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxrl_sym.rl.algorithms.losses import rl_loss
-from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.knobs import AlgorithmConfig
 from jaxrl_sym.rl.step.rollout import Rollout
 from jaxrl_sym.rl.step.stages import loss_arrays
 from jaxrl_sym.systems.layout import packed_layout, padded_layout, shared_prefix_layout
@@ -72,7 +72,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def oracle_sample_advantages(cfg: RLConfig, rewards: np.ndarray) -> np.ndarray:
+def oracle_sample_advantages(cfg: AlgorithmConfig, rewards: np.ndarray) -> np.ndarray:
     """GRPO / RLOO: one advantage per sample."""
     g = cfg.group_size
     groups = [np.asarray(rewards[i:i + g], np.float64) for i in range(0, len(rewards), g)]
@@ -95,7 +95,7 @@ def oracle_sample_advantages(cfg: RLConfig, rewards: np.ndarray) -> np.ndarray:
     return np.array(out)
 
 
-def oracle_gae(cfg: RLConfig, b: Batch) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def oracle_gae(cfg: AlgorithmConfig, b: Batch) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """PPO: per-token (advantages, returns); advantages whitened unless adv_norm is none."""
     advs, rets = [], []
     for reward, v in zip(b.rewards, b.old_v, strict=True):
@@ -115,7 +115,7 @@ def oracle_gae(cfg: RLConfig, b: Batch) -> tuple[list[np.ndarray], list[np.ndarr
     return advs, rets
 
 
-def oracle_kept(cfg: RLConfig, rewards: np.ndarray) -> np.ndarray:
+def oracle_kept(cfg: AlgorithmConfig, rewards: np.ndarray) -> np.ndarray:
     g = cfg.group_size
     if not cfg.drop_zero_var or cfg.algo == "ppo":
         return np.ones(len(rewards), bool)
@@ -123,7 +123,7 @@ def oracle_kept(cfg: RLConfig, rewards: np.ndarray) -> np.ndarray:
                      for i in range(len(rewards))])
 
 
-def oracle_weights(cfg: RLConfig, lengths: list[int], kept: np.ndarray) -> list[float]:
+def oracle_weights(cfg: AlgorithmConfig, lengths: list[int], kept: np.ndarray) -> list[float]:
     """The weight of each token of sample i in the loss's sum."""
     n_kept = int(kept.sum())
     kept_tokens = sum(n for n, k in zip(lengths, kept, strict=True) if k)
@@ -150,7 +150,7 @@ class Targets:
     weight: list[float]
 
 
-def oracle_targets(cfg: RLConfig, b: Batch) -> Targets:
+def oracle_targets(cfg: AlgorithmConfig, b: Batch) -> Targets:
     lengths = [len(t) for t in b.tokens]
     if cfg.algo == "ppo":
         advs, rets = oracle_gae(cfg, b)
@@ -161,12 +161,12 @@ def oracle_targets(cfg: RLConfig, b: Batch) -> Targets:
     return Targets(advs, rets, oracle_weights(cfg, lengths, oracle_kept(cfg, b.rewards)))
 
 
-def oracle_lp(cfg: RLConfig, b: Batch, i: int, logits: np.ndarray) -> np.ndarray:
+def oracle_lp(cfg: AlgorithmConfig, b: Batch, i: int, logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, np.float64) / cfg.temperature
     return _log_softmax(x)[np.arange(len(x)), b.tokens[i]]
 
 
-def oracle_token_terms(cfg: RLConfig, b: Batch, tg: Targets, i: int, logits: np.ndarray,
+def oracle_token_terms(cfg: AlgorithmConfig, b: Batch, tg: Targets, i: int, logits: np.ndarray,
                        head_w: np.ndarray, head_b: float, frozen_lp: np.ndarray | None = None
                        ) -> dict[str, np.ndarray]:
     """Sample i's per-token terms; ``loss`` is each token's weighted share of the loss (each
@@ -205,7 +205,7 @@ def oracle_token_terms(cfg: RLConfig, b: Batch, tg: Targets, i: int, logits: np.
             "mismatch": np.abs(lp - b.old_lp[i]), "outside": (ratio < 0.8) | (ratio > 1.25)}
 
 
-def oracle_loss(cfg: RLConfig, b: Batch, head_w: np.ndarray | None = None,
+def oracle_loss(cfg: AlgorithmConfig, b: Batch, head_w: np.ndarray | None = None,
                 head_b: float | None = None) -> tuple[float, dict[str, float]]:
     """The loss and its diagnostics in float64 (``head_*`` override the batch's value head)."""
     head_w = b.head_w if head_w is None else head_w
@@ -230,7 +230,7 @@ def oracle_loss(cfg: RLConfig, b: Batch, head_w: np.ndarray | None = None,
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[RLConfig, Batch, str]:
+def cases(draw: st.DrawFn) -> tuple[AlgorithmConfig, Batch, str]:
     algo = draw(st.sampled_from(["grpo", "rloo", "ppo"]))
     g = draw(st.integers(1 if algo == "ppo" else 2, 4))
     n_groups = draw(st.integers(1, 3))
@@ -239,7 +239,7 @@ def cases(draw: st.DrawFn) -> tuple[RLConfig, Batch, str]:
     # is a float64 speck that float32 flushes to zero (its sign would decide the clip counts)
     reward = st.one_of(st.sampled_from([0.0, 1.0]), st.floats(-2, 2).map(lambda r: round(r, 3)))
     rewards = np.array(draw(st.lists(reward, min_size=g * n_groups, max_size=g * n_groups)))
-    cfg = RLConfig(
+    cfg = AlgorithmConfig(
         algo=algo, group_size=g,
         max_new_tokens=max(lengths) + draw(st.integers(0, 3)),
         temperature=draw(st.sampled_from([1.0, 0.7, 1.3])),
@@ -277,7 +277,7 @@ def cases(draw: st.DrawFn) -> tuple[RLConfig, Batch, str]:
 # --------------------------------------------------------------------------- the library
 
 
-def library_inputs(cfg: RLConfig, b: Batch, layout_name: str
+def library_inputs(cfg: AlgorithmConfig, b: Batch, layout_name: str
                    ) -> tuple[jax.Array, dict, dict | None, list[tuple[int, int, int]], dict]:
     """The library's loss inputs for the batch: logits of the layout's shape (the batch's logits
     on the response-predicting slots, large junk elsewhere), loss_arrays, the value head."""
@@ -298,14 +298,15 @@ def library_inputs(cfg: RLConfig, b: Batch, layout_name: str
     return jnp.asarray(logits), arrays, head, list(layout.spans), info
 
 
-def _case_str(cfg: RLConfig, b: Batch, layout: str) -> str:
+def _case_str(cfg: AlgorithmConfig, b: Batch, layout: str) -> str:
     return (f"layout={layout} cfg={cfg} lengths={[len(t) for t in b.tokens]} "
             f"rewards={b.rewards.tolist()}")
 
 
 @settings(max_examples=60, deadline=None)
 @given(cases())
-def test_loss_and_diagnostics_equal_the_numpy_oracle(case: tuple[RLConfig, Batch, str]) -> None:
+def test_loss_and_diagnostics_equal_the_numpy_oracle(case: tuple[AlgorithmConfig, Batch, str]
+                                                     ) -> None:
     cfg, b, layout = case
     logits, arrays, head, _, info = library_inputs(cfg, b, layout)
     loss, aux = rl_loss(logits, arrays, head, cfg)
@@ -320,7 +321,7 @@ def test_loss_and_diagnostics_equal_the_numpy_oracle(case: tuple[RLConfig, Batch
                                    err_msg=f"{key}: {msg}")
 
 
-def _finite_differences(cfg: RLConfig, b: Batch, h: float = 1e-5
+def _finite_differences(cfg: AlgorithmConfig, b: Batch, h: float = 1e-5
                         ) -> tuple[list[np.ndarray], np.ndarray, float]:
     """d oracle loss / d (logits, head w, head b), central differences in float64. A token's
     share of the loss reads only its own logits row, so moving logit v of every row at once
@@ -347,7 +348,7 @@ def _finite_differences(cfg: RLConfig, b: Batch, h: float = 1e-5
 @settings(max_examples=25, deadline=None)
 @given(cases())
 def test_gradient_equals_finite_differences_of_the_oracle(
-        case: tuple[RLConfig, Batch, str]) -> None:
+        case: tuple[AlgorithmConfig, Batch, str]) -> None:
     cfg, b, layout = case
     logits, arrays, head, spans, _ = library_inputs(cfg, b, layout)
     (g_logits, g_head) = jax.grad(lambda x, hd: rl_loss(x, arrays, hd, cfg)[0],
@@ -372,7 +373,7 @@ def test_the_oracle_is_not_vacuous() -> None:
     """Hand-checked numbers: one GRPO group of two one-token samples, ratio 1 (epoch 1)."""
     x = np.zeros((1, VOCAB), np.float32)  # uniform: lp = -log V for either token
     lp = np.full(1, -np.log(VOCAB), np.float32)
-    cfg = RLConfig(algo="grpo", group_size=2, max_new_tokens=1, adv_eps=0.0)
+    cfg = AlgorithmConfig(algo="grpo", group_size=2, max_new_tokens=1, adv_eps=0.0)
     b = Batch([np.array([1], np.int32)] * 2, [x, x], [np.array([0]), np.array([1])], [lp, lp],
               [lp, lp], np.array([1.0, 0.0]), [lp, lp], np.zeros(VOCAB, np.float32), 0.0)
     # advantages +1 and -1 (std 0.5), ratio 1: pg = -A, token_mean: (-1 + 1) / 2 = 0
@@ -383,7 +384,7 @@ def test_the_oracle_is_not_vacuous() -> None:
     # beta = 1 with ref = lp + log 2 on both: kl = 2 - log 2 - 1 per token
     ref = [lp + np.log(2.0).astype(np.float32)] * 2
     b2 = Batch(b.prompts, b.logits, b.tokens, b.old_lp, ref, b.rewards, b.old_v, b.head_w, 0.0)
-    cfg2 = RLConfig(algo="grpo", group_size=2, max_new_tokens=1, beta=1.0)
+    cfg2 = AlgorithmConfig(algo="grpo", group_size=2, max_new_tokens=1, beta=1.0)
     assert np.isclose(oracle_loss(cfg2, b2)[0], 1.0 - np.log(2.0))
     logits, arrays, head, _, _ = library_inputs(cfg2, b2, "padded")
     assert np.isclose(float(rl_loss(logits, arrays, head, cfg2)[0]), 1.0 - np.log(2.0),
@@ -393,7 +394,7 @@ def test_the_oracle_is_not_vacuous() -> None:
     # (old = lp, weight 1) is -(-1) = 1; token_mean: (-2 + 1) / 2 = -0.5; mismatch |log 4| max
     old = [lp - np.log(4.0).astype(np.float32), lp]
     b3 = Batch(b.prompts, b.logits, b.tokens, old, b.ref_lp, b.rewards, b.old_v, b.head_w, 0.0)
-    cfg3 = RLConfig(algo="grpo", group_size=2, max_new_tokens=1, adv_eps=0.0, tis_cap=2.0)
+    cfg3 = AlgorithmConfig(algo="grpo", group_size=2, max_new_tokens=1, adv_eps=0.0, tis_cap=2.0)
     loss3, aux3 = oracle_loss(cfg3, b3)
     assert np.isclose(loss3, -0.5) and np.isclose(aux3["lp_mismatch_max"], np.log(4.0))
     logits, arrays, head, _, _ = library_inputs(cfg3, b3, "packed")

@@ -25,8 +25,8 @@ TASK = get_task("reverse", max_digits=2)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
 # beta 0: no reference pass, so the plain step and the partial one run the same stages;
 # 8 new tokens: an untrained model rarely emits EOS, so rows differ in when they finish
-CFG = RLConfig(algo="grpo", group_size=2, eos_id=EOS, max_new_tokens=8, lr=1e-2,
-               temperature=1.0, entropy_coef=0.01)  # the update always moves
+CFG = RLConfig.of(algo="grpo", group_size=2, eos_id=EOS, max_new_tokens=8, lr=1e-2,
+                  temperature=1.0, entropy_coef=0.01)  # the update always moves
 
 
 def _trainer(partial: PartialConfig | None, model: object = None,
@@ -54,7 +54,7 @@ def test_fraction_one_in_one_segment_is_the_plain_step() -> None:
     plain_sha = tr.params_sha256()
     assert "partial" not in m0 and tr.rollouts is None
     tr.commit(start)
-    cfg = PartialConfig(1.0, segment=CFG.max_new_tokens)
+    cfg = PartialConfig(1.0, segment=CFG.algorithm.max_new_tokens)
     tr.partial, tr.rollouts = cfg, PartialBuffer(cfg)
     m1 = tr.step(prompts, seed=5)
     assert tr.params_sha256() == plain_sha != start_sha
@@ -66,7 +66,8 @@ def _logprobs(model: object, prompt: np.ndarray, tokens: list[int]) -> np.ndarra
     """Sampling log-probs of ``tokens`` after ``prompt`` by a plain forward (temperature 1)."""
     seq = np.concatenate([prompt, np.asarray(tokens, np.int32)])[None]
     pos = np.arange(seq.shape[1], dtype=np.int32)[None]
-    logits = model(jnp.asarray(seq), jnp.asarray(pos), jnp.zeros_like(pos))[0] / CFG.temperature
+    logits = (model(jnp.asarray(seq), jnp.asarray(pos), jnp.zeros_like(pos))[0]
+              / CFG.algorithm.temperature)
     lp = jax.nn.log_softmax(logits, axis=-1)
     n = len(prompt)
     return np.asarray([lp[n - 1 + i, t] for i, t in enumerate(tokens)])
@@ -89,7 +90,7 @@ def test_carried_rows_finish_once_with_behaviour_logprobs(system: str) -> None:
     added, carried_seen, k = 0, 0, 0
     while k < 2 or tr.rollouts.rows:
         prompts = TASK.sample(rng, 3) if k < 2 else []
-        added += len(prompts) * CFG.group_size
+        added += len(prompts) * CFG.algorithm.group_size
         behaviour = tr.model()  # the parameters that sample this step's new tokens
         m = tr.step(prompts, seed=100 + k, limits=limits if prompts else None)
         k += 1

@@ -36,8 +36,8 @@ def _numpy_adam(p: np.ndarray, g: np.ndarray, lr: float, b1: float = 0.9, b2: fl
 
 
 def test_a_bf16_adam_step_equals_numpy_adam_and_keeps_the_dtypes() -> None:
-    cfg = RLConfig(algo="grpo", lr=1e-2, eos_id=0, max_grad_norm=None)
-    tx = make_optimizer(cfg)
+    cfg = RLConfig.of(algo="grpo", lr=1e-2, eos_id=0, max_grad_norm=None)
+    tx = make_optimizer(cfg.optim, cfg.algorithm.epochs)
     rng = np.random.default_rng(0)
     p = rng.normal(size=(64,)).astype(ml_dtypes.bfloat16)
     g = (rng.normal(size=(64,)) * 1e-3).astype(ml_dtypes.bfloat16)
@@ -45,7 +45,7 @@ def test_a_bf16_adam_step_equals_numpy_adam_and_keeps_the_dtypes() -> None:
     state = tx.init(params)
     new_p, new_s = jax.jit(lambda a, b, c: _guarded_step(tx, a, b, c, jnp.bool_(True)))(
         params, state, grads)
-    want = _numpy_adam(p.astype(np.float64), g.astype(np.float64), cfg.lr)
+    want = _numpy_adam(p.astype(np.float64), g.astype(np.float64), cfg.optim.lr)
     got = np.asarray(new_p["w"]).astype(np.float64)
     assert np.all(np.isfinite(got))
     # one bf16 rounding of the result (8 significant bits: relative 2**-8)
@@ -57,8 +57,8 @@ def test_a_bf16_adam_step_equals_numpy_adam_and_keeps_the_dtypes() -> None:
 
 # ------------------------------------------------------------------ the policy on a trainer
 TASK = get_task("reverse", max_digits=3)
-CFG = RLConfig(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
-               max_new_tokens=TASK.max_new_tokens, lr=1e-3)
+CFG = RLConfig.of(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
+                  max_new_tokens=TASK.max_new_tokens, lr=1e-3)
 
 
 def _dots(fn: Any, *args: Any) -> list[tuple[str, ...]]:

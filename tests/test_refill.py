@@ -215,8 +215,8 @@ def test_a_grpo_step_with_refill_is_the_step_without() -> None:
     out = {}
     for refill in (False, True):
         engine = EngineOptions(microbatch_rows=6, refill=True) if refill else None
-        cfg = RLConfig(algo="grpo", group_size=4, beta=0.1, eos_id=EOS, lr=1e-2,
-                       max_new_tokens=task.max_new_tokens, overlap_reference=True)
+        cfg = RLConfig.of(algo="grpo", group_size=4, beta=0.1, eos_id=EOS, lr=1e-2,
+                          max_new_tokens=task.max_new_tokens, overlap_reference=True)
         tr = RLTrainer(init_model(preset("tiny", vocab_size=VOCAB_SIZE), 0), task.reward, cfg,
                        engine=engine)
         prompts = task.sample(np.random.default_rng(0), 5)

@@ -108,8 +108,8 @@ def test_trainer_gradients_equal_with_remat_off(system: str, lora: bool) -> None
     task = get_task("reverse", max_digits=3)
     out = []
     for remat in (True, False):
-        cfg = RLConfig(algo="grpo", group_size=4, beta=0.1, eos_id=EOS, remat=remat,
-                       max_new_tokens=task.max_new_tokens, logprob_chunk=8)
+        cfg = RLConfig.of(algo="grpo", group_size=4, beta=0.1, eos_id=EOS, remat=remat,
+                          max_new_tokens=task.max_new_tokens, logprob_chunk=8)
         tr = RLTrainer(init_model(preset("tiny", vocab_size=VOCAB_SIZE), 0), task.reward, cfg,
                        system=system, lora=LoraConfig(rank=4, alpha=8.0) if lora else None)
         if lora:  # B = 0 at initialisation: move it so the low-rank path carries gradient

@@ -4,7 +4,6 @@ samples, for GRPO with a KL term and for PPO (value head on the logits)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import cache
 
 import jax
@@ -16,8 +15,8 @@ from jaxrl_sym.rl import RLConfig, RLTrainer, compute_rewards, get_task
 from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
 TASK = get_task("reverse", max_digits=2)
-CFG = RLConfig(algo="grpo", group_size=2, beta=0.1, epochs=1, eos_id=EOS,
-               max_new_tokens=TASK.max_new_tokens, lr=1e-2)
+CFG = RLConfig.of(algo="grpo", group_size=2, beta=0.1, epochs=1, eos_id=EOS,
+                  max_new_tokens=TASK.max_new_tokens, lr=1e-2)
 
 
 def _model(seed: int = 0) -> GPT2Like:
@@ -58,7 +57,7 @@ def test_grpo_with_kl_on_a_gpt2_like_model() -> None:
 
 def test_ppo_on_a_gpt2_like_model() -> None:
     _, rollout, rewards = setup()
-    ppo = RLTrainer(_model(), TASK.reward, replace(CFG, algo="ppo", beta=0.0), system="padded")
+    ppo = RLTrainer(_model(), TASK.reward, CFG.replace(algo="ppo", beta=0.0), system="padded")
     ppo.params["value"]["w"] = ppo.params["value"]["w"] + 0.01 * np.arange(VOCAB_SIZE)
     _compare(ppo, rollout, rewards)
 

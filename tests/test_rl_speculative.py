@@ -25,8 +25,8 @@ from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 from jaxrl_sym.runtime.options import Speculation
 
 TASK = get_task("reverse", max_digits=3)
-CFG = RLConfig(algo="grpo", group_size=4, epochs=1, eos_id=EOS, lr=1e-2,
-               max_new_tokens=TASK.max_new_tokens)
+CFG = RLConfig.of(algo="grpo", group_size=4, epochs=1, eos_id=EOS, lr=1e-2,
+                  max_new_tokens=TASK.max_new_tokens)
 
 
 def _models() -> dict[str, nnx.Module]:
@@ -51,7 +51,7 @@ def test_speculative_rollouts_carry_the_policys_logprobs(name: str, system: str,
     rollout = trainer.generate(TASK.sample(np.random.default_rng(5), 3), seed=3)
     for resp in rollout.responses:  # each row stops at its first EOS or at the limit
         eos = np.flatnonzero(resp == EOS)
-        assert len(resp) == (eos[0] + 1 if len(eos) else CFG.max_new_tokens)
+        assert len(resp) == (eos[0] + 1 if len(eos) else CFG.algorithm.max_new_tokens)
 
 
 def test_speculation_is_refused_where_it_cannot_run() -> None:

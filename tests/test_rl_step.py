@@ -31,8 +31,8 @@ from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 TASK = get_task("reverse", max_digits=3)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
 # overlap on (auto turns it off on a CPU): the overlapped reference must equal a separate pass
-CFG = RLConfig(algo="grpo", group_size=4, beta=0.1, epochs=2, eos_id=EOS,
-               max_new_tokens=TASK.max_new_tokens, lr=1e-2, overlap_reference=True)
+CFG = RLConfig.of(algo="grpo", group_size=4, beta=0.1, epochs=2, eos_id=EOS,
+                  max_new_tokens=TASK.max_new_tokens, lr=1e-2, overlap_reference=True)
 SEED = 3
 
 
@@ -47,10 +47,12 @@ def setup() -> tuple[RLTrainer, list[np.ndarray], Rollout, np.ndarray]:
 
 def test_rollout_shape_and_old_logprobs_are_the_policy_logprobs() -> None:
     trainer, prompts, rollout, _ = setup()
-    assert len(rollout.responses) == len(prompts) * CFG.group_size
+    g = CFG.algorithm.group_size
+    assert len(rollout.responses) == len(prompts) * g
     for i, r in enumerate(rollout.responses):
-        assert np.array_equal(rollout.prompts[i], prompts[i // CFG.group_size])
-        assert 1 <= len(r) <= CFG.max_new_tokens and len(rollout.old_logprobs[i]) == len(r)
+        assert np.array_equal(rollout.prompts[i], prompts[i // g])
+        assert 1 <= len(r) <= CFG.algorithm.max_new_tokens
+        assert len(rollout.old_logprobs[i]) == len(r)
         assert EOS not in r[:-1]  # a row stops at its first EOS
     # Before any update the reference *is* the policy, so the reference pass over the packed
     # layout must reproduce the log-probs generation reported: no need to recompute them.
@@ -76,7 +78,7 @@ def test_reference_scored_during_generation_equals_a_separate_pass() -> None:
     # the switch off gives the separate pass; auto (None) is off on a CPU, where scoring during
     # generation only competes with decoding for the same cores
     for value in (False, None):
-        off = RLTrainer(init_model(MODEL, 0), TASK.reward, replace(CFG, overlap_reference=value))
+        off = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG.replace(overlap_reference=value))
         assert jax.devices()[0].platform != "cpu" or not off.overlaps_reference
         if not off.overlaps_reference:
             assert off.generate(setup()[1], seed=SEED).ref_logprobs is None
@@ -126,7 +128,7 @@ KNOBS = {
 @pytest.mark.parametrize("name", sorted(KNOBS))
 def test_sym_and_padded_agree_with_each_stabiliser(name: str) -> None:
     _, _, rollout, rewards = setup()
-    trainer = RLTrainer(init_model(MODEL, 0), TASK.reward, replace(CFG, **KNOBS[name]))
+    trainer = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG.replace(**KNOBS[name]))
     # off the sampling policy, so ratios leave 1 and both clip bounds can bind
     trainer.params = jax.tree_util.tree_map(lambda x: x * 1.05, trainer.params)
     aux = _compare(trainer, rollout, rewards)
@@ -139,7 +141,7 @@ def test_sym_and_padded_agree_with_each_stabiliser(name: str) -> None:
 def test_sym_and_padded_loss_and_grads_match_ppo() -> None:
     _, _, rollout, rewards = setup()
     ppo = RLTrainer(init_model(MODEL, 0), TASK.reward,
-                    replace(CFG, algo="ppo", beta=0.0), system="padded")
+                    CFG.replace(algo="ppo", beta=0.0), system="padded")
     # a non-zero value head, so values enter GAE and the value loss
     ppo.params["value"]["w"] = ppo.params["value"]["w"] + 0.01 * np.arange(VOCAB_SIZE) / VOCAB_SIZE
     _compare(ppo, rollout, rewards)
@@ -212,15 +214,15 @@ def test_micro_batched_update_equals_whole_batch() -> None:
     rows, width = layout.shape
     base = trainer.cfg
     try:
-        trainer.cfg = replace(base, update_tokens=None)
+        trainer.cfg = base.replace(update_tokens=None)
         # update_once consumes the state it is given (donated buffers): each call gets a copy
         p1, _, aux1 = stages.update_once(trainer.context, *_copy((trainer.params,
                                                                   trainer.opt_state)),
                                          trainer.state, layout, arrays)
         assert rows >= 2, "the rollout must pack into several rows to split them"
         per = max(1, rows // 2)  # at least two micro-batches whatever the sampled lengths
-        trainer.cfg = replace(base, update_tokens=per * width)
-        chunks = stages.micro_batches(trainer.cfg, layout, arrays)
+        trainer.cfg = base.replace(update_tokens=per * width)
+        chunks = stages.micro_batches(trainer.cfg.execution, layout, arrays)
         assert len(chunks) == -(-rows // per) >= 2
         p2, _, aux2 = stages.update_once(trainer.context, *_copy((trainer.params,
                                                                   trainer.opt_state)),
@@ -244,8 +246,8 @@ def test_a_diverged_update_leaves_the_trainer_as_it_was(epochs: int, update_toke
     from jaxrl_sym.rl.step.stages import DivergedError
     from jaxrl_sym.rl.step.state import params_sha256
 
-    cfg = replace(CFG, lr=1e38, max_grad_norm=None, beta=0.0, epochs=epochs,
-                  update_tokens=update_tokens)
+    cfg = CFG.replace(lr=1e38, max_grad_norm=None, beta=0.0, epochs=epochs,
+                      update_tokens=update_tokens)
     tr = RLTrainer(init_model(MODEL, 0), TASK.reward, cfg)
     prompts = TASK.sample(np.random.default_rng(0), 4)
     with contextlib.suppress(DivergedError):  # overflows the weights: the next is non-finite
@@ -265,8 +267,8 @@ def test_the_update_writes_the_new_state_into_the_old_one() -> None:
 
     trainer, _, rollout, rewards = setup()
     layout, arrays = trainer.prepare(rollout, rewards, "sym")
-    (inputs, arr), = stages.micro_batches(replace(trainer.cfg, update_tokens=None), layout,
-                                          arrays)
+    (inputs, arr), = stages.micro_batches(replace(trainer.cfg.execution, update_tokens=None),
+                                          layout, arrays)
     fns = trainer.context.fns(layout.system)
     state = tree_nbytes((trainer.params, trainer.opt_state))
     size = ProgramSize.of("update", fns["update"].lower(trainer.params, trainer.opt_state,
@@ -278,7 +280,7 @@ def test_the_update_writes_the_new_state_into_the_old_one() -> None:
     # the clipped gradients are written over the donated sum, not kept as a gradient-sized
     # temporary (as optax's chain's first link: 1.02x the parameters here, 1.0x at
     # SmolLM2-135M's shape; now 0.67x here and ~0 there, where every leaf is large)
-    assert trainer.cfg.max_grad_norm and apply.temp < 0.8 * tree_nbytes(trainer.params), apply
+    assert trainer.cfg.optim.max_grad_norm and apply.temp < 0.8 * tree_nbytes(trainer.params), apply
 
 
 @pytest.mark.parametrize("update_tokens", [None, 16])
@@ -289,26 +291,26 @@ def test_the_clipped_update_equals_optax_clip_then_adam(update_tokens) -> None:
     The clip binds: the norm limit is far below the gradient's norm."""
     import optax
 
-    cfg = replace(CFG, beta=0.0, epochs=1, max_grad_norm=1e-3, update_tokens=update_tokens)
+    cfg = CFG.replace(beta=0.0, epochs=1, max_grad_norm=1e-3, update_tokens=update_tokens)
     trainer = RLTrainer(init_model(MODEL, 0), TASK.reward, cfg)
     _, _, rollout, rewards = setup()
     layout, arrays = trainer.prepare(rollout, rewards, "sym")
-    chunks = stages.micro_batches(cfg, layout, arrays)
+    chunks = stages.micro_batches(cfg.execution, layout, arrays)
     assert (len(chunks) > 1) == (update_tokens is not None), len(chunks)
     fns, state = trainer.context.fns(layout.system), trainer.state
     grads = None
     for inputs, arr in chunks:  # the gradient of the whole batch, summed over its micro-batches
         _, g = fns["grad"](state.params, state.frozen, inputs, arr)
         grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
-    assert float(optax.tree.norm(grads)) > 10 * cfg.max_grad_norm
+    assert float(optax.tree.norm(grads)) > 10 * cfg.optim.max_grad_norm
     params0 = jax.tree_util.tree_map(np.asarray, state.params)
-    tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.lr))
+    tx = optax.chain(optax.clip_by_global_norm(cfg.optim.max_grad_norm), optax.adam(cfg.optim.lr))
     updates, _ = tx.update(grads, tx.init(state.params), state.params)
     want = jax.tree_util.tree_map(np.asarray, optax.apply_updates(state.params, updates))
     new, _ = stages.update(trainer.context, state, layout, arrays)
     got = jax.tree_util.tree_map(np.asarray, new.params)
     moved = [np.abs(w - p).max() for w, p in zip(jax.tree_util.tree_leaves(want),
                                                  jax.tree_util.tree_leaves(params0), strict=True)]
-    assert max(moved) > 0.5 * cfg.lr
+    assert max(moved) > 0.5 * cfg.optim.lr
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                            got, want)

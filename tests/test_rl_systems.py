@@ -23,8 +23,8 @@ from jaxrl_sym.systems.trainable import trainable
 
 TASK = get_task("reverse", max_digits=2)
 MODEL = preset("tiny", vocab_size=VOCAB_SIZE)
-CFG = RLConfig(algo="grpo", group_size=2, beta=0.1, epochs=1, eos_id=EOS,
-               max_new_tokens=TASK.max_new_tokens, lr=1e-2)
+CFG = RLConfig.of(algo="grpo", group_size=2, beta=0.1, epochs=1, eos_id=EOS,
+                  max_new_tokens=TASK.max_new_tokens, lr=1e-2)
 
 
 # --------------------------------------------------------------------------- the toy system

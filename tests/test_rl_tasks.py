@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl_sym.errors import InputError, SymError
-from jaxrl_sym.rl import RewardError, RLConfig, compute_rewards, get_task
+from jaxrl_sym.rl import OptimizerConfig, RewardError, RLConfig, compute_rewards, get_task
 from jaxrl_sym.rl.algorithms.advantages import (
     gae,
     informative_samples,
@@ -142,12 +142,12 @@ def test_reward_validation_names_the_sample() -> None:
 
 def test_config_validation() -> None:
     with pytest.raises(InputError, match="algo='dpo'"):
-        RLConfig(algo="dpo")
+        RLConfig.of(algo="dpo")
     with pytest.raises(InputError, match="group_size=1"):
-        RLConfig(algo="grpo", group_size=1)
+        RLConfig.of(algo="grpo", group_size=1)
     with pytest.raises(InputError, match="temperature"):
-        RLConfig(temperature=0.0)
-    RLConfig(algo="ppo", group_size=1)  # PPO has a critic, no group needed
+        RLConfig.of(temperature=0.0)
+    RLConfig.of(algo="ppo", group_size=1)  # PPO has a critic, no group needed
 
 
 def test_partial_weight_makes_the_exact_answer_dominant() -> None:
@@ -186,29 +186,29 @@ def test_token_sum_and_dropped_groups_weights() -> None:
 
 def test_stabiliser_config_validation() -> None:
     with pytest.raises(InputError, match=r"loss_agg='sum'.*token_mean, seq_mean, token_sum"):
-        RLConfig(loss_agg="sum")
+        RLConfig.of(loss_agg="sum")
     with pytest.raises(InputError, match="adv_norm='std'"):
-        RLConfig(adv_norm="std")
+        RLConfig.of(adv_norm="std")
     with pytest.raises(InputError, match=r"lr_schedule='cosine' \(--lr-schedule\).*total_steps"):
-        RLConfig(lr_schedule="cosine", warmup_steps=10)
+        RLConfig.of(lr_schedule="cosine", warmup_steps=10)
     with pytest.raises(InputError, match=r"warmup_steps=-1 \(--warmup-steps\)"):
-        RLConfig(warmup_steps=-1)
+        RLConfig.of(warmup_steps=-1)
     with pytest.raises(InputError, match=r"clip_eps=1\.0 \(--clip-low\)"):
-        RLConfig(clip_eps=1.0)
+        RLConfig.of(clip_eps=1.0)
     with pytest.raises(InputError, match="clip_eps_high=nan"):
-        RLConfig(clip_eps_high=float("nan"))
-    RLConfig(lr_schedule="linear", warmup_steps=10, total_steps=11)
+        RLConfig.of(clip_eps_high=float("nan"))
+    RLConfig.of(lr_schedule="linear", warmup_steps=10, total_steps=11)
 
 
 def test_lr_schedule_warms_up_and_decays() -> None:
     from jaxrl_sym.rl.step.state import lr_schedule
 
-    cfg = RLConfig(lr=1e-3, warmup_steps=10, lr_schedule="cosine", total_steps=100,
-                   min_lr_ratio=0.1, epochs=2)
-    f = lr_schedule(cfg)
+    cfg = RLConfig.of(lr=1e-3, warmup_steps=10, lr_schedule="cosine", total_steps=100,
+                      min_lr_ratio=0.1, epochs=2)
+    f = lr_schedule(cfg.optim, cfg.algorithm.epochs)
     # counted in optimiser updates: 2 per RL step
     assert float(f(0)) < float(f(10)) < float(f(19)) <= 1e-3
     assert float(f(20)) == pytest.approx(1e-3)
     assert float(f(200)) == pytest.approx(1e-4)
-    const = lr_schedule(RLConfig(lr=1e-3, warmup_steps=4))
+    const = lr_schedule(OptimizerConfig(lr=1e-3, warmup_steps=4), 1)
     assert float(const(0)) == pytest.approx(2.5e-4) and float(const(1000)) == pytest.approx(1e-3)

@@ -197,9 +197,9 @@ def test_resume_takes_changed_execution_settings_and_refuses_the_rest(tmp_path, 
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert "with changed execution settings: " in said
     assert "--update-tokens (update_tokens): checkpoint None, given 16" in said
-    assert "config['logprob_chunk']: checkpoint 256, given 8" in said
+    assert "--logprob-chunk (logprob_chunk): checkpoint 256, given 8" in said
     assert {c["flag"] for c in resumed["changed_on_resume"]} == {
-        "--update-tokens (update_tokens)", "config['logprob_chunk']",
+        "--update-tokens (update_tokens)", "--logprob-chunk (logprob_chunk)",
         "--remat/--no-remat (remat)"}
     with pytest.raises(ResumeMismatchError, match=r"--lr \(lr\): checkpoint 0\.001, given 0\.002"):
         train("grpo", "reverse", steps=6, seed=5, checkpoint_dir=ckpt, resume=True,

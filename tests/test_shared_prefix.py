@@ -100,7 +100,7 @@ MODELS = {
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_step_programs_equal_unshared(name: str) -> None:
-    cfg = RLConfig(algo="grpo", group_size=3, beta=0.1, entropy_coef=0.01, temperature=0.8)
+    cfg = RLConfig.of(algo="grpo", group_size=3, beta=0.1, entropy_coef=0.01, temperature=0.8)
     tr = RLTrainer(MODELS[name](), lambda p, r: 0.0, cfg, system="sym")
     fns = tr.fns("sym")
     rng = np.random.default_rng(0)

@@ -315,12 +315,13 @@ def test_train_temperature_flag_reaches_the_step_and_is_checked(
     add_train_parser(sub)
     args = sub.choices["train"].parse_args(["--temperature", "0.7"])
     _, rl, _ = train_configs(args)
-    assert task_rl_config(10, 8, 1, rl).temperature == 0.7
+    assert task_rl_config(10, 8, 1, rl).algorithm.temperature == 0.7
     default = train_configs(sub.choices["train"].parse_args([]))[1]
-    assert task_rl_config(10, 8, 1, default).temperature == 1.0
+    assert task_rl_config(10, 8, 1, default).algorithm.temperature == 1.0
     for bad in ("0", "-1", "nan", "inf"):
         assert main(["train", "--temperature", bad, "--steps", "1"]) == 2
-        assert f"RLConfig.temperature={float(bad)} (--temperature)" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert f"AlgorithmConfig.temperature={float(bad)} (--temperature)" in err
 
 
 def test_lora_on_a_checkpoint_gets_its_own_learning_rate(

@@ -42,7 +42,7 @@ ALGOS = ("grpo", "rloo", "ppo")
 SEEDS = (0, 1, 2, 3, 11)
 CURVE_KEYS = ("reward", "exact_match", "entropy", "zero_var_frac")
 CURVE_EVERY = 5  # steps per stored curve point (a 400-step run keeps 80 points per key)
-# --config keys that are train()'s run arguments rather than RLConfig fields
+# --config keys that are train()'s run arguments rather than RLConfig knobs
 RUN_KEYS = ("speculate", "speculate_adaptive", "precision", "system")
 
 

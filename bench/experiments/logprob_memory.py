@@ -2,8 +2,8 @@
 
 One process, one small DecoderLM (width 128, 2 layers: the vocabulary dominates), the sym
 system's packed layout of ``N`` token slots (sequences of 256 tokens, rows of 1024), and for
-each token count and ``RLConfig.logprob_chunk`` (``0`` = off) the step's own fused update
-program (``stages.update_once``: loss, gradient and Adam in one program, as a one-micro-batch
+each token count and ``ExecutionConfig.logprob_chunk`` (``0`` = off) the step's own fused
+update program (``stages.update_once``: loss, gradient and Adam in one program, as a one-micro-batch
 step runs it). The peak is what the step reports, :class:`~jaxrl_sym.rl.step.programs.Programs`'
 ``peak``: inputs + resident state + XLA's temporaries (``memory_analysis``) + outputs.
 
@@ -69,7 +69,7 @@ def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int
 
     from jaxrl_sym.rl.step.stages import micro_batches
 
-    (inputs, arr), = micro_batches(tr.cfg, lay, arrays)
+    (inputs, arr), = micro_batches(tr.cfg.execution, lay, arrays)
     args = (tr.params, tr.opt_state, tr.state.frozen, inputs, arr)
     exe = tr.context.fns(tr.system)["update"].lower(*args).compile()
     ma = exe.memory_analysis()
@@ -84,7 +84,7 @@ def measure(tokens: int, chunk: int, run_limit: float, run_max_tokens: int) -> d
     from jaxrl_sym.runtime.metrics import tree_bytes
 
     model = init_model(preset("small", vocab_size=VOCAB, d_model=128, n_layers=2), 0)
-    cfg = RLConfig(group_size=2, logprob_chunk=chunk or None, pack_row_len=ROW)
+    cfg = RLConfig.of(group_size=2, logprob_chunk=chunk or None, pack_row_len=ROW)
     tr = RLTrainer(model, lambda p, r: 0.0, cfg, system="sym")
     lay, arrays = batch(tr, tokens)
     t = time.perf_counter()
@@ -127,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", default=None, type=presets.ints(1),
                    help="comma-separated token slot counts")
     p.add_argument("--chunks", default=None, type=presets.ints(0),
-                   help="comma-separated RLConfig.logprob_chunk values (0: off)")
+                   help="comma-separated logprob_chunk values (0: off)")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     return presets.parse(p, PRESETS, argv)
 

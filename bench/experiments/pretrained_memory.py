@@ -109,12 +109,13 @@ def ledger(model: str, group: int, tokens: int) -> dict[str, Any]:
 
     hf = setup(model, "word-problems", max_new_tokens=tokens)
     assert hf is not None
-    cfg = task_rl_config(1, tokens, EOS, {**hf.rl_config, "group_size": group})
+    cfg = task_rl_config(1, tokens, EOS, {**hf.rl_config(False), "group_size": group})
     trainer = RLTrainer(hf.load_model(), hf.task.reward, cfg)
     prompts = hf.task.sample(np.random.default_rng(0), 1)
     d = step_ledger(trainer, [p for p in prompts for _ in range(group)], [tokens] * group)
     peak = d.ledger.to_dict()["peak"]
-    return {"update_tokens": cfg.update_tokens, "total": peak["total"], "what": peak["what"],
+    return {"update_tokens": cfg.execution.update_tokens, "total": peak["total"],
+            "what": peak["what"],
             "buffers": [(b["name"], b["bytes"]) for b in peak["buffers"]]}
 
 

@@ -71,9 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=presets.at_least(1), default=None,
                    help="train LoRA adapters of this rank instead of every weight")
     p.add_argument("--update-tokens", type=presets.at_least(1), default=None,
-                   help="RLConfig.update_tokens: token slots per training micro-batch")
+                   help="update_tokens: token slots per training micro-batch")
     p.add_argument("--logprob-chunk", type=presets.at_least(1), default=None,
-                   help="RLConfig.logprob_chunk: token slots whose logits exist at once")
+                   help="logprob_chunk: token slots whose logits exist at once")
     p.add_argument("--engine", default=None, metavar="JSON",
                    type=presets.json_object(presets.engine_options),
                    help="EngineOptions fields for the trainer's generation, e.g. "
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "rlft_step's (jaxrl_sym.workloads.reasoning: log-normal responses, "
                         "median cap/16, ~1%% truncated at the cap; python -m bench reasoning)")
     p.add_argument("--no-remat", action="store_true",
-                   help="RLConfig.remat=False: keep the layers' activations for the backward")
+                   help="remat=False: keep the layers' activations for the backward")
     p.add_argument("--out", default=None, help="OUT.json and OUT.md")
     p.add_argument("--recalibrate", default=None, metavar="OUT_JSON",
                    help="run nothing: set OUT.json's projection beside the newest committed "
@@ -161,7 +161,7 @@ def recalibrate(path: Path) -> int:
         raise SystemExit(f"--recalibrate {path}: no such projection report (OUT.json)")
     report = json.loads(path.read_text())
     if "config" not in report:  # written before the config was stored: its command says it,
-        words = shlex.split(report["command"])  # and RLConfig.remat did not exist yet (off)
+        words = shlex.split(report["command"])  # and remat did not exist yet (off)
         report["config"] = {**config(parse_args(words[words.index("project") + 1:])),
                             "remat": False}
     report["calibration"] = calibration(report, report["device"])

@@ -96,11 +96,11 @@ def rl_config(args: argparse.Namespace, limits: list[int]) -> Any:
     from jaxrl_sym.rl import RLConfig
 
     chunk = {"logprob_chunk": args.logprob_chunk} if args.logprob_chunk else {}
-    return RLConfig(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
-                    max_new_tokens=max(limits), eos_id=None, lr=1e-4,
-                    update_tokens=args.update_tokens or None, remat=not args.no_remat,
-                    overlap_reference=False if getattr(args, "no_overlap_reference", False)
-                    else None, **chunk)
+    return RLConfig.of(algo="grpo", group_size=args.group, beta=args.beta, epochs=1,
+                       max_new_tokens=max(limits), eos_id=None, lr=1e-4,
+                       update_tokens=args.update_tokens or None, remat=not args.no_remat,
+                       overlap_reference=False if getattr(args, "no_overlap_reference", False)
+                       else None, **chunk)
 
 
 def run_system(args: argparse.Namespace) -> dict[str, Any]:
@@ -246,17 +246,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train LoRA adapters of this rank (alpha 2x, all linear layers) instead "
                         "of every weight")
     p.add_argument("--update-tokens", type=count, default=None,
-                   help="RLConfig.update_tokens: token slots per training micro-batch")
+                   help="update_tokens: token slots per training micro-batch")
     p.add_argument("--logprob-chunk", type=count, default=None,
-                   help="RLConfig.logprob_chunk: token slots whose logits exist at once")
+                   help="logprob_chunk: token slots whose logits exist at once")
     p.add_argument("--engine", default=None, metavar="JSON",
                    type=presets.json_object(presets.engine_options),
                    help="EngineOptions fields for the trainer's generation, e.g. "
                         "'{\"min_capacity\": 16}' (default: the RL trainer's own)")
     p.add_argument("--no-remat", action="store_true",
-                   help="RLConfig.remat=False: keep the layers' activations for the backward")
+                   help="remat=False: keep the layers' activations for the backward")
     p.add_argument("--no-overlap-reference", action="store_true",
-                   help="RLConfig.overlap_reference=False: score the reference after generation, "
+                   help="overlap_reference=False: score the reference after generation, "
                         "not during it (on an accelerator it overlaps by default)")
     p.add_argument("--out", default=None,
                    help="write the report here (default bench/results/<device>/rlft_step_"

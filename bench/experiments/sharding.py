@@ -54,8 +54,8 @@ def measure(n: int, prompts: int, repeats: int) -> list[dict[str, Any]]:
     from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
     task = get_task("reverse", max_digits=3)
-    cfg = RLConfig(algo="grpo", group_size=8, beta=0.0, eos_id=EOS,
-                   max_new_tokens=task.max_new_tokens, lr=1e-3)
+    cfg = RLConfig.of(algo="grpo", group_size=8, beta=0.0, eos_id=EOS,
+                      max_new_tokens=task.max_new_tokens, lr=1e-3)
     model = init_model(preset("small", vocab_size=VOCAB_SIZE), 0)
     batch = task.sample(np.random.default_rng(0), prompts)
     meshes = [None, "data=1"] if n == 1 else [f"data={n}"]

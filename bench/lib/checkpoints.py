@@ -112,7 +112,7 @@ def write_rl_checkpoint(model_dir: str | Path, run_dir: str | Path, *, beta: flo
     from jaxrl_sym.rl.step.trainer import RLTrainer
 
     model = load_pretrained(model_dir)[0]
-    cfg = RLConfig(beta=beta, max_new_tokens=8, eos_id=0)
+    cfg = RLConfig.of(beta=beta, max_new_tokens=8, eos_id=0)
     trainer = RLTrainer(model, lambda prompt, response: 0.0, cfg)
     hparams = {**run_hparams(cfg, task="word-problems", seed=0),
                "model_dir": str(Path(model_dir).absolute()), "chat_template": False,

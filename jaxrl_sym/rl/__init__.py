@@ -6,11 +6,12 @@ reward and loss code.
 
 The package is four rooms, each importing only from the modules listed before it:
 :mod:`.names` and :mod:`.errors` (shared by every room); :mod:`.tasks`, what a run learns and how
-it is scored; :mod:`.config`, the JAX-free configuration objects (the CLI builds them to check
-its flags); :mod:`.algorithms`, the maths (advantages, losses); :mod:`.step`, one step's
-machinery (the trainer, its stages, layouts, compiled programs, the step's ledger); and
-:mod:`.run`, a training run around it (the ``train`` / ``eval`` commands, the loop, checkpoints,
-signals, trackers, evaluation, export).
+it is scored; :mod:`.knobs` and :mod:`.config`, the JAX-free configuration objects (a step's
+knobs by concern, and the run around them; the CLI builds them to check its flags);
+:mod:`.algorithms`, the maths (advantages, losses); :mod:`.step`, one step's machinery (the
+trainer, its stages, layouts, compiled programs, the step's ledger); and :mod:`.run`, a training
+run around it (the ``train`` / ``eval`` commands, the loop, checkpoints, signals, trackers,
+evaluation, export).
 
 The public names are loaded on first use (PEP 562), as in the top-level package: the ``train``
 command imports :mod:`jaxrl_sym.rl.run.cli` to check its flags before JAX is imported.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
         RunConfig,
     )
     from jaxrl_sym.rl.errors import CheckpointError, RewardError
+    from jaxrl_sym.rl.knobs import AlgorithmConfig, ExecutionConfig, OptimizerConfig
     from jaxrl_sym.rl.names import TASK_NAMES
     from jaxrl_sym.rl.step.sampling import SamplingConfig
     from jaxrl_sym.rl.step.trainer import RLTrainer, Rollout, compute_rewards, params_sha256
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 _HOME = {
     **dict.fromkeys(("CheckpointConfig", "PartialConfig", "RLConfig", "RunConfig"),
                     "jaxrl_sym.rl.config"),
+    **dict.fromkeys(("AlgorithmConfig", "ExecutionConfig", "OptimizerConfig"),
+                    "jaxrl_sym.rl.knobs"),
     "SamplingConfig": "jaxrl_sym.rl.step.sampling",
     "CheckpointError": "jaxrl_sym.rl.errors",
     "RewardError": "jaxrl_sym.rl.errors",
@@ -48,8 +52,11 @@ _HOME = {
 
 __all__ = [
     "TASK_NAMES",
+    "AlgorithmConfig",
     "CheckpointConfig",
     "CheckpointError",
+    "ExecutionConfig",
+    "OptimizerConfig",
     "PartialConfig",
     "RLConfig",
     "RLTrainer",

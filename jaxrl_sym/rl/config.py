@@ -1,8 +1,10 @@
 """The RL layer's configuration objects, JAX-free: the ``train`` CLI builds them to check its
 flags before paying JAX's import, with the same rules the library applies.
 
-* :class:`RLConfig`: one step's algorithm, optimiser and step knobs (its sampling part is
-  :class:`~jaxrl_sym.rl.step.sampling.SamplingConfig`, derived with ``SamplingConfig.of``).
+* :class:`RLConfig`: one step's knobs, composed of three parts by concern
+  (:mod:`jaxrl_sym.rl.knobs`: :class:`AlgorithmConfig`, :class:`OptimizerConfig`,
+  :class:`ExecutionConfig`); its sampling request is
+  :class:`~jaxrl_sym.rl.step.sampling.SamplingConfig`, derived with ``SamplingConfig.of``.
 * :class:`PartialConfig`: partial rollouts (:mod:`jaxrl_sym.rl.step.partial`).
 * :class:`RunConfig`: a training run on a task — the task, the prompt stream, the system, the
   model, how rollouts are generated (:class:`~jaxrl_sym.runtime.options.EngineOptions`,
@@ -14,27 +16,25 @@ flags before paying JAX's import, with the same rules the library applies.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+import difflib
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.generation import check_sampling_temperature
-from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, OPTIMIZERS
+from jaxrl_sym.rl.knobs import AlgorithmConfig, ExecutionConfig, OptimizerConfig
+from jaxrl_sym.rl.names import PG_LOSSES
 from jaxrl_sym.rl.tasks.text_tasks import FORMAT_WEIGHT, check_format_weight, is_text_task
 from jaxrl_sym.rl.tasks.token_tasks import Task, get_task
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.weights.lora_config import LoraConfig
 from jaxrl_sym.weights.precision import Precision
 
-__all__ = ["PG_LOSSES", "TASK_RECIPE", "TASK_REWARD", "CheckpointConfig", "PartialConfig",
-           "RLConfig", "RunConfig", "speculation_of", "task_rl_config"]
-
-PG_LOSSES = ("ppo_clip", "gspo", "cispo")
-"""``RLConfig.pg_loss`` / ``train --pg-loss`` choices (:mod:`jaxrl_sym.rl.algorithms.losses`)."""
+__all__ = ["GROUPS", "PG_LOSSES", "TASK_RECIPE", "TASK_REWARD", "AlgorithmConfig",
+           "CheckpointConfig", "ExecutionConfig", "OptimizerConfig", "PartialConfig", "RLConfig",
+           "RunConfig", "nest_hparams", "speculation_of", "task_rl_config"]
 
 MOVED: dict[str, str] = {
     "speculate": "the run's speculation: train(speculate=K), --speculate K, "
@@ -47,221 +47,82 @@ MOVED: dict[str, str] = {
 }
 """Former RLConfig fields (generation, not the algorithm) and where each is set now."""
 
+GROUPS: dict[str, type] = {"algorithm": AlgorithmConfig, "optim": OptimizerConfig,
+                           "execution": ExecutionConfig}
+"""RLConfig's parts by attribute: what a step computes, how its gradient becomes an update
+(both define the run), how it is computed (does not)."""
 
-EXECUTION_KNOBS = frozenset({"update_tokens", "logprob_chunk", "remat", "overlap_reference"})
-"""RLConfig fields that decide how a step is computed, not what it computes: micro-batches of
-the update, log-prob chunks, recomputation in the backward, the reference pass's overlap. The
-update is the same up to float rounding, so ``--resume`` takes a change of them (a memory fix
-for a run that ran out of memory must not need ``--resume-anyway``) and says what changed."""
+FIELD_GROUP: dict[str, str] = {f.name: g for g, cls in GROUPS.items() for f in fields(cls)}
+"""Each knob's group. A knob has one name across the groups (tests/test_one_default.py), so a
+flat ``{field: value}`` — ``train(config=...)``, a checkpoint written before the split — maps
+onto the groups unambiguously."""
 
 
 @dataclass(frozen=True)
 class RLConfig:
-    """Hyper-parameters of one RL fine-tuning step.
+    """One RL step's configuration, by concern: :class:`~jaxrl_sym.rl.knobs.AlgorithmConfig`
+    (``algorithm``), :class:`~jaxrl_sym.rl.knobs.OptimizerConfig` (``optim``) and
+    :class:`~jaxrl_sym.rl.knobs.ExecutionConfig` (``execution``). Each part has its own checks
+    and its own reason to be a part (its docstring); code that needs one part takes that part
+    (the loss an AlgorithmConfig, the optimiser an OptimizerConfig).
 
-    algo: ``grpo`` (group-normalised advantages), ``rloo`` (leave-one-out baseline) or ``ppo``
-      (value head + GAE).
-    group_size: generations per prompt (G). GRPO/RLOO need >= 2 to have a baseline.
-    temperature: sampling temperature; the loss scales logits the same way so the ratio of new
-      to generation-time ("old") log-probs is 1 before the first update.
-    max_new_tokens: response limit per row (a row also ends at ``eos_id``).
-    clip_eps / clip_eps_high: PPO ratio clip range [1 - clip_eps, 1 + clip_eps_high] (the
-      "clip_low" / "clip_high" of DAPO). clip_eps_high None means clip_eps (symmetric); a larger
-      one ("clip-higher") lets a token that was unlikely at sampling time grow further in one
-      update, which is how a rare correct answer gets reinforced before entropy collapses.
-    pg_loss: the policy-gradient term. ``ppo_clip``: PPO's clipped surrogate per token,
-      ``-min(r A, clip(r) A)`` with ``r = pi / pi_old`` (GRPO, DAPO and Dr. GRPO are this term
-      with their advantages and ``loss_agg``). ``gspo``: the same with one length-normalised
-      sequence ratio ``s = exp(mean_t log r_t)`` per sequence (Zheng et al. 2025,
-      arXiv:2507.18071): one clipping decision per sequence; use ``loss_agg="seq_mean"`` (the
-      paper's mean over sequences) and the paper's much smaller clip range, e.g. ``clip_eps``
-      3e-4, ``clip_eps_high`` 4e-4 (a geometric mean of ratios stays near 1). ``cispo``:
-      ``-sg(clip(r)) A log pi`` per token (MiniMax-M1, arXiv:2506.13585): the importance weight
-      is clipped and held constant, so no token loses its gradient to the clip; the report
-      uses ``loss_agg="token_mean"`` and no lower bound (``clip_eps`` >= 1 is allowed here
-      only). Both use ``clip_eps`` / ``clip_eps_high`` as their clip range and refuse
-      ``tis_cap``; at ``epochs == 1`` (ratios 1) all three give the same gradient.
-    beta: weight of the k3 KL estimate against the reference policy (0 skips the reference pass).
-    epochs: optimisation passes over one batch of rollouts (ratios leave 1 from the second on).
-    loss_agg: how per-token terms become one number. ``token_mean``: every response token of the
-      batch weighs the same (DAPO). ``seq_mean``: mean over each sequence's tokens, then over
-      sequences (the GRPO paper; short responses weigh more per token). ``token_sum``: the sum over
-      tokens divided by a constant, sequences x max_new_tokens (Dr. GRPO: no length bias at all).
-    adv_norm: GRPO's advantage scaling after subtracting the group mean: ``group_std`` (the GRPO
-      paper), ``batch_std`` (one std over the batch: a group of near-equal rewards is not blown up
-      to unit scale) or ``none`` (Dr. GRPO). RLOO ignores it; PPO whitens its GAE advantages
-      over the batch's tokens unless it is ``none``.
-    drop_zero_var: give groups whose G rewards are all equal zero weight in the loss and spread
-      the weights over the other groups (DAPO's dynamic sampling without re-sampling). Their
-      advantage is 0 already; what dropping changes is that they no longer dilute the update
-      and their tokens no longer feed the entropy bonus and KL term. GRPO/RLOO only.
-    entropy_coef: weight of an entropy bonus on response slots (0: off). From random init the
-      policy otherwise collapses onto fixed outputs before it finds the signal in the prompt.
-    lr / warmup_steps / lr_schedule / total_steps / min_lr_ratio: Adam's learning rate, reached
-      linearly over ``warmup_steps`` updates, then held (``constant``) or decayed to
-      ``min_lr_ratio * lr`` at ``total_steps`` (``cosine``, ``linear``; they need total_steps).
-      Counted in RL steps (each of the ``epochs`` updates of a step uses that step's rate).
-    optimizer / weight_decay: optax's ``adam`` (the default; no weight decay), ``adamw``
-      (decoupled decay, TRL's and verl's choice), ``sgd`` (decay as an L2 term), ``lion`` (one
-      moment: half Adam's state) or ``adafactor`` (factored second moments: a fraction of it);
-      ``weight_decay`` >= 0, refused with ``adam``, which has none (``adamw`` does).
-    gamma / lam / vf_coef / vf_clip: PPO's discount, GAE lambda, value-loss weight and value clip.
-    pack_row_len: row length of the packed training layout (None: at least 64 and the longest
-      sequence, rounded to a length bucket).
-    share_prompts: on the symbolic runtime, pack a GRPO group's samples behind one copy of
-      their prompt per row (:func:`jaxrl_sym.systems.layout.shared_prefix_layout`): the reference,
-      value and training forwards compute each prompt token once per row instead of G times —
-      the same numbers (each response sees the same keys at the same positions), about a
-      third fewer token slots on the step benchmark's workload (prompts 8-64, G = 8; the
-      numbers: ``bench/results/cpu/design_notes.md``). False: every sample
-      packed as its own prompt + response sequence.
-    overlap_reference: on the symbolic runtime, score finished rows with the reference model
-      while the rest still generate (False: one reference pass after generation). None (auto):
-      on an accelerator only — on a CPU the scoring competes with decoding for the same cores
-      (``RLTrainer.overlaps_reference``).
-    update_tokens: token slots per training micro-batch (gradient accumulation: one optimiser
-      update per epoch from the summed gradients, the same update as the whole batch at once up
-      to float rounding). Bounds the update's peak memory — at Qwen2.5's 151,936-word vocabulary
-      the logits alone take 0.6 MB per token in fp32. None: the whole batch in one program.
-    logprob_chunk: token slots whose logits exist at once in the reference, value and loss
-      programs (and the loss's backward, which recomputes each chunk's logits): the model's
-      head is applied to the final hidden states one chunk at a time
-      (:mod:`jaxrl_sym.rl.step.logprobs`), so the update's peak no longer grows with tokens x vocab.
-      Needs a model with the contract's optional ``features``/``head`` split; without it the
-      step runs unchunked and its ``logprob_chunking`` stat says why. A batch of at most this
-      many slots runs unchunked too (one chunk would hold the same logits and its recomputed
-      backward more). None: off (unchunked). The default, 256, is chosen for what a GPU pays:
-      the chunk's backward holds about three ``[chunk x vocab]`` fp32 buffers, 1.8 GB at 1024
-      slots of Qwen2.5's 151,936-word vocabulary and 0.45 GB at 256 (it lowers the projected
-      update peak at the GPU preset: ``bench/results/cpu/design_notes.md``), while the head's
-      flops are the same at any chunk. On a CPU a smaller chunk is slower
-      (``bench/experiments/logprob_memory.py``; ``bench/results/logprob_memory.md``): set 1024
-      there if time matters more than memory.
-    remat: recompute each layer's activations in the update's backward instead of keeping them
-      (gradient checkpointing between attention calls, :mod:`jaxrl_sym.rl.step.remat`; every
-      system). On by default for what a GPU pays: at the GPU preset's micro-batch it removes
-      most of the update's per-layer temporaries for about a quarter more update flops
-      (``bench/results/projection.md``). False: keep them (faster where memory is plentiful).
-    tis_cap: truncated importance sampling (verl, slime) for the gap between the generation's
-      log-probs and the trainer's own at the same weights (bf16 generation vs a recompute,
-      another system's kernels): each token's policy gradient is weighted by
-      ``min(pi_trainer / pi_generation, tis_cap)`` and the PPO ratio is taken against the
-      trainer's log-probs. None: off (the ratio is taken against the generation's, as before).
-      Needs ``epochs == 1``: the trainer's log-probs at the step's start are those of the
-      first epoch's own forward (a stop-gradient), which later epochs no longer have.
+    ``RLConfig.of(algo="grpo", lr=1e-3, update_tokens=512)`` builds one from knob names (each
+    belongs to one part); :meth:`replace` changes knobs by name.
     """
 
-    algo: str = "grpo"
-    group_size: int = 8
-    temperature: float = 1.0
-    max_new_tokens: int = 8
-    eos_id: int | None = None
-    lr: float = 3e-3
-    optimizer: str = "adam"
-    weight_decay: float = 0.0
-    max_grad_norm: float | None = 1.0
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    pg_loss: str = "ppo_clip"
-    beta: float = 0.0
-    epochs: int = 1
-    loss_agg: str = "token_mean"
-    adv_norm: str = "group_std"
-    adv_eps: float = 1e-6
-    drop_zero_var: bool = False
-    entropy_coef: float = 0.0
-    warmup_steps: int = 0
-    lr_schedule: str = "constant"
-    total_steps: int | None = None
-    min_lr_ratio: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    vf_coef: float = 0.5
-    vf_clip: float = 0.2
-    pack_row_len: int | None = None
-    share_prompts: bool = True
-    overlap_reference: bool | None = None
-    update_tokens: int | None = None
-    logprob_chunk: int | None = 256
-    remat: bool = True
-    tis_cap: float | None = None
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
 
     def __post_init__(self) -> None:
-        if self.algo not in ALGOS:
-            raise InputError(f"RLConfig.algo={self.algo!r}; choose one of {', '.join(ALGOS)}")
-        for name, choices in (("loss_agg", LOSS_AGGS), ("adv_norm", ADV_NORMS),
-                              ("lr_schedule", LR_SCHEDULES), ("pg_loss", PG_LOSSES),
-                              ("optimizer", OPTIMIZERS)):
-            if getattr(self, name) not in choices:
-                raise InputError(f"RLConfig.{name}={getattr(self, name)!r}; choose one of "
-                                 f"{', '.join(choices)}")
-        self._check_schedule()
-        if self.group_size < 1 or (self.algo in ("grpo", "rloo") and self.group_size < 2):
-            raise InputError(f"RLConfig.group_size={self.group_size}: {self.algo} compares "
-                             "generations of the same prompt, so it needs >= 2")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise InputError(f"RLConfig.temperature={self.temperature} (--temperature): RL "
-                             "samples, so it must be a finite number > 0 (greedy decoding has no "
-                             "log-probs to take a ratio of)")
-        check_sampling_temperature(self.temperature, "RLConfig.temperature")
-        for name in ("update_tokens", "logprob_chunk"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise InputError(f"RLConfig.{name}={v!r} must be an integer >= 1 or None")
-        if not isinstance(self.remat, bool):
-            raise InputError(f"RLConfig.remat={self.remat!r} must be True or False")
-        for name in ("max_new_tokens", "epochs"):
-            if getattr(self, name) < 1:
-                raise InputError(f"RLConfig.{name}={getattr(self, name)} must be >= 1")
-        for name in ("lr", "clip_eps", "beta", "vf_coef", "vf_clip", "adv_eps", "entropy_coef",
-                     "clip_eps_high", "weight_decay"):
-            v = getattr(self, name)
-            if v is not None and not (np.isfinite(v) and v >= 0):
-                raise InputError(f"RLConfig.{name}={v} must be finite and >= 0")
-        if self.tis_cap is not None and not (np.isfinite(self.tis_cap) and self.tis_cap >= 1.0):
-            raise InputError(f"RLConfig.tis_cap={self.tis_cap} (--tis-cap) must be finite and "
-                             ">= 1 (a cap below 1 down-weights tokens the two policies agree on)")
-        if self.tis_cap is not None and self.epochs != 1:
-            raise InputError(f"RLConfig.tis_cap (--tis-cap) needs epochs == 1, got epochs="
-                             f"{self.epochs}: the trainer's log-probs at the step's start come "
-                             "from the first epoch's forward")
-        self._check_pg_loss()
+        for name, cls in GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise InputError(f"RLConfig.{name}={getattr(self, name)!r}: give a "
+                                 f"{cls.__name__} (RLConfig.of builds one from knob names)")
 
-    def _check_pg_loss(self) -> None:
-        """The clip range and TIS against the policy-gradient term (``pg_loss``)."""
-        if self.pg_loss != "cispo" and not 0.0 <= self.clip_eps < 1.0:
-            raise InputError(f"RLConfig.clip_eps={self.clip_eps} (--clip-low) must be in [0, 1): "
-                             "the ratio's lower clip bound 1 - clip_eps must stay positive "
-                             "(pg_loss='cispo' alone accepts >= 1: no lower bound on its weight)")
-        if self.pg_loss != "ppo_clip" and self.tis_cap is not None:
-            raise InputError(f"RLConfig.tis_cap (--tis-cap) re-bases ppo_clip's token ratio on "
-                             f"the trainer's own log-probs; pg_loss={self.pg_loss!r} (--pg-loss) "
-                             "defines its own ratio: leave tis_cap None")
+    @classmethod
+    def of(cls, **knobs: Any) -> RLConfig:
+        """The config with these knobs (field names of any part), the others at their
+        defaults. A name no part has is refused (a former field: naming where it is set now)."""
+        parts: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+        for name, value in knobs.items():
+            if name in MOVED:
+                raise InputError(f"config[{name!r}] is no longer an RLConfig field (RLConfig is "
+                                 f"the algorithm, optimiser and execution): it is {MOVED[name]}")
+            if name not in FIELD_GROUP:
+                near = difflib.get_close_matches(name, FIELD_GROUP, n=1)
+                raise InputError(f"config[{name!r}] is not a knob of "
+                                 f"{', '.join(c.__name__ for c in GROUPS.values())}"
+                                 + (f" (did you mean {near[0]!r}?)" if near else ""))
+            parts[FIELD_GROUP[name]][name] = value
+        return cls(**{g: GROUPS[g](**kw) for g, kw in parts.items()})
 
-    def _check_schedule(self) -> None:
-        """The learning-rate schedule's fields, each named as the ``train`` flag that sets it."""
-        if isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
-            raise InputError(f"RLConfig.warmup_steps={self.warmup_steps} (--warmup-steps) must "
-                             "be an integer >= 0")
-        if self.optimizer == "adam" and self.weight_decay:
-            raise InputError(f"RLConfig.weight_decay={self.weight_decay} (--weight-decay) with "
-                             "optimizer='adam': Adam has no weight decay (an L2 term in its "
-                             "gradient is not one); use --optimizer adamw")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise InputError(f"RLConfig.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
-        if self.lr_schedule != "constant" and (self.total_steps is None
-                                               or self.total_steps <= self.warmup_steps):
-            raise InputError(
-                f"RLConfig.lr_schedule={self.lr_schedule!r} (--lr-schedule) decays until "
-                f"total_steps, which must be set and > warmup_steps ({self.warmup_steps}); "
-                f"got total_steps={self.total_steps}")
+    def replace(self, **knobs: Any) -> RLConfig:
+        """This config with the given knobs (by field name) changed."""
+        return RLConfig.of(**{**self.knobs(), **knobs})
 
-    @property
-    def clip_high(self) -> float:
-        return self.clip_eps if self.clip_eps_high is None else self.clip_eps_high
+    def knobs(self) -> dict[str, Any]:
+        """Every knob by its field name (one flat dict: the names are unique)."""
+        return {k: v for part in self.to_dict().values() for k, v in part.items()}
 
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """``{"algorithm": {...}, "optim": {...}, "execution": {...}}`` (what checkpoints
+        record, :func:`nest_hparams` reads older flat records into it)."""
+        return {g: {f.name: getattr(getattr(self, g), f.name) for f in fields(GROUPS[g])}
+                for g in GROUPS}
+
+
+def nest_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's recorded hyper-parameters with the step's knobs under their part
+    (``algorithm``, ``optim``, ``execution``). Checkpoints written before RLConfig was split
+    recorded the knobs flat, beside the run's own keys (``task``, ``seed``...): those keys are
+    moved into their part, so an old checkpoint compares with a new run knob by knob. The run's
+    keys, and keys no part knows (a removed field), stay where they are."""
+    out = {k: v for k, v in hparams.items() if k not in FIELD_GROUP}
+    for g in GROUPS:
+        out[g] = {**{k: v for k, v in hparams.items() if FIELD_GROUP.get(k) == g},
+                  **(hparams.get(g) or {})}
+    return out
 
 
 @dataclass(frozen=True)
@@ -445,14 +306,10 @@ def speculation_of(k: int | None, adaptive: bool | None = False) -> Speculation 
 def task_rl_config(steps: int, max_new_tokens: int, eos_id: Any,
                    fields_: dict[str, Any]) -> RLConfig:
     """The :class:`RLConfig` of a run on a task: :data:`TASK_RECIPE`, the task's response
-    limit and EOS, then ``fields_`` (the caller's: algorithm, rates, ``--max-new-tokens``...);
-    a decaying learning-rate schedule without ``total_steps`` ends with the run. A former
-    field (:data:`MOVED`) is refused naming where it is set now."""
-    moved = sorted(set(fields_) & set(MOVED))
-    if moved:
-        raise InputError(f"config[{moved[0]!r}] is no longer an RLConfig field (RLConfig is the "
-                         f"algorithm and optimiser): it is {MOVED[moved[0]]}")
+    limit and EOS, then ``fields_`` (the caller's knobs by name: algorithm, rates,
+    ``--max-new-tokens``...); a decaying learning-rate schedule without ``total_steps`` ends
+    with the run. A former field (:data:`MOVED`) is refused naming where it is set now."""
     merged = {"max_new_tokens": max_new_tokens, "eos_id": eos_id, **TASK_RECIPE, **fields_}
     if merged.get("lr_schedule", "constant") != "constant" and merged.get("total_steps") is None:
         merged["total_steps"] = steps
-    return RLConfig(**merged)
+    return RLConfig.of(**merged)

@@ -10,6 +10,7 @@ LOSS_AGGS = ("token_mean", "seq_mean", "token_sum")
 ADV_NORMS = ("group_std", "batch_std", "none")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 OPTIMIZERS = ("adam", "adamw", "sgd", "lion", "adafactor")  # optax's, jaxrl_sym.rl.step.state
+PG_LOSSES = ("ppo_clip", "gspo", "cispo")  # policy-gradient terms, jaxrl_sym.rl.algorithms.losses
 TASK_NAMES = ("reverse", "copy", "sort", "add")  # token tasks of the built-in model
 TEXT_TASK_NAMES = ("word-problems",)  # text tasks of a --model checkpoint, plus "jsonl:PATH"
 TASK_HELP = (f"one of {', '.join(TASK_NAMES)} (the built-in model); with --model a text task: "

@@ -61,7 +61,7 @@ class LogitsOnly:
 def chunking_status(forward: Any, chunk: int | None) -> str:
     """The ``logprob_chunking`` stat: ``on: N token slots per chunk`` or ``off: <why>``."""
     if chunk is None:
-        return "off: RLConfig.logprob_chunk=None"
+        return "off: ExecutionConfig.logprob_chunk=None"
     if isinstance(forward, SplitForward):
         return f"on: {chunk} token slots per chunk"
     if isinstance(forward, LogitsOnly):

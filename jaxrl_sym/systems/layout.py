@@ -164,7 +164,7 @@ def shared_prefix_layout(
     if row_len > MAX_SHARED_ROW:
         raise InputError(f"pack_row_len={row_len}: shared-prompt rows hold at most "
                          f"{MAX_SHARED_ROW} slots (a segment id encodes its parent's); lower "
-                         "it or set RLConfig.share_prompts=False")
+                         "it or set ExecutionConfig.share_prompts=False (--no-share-prompts)")
     units = sorted(_units(prompts, responses, row_len),
                    key=lambda u: -_unit_len(u, prompts, responses))
     fill: list[int] = []  # first-fit decreasing, as PackedBatch.build

@@ -49,7 +49,7 @@ class BindOptions:
     lookup) or a draft model. ``progress(tokens_so_far)`` is called by systems that read tokens
     back as they go. ``budget``: a :class:`~jaxrl_sym.sharding.MemoryBudget` every compiled
     program is checked against (None: no check). ``logprob_chunk``: the RL forward's logits
-    chunk (None: whole logits; a trainer passes ``RLConfig.logprob_chunk``, the knob's one
+    chunk (None: whole logits; a trainer passes ``ExecutionConfig.logprob_chunk``, the knob's one
     default)."""
 
     backend: str | None = None

@@ -205,7 +205,7 @@ class TrainBound(BoundSystem):
         trainer whose batches all fit in one chunk (run unchunked) never traces it.
         """
         if self.options.logprob_chunk is None:
-            return LogitsOnly(logits, "RLConfig.logprob_chunk=None")
+            return LogitsOnly(logits, "ExecutionConfig.logprob_chunk=None")
         model = self.model
         reason = check_features(model)
         if reason is not None:

@@ -221,7 +221,7 @@ def calibration(report: dict[str, Any], dev: dict[str, Any]) -> list[dict[str, A
 def run_config(cfg: dict[str, Any]) -> tuple[Any, ...]:
     """What must agree between a projection and a run for one to calibrate the other (the
     first H100 run's reports predate ``precision`` and ``lora_rank``: fp32, no LoRA; every run
-    before ``RLConfig.remat`` kept the activations: remat off)."""
+    before ``ExecutionConfig.remat`` kept the activations: remat off)."""
     return (cfg.get("preset"), cfg.get("cap"), cfg.get("precision") or "fp32",
             cfg.get("lora_rank") or 0,
             bool(cfg.get("remat", False)), cfg.get("overlap_reference"),

@@ -3,8 +3,8 @@
 Every algorithm runs the same step (generate → reference → reward → advantages → clipped policy
 loss + KL → update); only :func:`sample_advantages` (GRPO, RLOO) / :func:`gae` (PPO) and the
 optional value term differ. The per-token weights of the loss's weighted sum
-(:func:`token_weights`) follow ``RLConfig.loss_agg``. Numpy only, on the host: the loss itself is
-:mod:`jaxrl_sym.rl.algorithms.losses`.
+(:func:`token_weights`) follow ``AlgorithmConfig.loss_agg``. Numpy only, on the host: the loss
+itself is :mod:`jaxrl_sym.rl.algorithms.losses`.
 """
 
 from __future__ import annotations

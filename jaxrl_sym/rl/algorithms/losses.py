@@ -1,6 +1,6 @@
 """The one policy loss every algorithm shares, on per-slot arrays of any layout.
 
-The policy loss is a field of :class:`~jaxrl_sym.rl.config.RLConfig` (``RLConfig.pg_loss``):
+The policy loss is a knob of :class:`~jaxrl_sym.rl.knobs.AlgorithmConfig` (``pg_loss``):
 PPO's token-clipped surrogate (GRPO, DAPO, Dr. GRPO), GSPO's sequence-ratio surrogate
 (:func:`gspo_terms`) or CISPO's clipped, stop-gradient importance weights (:func:`cispo_terms`),
 each on top of any advantage estimate (:mod:`jaxrl_sym.rl.algorithms.advantages`), plus beta·KL
@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.knobs import AlgorithmConfig
 
 __all__ = ["cispo_terms", "gspo_terms", "loss_from_terms", "merge_aux", "rl_loss",
            "sequence_means", "slot_terms", "token_logprobs", "value_predictions"]
@@ -112,7 +112,7 @@ def rl_loss(
     logits: jax.Array,
     arrays: dict[str, jax.Array],
     value_head: dict[str, jax.Array] | None,
-    cfg: RLConfig,
+    cfg: AlgorithmConfig,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped policy loss + beta·KL (+ vf_coef·value loss) as a weighted sum over slots, from
     the whole batch's logits (see :func:`loss_from_terms` for the loss itself)."""
@@ -120,7 +120,7 @@ def rl_loss(
     return loss_from_terms(terms, arrays, cfg)
 
 
-def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], cfg: RLConfig
+def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], cfg: AlgorithmConfig
                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The loss from the per-slot :func:`slot_terms` (``v`` present: PPO's value loss too).
 
@@ -166,7 +166,7 @@ def loss_from_terms(terms: dict[str, jax.Array], arrays: dict[str, jax.Array], c
 
 def _ratio_stats(ratio: jax.Array, clip_ratio: jax.Array, log_ratio: jax.Array,
                  adv: jax.Array, mask: jax.Array, tok_mean: Callable[[jax.Array], jax.Array],
-                 cfg: RLConfig) -> dict[str, jax.Array]:
+                 cfg: AlgorithmConfig) -> dict[str, jax.Array]:
     """Diagnostics of the importance ratios (new / generation-time probabilities).
 
     ``clip_ratio`` is the ratio the loss clips: the token's, or under GSPO its sequence's (so
@@ -197,7 +197,7 @@ def _ratio_stats(ratio: jax.Array, clip_ratio: jax.Array, log_ratio: jax.Array,
 
 
 def _policy_gradient(lp: jax.Array, ratio: jax.Array, log_ratio: jax.Array, mask: jax.Array,
-                     adv: jax.Array, cfg: RLConfig
+                     adv: jax.Array, cfg: AlgorithmConfig
                      ) -> tuple[jax.Array, jax.Array | None, jax.Array]:
     """Per-token policy-gradient term, the TIS weights (None when off) and the ratio the term
     clips (for the diagnostics), by ``cfg.pg_loss``.
@@ -287,7 +287,7 @@ def cispo_terms(lp: jax.Array, ratio: jax.Array, mask: jax.Array, adv: jax.Array
 
 
 def _add_value_loss(loss: jax.Array, v: jax.Array, arrays: dict[str, jax.Array],
-                    cfg: RLConfig) -> tuple[jax.Array, jax.Array]:
+                    cfg: AlgorithmConfig) -> tuple[jax.Array, jax.Array]:
     """PPO's clipped value loss added to ``loss``; returns (new loss, value loss)."""
     old_v = arrays["old_values"]
     v_clip = old_v + jnp.clip(v - old_v, -cfg.vf_clip, cfg.vf_clip)

@@ -118,8 +118,9 @@ def fingerprint(trainer: RLTrainer, **run: Any) -> dict[str, Any]:
     model = {k: v for k, v in trainer.model_fingerprint.items() if k != "params"}
     shapes = [[list(np.shape(x)), str(np.result_type(x))]
               for x in jax.tree_util.tree_leaves(trainer.params)]
-    return {"model": model, "params": shapes, "algo": trainer.cfg.algo,
-            "beta_positive": trainer.cfg.beta > 0, **run}
+    algorithm = trainer.cfg.algorithm
+    return {"model": model, "params": shapes, "algo": algorithm.algo,
+            "beta_positive": algorithm.beta > 0, **run}
 
 
 def _diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

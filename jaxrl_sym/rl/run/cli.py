@@ -19,22 +19,14 @@ from typing import Any
 from jaxrl_sym import jsonl, systems
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import (
-    PG_LOSSES,
     CheckpointConfig,
     PartialConfig,
-    RLConfig,
     RunConfig,
     speculation_of,
     task_rl_config,
 )
-from jaxrl_sym.rl.names import (
-    ADV_NORMS,
-    ALGOS,
-    LOSS_AGGS,
-    LR_SCHEDULES,
-    OPTIMIZERS,
-    TASK_HELP,
-)
+from jaxrl_sym.rl.names import TASK_HELP
+from jaxrl_sym.rl.run.config_flags import add_knob_flags, knobs_of
 from jaxrl_sym.rl.run.eval_cli import add_row_flags
 from jaxrl_sym.rl.run.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.run.trackers import ReportConfig  # JAX-free
@@ -50,7 +42,6 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     t = subparsers.add_parser("train", help="RL fine-tuning (GRPO/RLOO/PPO) on an offline task")
     # a knob's default is its config field's, read from there (one default per knob: the
     # library's; tests/test_one_default.py)
-    t.add_argument("--algo", choices=ALGOS, default=RLConfig.algo)
     t.add_argument("--task", default=None, help=f"{TASK_HELP} (default: {RunConfig.task})")
     t.add_argument("--steps", type=int, default=RunConfig.steps)
     t.add_argument("--seed", type=int, default=RunConfig.seed)
@@ -88,91 +79,25 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--log-completions-every", type=int, default=ReportConfig.completions_every,
                    metavar="N", help="a table of sampled completions with their rewards every "
                                      "N steps (0: never)")
-    _add_step_flags(t)
-    _add_optimizer_flags(t)
-    _add_execution_flags(t)
     _add_run_flags(t)
     _add_data_flags(t)
     t.add_argument("--no-progress", action="store_true")
+    add_knob_flags(t)  # the step's knobs: one flag per field of RLConfig's parts
     return t
 
 
-def _add_step_flags(t: argparse.ArgumentParser) -> None:
-    """The step's flags: RLConfig fields (default: the task recipe's, see README "Learning")."""
+def _add_run_flags(t: argparse.ArgumentParser) -> None:
+    """The run's flags (RunConfig's): prompts, system, task size, reward weight, model,
+    devices, partial rollouts, speculation."""
     t.add_argument("--prompts", type=int, default=RunConfig.prompts_per_step,
                    help="prompts per step")
-    t.add_argument("--group", type=int, default=RLConfig.group_size,
-                   help="generations per prompt")
-    t.add_argument("--beta", type=float, default=RLConfig.beta,
-                   help="KL weight (0: no reference pass)")
-    t.add_argument("--epochs", type=int, default=RLConfig.epochs)
-    t.add_argument("--loss-agg", choices=LOSS_AGGS, default=None,
-                   help="default: the task recipe's (seq_mean)")
-    t.add_argument("--entropy-coef", type=float, default=None,
-                   help="default: the task recipe's (0.01)")
-    t.add_argument("--temperature", type=float, default=None,
-                   help="sampling temperature of the rollouts (> 0; the loss scales its logits "
-                        "the same way); default: the recipe's (1.0)")
-    # stabilisers (RLConfig fields; default: the task recipe's, see README "Learning")
-    t.add_argument("--clip-low", type=float, default=None, help="ratio clip 1 - eps (clip_eps)")
-    t.add_argument("--clip-high", type=float, default=None,
-                   help="ratio clip 1 + eps_high (clip_eps_high; > --clip-low: DAPO clip-higher)")
-    t.add_argument("--pg-loss", choices=PG_LOSSES, default=None,
-                   help="policy-gradient term (default ppo_clip: GRPO/DAPO/Dr. GRPO's); gspo: "
-                        "one clipped ratio per sequence (e.g. --clip-low 3e-4 --clip-high 4e-4 "
-                        "--loss-agg seq_mean); cispo: clipped stop-gradient IS weights, every "
-                        "token keeps its gradient (e.g. --clip-low 1 --loss-agg token_mean)")
-    t.add_argument("--adv-norm", choices=ADV_NORMS, default=None,
-                   help="advantage scale; default: the task recipe's (none: Dr. GRPO)")
-    t.add_argument("--drop-zero-var", action=argparse.BooleanOptionalAction, default=None,
-                   help="drop groups whose rewards are all equal from the loss")
-    t.add_argument("--tis-cap", type=float, default=None, metavar="C",
-                   help="truncated importance sampling: weight each token's gradient by "
-                        "min(pi_trainer / pi_generation, C), for precision or kernel mismatch "
-                        "between generation and training (verl's TIS; e.g. 2; default off; "
-                        "needs --epochs 1)")
+    t.add_argument("--system", choices=systems.names(trains=True), default=RunConfig.system)
+    t.add_argument("--max-digits", type=int, default=RunConfig.max_digits)
     t.add_argument("--partial-weight", type=float, default=None,
                    help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
                         "(default: 0.5); with --model, the weight of the '#### N' format in a "
                         "correct answer's reward, in [0, 0.5) (default: 0.2; 0: the exact answer "
                         "only)")
-
-
-def _add_optimizer_flags(t: argparse.ArgumentParser) -> None:
-    """The optimiser's flags: RLConfig's rate, schedule, rule and decay."""
-    t.add_argument("--lr", type=float, default=None,
-                   help="default: the recipe's (1e-3 for the built-in tasks, 1e-6 for a "
-                        "--model checkpoint, 2e-4 for its LoRA adapters)")
-    t.add_argument("--warmup-steps", type=int, default=None, help="linear lr warm-up, RL steps")
-    t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
-                   help="after warm-up: constant, or decay to the end of the run")
-    t.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                   help="optax's; default adam (adamw: decoupled weight decay; lion, "
-                        "adafactor: less optimiser state)")
-    t.add_argument("--weight-decay", type=float, default=None,
-                   help="decay rate (default 0; adamw, sgd, lion, adafactor)")
-
-
-def _add_execution_flags(t: argparse.ArgumentParser) -> None:
-    """How the step runs, not what it computes: memory and layout knobs (those in RLConfig's
-    :data:`~jaxrl_sym.rl.config.EXECUTION_KNOBS` a resume may change)."""
-    t.add_argument("--update-tokens", type=int, default=None, metavar="N",
-                   help="token slots per training micro-batch (gradients accumulate over "
-                        "micro-batches: less memory, same update); default: the whole batch, "
-                        "or 512 for a --model checkpoint")
-    t.add_argument("--remat", action=argparse.BooleanOptionalAction, default=None,
-                   help="recompute each layer's activations in the update's backward instead "
-                        "of keeping them (default: on; --no-remat is faster, uses more memory)")
-    t.add_argument("--share-prompts", action=argparse.BooleanOptionalAction, default=None,
-                   help="sym's training rows hold a group's prompt once, its G responses "
-                        "attending to it (default on; --no-share-prompts packs every sample "
-                        "whole)")
-
-
-def _add_run_flags(t: argparse.ArgumentParser) -> None:
-    """The run's flags: system, task size, model, devices, partial rollouts, speculation."""
-    t.add_argument("--system", choices=systems.names(trains=True), default=RunConfig.system)
-    t.add_argument("--max-digits", type=int, default=RunConfig.max_digits)
     t.add_argument("--model", default=None, metavar="DIR",
                    help="fine-tune this Hugging Face checkpoint directory on a text task: "
                         "--task word-problems or jsonl:FILE ({prompt, answer} lines), or "
@@ -190,8 +115,6 @@ def _add_run_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--lora-targets", default=None, metavar="PATTERN",
                    help="regex over parameter paths, e.g. '.*(q_proj|v_proj).kernel' (default: "
                         "all-linear: every 2-D kernel except the output head)")
-    t.add_argument("--max-new-tokens", type=int, default=None,
-                   help="response limit (default: the task's)")
     t.add_argument("--eval-prompts", type=int, default=RunConfig.eval_prompts,
                    help="held-out prompts for the final greedy exact match (0: skip)")
     t.add_argument("--mesh", default=None, metavar="AXES",
@@ -323,14 +246,14 @@ def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) ->
     plot_error = None
     if plot and rows:
         try:
-            summary["plot"] = plot_run(rows, plot, f"{args.algo} on {_shown(args)}, seed "
+            summary["plot"] = plot_run(rows, plot, f"{summary['algo']} on {_shown(args)}, seed "
                                                    f"{args.seed}")
         except OSError as e:  # after the whole run: report it, never lose the summary
             flag = "--plot" if args.plot else "--metrics (its plot beside it)"
             plot_error = (f"{flag}: could not write {plot} ({e.strerror or e}); the run "
                           "finished and its summary is printed")
     summary.update(_first_last(rows))
-    summary.update(algo=args.algo, task=_task(args), seed=args.seed, system=args.system)
+    summary.update(task=_task(args), seed=args.seed, system=args.system)
     if not reports:
         print(f"{summary['steps']} steps done; process 0 reports",
               file=sys.stderr)
@@ -338,7 +261,7 @@ def _report(summary: dict[str, Any], args: argparse.Namespace, reports: bool) ->
     if args.json:
         print(jsonl.dumps(summary))
     else:
-        print(f"{args.algo} on {_shown(args)}: {summary['steps']} steps"
+        print(f"{summary['algo']} on {_shown(args)}: {summary['steps']} steps"
               + (f" (resumed from {summary['resumed_from']})" if summary["resumed_from"] else "")
               + f", {summary['seconds']:.1f} s in this process")
         for k in ("final_exact_match", "first20_exact_match", "last20_exact_match",
@@ -386,10 +309,10 @@ def lora_of(args: argparse.Namespace) -> LoraConfig | None:
 
 def train_configs(args: argparse.Namespace
                   ) -> tuple[RunConfig, dict[str, Any], CheckpointConfig]:
-    """The run (with its speculation, from ``--speculate``), the step's RLConfig fields (over
-    the task's recipe) and the checkpoint policy the flags ask for — the objects ``train`` runs
-    with, so building them checks the flags by the library's own rules (JAX-free: before JAX's
-    import)."""
+    """The run (with its speculation, from ``--speculate``), the step's knobs given (by field
+    name, over the task's recipe) and the checkpoint policy the flags ask for — the objects
+    ``train`` runs with, so building them checks the flags by the library's own rules (JAX-free:
+    before JAX's import)."""
     partial = None if args.partial_rollout is None else PartialConfig(
         args.partial_rollout, args.partial_segment, args.partial_max_carry)
     run = RunConfig(task=_task(args), steps=args.steps, seed=args.seed,
@@ -401,17 +324,7 @@ def train_configs(args: argparse.Namespace
                     precision=args.precision, lora=lora_of(args))
     checkpoints = CheckpointConfig(args.checkpoint_dir, args.checkpoint_every, args.keep,
                                    args.resume, args.resume_or_start, args.resume_anyway)
-    flags = (("max_new_tokens", args.max_new_tokens), ("loss_agg", args.loss_agg),
-             ("entropy_coef", args.entropy_coef), ("clip_eps", args.clip_low),
-             ("clip_eps_high", args.clip_high), ("adv_norm", args.adv_norm),
-             ("drop_zero_var", args.drop_zero_var), ("warmup_steps", args.warmup_steps),
-             ("lr_schedule", args.lr_schedule), ("share_prompts", args.share_prompts),
-             ("update_tokens", args.update_tokens), ("lr", args.lr),
-             ("tis_cap", args.tis_cap), ("remat", args.remat), ("pg_loss", args.pg_loss),
-             ("temperature", args.temperature), ("optimizer", args.optimizer),
-             ("weight_decay", args.weight_decay))
-    rl = {"algo": args.algo, "group_size": args.group, "beta": args.beta,
-          "epochs": args.epochs, **{k: v for k, v in flags if v is not None}}
+    rl = knobs_of(args)  # the knobs given; the others are the recipe's, then the fields'
     return run, rl, checkpoints
 
 

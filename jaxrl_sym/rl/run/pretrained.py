@@ -45,7 +45,7 @@ from jaxrl_sym.rl.tasks.text_tasks import (
 )
 
 DEFAULT_MAX_NEW_TOKENS = 256  # room for a short worked solution and its '#### N' line
-# Token slots per training micro-batch of a checkpoint run (RLConfig.update_tokens). A
+# Token slots per training micro-batch of a checkpoint run (ExecutionConfig.update_tokens). A
 # pretrained model's activations dominate the update: at SmolLM2-135M's shape in fp32 a GRPO
 # batch of 8 x 128 tokens peaks lower in micro-batches than in one (the ledger's numbers:
 # bench/results/cpu/design_notes.md); the update is the same (gradients are summed, then one
@@ -176,8 +176,8 @@ class PretrainedRun:
     task_sha256: str | None = None  # a jsonl: task file's contents (None for other tasks)
 
     def rl_config(self, lora: bool) -> dict[str, Any]:
-        """RLConfig fields this run fixes (a caller's ``config`` may still override them);
-        ``lora``: adapters train, at :data:`PRETRAINED_LORA_LR`."""
+        """RLConfig knobs (by field name) this run fixes (a caller's ``config`` may still
+        override them); ``lora``: adapters train, at :data:`PRETRAINED_LORA_LR`."""
         return {"eos_id": self.eos_id, "max_new_tokens": self.task.max_new_tokens,
                 **PRETRAINED_RECIPE, **({"lr": PRETRAINED_LORA_LR} if lora else {})}
 

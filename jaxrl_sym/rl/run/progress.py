@@ -131,14 +131,16 @@ class GreedyDrift:
 
 def recipe_line(cfg: Any, trainer: Any, run: Any) -> str:
     """One line of the settings a run trains with (the recipe a ``--model`` run picks is not
-    the from-scratch one; printed so a user sees which they got)."""
+    the from-scratch one; printed so a user sees which they got). ``cfg``: an RLConfig."""
+    a, o = cfg.algorithm, cfg.optim
     lora = "off" if run.lora is None else f"rank {run.lora.rank}, alpha {run.lora.alpha:g}"
-    decay = f", weight decay {cfg.weight_decay:g}" if cfg.weight_decay else ""
-    return (f"recipe: {cfg.algo}, {cfg.optimizer}{decay}, lr {cfg.lr:g} (warm-up "
-            f"{cfg.warmup_steps}, {cfg.lr_schedule}),"
-            f" beta {cfg.beta:g}, entropy_coef {cfg.entropy_coef:g}, clip {cfg.clip_eps:g}/"
-            f"{cfg.clip_high:g}, group {cfg.group_size}, max_new_tokens {cfg.max_new_tokens}, "
-            f"update_tokens {cfg.update_tokens}, precision {trainer.precision.name}, lora {lora}")
+    decay = f", weight decay {o.weight_decay:g}" if o.weight_decay else ""
+    return (f"recipe: {a.algo}, {o.optimizer}{decay}, lr {o.lr:g} (warm-up "
+            f"{o.warmup_steps}, {o.lr_schedule}),"
+            f" beta {a.beta:g}, entropy_coef {a.entropy_coef:g}, clip {a.clip_eps:g}/"
+            f"{a.clip_high:g}, group {a.group_size}, max_new_tokens {a.max_new_tokens}, "
+            f"update_tokens {cfg.execution.update_tokens}, precision {trainer.precision.name}, "
+            f"lora {lora}")
 
 
 PLAIN_STAGE_SECONDS = 1.0  # a log gets a line for a stage this long (a step's short ones: none)

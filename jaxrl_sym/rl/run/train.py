@@ -9,8 +9,6 @@ exactly the state the uninterrupted run had, and ends with the same ``params_sha
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +22,6 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.output_paths import check_output_file
 from jaxrl_sym.rl.config import (
-    EXECUTION_KNOBS,
     TASK_RECIPE,
     TASK_REWARD,
     CheckpointConfig,
@@ -34,8 +31,18 @@ from jaxrl_sym.rl.config import (
     speculation_of,
     task_rl_config,
 )
-from jaxrl_sym.rl.errors import CheckpointError, RewardError
+from jaxrl_sym.rl.errors import RewardError
+from jaxrl_sym.rl.knobs import AlgorithmConfig
 from jaxrl_sym.rl.run.checkpoint import Checkpointer, fingerprint
+from jaxrl_sym.rl.run.identity import (
+    FLAGS,
+    ResumeMismatchError,
+    flat_hparams,
+    hparam_diffs,
+    hparams_of,
+    resume_checked,
+    run_hparams,
+)
 from jaxrl_sym.rl.run.interrupt import Interrupted, abandoned, graceful
 from jaxrl_sym.rl.run.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.run.progress import Bar, GreedyDrift, RunHealth, recipe_line
@@ -59,8 +66,8 @@ from jaxrl_sym.weights.lora_config import LoraConfig
 # FIELD_NOTES §5: ~100K parameters (d=64, 2 layers, 4 heads) learns digit reversal on a CPU.
 TASK_MODEL: dict[str, Any] = dict(vocab_size=VOCAB_SIZE, d_model=64, n_layers=2, n_heads=4,
                                   n_kv_heads=4, head_dim=16, ffn_dim=192)
-__all__ = ["TASK_MODEL", "TASK_RECIPE", "TASK_REWARD", "ResumeMismatchError", "RunHealth",
-           "evaluate", "hparam_diffs", "run_hparams", "train", "train_run"]
+__all__ = ["FLAGS", "TASK_MODEL", "TASK_RECIPE", "TASK_REWARD", "ResumeMismatchError",
+           "RunHealth", "evaluate", "hparam_diffs", "run_hparams", "train", "train_run"]
 
 EVAL_STREAM = 2**31 - 1  # the held-out prompt stream (steps use 1, 2, ...)
 
@@ -75,85 +82,8 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(step)])
 
 
-log = logging.getLogger(__name__)
-
-
-# train() arguments that change the trajectory, and the ``jaxrl-sym train`` flag that sets each:
-# a refused resume names the flag the user typed. Every other RLConfig field is compared too and
-# named as ``config['field']`` (it is set through ``train(config=...)``). ``speculate`` and
-# ``speculate_adaptive`` are the run's Speculation (RLConfig fields before; same keys, so a
-# checkpoint written then compares as before).
-FLAGS: dict[str, str] = {
-    "algo": "--algo", "task": "--task", "seed": "--seed", "max_digits": "--max-digits",
-    "system": "--system", "prompts_per_step": "--prompts", "group_size": "--group",
-    "lr": "--lr", "beta": "--beta", "epochs": "--epochs", "loss_agg": "--loss-agg",
-    "entropy_coef": "--entropy-coef", "partial_weight": "--partial-weight",
-    "clip_eps": "--clip-low", "clip_eps_high": "--clip-high", "adv_norm": "--adv-norm",
-    "drop_zero_var": "--drop-zero-var", "warmup_steps": "--warmup-steps",
-    "lr_schedule": "--lr-schedule", "partial": "--partial-rollout",
-    "speculate": "--speculate", "speculate_adaptive": "--speculate-adaptive",
-    "precision": "--precision", "tis_cap": "--tis-cap", "pg_loss": "--pg-loss",
-    "update_tokens": "--update-tokens", "remat": "--remat/--no-remat",
-    "lora": "--lora-rank/--lora-alpha/"
-    "--lora-targets",
-    # a --model run's own data and rewards (jaxrl_sym.rl.tasks.data.TextOptions.hparams)
-    "dataset": "--dataset", "prompt_field": "--prompt-field", "answer_field": "--answer-field",
-    "system_prompt": "--system-prompt", "eval_dataset": "--eval-dataset",
-    "dataset_sha256": "--dataset (the file's contents)",
-    "eval_dataset_sha256": "--eval-dataset (the file's contents)", "reward": "--reward",
-    "reward_weights": "--reward-weights", "reward_sha256": "--reward (its module's source)",
-    "optimizer": "--optimizer", "weight_decay": "--weight-decay",
-    "base_sha256": "--model (its weights)", "task_sha256": "--task jsonl:FILE (its contents)",
-}
-
-
-class ResumeMismatchError(CheckpointError):
-    """``--resume`` with hyper-parameters other than the checkpoint's: the continued run would not
-    be the run that was checkpointed. ``diffs`` holds ``(flag, checkpoint value, given value)``."""
-
-    def __init__(self, directory: str, step: int, diffs: list[tuple[str, Any, Any]]) -> None:
-        super().__init__(
-            f"--checkpoint-dir {directory} (step {step}) was written with other settings than "
-            f"these: {_describe(diffs)}. Resuming with them would not continue the same run "
-            "(its params_sha256 would differ from an uninterrupted one). Pass the checkpoint's "
-            "values to continue it, or add --resume-anyway (resume_anyway=True) to continue "
-            "from its weights as a changed run.")
-        self.diffs = diffs
-
-
-def _describe(diffs: list[tuple[str, Any, Any]]) -> str:
-    return "; ".join(f"{flag}: checkpoint {a!r}, given {b!r}" for flag, a, b in diffs)
-
-
-def run_hparams(cfg: RLConfig, **run: Any) -> dict[str, Any]:
-    """Everything besides the model shape that sets the trajectory: the task and prompt stream
-    (``task``, ``max_digits``, ``seed``, ``prompts_per_step``), the system (sym and padded agree
-    only to float rounding), speculation and every RLConfig field. JSON-normalised, so it
-    compares equal to what a checkpoint stored.
-
-    The engine's options are not part of a run's identity, as the mesh is not: they decide how
-    rows are grouped and stored while generating, not which tokens are sampled (sampling is
-    keyed by seed, step and row). A checkpoint written when ``gen_max_pad_fraction`` was an
-    RLConfig field has that key alone, so it is not compared (:func:`hparam_diffs`)."""
-    return json.loads(json.dumps({**run, **cfg.to_dict()}))
-
-
-def hparam_diffs(saved: dict[str, Any], given: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(flag, checkpoint value, given value)`` for each setting both know and that differs.
-
-    A key only one side knows (a field added or removed by a library upgrade) is not a
-    difference of the user's making, so it is not reported.
-    """
-    out = []
-    for key in sorted(set(saved) & set(given)):
-        if saved[key] != given[key]:
-            label = f"{FLAGS[key]} ({key})" if key in FLAGS else f"config[{key!r}]"
-            out.append((label, saved[key], given[key]))
-    return out
-
-
 def train(
-    algo: str = RLConfig.algo,
+    algo: str = AlgorithmConfig.algo,
     task: str = RunConfig.task,
     steps: int = RunConfig.steps,
     seed: int = RunConfig.seed,
@@ -162,10 +92,10 @@ def train(
     metrics_file: str | None = None,
     *,
     prompts_per_step: int = RunConfig.prompts_per_step,
-    group_size: int = RLConfig.group_size,
+    group_size: int = AlgorithmConfig.group_size,
     lr: float | None = None,
-    beta: float = RLConfig.beta,
-    epochs: int = RLConfig.epochs,
+    beta: float = AlgorithmConfig.beta,
+    epochs: int = AlgorithmConfig.epochs,
     system: str = RunConfig.system,
     max_digits: int = RunConfig.max_digits,
     partial_weight: float | None = None,
@@ -192,11 +122,11 @@ def train(
 ) -> dict[str, Any]:
     """:func:`train_run` from keyword arguments: each one is a field of :class:`RunConfig`,
     :class:`CheckpointConfig` (``checkpoint_dir``, ``checkpoint_every``, ``keep``, ``resume*``)
-    or :class:`RLConfig` (``algo``, ``group_size``, ``lr``, ``beta``, ``epochs`` and every
-    field in ``config``, over :data:`TASK_RECIPE`); ``partial`` holds :class:`PartialConfig`
-    fields (None: off); ``speculate`` / ``speculate_adaptive`` the run's speculation (as the
-    flags; 0: off); ``text`` a ``--model`` run's dataset, system prompt and rewards; ``report``
-    the trackers. The summary is :func:`train_run`'s.
+    or :class:`RLConfig` (``algo``, ``group_size``, ``lr``, ``beta``, ``epochs`` and every knob
+    in ``config`` by field name, e.g. ``{"update_tokens": 512}``, over :data:`TASK_RECIPE`);
+    ``partial`` holds :class:`PartialConfig` fields (None: off); ``speculate`` /
+    ``speculate_adaptive`` the run's speculation (0: off); ``text`` a ``--model`` run's dataset,
+    system prompt and rewards; ``report`` the trackers. The summary is :func:`train_run`'s.
     """
     run = RunConfig(task=task, steps=steps, seed=seed, prompts_per_step=prompts_per_step,
                     system=system, max_digits=max_digits, partial_weight=partial_weight,
@@ -241,13 +171,14 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     report: trackers that get every step's metrics, the final evaluation and tables of sampled
       completions (:mod:`jaxrl_sym.rl.run.trackers`; a missing package is refused before any work).
 
-    Returns a summary: ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
+    Returns a summary: ``algo``, ``params_sha256``, ``steps``, ``resumed_from``, ``history`` (this
     process's steps), ``seconds``, ``final_exact_match`` and (text tasks) ``final_format_rate``
     (greedy decoding of the final policy on ``eval_prompts`` held-out prompts; a function of the
     parameters alone, so an interrupted and resumed run reports the same value as an
     uninterrupted one), ``skipped_checkpoints`` (steps rejected on resume, with reasons),
-    ``changed_on_resume`` (settings that differ from the checkpoint's: execution settings,
-    :data:`EXECUTION_KNOBS`, and any with ``resume_anyway``), ``partial_left_rows`` (carried
+    ``changed_on_resume`` (settings that differ from the checkpoint's: execution knobs,
+    :class:`~jaxrl_sym.rl.knobs.ExecutionConfig`, and any with ``resume_anyway``;
+    :mod:`jaxrl_sym.rl.run.identity`), ``partial_left_rows`` (carried
     rows never trained; not checkpointed) and ``eval_source`` (a text run's: where the
     evaluation's rows came from, e.g. the held-out split of ``--dataset``; None when that needs
     no saying).
@@ -255,7 +186,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     checkpoints = checkpoints or CheckpointConfig()
     report = report or ReportConfig()
     report.check_installed()
-    user_limit = rl.max_new_tokens if isinstance(rl, RLConfig) else rl.get("max_new_tokens")
+    user_limit = (rl.algorithm.max_new_tokens if isinstance(rl, RLConfig)
+                  else rl.get("max_new_tokens"))
     hf = setup_pretrained(run.model_dir, run.task, max_new_tokens=user_limit,
                           format_weight=run.reward_weight, text=text)
     task_obj = hf.task if hf else run.task_of()
@@ -278,7 +210,7 @@ def _train(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any, ckpt: Check
            progress: bool, on_step: Callable[[dict[str, Any]], None] | None,
            report_cfg: ReportConfig) -> dict[str, Any]:
     """:func:`train_run` once its checkpoint directory is open and locked."""
-    report = Report(report_cfg, _hparams(run, rl_cfg, hf))
+    report = Report(report_cfg, flat_hparams(hparams_of(run, rl_cfg, hf)))
     try:
         return _train_reported(run, rl_cfg, task_obj, hf, ckpt, resuming, checkpoints,
                                metrics_file, progress, on_step, report)
@@ -294,14 +226,14 @@ def _train_reported(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any,
     trainer = _trainer(run, rl_cfg, task_obj, hf, report)
     trim_host_heap()  # the loaded model's buffers, freed once the trainer copied them
     meta = {"fingerprint": fingerprint(trainer),
-            "hparams": {**_hparams(run, rl_cfg, hf), "precision": trainer.precision.name,
+            "hparams": {**hparams_of(run, rl_cfg, hf), "precision": trainer.precision.name,
                         "lora": None if run.lora is None else dataclasses.asdict(run.lora)},
             "lineage": []}
     resumed_from, changed = None, []
     if resuming:
         assert ckpt is not None
-        resumed_from, changed, meta["lineage"] = _resume(ckpt, trainer, meta,
-                                                         checkpoints.resume_anyway)
+        resumed_from, changed, meta["lineage"] = resume_checked(ckpt, trainer, meta,
+                                                                checkpoints.resume_anyway)
     if metrics_file:
         prepare_metrics(metrics_file, resumed_from)
     if progress:  # what this run trains with, before its first step (stored in meta as well)
@@ -316,7 +248,7 @@ def _train_reported(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any,
             on_step(m)
 
     t_run = time.perf_counter()
-    with Bar(progress, run.steps, trainer.steps_done, f"{rl_cfg.algo} {run.task}") as bar:
+    with Bar(progress, run.steps, trainer.steps_done, f"{rl_cfg.algorithm.algo} {run.task}") as bar:
         history = _run_steps(trainer, task_obj, run, ckpt, checkpoints.every, meta,
                              metrics_file, bar, stepped)
     final = (evaluate(trainer, getattr(task_obj, "eval_task", task_obj), run.eval_prompts,
@@ -327,19 +259,6 @@ def _train_reported(run: RunConfig, rl_cfg: RLConfig, task_obj: Any, hf: Any,
     if final is not None:
         report.log(trainer.steps_done, {f"eval/{k}": v for k, v in final.items()})
     return out
-
-
-def _hparams(run: RunConfig, cfg: RLConfig, hf: Any) -> dict[str, Any]:
-    """The run's hyper-parameters as a checkpoint records them (:func:`run_hparams`), with the
-    source model of a ``--model`` run (a resume compares it, export reads it)."""
-    spec = run.speculation
-    hparams = run_hparams(cfg, task=run.task, max_digits=run.max_digits, seed=run.seed,
-                          system=run.system, prompts_per_step=run.prompts_per_step,
-                          partial_weight=run.reward_weight,
-                          partial=None if run.partial is None else run.partial.to_dict(),
-                          speculate=0 if spec is None else spec.k,
-                          speculate_adaptive=spec is not None and spec.adaptive)
-    return {**hparams, **(hf.hparams if hf is not None else {})}
 
 
 def _trainer(run: RunConfig, cfg: RLConfig, task: Any, hf: Any, report: Report) -> RLTrainer:
@@ -358,6 +277,7 @@ def _summary(trainer: RLTrainer, ckpt: Checkpointer | None, resumed_from: int | 
              changed: list[tuple[str, Any, Any]], history: list[dict[str, Any]],
              seconds: float, final: dict[str, float | None] | None) -> dict[str, Any]:
     return {
+        "algo": trainer.cfg.algorithm.algo,
         "params_sha256": trainer.params_sha256(),
         "final_exact_match": None if final is None else final["exact_match"],
         # a text task's share of greedy answers in the asked format ('#### N'); None otherwise
@@ -388,7 +308,7 @@ def _run_steps(trainer: RLTrainer, task: Task, run: RunConfig, ckpt: Checkpointe
     last finished step and raises :class:`~jaxrl_sym.rl.run.interrupt.Interrupted`."""
     seed, steps = run.seed, run.steps
     history: list[dict[str, Any]] = []
-    health = RunHealth(trainer.cfg.algo)
+    health = RunHealth(trainer.cfg.algorithm.algo)
     drift, probes = _drift(trainer, task, run)
     with graceful(jax.process_count() == 1) as stop:
         while trainer.steps_done < steps and stop.signum is None:
@@ -450,38 +370,6 @@ def _drift(trainer: RLTrainer, task: Task, run: RunConfig
         return None, []
     probes = task.sample(np.random.default_rng([int(run.seed), EVAL_STREAM, 1]), DRIFT_PROBES)
     return GreedyDrift(trainer.greedy(probes, task.max_new_tokens)), probes
-
-
-def _resume(ckpt: Checkpointer, trainer: RLTrainer, meta: dict[str, Any], anyway: bool
-            ) -> tuple[int, list[tuple[str, Any, Any]], list[dict[str, Any]]]:
-    """Restore the newest good checkpoint after comparing its hyper-parameters with this run's
-    (before any array is read). Returns the step, the overridden differences and the lineage
-    that later checkpoints carry (every ``resume_anyway`` change, with its step)."""
-    found: dict[str, Any] = {}
-    run_keys = lambda h: {k: v for k, v in h.items() if k not in EXECUTION_KNOBS}
-    how_keys = lambda h: {k: v for k, v in h.items() if k in EXECUTION_KNOBS}
-
-    def check(saved: dict[str, Any]) -> None:
-        old = saved.get("hparams", {})
-        diffs = hparam_diffs(run_keys(old), run_keys(meta["hparams"]))
-        if diffs and not anyway:
-            raise ResumeMismatchError(ckpt.directory, int(saved["step"]), diffs)
-        found["diffs"], found["lineage"] = diffs, list(saved.get("lineage", []))
-        found["how"] = hparam_diffs(how_keys(old), how_keys(meta["hparams"]))
-
-    saved = ckpt.restore(trainer, meta["fingerprint"], check_meta=check)
-    step, diffs, lineage = int(saved["step"]), found["diffs"], found["lineage"]
-    if found["how"]:
-        log.warning("resuming %s at step %d with changed execution settings: %s (how a step is "
-                    "computed, not what: the same run up to float rounding)", ckpt.directory,
-                    step, _describe(found["how"]))
-        lineage.append({"step": step, "execution": [list(d) for d in found["how"]]})
-    if diffs:
-        log.warning("resuming %s at step %d with changed settings (--resume-anyway): %s; this "
-                    "is no longer the run that was checkpointed", ckpt.directory, step,
-                    _describe(diffs))
-        lineage.append({"step": step, "changed": [list(d) for d in diffs]})
-    return step, diffs + found["how"], lineage
 
 
 def evaluate(trainer: RLTrainer, task: Task, n: int, seed: int) -> dict[str, float | None]:

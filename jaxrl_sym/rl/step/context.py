@@ -22,6 +22,7 @@ import jax
 import optax
 
 from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.knobs import ExecutionConfig
 from jaxrl_sym.rl.step.programs import Programs, Weights, build_fns
 from jaxrl_sym.rl.step.rollout import Drawn, RewardFn, Rollout
 from jaxrl_sym.rl.step.sampling import SamplingConfig
@@ -32,7 +33,7 @@ from jaxrl_sym.systems.trainable import TrainableSystem, TrainBound
 __all__ = ["Forwards", "RolloutSource", "StepContext", "rows_per_chunk"]
 
 
-def rows_per_chunk(cfg: RLConfig, width: int, multiple: int = 1) -> int | None:
+def rows_per_chunk(cfg: ExecutionConfig, width: int, multiple: int = 1) -> int | None:
     """Rows of ``width`` slots per forward so one program holds at most ``update_tokens`` slots
     (None: no limit). Every whole-batch forward — reference, values, update — is cut to this:
     the ``[slots × vocab]`` logits are what exhausts memory at real vocabularies (151,936 words:
@@ -105,7 +106,7 @@ class Forwards:
 class StepContext:
     """The fixed machinery of a step (see the module docstring).
 
-    cfg / sampling: the algorithm and optimiser, and how samples are drawn (from ``cfg``).
+    cfg / sampling: the step's knobs, and how samples are drawn (from ``cfg.algorithm``).
     system: the trainer's system, bound to its policy (generates; the default layout).
     forwards: bound systems and their jitted functions, by the system a layout carries.
     programs: the compiled-program cache (peak-memory accounting; :class:`Programs`).
@@ -132,14 +133,15 @@ class StepContext:
 
     def rows_per_chunk(self, width: int) -> int | None:
         """Rows of ``width`` slots per forward (:func:`rows_per_chunk`)."""
-        return rows_per_chunk(self.cfg, width, self.row_multiple)
+        return rows_per_chunk(self.cfg.execution, width, self.row_multiple)
 
     def layout(self, rollout: Rollout, system: TrainableSystem | None = None) -> Layout:
         """The rollout in ``system``'s training layout (default: the trainer's system); on a
         mesh its rows are padded to a multiple of the data axes with empty rows."""
         bound = self.system if system is None else self.forwards.bound(system)
-        lay = bound.layout(rollout.prompts, rollout.responses, row_len=self.cfg.pack_row_len,
-                           share_prompts=self.cfg.share_prompts)
+        run = self.cfg.execution
+        lay = bound.layout(rollout.prompts, rollout.responses, row_len=run.pack_row_len,
+                           share_prompts=run.share_prompts)
         return bound.pad_rows(lay, self.row_multiple)
 
 

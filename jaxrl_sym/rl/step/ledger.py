@@ -66,8 +66,8 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     ctx, state = trainer.context, trainer.state
     responses = [np.ones(int(n), np.int32) for n in limits]
     lay = ctx.system.pad_rows(
-        ctx.system.layout(list(prompts), responses, row_len=ctx.cfg.pack_row_len,
-                          share_prompts=ctx.cfg.share_prompts), ctx.row_multiple)
+        ctx.system.layout(list(prompts), responses, row_len=ctx.cfg.execution.pack_row_len,
+                          share_prompts=ctx.cfg.execution.share_prompts), ctx.row_multiple)
     fns = ctx.fns(lay.system)
     held = [tree_buffer("policy weights", "weights", state.params),
             tree_buffer("optimiser state", "optimizer", state.opt_state)]
@@ -137,7 +137,7 @@ def _batch(size: ProgramSize) -> list[Buffer]:
 def _slices(ctx: Any, lay: Any) -> list[tuple[slice, int]]:
     """The distinct row-slice shapes the step cuts ``lay`` into, with how many times each runs."""
     out: dict[int, tuple[slice, int]] = {}
-    for sl in row_chunks(ctx.cfg, lay, ctx.row_multiple):
+    for sl in row_chunks(ctx.cfg.execution, lay, ctx.row_multiple):
         n = len(range(*sl.indices(lay.shape[0])))
         first, count = out.get(n, (sl, 0))
         out[n] = (first, count + 1)

@@ -23,6 +23,7 @@ from jaxrl_sym.rl.algorithms.losses import (
     value_predictions,
 )
 from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.knobs import AlgorithmConfig
 from jaxrl_sym.rl.step.logprobs import chunked_terms
 from jaxrl_sym.rl.step.remat import remat_between_attention
 from jaxrl_sym.rl.step.state import clip_by_global_norm
@@ -84,15 +85,16 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     w.r.t. ``params`` only), ``update(params, opt_state, frozen, inputs, arrays)`` (fused
     loss-grad-optimiser step for a batch in one micro-batch), ``apply(params, opt_state,
     grads)`` (optimiser step from accumulated gradients; it also returns the clipped gradients,
-    written over the donated sum) and ``accumulate(params, acc, frozen,
-    inputs, arrays)`` (a micro-batch's gradients added into the donated running sum);
+    written over the donated sum) and ``accumulate(params, acc, frozen, inputs, arrays)`` (a
+    micro-batch's gradients added into the donated running sum);
     ``update``/``apply`` take the state as donated buffers and guard their step
-    (:func:`_guarded_step`); plus ``logprob_chunking``, a sentence for the step's stats (on, or
-    off and why).
+    (:func:`_guarded_step`); plus ``logprob_chunking``, the step's stat (on, or off and why).
 
     logits_fn: the system's forward; a :class:`~jaxrl_sym.systems.forward.SplitForward` with
-    ``cfg.logprob_chunk`` set makes ``ref``/``values``/``grad``/``update`` apply the head a chunk
-    of token slots at a time (:mod:`jaxrl_sym.rl.step.logprobs`), anything else runs unchunked.
+    ``cfg.execution.logprob_chunk`` set makes ``ref``/``values``/``grad``/``update`` apply the
+    head a chunk of token slots at a time (:mod:`jaxrl_sym.rl.step.logprobs`), anything else
+    runs unchunked. ``cfg.execution.remat`` rematerialises the loss's layers in its backward
+    (:func:`~jaxrl_sym.rl.step.remat.remat_between_attention`).
 
     shardings (on a device mesh): ``{"params", "opt", "rows", "repl"}`` — trees of
     ``NamedSharding`` for the parameters and optimiser state, the batch rows' sharding and the
@@ -100,28 +102,27 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
     and optimiser state come back where they went in (nothing drifts to one device) and the
     batch's rows are split over the data axes; the loss is the same sum, partitioned by XLA.
 
-    ``cfg.remat`` rematerialises the loss's layers in its backward
-    (:func:`~jaxrl_sym.rl.step.remat.remat_between_attention`).
-
     weights: the precision/LoRA policy (:class:`~jaxrl_sym.weights.view.WeightView`): the
     policy's forward reads ``weights.forward(params["lm"], frozen)`` (a bf16 cast; LoRA's
     unmerged model) inside each program, so the gradient w.r.t. the trained leaves goes through
     it; the reference reads ``weights.reference_leaves(ref)``. None: the leaves as they are.
     """
-    split = logits_fn if isinstance(logits_fn, SplitForward) and cfg.logprob_chunk else None
-    ref_lp, values, loss = _through_weights(weights, *_heads(cfg, logits_fn, split))
-    if cfg.remat:
+    run, max_norm = cfg.execution, cfg.optim.max_grad_norm
+    split = logits_fn if isinstance(logits_fn, SplitForward) and run.logprob_chunk else None
+    ref_lp, values, loss = _through_weights(weights, *_heads(cfg.algorithm, run.logprob_chunk,
+                                                             logits_fn, split))
+    if run.remat:
         loss = remat_between_attention(loss)
     grad_fn = jax.value_and_grad(loss, has_aux=True)  # w.r.t. params, never the frozen part
 
     def update(params, opt_state, frozen, inputs, arrays):
         (_, aux), grads = grad_fn(params, frozen, inputs, arrays)
-        gnorm, grads = clip_by_global_norm(grads, cfg.max_grad_norm)
+        gnorm, grads = clip_by_global_norm(grads, max_norm)
         aux = {**aux, "grad_norm": gnorm}
         return (*_guarded_step(tx, params, opt_state, grads, _all_finite(aux)), aux)
 
     def apply(params, opt_state, grads):  # clipped gradients: an output over the donated sum
-        gnorm, grads = clip_by_global_norm(grads, cfg.max_grad_norm)
+        gnorm, grads = clip_by_global_norm(grads, max_norm)
         return (*_guarded_step(tx, params, opt_state, grads, jnp.isfinite(gnorm)), gnorm, grads)
 
     def accumulate(params, acc, frozen, inputs, arrays):
@@ -130,7 +131,7 @@ def build_fns(cfg: RLConfig, tx: optax.GradientTransformation, logits_fn: Logits
         (loss, aux), grads = grad_fn(params, frozen, inputs, arrays)
         return (loss, aux), jax.tree_util.tree_map(jnp.add, acc, grads)
 
-    status = {"logprob_chunking": chunking_status(logits_fn, cfg.logprob_chunk)}
+    status = {"logprob_chunking": chunking_status(logits_fn, run.logprob_chunk)}
     return {**status, **_jitted(dict(ref=ref_lp, values=values, grad=grad_fn, update=update,
                                      apply=apply, accumulate=accumulate), shardings)}
 
@@ -204,10 +205,11 @@ def _guarded_step(tx: optax.GradientTransformation, params: Any, opt_state: Any,
     return jax.lax.cond(ok, step, lambda p, o, _: (p, o), params, opt_state, grads)
 
 
-def _heads(cfg: RLConfig, logits_fn: LogitsFn, split: SplitForward | None) -> tuple[Any, ...]:
+def _heads(cfg: AlgorithmConfig, logprob_chunk: int | None, logits_fn: LogitsFn,
+           split: SplitForward | None) -> tuple[Any, ...]:
     """(reference log-probs, value estimates, loss) over the forward: chunked through the
     features/head split when ``split`` is given, else from the whole logits."""
-    chunk, temp = cfg.logprob_chunk or 0, cfg.temperature
+    chunk, temp = logprob_chunk or 0, cfg.temperature
     whole = _whole_heads(cfg, logits_fn)
     if split is None:
         return whole
@@ -237,7 +239,7 @@ def _heads(cfg: RLConfig, logits_fn: LogitsFn, split: SplitForward | None) -> tu
     return ref_lp, values, loss
 
 
-def _whole_heads(cfg: RLConfig, logits_fn: LogitsFn) -> tuple[Any, ...]:
+def _whole_heads(cfg: AlgorithmConfig, logits_fn: LogitsFn) -> tuple[Any, ...]:
     """(reference log-probs, value estimates, loss) from the whole batch's logits at once."""
     temp = cfg.temperature
 

@@ -34,7 +34,8 @@ class Rollout:
     stats: dict = field(default_factory=dict)
     ref_logprobs: list[np.ndarray] | None = None
     """Reference log-probs per sample when they were computed during generation (sym, beta > 0,
-    ``RLConfig.overlap_reference``); None means the step runs the reference pass afterwards."""
+    ``ExecutionConfig.overlap_reference``); None means the step runs the reference pass
+    afterwards."""
 
     @property
     def useful_tokens(self) -> int:

@@ -29,30 +29,32 @@ def step_seed32(seed: Any) -> int:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """What a step's generation asks for.
+    """What a step's generation asks for: the sampling knobs of an
+    :class:`~jaxrl_sym.rl.knobs.AlgorithmConfig` (:meth:`of`; no defaults of its own: a knob has
+    one default, the AlgorithmConfig field's).
 
     group_size: generations per prompt (G). temperature: sampling temperature (> 0: RL needs
     log-probs of sampled tokens). max_new_tokens: default response limit per row (a row also
     ends at ``eos_id``; a step may give per-row limits).
     """
 
-    group_size: int = 8
-    temperature: float = 1.0
-    max_new_tokens: int = 8
-    eos_id: int | tuple[int, ...] | None = None
+    group_size: int
+    temperature: float
+    max_new_tokens: int
+    eos_id: int | tuple[int, ...] | None
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise InputError(f"group_size={self.group_size} (--group) must be >= 1")
         if self.temperature <= 0:
-            raise InputError(f"RLConfig.temperature={self.temperature}: RL samples, so it must be "
+            raise InputError(f"temperature={self.temperature}: RL samples, so it must be "
                              "> 0 (greedy decoding has no log-probs to take a ratio of)")
         if self.max_new_tokens < 1:
-            raise InputError(f"RLConfig.max_new_tokens={self.max_new_tokens} must be >= 1")
+            raise InputError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
 
     @classmethod
     def of(cls, cfg: Any) -> SamplingConfig:
-        """The sampling fields of ``cfg`` (an :class:`~jaxrl_sym.rl.config.RLConfig`)."""
+        """The sampling fields of ``cfg`` (an :class:`~jaxrl_sym.rl.knobs.AlgorithmConfig`)."""
         return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
     def generation(self, seed: Any, max_new_tokens: int | tuple[int, ...] | None = None

@@ -36,8 +36,8 @@ from jaxrl_sym.rl.algorithms.advantages import (
     whiten,
 )
 from jaxrl_sym.rl.algorithms.losses import merge_aux
-from jaxrl_sym.rl.config import RLConfig
 from jaxrl_sym.rl.errors import RewardError
+from jaxrl_sym.rl.knobs import AlgorithmConfig, ExecutionConfig
 from jaxrl_sym.rl.step.context import RolloutSource, StepContext, rows_per_chunk
 from jaxrl_sym.rl.step.rollout import Drawn, Rollout, compute_rewards, sampling_batch
 from jaxrl_sym.rl.step.state import TrainState, current_lr
@@ -106,13 +106,13 @@ class Stopwatch:
 
 
 # ---------------------------------------------------------------------- batching
-def row_chunks(cfg: RLConfig, layout: Layout, multiple: int = 1) -> list[slice]:
+def row_chunks(cfg: ExecutionConfig, layout: Layout, multiple: int = 1) -> list[slice]:
     rows, width = layout.shape
     per = rows_per_chunk(cfg, width, multiple) or rows
     return [slice(i, i + per) for i in range(0, rows, per)]
 
 
-def micro_batches(cfg: RLConfig, layout: Layout, arrays: Arrays, multiple: int = 1
+def micro_batches(cfg: ExecutionConfig, layout: Layout, arrays: Arrays, multiple: int = 1
                   ) -> list[tuple[tuple[np.ndarray, ...], Arrays]]:
     """Row slices of the training batch of at most ``update_tokens`` slots each (one slice
     when unset). Rows are never split: a packed row's sequences attend within the row."""
@@ -136,7 +136,7 @@ def generate(ctx: StepContext, state: TrainState, prompts: Sequence[np.ndarray |
                                     resident=tree_bytes(state.params) + state.resident_bytes())
 
         res, overlap = ctx.system.generate_scoring(expanded, gcfg, score,
-                                                   row_len=ctx.cfg.pack_row_len,
+                                                   row_len=ctx.cfg.execution.pack_row_len,
                                                    rows_per_chunk=ctx.rows_per_chunk)
     else:
         res, overlap = ctx.system.generate(expanded, gcfg), None
@@ -173,7 +173,7 @@ def reference_logprobs(ctx: StepContext, state: TrainState, layout: Layout) -> n
     outs = [ctx.programs.run(f"ref-{layout.system.name}", fn, state.ref,
                             tuple(x[sl] for x in layout.inputs), layout.targets[sl],
                             resident=tree_bytes(state.params) + state.resident_bytes())
-            for sl in row_chunks(ctx.cfg, layout, ctx.row_multiple)]
+            for sl in row_chunks(ctx.cfg.execution, layout, ctx.row_multiple)]
     return np.concatenate([to_host(o) for o in outs])
 
 
@@ -200,11 +200,11 @@ def value_estimates(ctx: StepContext, state: TrainState, layout: Layout) -> np.n
     outs = [ctx.programs.run(f"values-{layout.system.name}", fn, state.params, state.frozen,
                              tuple(x[sl] for x in layout.inputs),
                              resident=state.resident_bytes())
-            for sl in row_chunks(ctx.cfg, layout, ctx.row_multiple)]
+            for sl in row_chunks(ctx.cfg.execution, layout, ctx.row_multiple)]
     return np.concatenate([to_host(o) for o in outs])
 
 
-def loss_arrays(cfg: RLConfig, layout: Layout, rollout: Rollout, rewards: np.ndarray,
+def loss_arrays(cfg: AlgorithmConfig, layout: Layout, rollout: Rollout, rewards: np.ndarray,
                 ref_slots: np.ndarray, value_slots: np.ndarray | None = None) -> Arrays:
     """Everything the loss needs, scattered to the layout's response-predicting slots.
 
@@ -256,8 +256,8 @@ def advantages(ctx: StepContext, state: TrainState, layout: Layout, rollout: Rol
                rewards: np.ndarray, ref_slots: np.ndarray) -> tuple[Arrays, Arrays]:
     """The step's advantage stage: value estimates (PPO), the loss arrays and the per-sample
     advantage / informative-group arrays the metrics report."""
-    vals = value_estimates(ctx, state, layout) if ctx.cfg.algo == "ppo" else None
-    return loss_arrays(ctx.cfg, layout, rollout, rewards, ref_slots, vals)
+    vals = value_estimates(ctx, state, layout) if ctx.cfg.algorithm.algo == "ppo" else None
+    return loss_arrays(ctx.cfg.algorithm, layout, rollout, rewards, ref_slots, vals)
 
 
 def update_once(ctx: StepContext, params: Any, opt_state: Any, state: TrainState,
@@ -271,7 +271,7 @@ def update_once(ctx: StepContext, params: Any, opt_state: Any, state: TrainState
     fns, sys_ = ctx.fns(layout.system), layout.system.name
     frozen = state.frozen
     resident = state.resident_bytes() - tree_bytes(state.opt_state)
-    chunks = micro_batches(ctx.cfg, layout, arrays, ctx.row_multiple)
+    chunks = micro_batches(ctx.cfg.execution, layout, arrays, ctx.row_multiple)
     if len(chunks) == 1:
         params, opt_state, aux = ctx.programs.run(
             f"update-{sys_}", fns["update"], params, opt_state, frozen, *chunks[0],
@@ -297,7 +297,8 @@ def update_once(ctx: StepContext, params: Any, opt_state: Any, state: TrainState
 
 def update(ctx: StepContext, state: TrainState, layout: Layout, arrays: Arrays
            ) -> tuple[TrainState, list[dict[str, float]]]:
-    """``cfg.epochs`` updates over the batch; the state after this step and each epoch's aux.
+    """``cfg.algorithm.epochs`` updates over the batch; the state after this step and each
+    epoch's aux.
 
     Raises before returning anything when the last epoch's loss or gradients are non-finite, so
     a diverged update is never committed.
@@ -305,9 +306,9 @@ def update(ctx: StepContext, state: TrainState, layout: Layout, arrays: Arrays
     params, opt_state = state.params, state.opt_state
     # the update programs take the state as donated buffers; with several epochs a diverged
     # later epoch must give back the state from before the first, so that one is kept
-    before = (_copy(params), _copy(opt_state)) if ctx.cfg.epochs > 1 else None
+    before = (_copy(params), _copy(opt_state)) if ctx.cfg.algorithm.epochs > 1 else None
     auxes = []
-    for _ in range(ctx.cfg.epochs):
+    for _ in range(ctx.cfg.algorithm.epochs):
         params, opt_state, aux = update_once(ctx, params, opt_state, state, layout, arrays)
         auxes.append(aux)
         if bad := _nonfinite(aux):
@@ -418,7 +419,7 @@ def metrics(ctx: StepContext, state: TrainState, rollout: Rollout, layout: Layou
         # unlike peak_bytes on a CPU (the largest program so far), it follows this step's lengths
         "generation_peak_bytes": int(rollout.stats.get("accounted_peak_bytes",
                                                        rollout.stats.get("accounted_bytes", 0))),
-        # "on: N token slots per chunk", or "off: <why>" (RLConfig.logprob_chunk, the model)
+        # "on: N token slots per chunk", or "off: <why>" (ExecutionConfig.logprob_chunk, the model)
         "logprob_chunking": ctx.fns(layout.system)["logprob_chunking"],
         "compiles": cc.count,
         "compile_seconds": cc.seconds,

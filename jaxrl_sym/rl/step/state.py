@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from jaxrl_sym.rl.config import RLConfig
+from jaxrl_sym.rl.knobs import AlgorithmConfig, OptimizerConfig
 from jaxrl_sym.runtime.metrics import tree_bytes
 from jaxrl_sym.sharding import to_host
 
@@ -57,33 +57,31 @@ class TrainState:
         return tree_bytes(self.opt_state) + ref + (tree_bytes(self.frozen) if self.frozen else 0)
 
 
-def lr_schedule(cfg: RLConfig) -> optax.Schedule:
+def lr_schedule(cfg: OptimizerConfig, epochs: int) -> optax.Schedule:
     """Learning rate per optimiser update: linear warm-up over ``warmup_steps`` RL steps, then
     constant or decayed (cosine / linear) to ``min_lr_ratio * lr`` at ``total_steps``.
 
     Why a warm-up: Adam's first updates have ~lr-sized steps in *every* coordinate (its second
     moment is still near the first gradient squared), which on a freshly initialised policy
     sharpens the output distribution before the reward signal has a direction.
-    The schedule counts optimiser updates; ``epochs`` updates make one RL step.
+    The schedule counts optimiser updates; ``epochs`` updates (the algorithm's) make one RL step.
     """
-    e = cfg.epochs
+    e, lr = epochs, cfg.lr
     warm = cfg.warmup_steps * e
     if cfg.lr_schedule == "constant":
         if warm == 0:
-            return optax.constant_schedule(cfg.lr)
+            return optax.constant_schedule(lr)
         return optax.join_schedules(
-            [optax.linear_schedule(cfg.lr / warm, cfg.lr, warm), optax.constant_schedule(cfg.lr)],
-            [warm])
-    assert cfg.total_steps is not None  # RLConfig checks it for decaying schedules
-    end = cfg.lr * cfg.min_lr_ratio
+            [optax.linear_schedule(lr / warm, lr, warm), optax.constant_schedule(lr)], [warm])
+    assert cfg.total_steps is not None  # OptimizerConfig checks it for decaying schedules
+    end = lr * cfg.min_lr_ratio
     if cfg.lr_schedule == "cosine":
-        return optax.warmup_cosine_decay_schedule(cfg.lr / max(warm, 1) if warm else cfg.lr,
-                                                  cfg.lr, warm, cfg.total_steps * e, end)
-    decay = optax.linear_schedule(cfg.lr, end, cfg.total_steps * e - warm)
+        return optax.warmup_cosine_decay_schedule(lr / max(warm, 1) if warm else lr,
+                                                  lr, warm, cfg.total_steps * e, end)
+    decay = optax.linear_schedule(lr, end, cfg.total_steps * e - warm)
     if warm == 0:
         return decay
-    return optax.join_schedules([optax.linear_schedule(cfg.lr / warm, cfg.lr, warm), decay],
-                                [warm])
+    return optax.join_schedules([optax.linear_schedule(lr / warm, lr, warm), decay], [warm])
 
 
 def _sgd(learning_rate: Any, weight_decay: float) -> optax.GradientTransformation:
@@ -91,7 +89,7 @@ def _sgd(learning_rate: Any, weight_decay: float) -> optax.GradientTransformatio
     return optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(learning_rate))
 
 
-# RLConfig.optimizer -> optax's own transformation of (learning_rate, weight_decay); adam
+# OptimizerConfig.optimizer -> optax's own transformation of (learning_rate, weight_decay); adam
 # (no decay) is injected as before, so its state's structure, and so older checkpoints, hold
 _OPTIMIZERS: dict[str, Any] = {
     "adamw": lambda learning_rate, weight_decay: optax.adamw(learning_rate,
@@ -104,8 +102,9 @@ _OPTIMIZERS: dict[str, Any] = {
 }
 
 
-def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
-    """``cfg.optimizer`` (optax's) on :func:`lr_schedule`, with ``cfg.weight_decay``. The
+def make_optimizer(cfg: OptimizerConfig, epochs: int) -> optax.GradientTransformation:
+    """``cfg.optimizer`` (optax's) on :func:`lr_schedule` (``epochs`` updates per RL step),
+    with ``cfg.weight_decay``. The
     global-norm clip (``cfg.max_grad_norm``) is not part of it: the update programs clip the
     gradients in place first (:func:`clip_by_global_norm`).
 
@@ -117,9 +116,9 @@ def make_optimizer(cfg: RLConfig) -> optax.GradientTransformation:
     """
     if cfg.optimizer == "adam":
         return optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)(
-            learning_rate=lr_schedule(cfg))
+            learning_rate=lr_schedule(cfg, epochs))
     return optax.inject_hyperparams(_OPTIMIZERS[cfg.optimizer], hyperparam_dtype=jnp.float32)(
-        learning_rate=lr_schedule(cfg), weight_decay=cfg.weight_decay)
+        learning_rate=lr_schedule(cfg, epochs), weight_decay=cfg.weight_decay)
 
 
 def clip_by_global_norm(grads: Any, max_norm: float | None) -> tuple[jax.Array, Any]:
@@ -149,7 +148,7 @@ def current_lr(opt_state: Any) -> float | None:
     return None
 
 
-def init_state(lm: Any, cfg: RLConfig, tx: optax.GradientTransformation,
+def init_state(lm: Any, cfg: AlgorithmConfig, tx: optax.GradientTransformation,
                vocab_size: int, reference: list[Any] | None = None,
                frozen: list[Any] | None = None) -> TrainState:
     """Step-0 state from what the optimiser trains (``lm``: the model's leaves in the master

@@ -88,7 +88,7 @@ class RLTrainer:
       model: the policy (its current weights are the starting point and, with ``beta > 0``, the
         reference).
       reward_fn: ``(prompt, response) -> float`` per sample.
-      cfg: algorithm and hyper-parameters (:class:`RLConfig`).
+      cfg: the step's knobs (:class:`RLConfig`: algorithm, optimiser, execution).
       system: the name of a registered system that trains (``jaxrl_sym.systems.names(
         trains=True)``) — ``sym`` (exact lengths) or ``padded`` (baseline), or one added with
         :func:`jaxrl_sym.systems.register` (``docs/extending.md``).
@@ -156,7 +156,7 @@ class RLTrainer:
         info = check_model(model)  # any model that follows the contract; fails early otherwise
         self.vocab_size = info.vocab_size
         self.model_fingerprint = model_fingerprint(model)
-        self.tx = make_optimizer(cfg)
+        self.tx = make_optimizer(cfg.optim, cfg.algorithm.epochs)
         self.mesh = make_mesh(mesh)
         self._take_weights(model, precision, lora)
         self.budget = None if device_memory is None else MemoryBudget(
@@ -177,7 +177,7 @@ class RLTrainer:
             mesh=self.mesh, engine=engine or EngineOptions(),
             speculate=speculation.k if speculation else 0,
             speculate_adaptive=bool(speculation and speculation.adaptive),
-            budget=self.budget, logprob_chunk=cfg.logprob_chunk)
+            budget=self.budget, logprob_chunk=cfg.execution.logprob_chunk)
 
         def bind(system: TrainableSystem) -> TrainBound:
             caps = system.spec.capabilities  # a mesh shards the step's programs for every system
@@ -205,9 +205,8 @@ class RLTrainer:
         self.view = WeightView(self.precision, leaves, plan)
         frozen = self.view.frozen(leaves)
         self.state: TrainState = init_state(
-            self.view.trainable(leaves), self.cfg, self.tx,
-            self.vocab_size, self.view.reference(leaves, frozen) if self.cfg.beta > 0 else None,
-            frozen)
+            self.view.trainable(leaves), self.cfg.algorithm, self.tx, self.vocab_size,
+            self.view.reference(leaves, frozen) if self.cfg.algorithm.beta > 0 else None, frozen)
         self.shardings: dict[str, Any] | None = None
         if self.mesh is not None:
             self.shardings = state_shardings(self.state, self.mesh)
@@ -287,7 +286,7 @@ class RLTrainer:
     def context(self) -> StepContext:
         """What the stages read (:class:`StepContext`), from the trainer's current settings."""
         return StepContext(
-            cfg=self.cfg, sampling=SamplingConfig.of(self.cfg),
+            cfg=self.cfg, sampling=SamplingConfig.of(self.cfg.algorithm),
             system=self.forwards.bound(self.system), forwards=self.forwards,
             programs=self.programs, reward_fn=self.reward_fn, metric_fn=self.metric_fn,
             vocab_size=self.vocab_size, row_multiple=data_size(self.mesh),
@@ -317,13 +316,13 @@ class RLTrainer:
 
     @property
     def overlaps_reference(self) -> bool:
-        """``cfg.overlap_reference``, or where it is None (auto) whether the device is an
+        """``cfg.execution.overlap_reference``, or where it is None (auto) whether the device is an
         accelerator. Why not on a CPU: there the "device" is the host's own cores, so scoring
         chunks during generation does not fill idle device time, it competes with the decode
         loop for the same cores, and the CPU step benchmark was slower with it
         (``bench/results/cpu/design_notes.md``)."""
-        if self.cfg.overlap_reference is not None:
-            return bool(self.cfg.overlap_reference)
+        if self.cfg.execution.overlap_reference is not None:
+            return bool(self.cfg.execution.overlap_reference)
         devices = self.mesh.devices.flat if self.mesh is not None else jax.devices()
         return next(iter(devices)).platform != "cpu"
 
@@ -336,7 +335,7 @@ class RLTrainer:
 
     def greedy(self, prompts: Sequence[np.ndarray], max_new_tokens: int) -> list[np.ndarray]:
         """Greedy responses of the current policy (evaluation; nothing is trained)."""
-        gcfg = SamplingConfig.of(self.cfg).greedy(max_new_tokens)
+        gcfg = SamplingConfig.of(self.cfg.algorithm).greedy(max_new_tokens)
         return self.forwards.bound(self.system).greedy(list(prompts), gcfg)
 
     def layout(self, rollout: Rollout, system: str | None = None) -> Layout:
