@@ -67,7 +67,7 @@ def test_each_knob_lives_in_one_part() -> None:
         RLConfig.of(update_token=4)
     with pytest.raises(InputError, match=r"config\['speculate'\] is no longer"):
         RLConfig.of(speculate=2)
-    with pytest.raises(InputError, match=r"RLConfig.optim=.*give a OptimizerConfig"):
+    with pytest.raises(InputError, match=r"RLConfig.optim=.*expected the OptimizerConfig part"):
         RLConfig(optim=AlgorithmConfig())  # type: ignore[arg-type]
     # each part checks its own knobs, naming the field and its flag
     with pytest.raises(InputError, match=r"ExecutionConfig.update_tokens=0 \(--update-tokens\)"):

@@ -77,8 +77,9 @@ class RLConfig:
     def __post_init__(self) -> None:
         for name, cls in GROUPS.items():
             if not isinstance(getattr(self, name), cls):
-                raise InputError(f"RLConfig.{name}={getattr(self, name)!r}: give a "
-                                 f"{cls.__name__} (RLConfig.of builds one from knob names)")
+                raise InputError(f"RLConfig.{name}={getattr(self, name)!r}: expected the "
+                                 f"{cls.__name__} part (RLConfig.of builds the parts from knob "
+                                 "names)")
 
     @classmethod
     def of(cls, **knobs: Any) -> RLConfig:
