@@ -74,8 +74,8 @@ def run_system(args: argparse.Namespace) -> dict[str, Any]:
 
     shape = rlft_step.model_config(args)
     model = init_model(preset("small", **shape), args.seed)
-    cfg = RLConfig(algo="grpo", group_size=args.group, beta=0.04, epochs=1,
-                   max_new_tokens=args.cap, eos_id=None, lr=1e-4)
+    cfg = RLConfig.of(algo="grpo", group_size=args.group, beta=0.04, epochs=1,
+                      max_new_tokens=args.cap, eos_id=None, lr=1e-4)
     trainer = RLTrainer(model, rlft_step.reward_fn, cfg, system=args.system)
     rows = []
     for k, (prompts, limits) in enumerate(steps_of(args, shape["vocab_size"])):
