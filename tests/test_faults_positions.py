@@ -97,7 +97,7 @@ def test_the_unreplayed_sym_estimate_is_a_lower_bound(p: int, n: int, monkeypatc
     from jaxrl_sym import systems
     from jaxrl_sym.generation import GenerationConfig
     from jaxrl_sym.models.hf import load_pretrained
-    from jaxrl_sym.runtime import estimate
+    from jaxrl_sym.runtime.memory import estimate
 
     model, _, _ = load_pretrained(TEXT)
     bound = systems.get("sym").bind(model, systems.BindOptions())
