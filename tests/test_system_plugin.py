@@ -3,9 +3,9 @@
 
 The plugin is a real installed distribution as far as ``importlib.metadata`` is concerned: a
 module and a ``.dist-info`` directory with ``entry_points.txt`` on ``PYTHONPATH``, written by the
-test. Its system decodes greedily by re-running the plain model on every prefix (no cache, no
-mask, no padding: nothing of the library's decode path), so the decode command's own token
-comparison against sym is an independent check.
+test. Its system is ``tests/test_systems_registry.py``'s toy: greedy decoding that re-runs the
+plain model on every prefix (no cache, no mask, no padding: nothing of the library's decode
+path), so the decode command's own token comparison against sym is an independent check.
 """
 
 from __future__ import annotations
@@ -26,36 +26,9 @@ PLUGIN = textwrap.dedent('''
         systems.Capabilities(), "toy_plugin_bind:bind"))
 ''')
 
+# The binder: the registry test's toy system (one copy of it), importable from the tests folder.
 BIND = textwrap.dedent('''
-    import time
-
-    import jax.numpy as jnp
-    import numpy as np
-
-    from jaxrl_sym.generation import GenerationResult, row_limits
-    from jaxrl_sym.systems.bound import BoundSystem
-
-
-    class NaiveBound(BoundSystem):
-        def generate(self, prompts, cfg):
-            t0, toks, lps, lgs = time.perf_counter(), [], [], []
-            for prompt, limit in zip(prompts, row_limits(cfg, len(prompts)), strict=True):
-                seq, row_lg = [int(t) for t in prompt], []
-                for _ in range(int(limit)):
-                    x = jnp.asarray([seq], jnp.int32)
-                    lg = self.model(x, jnp.arange(len(seq))[None], jnp.zeros_like(x))[0, -1]
-                    row_lg.append(np.asarray(lg, np.float32))
-                    seq.append(int(np.argmax(row_lg[-1])))
-                row = np.asarray(seq[len(prompt):], np.int32)
-                lg = np.stack(row_lg)
-                top = lg.max(-1, keepdims=True)
-                logp = lg - top - np.log(np.exp(lg - top).sum(-1, keepdims=True))
-                toks.append(row)
-                lps.append(logp[np.arange(row.size), row])
-                lgs.append(lg)
-            stats = {"xla_compiles": 0, "peak_bytes": 0,
-                     "run_seconds": time.perf_counter() - t0}
-            return GenerationResult(toks, lps, lgs if cfg.return_logits else None, stats)
+    from test_systems_registry import NaiveBound
 
 
     def bind(spec, model, options):
@@ -71,7 +44,8 @@ def _install(where: Path, entry: str, module: str = PLUGIN) -> dict[str, str]:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[jaxrl_sym.systems]\n{entry}\n")
-    path = os.pathsep.join(p for p in (str(where), os.environ.get("PYTHONPATH")) if p)
+    tests = str(Path(__file__).parent)
+    path = os.pathsep.join(p for p in (str(where), tests, os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path}
 
 
