@@ -155,27 +155,35 @@ def test_thunk_counts_by_hand() -> None:
         == 0
 
 
-def test_the_tile_compiled_for_an_h100_has_one_host_test_per_check() -> None:
-    """``python -m bench dispatch --preset quick`` in a fresh process (the CUDA plugin must load
-    before JAX starts its backends), sym's decode tiles compiled for an H100 and read from
-    XLA:GPU's own thunk sequence: one loop tested on the host (the checks) around a loop of
-    known trip count (the steps), each step's kernels inside a CUDA graph, no custom call; with
-    ``+WHILE`` command buffers the whole tile is graphs and waits on the host only to read its
-    tokens back. The Triton backend's decode kernel is not compiled here: jax-triton 0.3.1
-    builds its kernel for the device it runs on (none here) and lowers to the legacy custom call
-    XLA does not capture (FIELD_NOTES §12)."""
+@cache
+def _dispatch_quick(setting: str, engine: str | None = None) -> dict:
+    """sym's row of ``python -m bench dispatch --preset quick`` in a fresh process (the CUDA
+    plugin must load before JAX starts its backends); skipped without the compile-only
+    packages."""
     from bench.lib.projection import xla_gpu
 
     why = xla_gpu.unavailable()
     if why is not None and "fresh process" not in why:
         pytest.skip(why)
+    extra = ["--engine", engine] if engine else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "dispatch", "--preset", "quick", "--systems", "sym",
+         "--command-buffers", setting, "--json", *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)["systems"]["sym"]
+
+
+def test_the_tile_compiled_for_an_h100_has_one_host_test_per_check() -> None:
+    """sym's decode tiles compiled for an H100 and read from XLA:GPU's own thunk sequence: one
+    loop tested on the host (the checks) around a loop of known trip count (the steps), each
+    step's kernels inside a CUDA graph, no custom call; with ``+WHILE`` command buffers the
+    whole tile is graphs and waits on the host only to read its tokens back. The Triton
+    backend's decode kernel is not compiled here: jax-triton 0.3.1 builds its kernel for the
+    device it runs on (none here) and lowers to the legacy custom call XLA does not capture
+    (FIELD_NOTES §12); the pallas backend's kernel is (the next test)."""
     for setting in ("default", "while"):
-        proc = subprocess.run(
-            [sys.executable, "-m", "bench", "dispatch", "--preset", "quick", "--systems", "sym",
-             "--command-buffers", setting, "--json"],
-            cwd=ROOT, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        row = json.loads(proc.stdout)["systems"]["sym"]
+        row = _dispatch_quick(setting)
         tiles = [p for p in row["programs"] if p["stage"] == "decode"]
         assert tiles and row["captured"] > 0.9, setting
         for p in tiles:
@@ -188,3 +196,21 @@ def test_the_tile_compiled_for_an_h100_has_one_host_test_per_check() -> None:
             if setting == "while":  # inside a graph: only the read-back of each dispatch
                 assert host == [] and p["counts"]["syncs"] == p["calls"], p
         assert row["host_syncs_per_token"] <= (0.375 if setting == "default" else 0.125)
+
+
+def test_the_pallas_decode_kernel_compiled_for_an_h100_runs_inside_the_cuda_graph() -> None:
+    """With ``backend="pallas"`` each decode step's attention is one kernel XLA compiled from
+    the Pallas call (a ``kCustomKernel`` named ``decode_attention``, no legacy custom call),
+    every one inside a CUDA graph, the tile's loops as with the XLA backend, and fewer kernels
+    a step than the XLA backend's masked attention (scores, max, sum, divide, P·V)."""
+    xla = _dispatch_quick("default")
+    row = _dispatch_quick("default", '{"backend": "pallas"}')
+    tiles = [p for p in row["programs"] if p["stage"] == "decode"]
+    assert tiles and row["captured"] > 0.9
+    for p in tiles:
+        assert p["custom_calls"] == [], p["custom_calls"]
+        assert p["kernels"] and all(graph for _, graph in p["kernels"]), p["kernels"]
+        trips = [t for _, t, _ in p["loops"]]
+        assert trips.count(None) == 1 and 8 in trips, p["loops"]
+    assert all(p["kernels"] == [] for p in xla["programs"])
+    assert row["kernels_per_step"] < xla["kernels_per_step"]

@@ -229,7 +229,7 @@ def test_help_shows_defaults_and_choices_without_internals() -> None:
     assert dec.returncode == 0
     out = " ".join(dec.stdout.split())  # argparse wraps lines at the terminal's width
     for text in ("(default: 128)", "(default: 8:24)", "(default: sym,padded)",
-                 "{full,window,block,linear,mixed}", "{xla,triton,auto}",
+                 "{full,window,block,linear,mixed}", "{xla,triton,pallas,auto}",
                  "{" + ",".join(PRESETS) + "}", "(default: decode-cpu)"):
         assert text in out, text
     assert "SUPPRESS" not in out and "default: None" not in out

@@ -69,7 +69,7 @@ def test_triton_backend_refills_rows_on_every_store_kind() -> None:
 def test_backend_names() -> None:
     assert resolve_backend("xla") == "xla"
     assert resolve_backend("auto") in ("xla", "triton")
-    with pytest.raises(InputError, match="choose 'xla', 'triton' or 'auto'"):
+    with pytest.raises(InputError, match="choose 'xla', 'triton', 'pallas' or 'auto'"):
         resolve_backend("cuda")
 
 

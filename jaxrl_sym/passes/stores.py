@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrl_sym.backends import triton_ops
+from jaxrl_sym.backends import decode, triton_ops
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.ops.attention import Pattern, phi, reference_attention
 
@@ -70,14 +70,14 @@ class StoreSpec:
     pattern: Pattern
     scale: float
     softcap: float = 0.0  # attention-logit soft-capping (0 = none)
-    backend: str = "xla"  # "xla" | "triton": who computes single-token decode attention
+    backend: str = "xla"  # "xla" | "triton" | "pallas": who computes single-token decode attention
     live: Callable[[jax.Array], tuple[jax.Array]] | None = None  # the plan's live-slot count
 
     @property
-    def triton_decode(self) -> bool:
-        """Single-token steps run the Triton decode kernel: the backend asks for it and the
-        pattern's mask is in the kernels' family (else the masked XLA path, same result)."""
-        return self.backend == "triton" and self.pattern.kernel_mask() is not None
+    def decode_kernel(self) -> Callable[..., jax.Array] | None:
+        """The kernel single-token steps run (:func:`jaxrl_sym.backends.decode.kernel_for`), or
+        None for the masked XLA path (same result)."""
+        return decode.kernel_for(self.backend, self.pattern, self.d, self.dv)
 
     def scoring(self) -> dict[str, Any]:
         """The attention op's keyword arguments (pattern, scale, softcap) for this store."""
@@ -297,9 +297,9 @@ class GrowingStore(StoreKind):
             return _fresh(spec, store, args)
         slot = write_index % store["pos"].shape[1] if q.shape[1] == 1 else write_index
         new = _write(store, k, v, k_pos, slot)
-        if spec.triton_decode and q.shape[1] == 1:
+        if spec.decode_kernel is not None and q.shape[1] == 1:
             # the live count of the unwrapped index: once wrapped, every slot is live
-            return _triton_decode(spec, new, q, q_pos, write_index), new
+            return decode.live_slots(spec, new, q, q_pos, write_index), new
         return _masked(spec, q, q_pos, new), new  # write first, then one masked pass
 
     def grow(self, store, capacity):
@@ -345,8 +345,8 @@ class RingStore(StoreKind):
             return _fresh(spec, store, args)
         if c == 1:
             new = _write(store, k, v, k_pos, write_index % cap)
-            if spec.triton_decode:
-                return _triton_decode(spec, new, q, q_pos, write_index), new
+            if spec.decode_kernel is not None:
+                return decode.live_slots(spec, new, q, q_pos, write_index), new
             return _masked(spec, q, q_pos, new), new
         # A chunk longer than one step: attend over ring ∪ chunk, then keep the chunk's tail.
         joined = {"k": jnp.concatenate([store["k"], _heads(k).astype(store["k"].dtype)], axis=2),
@@ -481,19 +481,3 @@ GROWING, FIXED, RING, BLOCK, STATE, SLOT = (GrowingStore(), FixedStore(), RingSt
                                            BlockStore(), StateStore(), SlotStore())
 STORE_KINDS: tuple[StoreKind, ...] = (GROWING, FIXED, RING, BLOCK, STATE, SLOT)
 """Every store kind, one instance each: what ``StorePlan.kind`` holds and the runtime runs."""
-
-
-def _triton_decode(spec: StoreSpec, new: Store, q: jax.Array, q_pos: jax.Array,
-                   write_index: jax.Array) -> jax.Array:
-    """Single-token decode through the Triton kernel, reading only the live slots: the plan's
-    live-count expression (``spec.live``, compiled from sympy once) of the device-side
-    ``write_index``, so one compiled program serves every step of a capacity bucket. ``new``
-    already holds this step's entry."""
-    if spec.live is None:
-        raise ValueError(f"store of attention node %{spec.node}: no live-count function planned")
-    (live,) = spec.live(write_index)
-    # a wrapped growing store (refill) holds live keys in every slot
-    n_live = jnp.full((q.shape[0],), jnp.minimum(live, new["pos"].shape[1]), jnp.int32)
-    out = triton_ops.decode_attention(q[:, 0], new["k"], new["v"], new["pos"], q_pos[:, 0],
-                                      n_live, **spec.scoring())
-    return out[:, None]

@@ -33,7 +33,7 @@ from jaxrl_sym.runtime.policy import (
 )
 from jaxrl_sym.runtime.refill import Refill
 
-BACKENDS = ("xla", "triton", "auto")
+BACKENDS = ("xla", "triton", "pallas", "auto")
 PREFILLS = ("packed", "block")
 
 Check = Callable[[Any], Any]
@@ -89,8 +89,9 @@ def _or_none(check: Check) -> Check:
 
 
 _DOMAINS: dict[str, tuple[Check, str]] = {
-    "backend": (_one_of(BACKENDS), "must be 'xla', 'triton' (Triton decode kernels) or "
-                "'auto' (triton where it runs compiled, else xla)"),
+    "backend": (_one_of(BACKENDS), "must be 'xla', 'triton' (Triton decode kernels), "
+                "'pallas' (the Pallas decode kernel) or 'auto' (triton where it runs "
+                "compiled, else xla)"),
     "min_capacity": (_count(), "must be a positive int; give the initial slots of a growing "
                      "store (e.g. 16)"),
     "max_len": (_or_none(_count()), "must be a positive int or None; give the cap on prompt + "
@@ -133,8 +134,10 @@ class EngineOptions:
     max_len: optional user cap; with it, full-attention stores are allocated at that size.
     microbatch_rows / max_pad_fraction: the aligned-microbatch policy
       (:func:`~jaxrl_sym.runtime.policy.microbatches`).
-    backend: ``xla``, ``triton`` (Triton kernels for decode steps; interpreted on CPU) or
-      ``auto`` (triton where it runs compiled, else xla); resolved when the plan is compiled.
+    backend: ``xla``, ``triton`` (Triton kernels for decode steps; interpreted on CPU),
+      ``pallas`` (single-token attention as one Pallas kernel that XLA:GPU captures in its
+      CUDA graphs; interpreted on CPU; everything else as xla) or ``auto`` (triton where it
+      runs compiled, else xla); resolved when the plan is compiled.
     decode_tile: decode steps per dispatch while rows are ending (one device→host sync per tile;
       a row that ends inside a tile wastes the tile's remaining steps). 1: a dispatch per token.
     max_decode_tile: the tile doubles up to this after a dispatch in which no row ended

@@ -37,10 +37,11 @@ from jaxrl_sym.tracer.trace import TracedProgram
 
 def resolve_backend(backend: str) -> str:
     """``xla`` everywhere; ``triton`` = jax-triton on a GPU, Triton's interpreter on CPU (slow,
-    for checking); ``auto`` = triton where it runs compiled (a GPU with jax-triton), else xla."""
+    for checking); ``pallas`` = the Pallas decode kernel (compiled on a GPU, interpreted on
+    CPU); ``auto`` = triton where it runs compiled (a GPU with jax-triton), else xla."""
     if backend == "auto":
         return "triton" if backend_name() == "gpu" else "xla"
-    if backend == "xla":
+    if backend in ("xla", "pallas"):  # pallas: part of jax, on every platform
         return backend
     if backend == "triton":
         if backend_name() is None:
@@ -49,7 +50,7 @@ def resolve_backend(backend: str) -> str:
                 "jax-triton on a GPU); use backend='xla' otherwise"
             )
         return backend
-    raise InputError(f"backend={backend!r}: choose 'xla', 'triton' or 'auto'")
+    raise InputError(f"backend={backend!r}: choose 'xla', 'triton', 'pallas' or 'auto'")
 
 
 @dataclass(frozen=True)

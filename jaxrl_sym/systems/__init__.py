@@ -43,7 +43,7 @@ register(SystemSpec(
     "sym", "the symbolic runtime: exact-size stores, host-planned dispatches",
     Capabilities(trains=True, speculates=True, draft_models=True, shards=True,
                  stops_itself=True, engine=True), "jaxrl_sym.systems.sym",
-    variants=("xla", "triton", "auto"),
+    variants=("xla", "triton", "pallas", "auto"),
     trainer="jaxrl_sym.systems.sym:SymSystem"))
 register(SystemSpec(
     "padded", "the padded/masked XLA baseline: left-padded prompts, MAX_LEN caches, one program",

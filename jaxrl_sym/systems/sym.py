@@ -3,7 +3,7 @@
 system, both halves: :class:`SymBound` generates (the decode command, evaluation, an RL step's
 rollouts) and gives the RL step its layout and forward; :class:`SymSystem` is the RL half's
 value (packed layouts, the key of the step's programs). Variants ``sym-xla`` / ``sym-triton`` /
-``sym-auto`` fix the kernels' backend.
+``sym-pallas`` / ``sym-auto`` fix the kernels' backend.
 
 Its memory estimate is the runtime's own store plan (:func:`jaxrl_sym.runtime.memory.estimate.
 estimate_sym`); its work is the host policy's replay (:func:`jaxrl_sym.runtime.policy.replay`)

@@ -39,6 +39,11 @@ COMMAND_BUFFERS = {
 """``xla_gpu_enable_command_buffer`` settings the ledger compiles under (FIELD_NOTES §12)."""
 
 
+KERNELS = ("decode_attention",)
+"""The runtime's own kernels by the name XLA gives their thunks (the pallas backend's decode
+attention, :mod:`jaxrl_sym.backends.pallas_ops`): each program lists where they run."""
+
+
 class Recorder:
     """A ledger's ``compiler(build)``: each program compiled for ``target`` with XLA's dumps
     (its thunk tree kept, in compile order) and for this machine (its cost analysis).
@@ -83,6 +88,7 @@ class ProgramCount:
     counts: thunks.Counts
     loops: list[tuple[int, int | None, bool]]
     custom_calls: list[tuple[str, bool]]
+    kernels: list[tuple[str, bool]]  # the runtime's own kernels (:data:`KERNELS`), captured?
 
 
 def program_count(run: Any, tree: tuple[thunks.Thunk, ...], check: int | None,
@@ -99,7 +105,8 @@ def program_count(run: Any, tree: tuple[thunks.Thunk, ...], check: int | None,
     cost = run.size.bytes_accessed * run.steps
     read = cost if read_per_step is None else read_per_step * run.steps
     return ProgramCount(run.stage, run.what, run.calls, run.steps, iters, cost, read, counts,
-                        thunks.loops(tree), thunks.custom_calls(tree))
+                        thunks.loops(tree), thunks.custom_calls(tree),
+                        thunks.kernels_named(tree, KERNELS))
 
 
 def ledger_counts(runs: Sequence[Any], sizes: dict[tuple, Any], trees: list[Any],

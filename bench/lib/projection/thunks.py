@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 _LINE = re.compile(r"^(\s*)(\d+): (k\w+)\s*\[[^\]]*\]\s*(.*)$")
 _LABEL = re.compile(r"^(\s*)([\w ]+):\s*$")
@@ -167,11 +168,22 @@ def _one(t: Thunk, unknown: float, graph: bool) -> Counts:
 def custom_calls(thunks: tuple[Thunk, ...]) -> list[tuple[str, bool]]:
     """Every custom call (``kCustomCall``: a library or user kernel XLA did not generate, e.g. a
     legacy jax-triton call) with whether it runs inside a CUDA graph."""
+    return _where(thunks, lambda t: t.kind == "kCustomCall")
+
+
+def kernels_named(thunks: tuple[Thunk, ...], names: tuple[str, ...]) -> list[tuple[str, bool]]:
+    """Every kernel whose name is one of ``names`` (a Pallas kernel keeps its ``pallas_call``
+    name: XLA compiles its Triton custom call into a ``kCustomKernel`` of that name) with
+    whether it runs inside a CUDA graph."""
+    return _where(thunks, lambda t: t.kind == "kCustomKernel" and t.name in names)
+
+
+def _where(thunks: tuple[Thunk, ...], keep: Any) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
 
     def walk(ts: tuple[Thunk, ...], graph: bool) -> None:
         for t in ts:
-            if t.kind == "kCustomCall":
+            if keep(t):
                 out.append((t.name, graph))
             for v in t.sections.values():
                 walk(v, graph or t.kind == "kCommandBuffer")

@@ -104,7 +104,11 @@ def compile_for(fn: Any, *args: Any, target: str = "h100", dump_to: str | None =
     structs = jax.tree.map(struct, args)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     opts = dict(OPTIONS, **(options or {}), **({"xla_dump_to": dump_to} if dump_to else {}))
-    return jitted.lower(*structs, **(kwargs or {})).compile(compiler_options=opts)
+    # the target's device kind in scope while lowering: a Pallas kernel (the pallas backend's
+    # decode attention) reads the GPU it lowers for from the abstract mesh when none is attached
+    with jax.sharding.use_abstract_mesh(_mesh(target).abstract_mesh):
+        lowered = jitted.lower(*structs, **(kwargs or {}))
+    return lowered.compile(compiler_options=opts)
 
 
 class Analysed:
