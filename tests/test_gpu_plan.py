@@ -35,7 +35,7 @@ def test_dry_run_runs_every_code_path_and_the_report_renders(tmp_path: Path) -> 
     by = {r["item"]: r for r in rows}
     assert all(r["commit"] == "feedbee" and r["dry_run"] and r["versions"]["jax"] for r in rows)
     # the gpu tests are collected here and skip without a GPU (none failed, none missing)
-    assert by["gpu_tests"]["result"] == {"tests": 8, "failures": 0, "errors": 0, "skipped": 8}
+    assert by["gpu_tests"]["result"] == {"tests": 10, "failures": 0, "errors": 0, "skipped": 10}
     rl = by["rl_step_bf16mixed_lora16"]["result"]
     assert rl["config"]["precision"] == "bf16-mixed" and rl["config"]["lora_rank"] == 4
     for system in ("sym", "padded"):

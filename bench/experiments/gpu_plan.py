@@ -68,12 +68,21 @@ _RL_DRY = ("bench", "rlft_step", "--preset", "quick", "--out", "{out}")
 _BF16 = (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16")
 _BF16_DRY = (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4")
 PLAN: tuple[Item, ...] = (
-    Item("gpu_tests", 1.0, "compiled Triton kernels against XLA, the decode kernel now reading "
-         "heads-major stores [B, Hkv, C, D] (2026-11-26b: 8 passed, 54 s, slots-major)",
+    Item("gpu_tests", 1.2, "compiled Triton kernels against XLA, the decode kernel now reading "
+         "heads-major stores [B, Hkv, C, D] (2026-11-26b: 8 passed, 54 s, slots-major); the "
+         "pallas backend's decode kernel compiled by XLA's Triton against numpy (never run "
+         "compiled before)",
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
-          "--junitxml={out}"),
+          "tests/test_pallas_decode.py", "--junitxml={out}"),
          ("pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_kernels_interpret.py",
-          "--junitxml={out}"), junit=True),
+          "tests/test_pallas_decode.py", "--junitxml={out}"), junit=True),
+    Item("rl_step_sym_pallas", 3.5,
+         "sym's bf16-mixed + LoRA 16 step with backend pallas: each decode step's attention one "
+         "Pallas kernel inside the tile's CUDA graph (bench dispatch: 392 kernels a step "
+         "instead of 513, projected generation 2.84 s instead of 3.52); generation s against "
+         "the next item's sym in the same tree — if it pays, pallas becomes the GPU default",
+         (*_BF16, "--systems", "sym", "--engine", '{"backend": "pallas"}'),
+         (*_BF16_DRY, "--systems", "sym", "--engine", '{"backend": "pallas"}')),
     Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded at sym's defaults (128 resident rows), bf16-mixed + LoRA 16, in one run: "
          "since the last (2026-11-26b: 8.44 vs 10.09 GB) the stores are heads-major (the H100 "
