@@ -159,7 +159,11 @@ def test_engine_options_accept_their_domain_as_python_values(kw: dict) -> None:
         got = getattr(opts, name)
         assert got == value and type(got) in (int, float, bool, str, type(None)), (name, got)
     assert opts.replace() == opts and hash(opts) == hash(EngineOptions(**kw))
-    assert opts.tiling().base == opts.decode_tile and opts.compaction().share == opts.compact_at
+    assert opts.tiling().base == opts.decode_tile
+    for platform in ("cpu", "gpu"):  # None: the platform's own
+        rule = opts.compaction(platform)
+        assert opts.compact_at in (None, rule.share)
+        assert opts.compact_min_rows in (None, rule.min_rows)
     if opts.decode_check is not None:
         assert opts.tiling("cpu").check == opts.tiling("gpu").check == opts.decode_check
     assert (opts.refill_policy() is not None) == opts.refill
@@ -274,3 +278,15 @@ def test_lora_config_refuses_out_of_domain_by_name(data: st.DataObject) -> None:
 def test_lora_config_accepts_its_domain(kw: dict) -> None:
     cfg = LoraConfig(**kw)
     assert cfg.scale == pytest.approx(kw["alpha"] / kw["rank"]) and hash(cfg) is not None
+
+
+def test_compaction_defaults_are_the_platforms() -> None:
+    """None asks for the platform's rule: coarser on a GPU (a decode step costs its kernels
+    there, nearly whatever its rows), the CPU's measured one elsewhere; a value given wins."""
+    from jaxrl_sym.runtime.policy import COMPACT_AT, COMPACT_MIN_ROWS, GPU_COMPACTION, Compaction
+
+    opts = EngineOptions()
+    assert opts.compaction("gpu") == Compaction(*GPU_COMPACTION)
+    assert opts.compaction("cpu") == opts.compaction() == Compaction(COMPACT_AT, COMPACT_MIN_ROWS)
+    assert GPU_COMPACTION[0] < COMPACT_AT and GPU_COMPACTION[1] > COMPACT_MIN_ROWS
+    assert EngineOptions(compact_at=0.9).compaction("gpu").share == 0.9

@@ -22,8 +22,6 @@ import numpy as np
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.runtime.policy import (
-    COMPACT_AT,
-    COMPACT_MIN_ROWS,
     DEFAULT_DECODE_TILE,
     DEFAULT_MAX_DECODE_TILE,
     DEFAULT_MAX_PAD_FRACTION,
@@ -111,10 +109,12 @@ _DOMAINS: dict[str, tuple[Check, str]] = {
                      "platform's default (decode_tile on a GPU, 1 elsewhere)"),
     "prefill": (_one_of(PREFILLS), "must be 'packed' (prompts bin-packed into rows) or "
                 "'block' (the right-aligned prompt rectangle)"),
-    "compact_at": (_share(low_open=True), "must be a finite number in (0, 1]; give the share of "
-                   "its row bucket a group's live rows must fit before it is compacted"),
-    "compact_min_rows": (_count(), "must be a positive int; give the fewest rows a group is "
-                         "compacted to (1: down to single rows)"),
+    "compact_at": (_or_none(_share(low_open=True)), "must be a finite number in (0, 1] or "
+                   "None; give the share of its row bucket a group's live rows must fit before "
+                   "it is compacted, or None for the platform's default"),
+    "compact_min_rows": (_or_none(_count()), "must be a positive int or None; give the fewest "
+                         "rows a group is compacted to (1: down to single rows), or None for "
+                         "the platform's default"),
     "compact_early": (_flag, "must be True or False"),
     "defer_compiles": (_flag, "must be True or False"),
     "refill": (_flag, "must be True or False"),
@@ -150,7 +150,8 @@ class EngineOptions:
     prefill: ``packed`` (prompts bin-packed into rows, :mod:`jaxrl_sym.runtime.prefill`) or
       ``block`` (the right-aligned ``[rows, prompt block]`` rectangle, in chunks).
     compact_at / compact_min_rows / compact_early: when finished rows are compacted away
-      (:class:`~jaxrl_sym.runtime.policy.Compaction`).
+      (:class:`~jaxrl_sym.runtime.policy.Compaction`); None: the platform's default
+      (:meth:`~jaxrl_sym.runtime.policy.Compaction.default`: coarser on a GPU).
     defer_compiles: a compaction whose smaller bucket has no decode program yet does not wait
       for it: the program is compiled on a background thread and the group decodes on at its
       current bucket; a later compaction to that bucket (in a later call) waits for it if it is
@@ -180,8 +181,8 @@ class EngineOptions:
     max_decode_tile: int | None = None
     decode_check: int | None = None
     prefill: str = "packed"
-    compact_at: float = COMPACT_AT
-    compact_min_rows: int = COMPACT_MIN_ROWS
+    compact_at: float | None = None
+    compact_min_rows: int | None = None
     compact_early: bool = False
     defer_compiles: bool = False
     refill: bool = False
@@ -255,9 +256,11 @@ class EngineOptions:
             self.decode_tile if platform == "gpu" else 1)
         return Tiling(self.decode_tile, top, check)
 
-    def compaction(self) -> Compaction:
-        """The compaction rule these options ask for (its knobs checked on construction)."""
-        return Compaction(self.compact_at, self.compact_min_rows, self.compact_early)
+    def compaction(self, platform: str = "cpu") -> Compaction:
+        """The compaction rule these options ask for on ``platform`` (its knobs checked on
+        construction; None: the platform's default)."""
+        return Compaction.default(platform, self.compact_at, self.compact_min_rows,
+                                  self.compact_early)
 
     def refill_policy(self) -> Refill | None:
         """The refill rule these options ask for (None: no refill; its knob checked on

@@ -127,8 +127,17 @@ model a decode step below 8 rows cost little more than at one row and an order o
 less than at 128, and the first GRPO generation compiled three more buckets below 8 rows, whose
 compiles cost far more than the decode time they saved (the numbers:
 ``bench/results/cpu/design_notes.md``). On a GPU decode is bound by reading the weights and
-the flat range is wider; raise it there
+the flat range is wider: :data:`GPU_COMPACTION` raises it there.
 (``SymbolicLM(model, EngineOptions(compact_min_rows=...))``)."""
+
+GPU_COMPACTION = (0.5, 16)
+"""``(share, min_rows)`` of compaction on a GPU (``EngineOptions`` left at None). Why coarser
+there: a decode step's time on the H100 is its ~400-500 kernels at ~5.5 µs each, nearly the
+same at 128 rows as at 16, so dropping finished rows saves little, while every bucket is a
+decode program and a compaction program to compile (~8 s each on the H100). The dispatch
+ledger, compiled for the H100 at the RL step's request (pallas backend): 21 programs at
+(0.75, 8), 9 at (0.5, 16), for 1.8% more projected generation
+(``bench/results/projection/dispatch/README.md``)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +210,16 @@ class Compaction:
 
     share: float = COMPACT_AT
     min_rows: int = COMPACT_MIN_ROWS
+
+    @classmethod
+    def default(cls, platform: str, share: float | None = None, min_rows: int | None = None,
+                early: bool = False) -> Compaction:
+        """The rule on ``platform`` (``jax.Device.platform``), each knob given or (None) the
+        platform's: :data:`GPU_COMPACTION` on a GPU, :data:`COMPACT_AT` /
+        :data:`COMPACT_MIN_ROWS` elsewhere."""
+        base = GPU_COMPACTION if platform == "gpu" else (COMPACT_AT, COMPACT_MIN_ROWS)
+        return cls(base[0] if share is None else share,
+                   base[1] if min_rows is None else min_rows, early)
     early: bool = False
 
     def stop_at(self, rows: int, multiple: int = 1) -> int:
