@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_oracle_plain_model import PlainConfig, PlainLM, plain_attention
 
 from jaxrl_sym import Block, Causal, GenerationConfig, Window
-from jaxrl_sym.backends import pallas_ops
+from jaxrl_sym.backends import decode, pallas_ops
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
@@ -87,6 +87,34 @@ def test_kernel_matches_numpy(case, bf16: bool) -> None:
                                atol=2e-2 if bf16 else 1e-5, rtol=2e-2 if bf16 else 1e-5)
 
 
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(), at=st.integers(0, 10**6))
+def test_writing_kernel_writes_the_entry_then_attends(case, at: int) -> None:
+    """The kernel that writes the step's entry first: its stores are numpy's stores with the
+    entry written at the slot (every other slot untouched), and its output is attention over
+    those stores — the entry read from registers, not memory, so a stale slot never leaks."""
+    (q, k, v, kpos, qpos, nlive), pattern, softcap = case
+    b, hkv, cap, d = k.shape
+    rng = np.random.default_rng(at)
+    slot = at % cap
+    kn, vn = (rng.standard_normal((b, hkv, d)).astype(np.float32) for _ in range(2))
+    pn = qpos.copy()
+    nlive = np.maximum(nlive, slot + 1).astype(np.int32)  # the entry is live
+    got, k2, v2, p2 = pallas_ops.decode_attention_write(
+        *(jnp.asarray(x) for x in (q, kn, vn, pn, k, v, kpos)), jnp.int32(slot),
+        jnp.asarray(qpos), jnp.asarray(nlive), pattern=pattern, scale=0.3, softcap=softcap,
+        interpret=True)
+    kw, vw, pw = k.copy(), v.copy(), kpos.copy()
+    kw[:, :, slot], vw[:, :, slot], pw[:, slot] = kn, vn, pn
+    np.testing.assert_array_equal(np.asarray(k2), kw)
+    np.testing.assert_array_equal(np.asarray(v2), vw)
+    np.testing.assert_array_equal(np.asarray(p2), pw)
+    mask = pattern.kernel_mask()
+    want = numpy_decode(q, kw, vw, pw, qpos, nlive, lookback=mask.lookback,
+                        period=mask.period, scale=0.3, softcap=softcap)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=1e-5, rtol=1e-5)
+
+
 def test_bad_operands_are_refused_by_name() -> None:
     z = jnp.zeros
     args = (z((2, 4, 12)), z((2, 2, 8, 12)), z((2, 2, 8, 12)), z((2, 8), jnp.int32),
@@ -130,7 +158,8 @@ def test_engine_on_the_kernel_generates_the_plain_models_tokens(refill: bool) ->
                          **({"refill": True, "microbatch_rows": 2} if refill else {}))
     lm = SymbolicLM(_models()[0], opts)
     kernels = [s.decode_kernel for s in lm.plan.specs.values() if s.pattern.softmax]
-    assert kernels and all(k is pallas_ops.decode_attention_here for k in kernels)
+    assert kernels and all(k is decode.KERNELS["pallas"] for k in kernels)
+    assert all(decode.writes_entry(s) for s in lm.plan.specs.values() if s.pattern.softmax)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, CONFIG.vocab, n).astype(np.int32) for n in (3, 9, 5)]
     limits = (7, 4, 11)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,43 +59,87 @@ def _visible(mask: KernelMask, k_pos: jax.Array, q_pos: jax.Array) -> jax.Array:
     return ok
 
 
-def _kernel(q_ref, k_ref, v_ref, kpos_ref, qpos_ref, live_ref, o_ref, *, mask: KernelMask,
-            group: int, scale: float, softcap: float) -> None:
-    """One (row, kv head): its ``group`` query heads against the live slots, online softmax
-    over blocks of :data:`BLOCK_N` slots (flash-decoding without the split: a decode step's
-    rows × kv heads already fill the GPU at RL batch sizes)."""
-    block_h = q_ref.shape[0]
-    cap = k_ref.shape[0]
-    heads = (jnp.arange(block_h) < group)[:, None]
-    q = plgpu.load(q_ref, mask=heads, other=0.0).astype(jnp.float32)
-    q_pos = qpos_ref[()]
-    n_live = jnp.minimum(live_ref[()], cap)
+def _scores(q: jax.Array, k: jax.Array, scale: float, softcap: float) -> jax.Array:
+    s = plgpu.dot(q, k, trans_b=True, allow_tf32=False) * scale
+    return softcap * jnp.tanh(s / softcap) if softcap else s
+
+
+def _online(carry: tuple[jax.Array, ...], s: jax.Array, ok: jax.Array, v: jax.Array
+            ) -> tuple[jax.Array, ...]:
+    """One block of scores ``s [H, N]`` (visible where ``ok [1|H, N]``) and values ``v [N, Dv]``
+    folded into the running (output, max, sum) — flash attention's online softmax."""
+    acc, m_prev, l_prev = carry
+    s = jnp.where(ok, s, NEG)
+    m_next = jnp.maximum(m_prev, s.max(axis=-1))
+    p = jnp.where(ok, jnp.exp(s - m_next[:, None]), 0.0)
+    corr = jnp.exp(m_prev - m_next)
+    acc = corr[:, None] * acc + plgpu.dot(p, v, allow_tf32=False)
+    return acc, m_next, corr * l_prev + p.sum(axis=-1)
+
+
+def _attend(q, k_ref, v_ref, kpos_ref, q_pos, n_live, *, mask: KernelMask, scale: float,
+            softcap: float, skip: jax.Array | None = None) -> tuple[jax.Array, ...]:
+    """The running (output, max, sum) of ``q [H, D]`` over the store's live slots, blocks of
+    :data:`BLOCK_N`; slot ``skip`` is left out (the step's own entry, written by this kernel:
+    its memory is not read back)."""
     lanes = jnp.arange(BLOCK_N)
 
     def body(i, carry):
-        acc, m_prev, l_prev = carry
         slots = i * BLOCK_N + lanes
-        inside = slots < n_live
+        inside = slots < n_live if skip is None else (slots < n_live) & (slots != skip)
         block = pl.ds(i * BLOCK_N, BLOCK_N)
         k_pos = plgpu.load(kpos_ref.at[block], mask=inside, other=-1)
-        k = plgpu.load(k_ref.at[block, :], mask=inside[:, None], other=0.0).astype(jnp.float32)
-        s = plgpu.dot(q, k, trans_b=True, allow_tf32=False) * scale
-        if softcap:
-            s = softcap * jnp.tanh(s / softcap)
+        k = plgpu.load(k_ref.at[block, :], mask=inside[:, None], other=0.0)
+        v = plgpu.load(v_ref.at[block, :], mask=inside[:, None], other=0.0)
         ok = (inside & _visible(mask, k_pos, q_pos))[None, :]
-        s = jnp.where(ok, s, NEG)
-        m_next = jnp.maximum(m_prev, s.max(axis=-1))
-        p = jnp.where(ok, jnp.exp(s - m_next[:, None]), 0.0)
-        corr = jnp.exp(m_prev - m_next)
-        v = plgpu.load(v_ref.at[block, :], mask=inside[:, None], other=0.0).astype(jnp.float32)
-        acc = corr[:, None] * acc + plgpu.dot(p, v, allow_tf32=False)
-        return acc, m_next, corr * l_prev + p.sum(axis=-1)
+        return _online(carry, _scores(q, k.astype(jnp.float32), scale, softcap), ok,
+                       v.astype(jnp.float32))
 
-    init = (jnp.zeros((block_h, v_ref.shape[1]), jnp.float32),
-            jnp.full((block_h,), NEG, jnp.float32), jnp.zeros((block_h,), jnp.float32))
-    acc, _, den = lax.fori_loop(0, pl.cdiv(n_live, BLOCK_N), body, init)
+    h = q.shape[0]
+    init = (jnp.zeros((h, v_ref.shape[1]), jnp.float32), jnp.full((h,), NEG, jnp.float32),
+            jnp.zeros((h,), jnp.float32))
+    return lax.fori_loop(0, pl.cdiv(n_live, BLOCK_N), body, init)
+
+
+def _finish(o_ref, carry: tuple[jax.Array, ...], heads: jax.Array) -> None:
+    acc, _, den = carry
     out = jnp.where(den[:, None] > 0, acc / jnp.where(den > 0, den, 1.0)[:, None], 0.0)
     plgpu.store(o_ref, out.astype(o_ref.dtype), mask=heads)
+
+
+def _kernel(q_ref, k_ref, v_ref, kpos_ref, qpos_ref, live_ref, o_ref, *, group: int,
+            **scoring) -> None:
+    """One (row, kv head): its ``group`` query heads against the live slots, online softmax
+    over blocks of :data:`BLOCK_N` slots (flash-decoding without the split: a decode step's
+    rows × kv heads already fill the GPU at RL batch sizes)."""
+    heads = (jnp.arange(q_ref.shape[0]) < group)[:, None]
+    q = plgpu.load(q_ref, mask=heads, other=0.0).astype(jnp.float32)
+    n_live = jnp.minimum(live_ref[()], k_ref.shape[0])
+    _finish(o_ref, _attend(q, k_ref, v_ref, kpos_ref, qpos_ref[()], n_live, **scoring), heads)
+
+
+def _write_kernel(q_ref, kn_ref, vn_ref, pn_ref, k_ref, v_ref, kpos_ref, slot_ref, qpos_ref,
+                  live_ref, o_ref, ko_ref, vo_ref, po_ref, *, group: int, **scoring) -> None:
+    """:func:`_kernel` that first writes the step's entry (``kn, vn, pn``) to slot ``slot`` of
+    the store (aliased in and out) and attends to it from registers: the store writes that
+    were three XLA kernels a layer (keys, values, positions) are this one."""
+    heads = (jnp.arange(q_ref.shape[0]) < group)[:, None]
+    q = plgpu.load(q_ref, mask=heads, other=0.0).astype(jnp.float32)
+    slot, q_pos = slot_ref[()], qpos_ref[()]
+    kn, vn, pn = kn_ref[...], vn_ref[...], pn_ref[()]
+    at = pl.ds(slot, 1)
+    plgpu.store(ko_ref.at[at, :], kn[None, :].astype(ko_ref.dtype))
+    plgpu.store(vo_ref.at[at, :], vn[None, :].astype(vo_ref.dtype))
+    plgpu.store(po_ref.at[at], jnp.full((1,), pn, po_ref.dtype))  # every kv head: same value
+    n_live = jnp.minimum(live_ref[()], k_ref.shape[0])
+    carry = _attend(q, k_ref, v_ref, kpos_ref, q_pos, n_live, skip=slot, **scoring)
+    # the entry itself, a block of one key (zero-padded to Triton's smallest dot)
+    one = (jnp.arange(16) == 0)[:, None]
+    k1 = jnp.where(one, kn.astype(jnp.float32)[None, :], 0.0)
+    v1 = jnp.where(one, vn.astype(jnp.float32)[None, :], 0.0)
+    ok = (one[:, 0] & _visible(scoring["mask"], pn, q_pos) & (slot < n_live))[None, :]
+    s = _scores(q, k1, scoring["scale"], scoring["softcap"])
+    _finish(o_ref, _online(carry, s, ok, v1), heads)
 
 
 def _check(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_pos: jax.Array,
@@ -127,14 +172,45 @@ def supports(d: int, dv: int) -> bool:
     return all(n >= 16 and not n & (n - 1) for n in (d, dv))
 
 
-def decode_attention_here(*args: jax.Array, **kw: object) -> jax.Array:
-    """:func:`decode_attention` compiled where the program is lowered for a GPU, interpreted
-    where it is lowered for the CPU: the choice is the lowering platform's
-    (``lax.platform_dependent``), so one traced step program serves both, and a program
-    compiled for an H100 on a machine without one (the dispatch ledger) gets the kernel."""
-    run = functools.partial(decode_attention, **kw)
-    return lax.platform_dependent(*args, cpu=functools.partial(run, interpret=True),
-                                  default=run)
+def here(fn: Any) -> Any:
+    """``fn`` (:func:`decode_attention` or :func:`decode_attention_write`) compiled where the
+    program is lowered for a GPU, interpreted where it is lowered for the CPU: the choice is
+    the lowering platform's (``lax.platform_dependent``), so one traced step program serves
+    both, and a program compiled for an H100 on a machine without one (the dispatch ledger)
+    gets the kernel."""
+    def run(*args: jax.Array, **kw: Any) -> Any:
+        call = functools.partial(fn, **kw)
+        return lax.platform_dependent(*args, cpu=functools.partial(call, interpret=True),
+                                      default=call)
+    return run
+
+
+def _setup(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_pos: jax.Array,
+           q_pos: jax.Array, n_live: jax.Array, pattern: Pattern, scale: float | None,
+           softcap: float) -> dict[str, Any]:
+    """The operands checked, and what both kernels take: the per-(row, kv head) block specs
+    of q, the stores and the positions, and the kernel's static arguments."""
+    mask = pattern.kernel_mask()
+    if mask is None:
+        raise InputError(f"pallas decode_attention(): pattern {pattern!r} has no kernel mask; "
+                         "use backend='xla'")
+    _check(q, k_store, v_store, kv_pos, q_pos, n_live)
+    b, hq, d = q.shape
+    _, hkv, cap, dv = v_store.shape
+    group = hq // hkv
+    block_h = max(16, _pow2(group))
+    spec = lambda *shape: pl.BlockSpec((None, None, *shape), lambda i, h: (i, h) + (0,) * len(
+        shape))
+    return dict(
+        b=b, hkv=hkv, group=group, dv=dv, q=q.reshape(b, hkv, group, d),
+        q_spec=spec(block_h, d), k_spec=spec(cap, d), v_spec=spec(cap, dv),
+        pos_spec=pl.BlockSpec((None, cap), lambda i, h: (i, 0)),
+        row_spec=pl.BlockSpec((None,), lambda i, h: (i,)), out_spec=spec(block_h, dv),
+        static=dict(mask=mask, group=group, softcap=float(softcap),
+                    scale=1.0 / math.sqrt(d) if scale is None else float(scale)))
+
+
+_PARAMS = plgpu.CompilerParams(num_warps=4, num_stages=2)
 
 
 def decode_attention(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_pos: jax.Array,
@@ -147,28 +223,51 @@ def decode_attention(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_po
     ``[B, Hq, D]``; stores ``[B, Hkv, C, D|Dv]`` heads-major; ``kv_pos [B, C]`` (-1 empty),
     ``q_pos [B]``, ``n_live [B]`` int32 device arrays (one compile for every length up to C).
     ``interpret``: run under Pallas' interpreter (a CPU), else lower for the GPU."""
-    mask = pattern.kernel_mask()
-    if mask is None:
-        raise InputError(f"pallas decode_attention(): pattern {pattern!r} has no kernel mask; "
-                         "use backend='xla'")
-    _check(q, k_store, v_store, kv_pos, q_pos, n_live)
-    b, hq, d = q.shape
-    _, hkv, cap, dv = v_store.shape
-    group = hq // hkv
-    block_h = max(16, _pow2(group))
-    kernel = functools.partial(
-        _kernel, mask=mask, group=group, softcap=float(softcap),
-        scale=1.0 / math.sqrt(d) if scale is None else float(scale))
-    row = lambda i, h: (i,)
+    c = _setup(q, k_store, v_store, kv_pos, q_pos, n_live, pattern, scale, softcap)
     out = pl.pallas_call(
-        kernel, grid=(b, hkv), interpret=interpret, name="decode_attention",
-        out_shape=jax.ShapeDtypeStruct((b, hkv, group, dv), q.dtype),
-        in_specs=[pl.BlockSpec((None, None, block_h, d), lambda i, h: (i, h, 0, 0)),
-                  pl.BlockSpec((None, None, cap, d), lambda i, h: (i, h, 0, 0)),
-                  pl.BlockSpec((None, None, cap, dv), lambda i, h: (i, h, 0, 0)),
-                  pl.BlockSpec((None, cap), lambda i, h: (i, 0)),
-                  pl.BlockSpec((None,), row), pl.BlockSpec((None,), row)],
-        out_specs=pl.BlockSpec((None, None, block_h, dv), lambda i, h: (i, h, 0, 0)),
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-    )(q.reshape(b, hkv, group, d), k_store, v_store, kv_pos, q_pos, n_live)
-    return out.reshape(b, hq, dv)
+        functools.partial(_kernel, **c["static"]), grid=(c["b"], c["hkv"]),
+        interpret=interpret, name="decode_attention", compiler_params=_PARAMS,
+        out_shape=jax.ShapeDtypeStruct((c["b"], c["hkv"], c["group"], c["dv"]), q.dtype),
+        in_specs=[c["q_spec"], c["k_spec"], c["v_spec"], c["pos_spec"], c["row_spec"],
+                  c["row_spec"]],
+        out_specs=c["out_spec"],
+    )(c["q"], k_store, v_store, kv_pos, q_pos, n_live)
+    return out.reshape(q.shape[0], q.shape[1], c["dv"])
+
+
+def decode_attention_write(q: jax.Array, k_new: jax.Array, v_new: jax.Array,
+                           pos_new: jax.Array, k_store: jax.Array, v_store: jax.Array,
+                           kv_pos: jax.Array, slot: jax.Array, q_pos: jax.Array,
+                           n_live: jax.Array, *, pattern: Pattern, scale: float | None = None,
+                           softcap: float = 0.0, interpret: bool = False
+                           ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Write the step's entry to slot ``slot`` of every row, then :func:`decode_attention` over
+    the store with it — one kernel, the stores updated in place (aliased in and out). Returns
+    ``(out [B, Hq, Dv], k_store, v_store, kv_pos)``.
+
+    ``k_new [B, Hkv, D]``, ``v_new [B, Hkv, Dv]``, ``pos_new [B]``: the step's keys, values
+    and positions; ``slot``: an int32 scalar (the step's write slot, the same for every row);
+    ``n_live`` counts the entry (slots ``< n_live`` after the write are read)."""
+    c = _setup(q, k_store, v_store, kv_pos, q_pos, n_live, pattern, scale, softcap)
+    b, hkv = c["b"], c["hkv"]
+    if k_new.shape != (b, hkv, k_store.shape[3]) or v_new.shape != (b, hkv, c["dv"]) \
+            or pos_new.shape != (b,) or jnp.shape(slot) != ():
+        raise InputError(f"pallas decode_attention_write(): want k_new [B,Hkv,D], v_new "
+                         f"[B,Hkv,Dv], pos_new [B], slot []; got {k_new.shape}, "
+                         f"{v_new.shape}, {pos_new.shape}, {jnp.shape(slot)}")
+    entry = lambda n: pl.BlockSpec((None, None, n), lambda i, h: (i, h, 0))
+    out, k2, v2, p2 = pl.pallas_call(
+        functools.partial(_write_kernel, **c["static"]), grid=(b, hkv),
+        interpret=interpret, name="decode_attention", compiler_params=_PARAMS,
+        out_shape=(jax.ShapeDtypeStruct((b, hkv, c["group"], c["dv"]), q.dtype),
+                   jax.ShapeDtypeStruct(k_store.shape, k_store.dtype),
+                   jax.ShapeDtypeStruct(v_store.shape, v_store.dtype),
+                   jax.ShapeDtypeStruct(kv_pos.shape, kv_pos.dtype)),
+        in_specs=[c["q_spec"], entry(k_new.shape[2]), entry(c["dv"]), c["row_spec"],
+                  c["k_spec"], c["v_spec"], c["pos_spec"], c["row_spec"], c["row_spec"],
+                  c["row_spec"]],
+        out_specs=(c["out_spec"], c["k_spec"], c["v_spec"], c["pos_spec"]),
+        input_output_aliases={4: 1, 5: 2, 6: 3},
+    )(c["q"], k_new, v_new, pos_new.astype(jnp.int32), k_store, v_store, kv_pos,
+      jnp.full((b,), slot, jnp.int32), q_pos, n_live)
+    return out.reshape(q.shape[0], q.shape[1], c["dv"]), k2, v2, p2

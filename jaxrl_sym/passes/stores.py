@@ -296,6 +296,8 @@ class GrowingStore(StoreKind):
         if fresh:
             return _fresh(spec, store, args)
         slot = write_index % store["pos"].shape[1] if q.shape[1] == 1 else write_index
+        if q.shape[1] == 1 and decode.writes_entry(spec):
+            return decode.write_and_attend(spec, store, q, k, v, q_pos, k_pos, slot, write_index)
         new = _write(store, k, v, k_pos, slot)
         if spec.decode_kernel is not None and q.shape[1] == 1:
             # the live count of the unwrapped index: once wrapped, every slot is live
@@ -344,6 +346,9 @@ class RingStore(StoreKind):
         if fresh and c <= cap:
             return _fresh(spec, store, args)
         if c == 1:
+            if decode.writes_entry(spec):
+                return decode.write_and_attend(spec, store, q, k, v, q_pos, k_pos,
+                                               write_index % cap, write_index)
             new = _write(store, k, v, k_pos, write_index % cap)
             if spec.decode_kernel is not None:
                 return decode.live_slots(spec, new, q, q_pos, write_index), new
