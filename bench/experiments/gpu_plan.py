@@ -78,8 +78,9 @@ PLAN: tuple[Item, ...] = (
           "tests/test_pallas_decode.py", "--junitxml={out}"), junit=True),
     Item("rl_step_sym_pallas", 3.5,
          "sym's bf16-mixed + LoRA 16 step with backend pallas: each decode step's attention one "
-         "Pallas kernel inside the tile's CUDA graph (bench dispatch: 392 kernels a step "
-         "instead of 513, projected generation 2.84 s instead of 3.52); generation s against "
+         "Pallas kernel inside the tile's CUDA graph, writing the step's keys and values itself "
+         "(bench dispatch: 369 kernels a step instead of 513, projected generation 2.77 s "
+         "instead of 3.52 at 9 programs); generation s against "
          "the next item's sym in the same tree — if it pays, pallas becomes the GPU default",
          (*_BF16, "--systems", "sym", "--engine", '{"backend": "pallas"}'),
          (*_BF16_DRY, "--systems", "sym", "--engine", '{"backend": "pallas"}')),
@@ -94,7 +95,8 @@ PLAN: tuple[Item, ...] = (
          "rl_step_gpu_h100_bf16mixed_lora16.md); decode tiles test their rows once per 8 steps "
          "(static inner loops): 0.27 host round-trips per decode step where there was one "
          "(bench dispatch) — generation s against 3.71 (2026-11-26b) and the dispatch "
-         "ledger's projection",
+         "ledger's projection; compaction now (0.5, 16) on a GPU: 9-11 generation programs "
+         "instead of 21 (cold programs and compile s of the first step)",
          _BF16,
          _BF16_DRY,
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
