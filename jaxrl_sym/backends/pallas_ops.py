@@ -11,6 +11,10 @@ lowers to XLA's own Triton custom call (``__gpu$xla.gpu.triton``), which XLA com
 bundled Triton into an ordinary kernel — captured like a fusion, with no jax-triton or triton
 wheel on the GPU machine.
 
+jax 0.11 marks Pallas' Triton lowering deprecated (a warning at lowering; its successor, Mosaic
+GPU, targets Hopper and newer only). The pinned jax 0.11.2 has it; a jax that drops it makes
+``backend="pallas"`` fail at lowering, and ``xla`` remains.
+
 On a CPU the same kernel runs under Pallas' interpreter (``interpret=True``): slow, for
 correctness tests. Compiling for a GPU from a machine without one (the dispatch ledger) needs
 the target's device kind in scope: :func:`jaxrl_sym.backends.pallas_ops.decode_attention`'s
