@@ -11,7 +11,9 @@ sees the same numbers in either layout and only the forward differs:
   (positions restart per sequence, segment ids keep them apart), forward through
   ``SymbolicLM.forward_fn``. The row count is rounded up to a fine geometric bucket (16 steps
   per octave, < 1/16 empty rows) instead of the next power of two, which would waste up to half
-  the slots; bucketing at all keeps the number of compiled update programs small across steps.
+  the slots. The RL step then fits the rows to whole micro-batches of a row count fixed by the
+  row length (:meth:`~jaxrl_sym.systems.trainable.TrainableSystem.fit_rows`), so its compiled
+  update and reference programs depend on the row length only.
 * ``sym`` with shared prompts (:func:`shared_prefix_layout`, the default on the symbolic
   runtime): a GRPO group's G samples share one prompt, so the prompt is placed once per row
   as a *parent* segment and each response follows it as a child segment that also sees the
@@ -60,6 +62,12 @@ class Layout:
     @property
     def shape(self) -> tuple[int, int]:
         return self.targets.shape  # type: ignore[return-value]
+
+    @property
+    def filled_rows(self) -> int:
+        """Rows up to the last one that holds a response span: the rows after it are empty
+        (a bucket's or a micro-batch's filler) and add nothing to any forward's result."""
+        return 1 + max(r for r, _, _ in self.spans)
 
     @property
     def padding_fraction(self) -> float:

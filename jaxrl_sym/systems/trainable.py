@@ -75,6 +75,14 @@ class TrainableSystem:
 
     spec: SystemSpec
     input_fill: ClassVar[tuple[int, ...]] = ()  # value of each layout input in an empty row
+    fixed_micro_batches: ClassVar[bool] = False
+    """Whether the step runs this system's batches in micro-batches of one row count per row
+    length — ``ExecutionConfig.update_tokens`` slots, or
+    :data:`~jaxrl_sym.rl.knobs.DEFAULT_UPDATE_TOKENS` when unset — the last one completed with
+    empty rows (:meth:`fit_rows`), so its update and reference programs are compiled once per
+    row length class, whatever the batch's sample count. False (padded): micro-batches only
+    where ``update_tokens`` is set, the last one a remainder (a padded row is as wide as the
+    batch's longest sample, so its shapes follow every batch anyway)."""
 
     @property
     def name(self) -> str:
@@ -109,13 +117,25 @@ class TrainableSystem:
         no span, so the loss arrays scattered onto it are zero — mask off, weight 0 — and its
         inputs are this system's ``input_fill`` (all slots padding): it adds nothing to the
         loss, its gradient or any reported mean."""
-        rows = layout.shape[0]
-        extra = -rows % multiple
-        if extra == 0:
-            return layout
+        return self.fit_rows(layout, -(-layout.shape[0] // multiple) * multiple)
+
+    def fit_rows(self, layout: Layout, rows: int) -> Layout:
+        """``layout`` with exactly ``rows`` rows: empty rows appended (as :meth:`pad_rows`) or
+        trailing empty rows (a bucket's filler) dropped; a row holding a span is never
+        dropped."""
+        have = layout.shape[0]
+        if rows < layout.filled_rows:
+            raise InputError(f"cannot fit a layout whose row {layout.filled_rows - 1} holds a "
+                             f"sample into {rows} rows")
+        if rows <= have:
+            return layout if rows == have else replace(
+                layout, inputs=tuple(a[:rows] for a in layout.inputs),
+                targets=layout.targets[:rows])
         if len(self.input_fill) != len(layout.inputs):
             raise InputError(f"system {self.name!r} does not say how to fill an empty row "
-                             "(set input_fill), so its batches cannot be split over a mesh")
+                             "(set input_fill), so its batches cannot be split over a mesh or "
+                             "completed to whole micro-batches")
+        extra = rows - have
         pad = lambda a, v: np.concatenate([a, np.full((extra, *a.shape[1:]), v, a.dtype)])
         return replace(layout, inputs=tuple(pad(a, v) for a, v in
                                             zip(layout.inputs, self.input_fill, strict=True)),
