@@ -65,11 +65,15 @@ def batch(tr: RLTrainer, tokens: int, seed: int = 0) -> tuple[Any, dict[str, np.
 
 def compiled_peak(tr: RLTrainer, lay: Any, arrays: dict[str, np.ndarray]) -> int:
     """What ``Programs.run`` would record for the update, from the compiled executable alone."""
+    from dataclasses import replace
+
     import jax
 
     from jaxrl_sym.rl.step.stages import micro_batches
 
-    (inputs, arr), = micro_batches(tr.cfg.execution, lay, arrays)
+    # the whole layout in one program (sym would cut it at DEFAULT_UPDATE_TOKENS otherwise)
+    (inputs, arr), = micro_batches(replace(tr.cfg.execution, update_tokens=lay.targets.size),
+                                   lay, arrays)
     args = (tr.params, tr.opt_state, tr.state.frozen, inputs, arr)
     exe = tr.context.fns(tr.system)["update"].lower(*args).compile()
     ma = exe.memory_analysis()

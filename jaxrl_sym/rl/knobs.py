@@ -24,8 +24,20 @@ from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import check_sampling_temperature
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, OPTIMIZERS, PG_LOSSES
 
-__all__ = ["AlgorithmConfig", "ExecutionConfig", "OptimizerConfig", "flag_label", "flag_of",
-           "knob", "knob_type", "not_a_flag"]
+__all__ = ["DEFAULT_UPDATE_TOKENS", "AlgorithmConfig", "ExecutionConfig", "OptimizerConfig",
+           "flag_label", "flag_of", "knob", "knob_type", "not_a_flag"]
+
+DEFAULT_UPDATE_TOKENS = 4096
+"""Token slots per training micro-batch of a system with fixed micro-batches (sym) when
+``ExecutionConfig.update_tokens`` is unset. Such a system runs every batch in micro-batches of
+``max(1, budget // row_len)`` rows, so a budget there must exist: without one the micro-batch
+would be the whole batch, whose row count changes every step, and every step would compile a
+new reference and update program (``bench/results/cpu/growing_rl.md``: 15 update layouts in 30
+steps). Why 4096: the GPU step benchmark's micro-batch, measured to fit at Qwen2.5-0.5B's
+151,936-word vocabulary (``bench/results/nvidia-h100-80gb-hbm3/README.md``), and at most the
+whole batch's slots at every GPU workload there. The cost: a batch is completed with empty rows
+to whole micro-batches, under one micro-batch of filler per step (on a CPU run of a few short
+samples, most of the update's slots)."""
 
 
 def knob(default: Any, help: str, *, flag: str | None = None,
@@ -284,7 +296,10 @@ class ExecutionConfig:
 
     update_tokens: bounds the update's peak memory — at Qwen2.5's 151,936-word vocabulary the
       logits alone take 0.6 MB per token in fp32. Gradients accumulate over the micro-batches:
-      one optimiser update per epoch, the same as the whole batch at once.
+      one optimiser update per epoch, the same as the whole batch at once. On sym (a system
+      with ``fixed_micro_batches``) every micro-batch has the same rows for a row length, the
+      last completed with empty rows, so the programs compile once per row length; unset,
+      sym uses :data:`DEFAULT_UPDATE_TOKENS` and padded runs the whole batch at once.
     logprob_chunk: the model's head is applied to the final hidden states one chunk at a time
       (:mod:`jaxrl_sym.rl.step.logprobs`), so the update's peak no longer grows with tokens x
       vocab. Needs a model with the contract's optional ``features``/``head`` split; without it
@@ -309,7 +324,8 @@ class ExecutionConfig:
 
     update_tokens: int | None = knob(None, "token slots per training micro-batch (gradients "
                                      "accumulate over micro-batches: less memory, the same "
-                                     "update; none: the whole batch at once)", metavar="N")
+                                     f"update; none: sym {DEFAULT_UPDATE_TOKENS}, padded "
+                                     "the whole batch at once)", metavar="N")
     logprob_chunk: int | None = knob(256, "token slots whose logits exist at once in the "
                                      "reference, value and loss programs (none: unchunked)",
                                      metavar="N")

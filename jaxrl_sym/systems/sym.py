@@ -52,6 +52,7 @@ class SymSystem(TrainableSystem):
     (``SymbolicLM.forward_fn``)."""
 
     input_fill: ClassVar[tuple[int, ...]] = (0, -1, -1)  # tokens, positions, segment ids
+    fixed_micro_batches: ClassVar[bool] = True  # rows per micro-batch from the row length only
 
     def bind(self, model: nnx.Module, options: BindOptions) -> SymBound:
         bound = super().bind(model, options)

@@ -14,15 +14,16 @@ builds contexts, the stages (:mod:`jaxrl_sym.rl.step.stages`) and rollout source
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 import optax
 
 from jaxrl_sym.rl.config import RLConfig
-from jaxrl_sym.rl.knobs import ExecutionConfig
+from jaxrl_sym.rl.knobs import DEFAULT_UPDATE_TOKENS, ExecutionConfig
 from jaxrl_sym.rl.step.programs import Programs, Weights, build_fns
 from jaxrl_sym.rl.step.rollout import Drawn, RewardFn, Rollout
 from jaxrl_sym.rl.step.sampling import SamplingConfig
@@ -30,19 +31,40 @@ from jaxrl_sym.rl.step.state import TrainState
 from jaxrl_sym.systems.layout import Layout
 from jaxrl_sym.systems.trainable import TrainableSystem, TrainBound
 
-__all__ = ["Forwards", "RolloutSource", "StepContext", "rows_per_chunk"]
+__all__ = ["Forwards", "RolloutSource", "StepContext", "fit_to_micro_batches", "rows_per_chunk"]
 
 
-def rows_per_chunk(cfg: ExecutionConfig, width: int, multiple: int = 1) -> int | None:
+def rows_per_chunk(cfg: ExecutionConfig, width: int, multiple: int = 1, *,
+                   fixed: bool = False) -> int | None:
     """Rows of ``width`` slots per forward so one program holds at most ``update_tokens`` slots
     (None: no limit). Every whole-batch forward — reference, values, update — is cut to this:
     the ``[slots × vocab]`` logits are what exhausts memory at real vocabularies (151,936 words:
     0.6 MB per slot in fp32). On a mesh the count is a multiple of ``multiple`` (the data axes'
-    devices, at least one row each), so every chunk splits evenly."""
-    if cfg.update_tokens is None:
+    devices, at least one row each), so every chunk splits evenly. ``fixed``: the layout's
+    system has fixed micro-batches (``TrainableSystem.fixed_micro_batches``), which take
+    :data:`~jaxrl_sym.rl.knobs.DEFAULT_UPDATE_TOKENS` where ``update_tokens`` is unset."""
+    tokens = cfg.update_tokens
+    if tokens is None and fixed:
+        tokens = DEFAULT_UPDATE_TOKENS
+    if tokens is None:
         return None
-    per = max(1, cfg.update_tokens // width)
+    per = max(1, tokens // width)
     return max(multiple, per // multiple * multiple)
+
+
+def fit_to_micro_batches(cfg: ExecutionConfig, layout: Layout, multiple: int = 1) -> Layout:
+    """``layout`` as the step runs it: for a system with fixed micro-batches, its filled rows
+    completed with empty rows to a whole number of micro-batches of :func:`rows_per_chunk`
+    rows — a count fixed by the row length, so every reference / value / update program it
+    runs has one shape per row length — else padded to a multiple of ``multiple`` (a mesh's
+    data axes) as before. Empty rows hold no span: mask off, weight 0, nothing added to the
+    loss, its gradient or any reported mean."""
+    system = layout.system
+    if not system.fixed_micro_batches:
+        return system.pad_rows(layout, multiple)
+    per = rows_per_chunk(cfg, layout.shape[1], multiple, fixed=True)
+    assert per is not None
+    return system.fit_rows(layout, -(-layout.filled_rows // per) * per)
 
 
 class Forwards:
@@ -136,13 +158,20 @@ class StepContext:
         return rows_per_chunk(self.cfg.execution, width, self.row_multiple)
 
     def layout(self, rollout: Rollout, system: TrainableSystem | None = None) -> Layout:
-        """The rollout in ``system``'s training layout (default: the trainer's system); on a
-        mesh its rows are padded to a multiple of the data axes with empty rows."""
+        """The rollout in ``system``'s training layout (default: the trainer's system), as the
+        step runs it (:meth:`lay_out`)."""
+        return self.lay_out(rollout.prompts, rollout.responses, system)
+
+    def lay_out(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray],
+                system: TrainableSystem | None = None) -> Layout:
+        """Prompts and responses in ``system``'s training layout, as the step runs it: in whole
+        micro-batches where the system has fixed ones, else with its rows padded to a multiple
+        of the mesh's data axes (:func:`fit_to_micro_batches`)."""
         bound = self.system if system is None else self.forwards.bound(system)
         run = self.cfg.execution
-        lay = bound.layout(rollout.prompts, rollout.responses, row_len=run.pack_row_len,
+        lay = bound.layout(prompts, responses, row_len=run.pack_row_len,
                            share_prompts=run.share_prompts)
-        return bound.pad_rows(lay, self.row_multiple)
+        return fit_to_micro_batches(run, lay, self.row_multiple)
 
 
 class RolloutSource(Protocol):

@@ -65,9 +65,7 @@ def step_ledger(trainer: Any, prompts: Sequence[np.ndarray], limits: Sequence[in
     passes a compile for a GPU it does not have, ``bench/lib/projection/xla_gpu.py``)."""
     ctx, state = trainer.context, trainer.state
     responses = [np.ones(int(n), np.int32) for n in limits]
-    lay = ctx.system.pad_rows(
-        ctx.system.layout(list(prompts), responses, row_len=ctx.cfg.execution.pack_row_len,
-                          share_prompts=ctx.cfg.execution.share_prompts), ctx.row_multiple)
+    lay = ctx.lay_out(list(prompts), responses)  # as the step runs it (whole micro-batches)
     fns = ctx.fns(lay.system)
     held = [tree_buffer("policy weights", "weights", state.params),
             tree_buffer("optimiser state", "optimizer", state.opt_state)]

@@ -107,15 +107,20 @@ class Stopwatch:
 
 # ---------------------------------------------------------------------- batching
 def row_chunks(cfg: ExecutionConfig, layout: Layout, multiple: int = 1) -> list[slice]:
+    """The row slices every whole-batch forward runs (:func:`rows_per_chunk` rows each), up to
+    the last row holding a sample: a slice of empty rows only adds nothing (a layout fitted
+    to its micro-batches has none; one laid out for another budget may)."""
     rows, width = layout.shape
-    per = rows_per_chunk(cfg, width, multiple) or rows
-    return [slice(i, i + per) for i in range(0, rows, per)]
+    fixed = layout.system is not None and layout.system.fixed_micro_batches
+    per = rows_per_chunk(cfg, width, multiple, fixed=fixed) or rows
+    return [slice(i, i + per) for i in range(0, layout.filled_rows, per)]
 
 
 def micro_batches(cfg: ExecutionConfig, layout: Layout, arrays: Arrays, multiple: int = 1
                   ) -> list[tuple[tuple[np.ndarray, ...], Arrays]]:
     """Row slices of the training batch of at most ``update_tokens`` slots each (one slice
-    when unset). Rows are never split: a packed row's sequences attend within the row."""
+    when unset; on sym, :data:`~jaxrl_sym.rl.knobs.DEFAULT_UPDATE_TOKENS` then). Rows are never
+    split: a packed row's sequences attend within the row."""
     return [(tuple(x[sl] for x in layout.inputs), {k: v[sl] for k, v in arrays.items()})
             for sl in row_chunks(cfg, layout, multiple)]
 
@@ -170,11 +175,12 @@ def reference_logprobs(ctx: StepContext, state: TrainState, layout: Layout) -> n
     if state.ref is None:
         return np.zeros(layout.shape, np.float32)
     fn = ctx.fns(layout.system)["ref"]
-    outs = [ctx.programs.run(f"ref-{layout.system.name}", fn, state.ref,
-                            tuple(x[sl] for x in layout.inputs), layout.targets[sl],
-                            resident=tree_bytes(state.params) + state.resident_bytes())
-            for sl in row_chunks(ctx.cfg.execution, layout, ctx.row_multiple)]
-    return np.concatenate([to_host(o) for o in outs])
+    out = np.zeros(layout.shape, np.float32)  # rows no chunk holds are empty
+    for sl in row_chunks(ctx.cfg.execution, layout, ctx.row_multiple):
+        out[sl] = to_host(ctx.programs.run(
+            f"ref-{layout.system.name}", fn, state.ref, tuple(x[sl] for x in layout.inputs),
+            layout.targets[sl], resident=tree_bytes(state.params) + state.resident_bytes()))
+    return out
 
 
 def reference_slots(ctx: StepContext, state: TrainState, layout: Layout, rollout: Rollout
@@ -197,11 +203,12 @@ def rewards(ctx: StepContext, rollout: Rollout) -> tuple[np.ndarray, np.ndarray 
 def value_estimates(ctx: StepContext, state: TrainState, layout: Layout) -> np.ndarray:
     """[rows, L] PPO value estimates of the state's policy (before the update)."""
     fn = ctx.fns(layout.system)["values"]
-    outs = [ctx.programs.run(f"values-{layout.system.name}", fn, state.params, state.frozen,
-                             tuple(x[sl] for x in layout.inputs),
-                             resident=state.resident_bytes())
-            for sl in row_chunks(ctx.cfg.execution, layout, ctx.row_multiple)]
-    return np.concatenate([to_host(o) for o in outs])
+    out = np.zeros(layout.shape, np.float32)  # rows no chunk holds are empty
+    for sl in row_chunks(ctx.cfg.execution, layout, ctx.row_multiple):
+        out[sl] = to_host(ctx.programs.run(
+            f"values-{layout.system.name}", fn, state.params, state.frozen,
+            tuple(x[sl] for x in layout.inputs), resident=state.resident_bytes()))
+    return out
 
 
 def loss_arrays(cfg: AlgorithmConfig, layout: Layout, rollout: Rollout, rewards: np.ndarray,
