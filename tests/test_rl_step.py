@@ -211,7 +211,8 @@ def _copy(tree):
 def test_micro_batched_update_equals_whole_batch() -> None:
     trainer, _, rollout, rewards = setup()
     layout, arrays = trainer.prepare(rollout, rewards, "sym")
-    rows, width = layout.shape
+    # the rows holding samples (the layout's others complete its micro-batch: empty rows)
+    rows, width = layout.filled_rows, layout.shape[1]
     base = trainer.cfg
     try:
         trainer.cfg = base.replace(update_tokens=None)
