@@ -146,16 +146,19 @@ def memory(ctx: dict[str, Any]) -> dict[str, Any]:
     compiled program's per-device ``memory_analysis`` (the SPMD-partitioned executable)."""
     cfg = preset("small", vocab_size=VOCAB_SIZE, d_model=256, ffn_dim=1024)
     model = init_model(cfg, 0)
-    probe = RLTrainer(model, TASK.reward, CFG)  # one device, no budget: the state's size
+    # micro-batches of one 8-row mesh split of 64-slot rows (the batch's own rows; sym's default
+    # 4096-slot micro-batch would put the update program over the budget this check sets)
+    rl = CFG.replace(update_tokens=8 * 64)
+    probe = RLTrainer(model, TASK.reward, rl)  # one device, no budget: the state's size
     total = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(
         (probe.params, probe.opt_state, probe.state.ref)))
     limit = total // 2
     try:
-        RLTrainer(model, TASK.reward, CFG, device_memory=limit)
+        RLTrainer(model, TASK.reward, rl, device_memory=limit)
         raise AssertionError("one device accepted a state over its budget")
     except InputError as err:
         refused = str(err)
-    tr = RLTrainer(model, TASK.reward, CFG, mesh=mesh_of("data=8"), device_memory=limit)
+    tr = RLTrainer(model, TASK.reward, rl, mesh=mesh_of("data=8"), device_memory=limit)
     tree = (tr.params, tr.opt_state, tr.state.ref)
     small = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(tree)
                 if all(a is None for a in x.sharding.spec))

@@ -116,8 +116,10 @@ def test_budget_refuses_a_program_over_it_naming_the_program() -> None:
     from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
 
     task = get_task("reverse", max_digits=3)
+    # update_tokens: micro-batches of the batch's own size (sym's default, 4096 slots, puts
+    # even the reference program over this budget)
     cfg = RLConfig.of(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
-                      max_new_tokens=task.max_new_tokens)
+                      max_new_tokens=task.max_new_tokens, update_tokens=128)
     model = init_model(preset("tiny", vocab_size=VOCAB_SIZE), 0)
     with pytest.raises(InputError, match=r"on one device, over the device_memory budget.*fsdp="):
         RLTrainer(model, task.reward, cfg, device_memory="10KB")
