@@ -77,20 +77,27 @@ def test_a_second_batch_of_the_same_row_length_class_compiles_nothing(update_tok
     """Two batches of different sample counts and lengths, both in the 64-slot row class: the
     first compiles the reference and update programs, the second none (step metric ``compiles``
     counts every XLA compile of the step). 128 tokens: 2 rows per micro-batch, so both batches
-    run several (3 and 4 groups need more than one); unset: one micro-batch of 4096 slots."""
+    run several (3 and 4 groups need more than one); unset: a budget of 4096 slots (64 rows),
+    which neither batch fills, so each runs one micro-batch at the power of two above its rows
+    (the same for both: under half of it filler)."""
     cfg = RLConfig.of(algo="grpo", group_size=2, beta=0.1, epochs=1, eos_id=None,
                       max_new_tokens=64, overlap_reference=False, update_tokens=update_tokens)
     trainer = RLTrainer(init_model(MODEL, 0), lambda p, r: float(len(r) % 3), cfg)
     rng = np.random.default_rng(0)
-    a = _rollout(rng, [[20, 31], [9, 40], [25, 12]])
-    b = _rollout(rng, [[44, 3], [17, 28], [33, 30], [5, 50]])
+    a = _rollout(rng, [[44, 3], [17, 28], [33, 30], [5, 50]])  # 5 rows
+    b = _rollout(rng, [[44, 3], [17, 28], [33, 30], [5, 50], [40, 41]])  # 7 rows
     lay_a, lay_b = trainer.layout(a), trainer.layout(b)
     assert lay_a.shape[1] == lay_b.shape[1] == 64  # one row length class
     assert lay_a.filled_rows != lay_b.filled_rows  # the old layouts' row counts differ
     per = (update_tokens or DEFAULT_UPDATE_TOKENS) // 64
-    assert lay_a.shape[0] % per == 0 and lay_b.shape[0] % per == 0
     if update_tokens is not None:
+        assert lay_a.shape[0] % per == 0 and lay_b.shape[0] % per == 0
         assert lay_a.filled_rows > per and lay_b.filled_rows > per  # several micro-batches
+    else:
+        per = lay_a.shape[0]  # one micro-batch of a power of two rows, < 2x the filled rows
+        assert per == lay_b.shape[0] and per & (per - 1) == 0
+        assert max(lay_a.filled_rows, lay_b.filled_rows) <= per
+        assert 2 * min(lay_a.filled_rows, lay_b.filled_rows) > per
 
     first = _step(trainer, a)
     seen = _programs(trainer)
@@ -162,10 +169,11 @@ def test_filler_rows_and_micro_batches_keep_the_plain_models_loss_and_gradients(
        multiple=st.sampled_from([1, 2, 4]), share=st.booleans())
 def test_fitted_layouts_are_whole_micro_batches_of_a_row_count_fixed_by_the_row_length(
         groups, prompt, budget, multiple, share) -> None:
-    """sym: rows = k micro-batches of R rows, R the largest multiple of ``multiple`` whose R
-    rows fit the budget (at least ``multiple``), less than one micro-batch of filler, the
-    samples' rows untouched, filler rows empty, every micro-batch R rows holding a sample.
-    padded: exactly what ``pad_rows`` gave before (its behaviour is unchanged)."""
+    """sym: R the largest multiple of ``multiple`` whose R rows fit the budget (at least
+    ``multiple``); a batch filling R rows is k micro-batches of R rows, less than one of filler;
+    a smaller one is one micro-batch of fewer than twice its rows (a multiple of ``multiple``,
+    at most R). The samples' rows untouched, filler rows empty, every micro-batch holding a
+    sample. padded: exactly what ``pad_rows`` gave before (its behaviour is unchanged)."""
     rng = np.random.default_rng(len(groups) * 1000 + prompt)
     rollout = _rollout(rng, groups)
     rollout.prompts = [np.resize(p, prompt) for p in rollout.prompts]
@@ -177,16 +185,22 @@ def test_fitted_layouts_are_whole_micro_batches_of_a_row_count_fixed_by_the_row_
     per = stages.row_chunks(cfg, fit, multiple)[0].stop
     assert per % multiple == 0 and (per == multiple or per * width <= tokens)
     assert (per + multiple) * width > tokens
-    assert fit.shape == (fit.shape[0], width) and fit.shape[0] % per == 0
-    assert fit.filled_rows == sym.filled_rows and 0 <= fit.shape[0] - fit.filled_rows < per
+    rows, filled = fit.shape[0], sym.filled_rows
+    assert fit.shape == (rows, width) and fit.filled_rows == filled
+    if filled >= per:
+        assert rows % per == 0 and 0 <= rows - filled < per
+    else:
+        assert filled <= rows <= per and (rows == per or rows % multiple == 0)
+        assert rows < 2 * filled + multiple
     k = sym.filled_rows
     assert fit.spans == sym.spans and np.array_equal(fit.targets[:k], sym.targets[:k])
     for got, was, fill in zip(fit.inputs, sym.inputs, (0, -1, -1), strict=True):
         assert np.array_equal(got[:k], was[:k]) and np.all(got[k:] == fill)
     assert not fit.targets[k:].any() and not fit.mask()[k:].any()
     chunks = stages.row_chunks(cfg, fit, multiple)
-    assert all(len(range(*c.indices(fit.shape[0]))) == per for c in chunks)
-    assert len(chunks) * per == fit.shape[0]
+    each = min(per, rows)
+    assert all(len(range(*c.indices(rows))) == each for c in chunks)
+    assert len(chunks) * each == rows
 
     padded = trainable("padded").layout(rollout.prompts, rollout.responses, row_len=None)
     want = trainable("padded").pad_rows(padded, multiple)

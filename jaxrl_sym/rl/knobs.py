@@ -36,8 +36,9 @@ new reference and update program (``bench/results/cpu/growing_rl.md``: 15 update
 steps). Why 4096: the GPU step benchmark's micro-batch, measured to fit at Qwen2.5-0.5B's
 151,936-word vocabulary (``bench/results/nvidia-h100-80gb-hbm3/README.md``), and at most the
 whole batch's slots at every GPU workload there. The cost: a batch is completed with empty rows
-to whole micro-batches, under one micro-batch of filler per step (on a CPU run of a few short
-samples, most of the update's slots)."""
+to whole micro-batches, under one micro-batch of filler per step; a batch smaller than one
+micro-batch runs at the next power of two of its rows instead
+(:func:`jaxrl_sym.rl.step.context.micro_batch_rows`), under half of it filler."""
 
 
 def knob(default: Any, help: str, *, flag: str | None = None,

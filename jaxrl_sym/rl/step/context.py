@@ -31,7 +31,8 @@ from jaxrl_sym.rl.step.state import TrainState
 from jaxrl_sym.systems.layout import Layout
 from jaxrl_sym.systems.trainable import TrainableSystem, TrainBound
 
-__all__ = ["Forwards", "RolloutSource", "StepContext", "fit_to_micro_batches", "rows_per_chunk"]
+__all__ = ["Forwards", "RolloutSource", "StepContext", "fit_to_micro_batches", "micro_batch_rows",
+           "rows_per_chunk"]
 
 
 def rows_per_chunk(cfg: ExecutionConfig, width: int, multiple: int = 1, *,
@@ -52,19 +53,34 @@ def rows_per_chunk(cfg: ExecutionConfig, width: int, multiple: int = 1, *,
     return max(multiple, per // multiple * multiple)
 
 
+def micro_batch_rows(filled: int, per: int, multiple: int = 1) -> int:
+    """Rows of a fixed-micro-batch system's batch of ``filled`` rows, micro-batches of at most
+    ``per`` rows (:func:`rows_per_chunk`): whole micro-batches of ``per`` when the batch fills
+    one, else one micro-batch at the next power of two (a multiple of ``multiple``, at most
+    ``per``). Why the power of two below: a batch smaller than one micro-batch (a CPU run of a
+    few short samples) filled to ``per`` rows computed up to 95% empty slots
+    (``bench/results/cpu/growing_rl.md``); a power of two keeps the filler under half and the
+    programs per row length to ``log2(per) + 1`` shapes — one or two in a run whose batch size
+    does not change by orders of magnitude."""
+    if filled >= per:
+        return -(-filled // per) * per
+    rows = 1 << max(0, filled - 1).bit_length()
+    return min(per, -(-rows // multiple) * multiple)
+
+
 def fit_to_micro_batches(cfg: ExecutionConfig, layout: Layout, multiple: int = 1) -> Layout:
     """``layout`` as the step runs it: for a system with fixed micro-batches, its filled rows
-    completed with empty rows to a whole number of micro-batches of :func:`rows_per_chunk`
-    rows — a count fixed by the row length, so every reference / value / update program it
-    runs has one shape per row length — else padded to a multiple of ``multiple`` (a mesh's
-    data axes) as before. Empty rows hold no span: mask off, weight 0, nothing added to the
-    loss, its gradient or any reported mean."""
+    completed with empty rows to :func:`micro_batch_rows` — a count fixed by the row length
+    and the batch's power-of-two size class, so the reference / value / update programs it
+    runs have one shape per (row length, size class) — else padded to a multiple of
+    ``multiple`` (a mesh's data axes) as before. Empty rows hold no span: mask off, weight 0,
+    nothing added to the loss, its gradient or any reported mean."""
     system = layout.system
     if not system.fixed_micro_batches:
         return system.pad_rows(layout, multiple)
     per = rows_per_chunk(cfg, layout.shape[1], multiple, fixed=True)
     assert per is not None
-    return system.fit_rows(layout, -(-layout.filled_rows // per) * per)
+    return system.fit_rows(layout, micro_batch_rows(layout.filled_rows, per, multiple))
 
 
 class Forwards:
