@@ -28,6 +28,7 @@ from jaxrl_sym.pdg.ir import PDG, Edge, Node
 from jaxrl_sym.symbols import IndexExpr, Point, Range, SymbolTable
 from jaxrl_sym.tracer.flatten import attention_eqns, call_body, flatten
 from jaxrl_sym.tracer.rules import EqnView, check_equation
+from jaxrl_sym.tracer.static_slice import as_slice, fold
 
 # extent symbol -> iterator symbol of the domain
 DOMAIN = (("r", "B"), ("t", "T"))
@@ -99,6 +100,7 @@ class _Builder:
         self.edges: list[Edge] = []
         self.env: dict[Any, tuple[int, int]] = {}  # jaxpr Var -> (node id, output index)
         self.consts: dict[int, Any] = {}  # node id -> constant value
+        self.known: dict[Any, np.ndarray] = {}  # jaxpr Var -> value of small index arithmetic
         self.call_sources: list[str] = []  # user lines of the calls being inlined
         self.T = table.sym("T")
         self.B = table.sym("B")
@@ -197,6 +199,7 @@ class _Builder:
                 literal_nodes[iv] = ov
             else:
                 self.env[iv] = self.env[ov]
+                self._alias(iv, ov)
         if literal_nodes:
             # Literal operands of a call become constant nodes inside the inlined body.
             for iv, lit in literal_nodes.items():
@@ -212,8 +215,17 @@ class _Builder:
                 self.add_var_node(ov, "weight", f"const{len(self.consts)}", np.asarray(iv.val))
             else:
                 self.env[ov] = self.env[iv]
+                self._alias(ov, iv)
+
+    def _alias(self, var: Any, same: Any) -> None:
+        if same in self.known:
+            self.known[var] = self.known[same]
 
     def equation(self, eqn: Any) -> None:
+        # x[..., :k] under symbolic shapes is a gather at a constant start: node it as the
+        # slice it is (its transpose a pad, not a scatter-add into zeros; tracer.static_slice)
+        eqn = as_slice(eqn, self.known) or eqn
+        fold(eqn, self.known)
         prim = eqn.primitive.name
         src = self.source(eqn)
         where = f"primitive '{prim}' at {src}"
