@@ -13,6 +13,7 @@ Nothing here executes; the runtime compiles the graph into jitted step programs.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,22 +100,29 @@ class PDG:
         raise KeyError(role)
 
     def topo_order(self) -> tuple[int, ...]:
-        """Kahn's order over data edges (feedback edges are satisfied by the previous step)."""
+        """Kahn's order over data edges (feedback edges are satisfied by the previous step),
+        the lowest ready node id first: the traced program's own order where it is one.
+
+        Why not first-ready-first: evaluated breadth-first, every layer's position-only work
+        (RoPE's angles from the positions, a norm's weight cast) ran before the first layer, so
+        the update's remat (cut at each attention call) saved it per layer for the backward
+        instead of recomputing it as the model's own order does (tests/test_update_residuals.py).
+        """
         indeg = {n.id: 0 for n in self.nodes}
         succ: dict[int, list[int]] = {n.id: [] for n in self.nodes}
         for e in self.edges:
             if e.kind == "data":
                 indeg[e.dst] += 1
                 succ[e.src].append(e.dst)
-        ready = sorted(i for i, d in indeg.items() if d == 0)
+        ready = sorted(i for i, d in indeg.items() if d == 0)  # a sorted list is a heap
         order: list[int] = []
         while ready:
-            i = ready.pop(0)
+            i = heapq.heappop(ready)
             order.append(i)
             for j in succ[i]:
                 indeg[j] -= 1
                 if indeg[j] == 0:
-                    ready.append(j)
+                    heapq.heappush(ready, j)
         if len(order) != len(self.nodes):
             raise ValueError("PDG has a cycle through data edges (only feedback edges may)")
         return tuple(order)
