@@ -26,6 +26,8 @@ import numpy as np
 from jax.extend import core as jcore
 from jax.extend.core import primitives as prims
 
+from jaxrl_sym.tracer.interpret import bind_eqn
+
 __all__ = ["as_slice", "fold"]
 
 _FOLDED = frozenset({prims.broadcast_in_dim_p, prims.convert_element_type_p,
@@ -56,7 +58,7 @@ def fold(eqn: Any, known: dict[Any, np.ndarray]) -> None:
     if any(a is None for a in args):
         return
     with jax.ensure_compile_time_eval():  # the tracer may run inside an outer jit's trace
-        known[eqn.outvars[0]] = np.asarray(eqn.primitive.bind(*args, **eqn.params))
+        known[eqn.outvars[0]] = np.asarray(bind_eqn(eqn, args)[0])
 
 
 def as_slice(eqn: Any, known: Mapping[Any, np.ndarray]) -> Any | None:
