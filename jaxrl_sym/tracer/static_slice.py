@@ -8,7 +8,7 @@ update's rematerialised backward XLA materialises those zeros as a copy per laye
 the forward and alive until that layer's backward: one ``f32[T, heads × head_dim]`` buffer per
 layer that the plain model (a ``slice``, transposed to a ``pad``) never holds. At Qwen2.5-0.5B's
 shape and a 17,408-token packed row that was 24 × 62.4 MB = 1.5 GB of the update's temporaries
-(``tests/test_static_slice.py``; ``bench/results/projection/reasoning/README.md``).
+(``tests/test_update_residuals.py``; ``bench/results/projection/reasoning/README.md``).
 
 :func:`as_slice` rewrites such an equation into the ``slice`` it is — the same values, the
 same gradient (a pad and a scatter-add into zeros add the same numbers to zero) — when its start
