@@ -15,9 +15,9 @@ demo: setup
 
 # Three pytest workers on CI's 2 cores: two left ~15% of the cores idle (subprocess tests wait
 # on their children, workers wait on I/O); measured on a 2-core machine, the whole suite took
-# 879 s with three against 1003 s with two (2026-11-26; 2026-11-28c, 1,345 tests: 2,584 s of
-# pytest, 2,671 s with set-up, from a clean clone: over the 20-minute target; the 4k-token packed
-# update, the learning run, the two-process sharding run and the GPU plan's dry run lead).
+# 879 s with three against 1003 s with two (2026-11-26; 2026-11-28d, 1,365 tests: 2,512 s of
+# pytest, ~2,770 s with set-up, from a clean clone: over the 20-minute target; the 4k-token packed
+# update, the two-process sharding run, the learning run and the GPU plan's dry run lead).
 # Whole files go to one worker so module fixtures are built once. TEST_WORKERS=0 runs in one process.
 # --no-loadscope-reorder keeps tests/conftest.py's longest-files-first order: by default xdist
 # hands out files with the most tests first, which left the one-test 2-minute learning run and
