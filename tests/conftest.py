@@ -128,7 +128,7 @@ def unwritable_dir(tmp_path: Path) -> Path:
 # notebooks (each a kernel of its own) and the plain-model oracle (~90 s of CPU on its own),
 # placed by estimate; the order only changes scheduling, never what runs.
 LONGEST_FIRST = ("test_long_packed_update.py", "test_sharding.py", "test_learning.py",
-                 "test_gpu_plan.py", "test_notebooks.py",
+                 "test_gpu_plan.py", "test_notebooks.py", "test_pallas_decode.py",
                  "test_hf_families.py", "test_tunix.py", "test_oracle_plain_model.py",
                  "test_prefill.py", "test_rl_train.py", "test_hf_train.py")
 
