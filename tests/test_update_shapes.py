@@ -22,6 +22,7 @@ import pytest
 from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_long_packed_update import _plain_logprobs
 
 from jaxrl_sym.models.lm import init_model, preset
 from jaxrl_sym.rl import RLConfig, RLTrainer, Rollout
@@ -107,14 +108,6 @@ def test_a_second_batch_of_the_same_row_length_class_compiles_nothing(update_tok
     assert _programs(trainer) == seen  # the same compiled shapes, nothing added
     assert {shape for n, shape in seen if shape} == {(per, 64)}  # every one a micro-batch
     assert second["layout_shape"] == list(lay_b.shape)
-
-
-def _plain_logprobs(model: nnx.Module, prompt: np.ndarray, response: np.ndarray) -> jax.Array:
-    tokens = jnp.asarray(np.concatenate([prompt, response]))[None]
-    positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
-    logp = jax.nn.log_softmax(model(tokens, positions, jnp.zeros_like(positions))[0])
-    steps = jnp.arange(len(prompt) - 1, tokens.shape[1] - 1)
-    return logp[steps, jnp.asarray(response)]
 
 
 def test_filler_rows_and_micro_batches_keep_the_plain_models_loss_and_gradients() -> None:

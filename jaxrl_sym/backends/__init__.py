@@ -4,7 +4,8 @@
 varlen attention with a custom VJP, linear attention decode and packed forms); ``launch`` is the one
 place that runs a Triton kernel, through jax-triton on a GPU or Triton's interpreter on the CPU.
 ``pallas_ops`` holds the decode attention as a Pallas kernel (XLA's own Triton: captured in CUDA
-graphs); ``decode`` picks a store's decode kernel by backend. Importing this package imports
+graphs); ``decode`` picks a store's decode kernel by backend; ``operands`` holds the operand checks
+they share. Importing this package imports
 neither triton nor jax-triton.
 """
 

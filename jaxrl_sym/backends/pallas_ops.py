@@ -38,6 +38,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from jaxrl_sym.backends.operands import check_decode_operands
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.ops.attention import KernelMask, Pattern
 
@@ -148,23 +149,11 @@ def _write_kernel(q_ref, kn_ref, vn_ref, pn_ref, k_ref, v_ref, kpos_ref, slot_re
 
 def _check(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_pos: jax.Array,
            q_pos: jax.Array, n_live: jax.Array) -> None:
-    """The operands refused by name when the kernel cannot take them."""
+    """The operands refused by name when the kernel cannot take them: the decode kernels' one
+    check, then the head dims Triton's dot tiles."""
     op = "pallas decode_attention"
-    if q.ndim != 3 or k_store.ndim != 4 or v_store.ndim != 4:
-        raise InputError(f"{op}(): want q [B,Hq,D], stores [B,Hkv,C,D]; got {q.shape}, "
-                         f"{k_store.shape}, {v_store.shape}")
-    b, hq, d = q.shape
-    _, hkv, cap, _ = k_store.shape
-    if k_store.shape[:3] != v_store.shape[:3] or k_store.shape[3] != d or k_store.shape[0] != b:
-        raise InputError(f"{op}(): shapes q{q.shape} k{k_store.shape} v{v_store.shape} disagree")
-    if hq % hkv:
-        raise InputError(f"{op}(): {hq} query heads is not a multiple of {hkv} kv heads")
-    if kv_pos.shape != (b, cap) or q_pos.shape != (b,) or n_live.shape != (b,):
-        raise InputError(f"{op}(): want kv_pos [B,C], q_pos [B], n_live [B]; got "
-                         f"{kv_pos.shape}, {q_pos.shape}, {n_live.shape}")
-    for name, x in (("kv_pos", kv_pos), ("q_pos", q_pos), ("n_live", n_live)):
-        if x.dtype != jnp.int32:
-            raise InputError(f"{op}(): {name} must be int32, got {x.dtype}")
+    check_decode_operands(op, q, k_store, v_store, kv_pos, q_pos, n_live)
+    d = q.shape[2]
     if not supports(d, v_store.shape[3]):
         raise InputError(f"{op}(): head dims {d}/{v_store.shape[3]} are not powers of two "
                          ">= 16 (Triton's dot tiles); use backend='xla' for this model")

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_sym.backends import launch as _launch
+from jaxrl_sym.backends.operands import check_decode_operands, check_float, check_int32
 from jaxrl_sym.errors import InputError, PatternError
 from jaxrl_sym.ops.attention import KernelMask, Linear, Pattern
 from kernels import LOG2E
@@ -61,27 +62,6 @@ def _f32_dot(dtype: Any) -> bool:
     """fp32 (tf32x3) dot operands for fp32 inputs (TF32 would miss 1e-4) and for the interpreter
     (its tl.dot multiplies bf16 bit patterns as integers); bf16 tensor cores otherwise."""
     return jnp.dtype(dtype) == jnp.float32 or _launch.backend_name() == "interpreter"
-
-
-def _check_float(op: str, **arrays: jax.Array) -> None:
-    dtypes = {jnp.dtype(a.dtype) for a in arrays.values()}
-    for name, a in arrays.items():
-        if not jnp.issubdtype(a.dtype, jnp.floating):
-            raise InputError(f"{op}(): {name!r} must be floating (fp32/bf16), got {a.dtype}")
-    if len(dtypes) != 1:
-        raise InputError(
-            f"{op}(): {', '.join(arrays)} must share one dtype, got "
-            + ", ".join(f"{n}={a.dtype}" for n, a in arrays.items())
-        )
-
-
-def _check_int32(op: str, **arrays: jax.Array) -> None:
-    for name, a in arrays.items():
-        if a.dtype != jnp.int32:
-            raise InputError(
-                f"{op}(): {name!r} must be an int32 device array (run-time lengths/positions are "
-                f"read by the kernel), got {a.dtype}"
-            )
 
 
 def _check_size(op: str, *shapes: tuple[int, ...]) -> None:
@@ -126,20 +106,9 @@ def _check_decode_args(q: jax.Array, k_store: jax.Array, v_store: jax.Array, kv_
     """:func:`decode_attention`'s operands, refused by name when they cannot be; returns the
     split count (``num_splits``, or the default for these shapes)."""
     op = "decode_attention"
-    _check_float(op, q=q, k_store=k_store, v_store=v_store)
-    _check_int32(op, kv_pos=kv_pos, q_pos=q_pos, n_live=n_live)
-    if q.ndim != 3 or k_store.ndim != 4 or v_store.ndim != 4:
-        raise InputError(f"{op}(): want q [B,Hq,D], stores [B,Hkv,C,D]; got {q.shape}, "
-                         f"{k_store.shape}, {v_store.shape}")
-    b, hq, d = q.shape
-    _, hkv, cap, dk = k_store.shape
-    if k_store.shape[:3] != v_store.shape[:3] or dk != d or k_store.shape[0] != b:
-        raise InputError(f"{op}(): shapes q{q.shape} k{k_store.shape} v{v_store.shape} disagree")
-    if hq % hkv:
-        raise InputError(f"{op}(): {hq} query heads is not a multiple of {hkv} kv heads")
-    if kv_pos.shape != (b, cap) or q_pos.shape != (b,) or n_live.shape != (b,):
-        raise InputError(f"{op}(): want kv_pos [B,C], q_pos [B], n_live [B]; got "
-                         f"{kv_pos.shape}, {q_pos.shape}, {n_live.shape}")
+    check_decode_operands(op, q, k_store, v_store, kv_pos, q_pos, n_live)
+    b, _, _ = q.shape
+    _, hkv, cap, _ = k_store.shape
     if block_n < 16 or block_n & (block_n - 1):
         raise InputError(f"{op}(): block_n must be a power of two >= 16, got {block_n}")
     # Per row: the kernel offsets rows in int64 (b64), so only one row's slots must fit int32.
@@ -261,8 +230,8 @@ def linear_decode(
     and the step does not copy the state.
     """
     op = "linear_decode"
-    _check_float(op, q=q, k=k, v=v)
-    _check_float(op, S=S, z=z)
+    check_float(op, q=q, k=k, v=v)
+    check_float(op, S=S, z=z)
     b, hq, d = q.shape
     _, hkv, dv = v.shape
     if k.shape != (b, hkv, d) or S.shape != (b, hkv, d, dv) or z.shape != (b, hkv, d):
@@ -299,8 +268,8 @@ def linear_packed(
     ``cu_seqlens[S]`` get 0. Returns ``[N, Hq, Dv]`` in q.dtype.
     """
     op = "linear_packed"
-    _check_float(op, q=q, k=k, v=v)
-    _check_int32(op, cu_seqlens=cu_seqlens)
+    check_float(op, q=q, k=k, v=v)
+    check_int32(op, cu_seqlens=cu_seqlens)
     n, hq, d = q.shape
     hkv, dv = v.shape[1], v.shape[2]
     if k.shape != (n, hkv, d) or v.shape[0] != n or cu_seqlens.ndim != 1:
@@ -476,8 +445,8 @@ def packed_attention(
     """
     op = "packed_attention"
     mask = _kernel_mask(pattern, op)
-    _check_float(op, q=q, k=k, v=v)
-    _check_int32(op, cu_seqlens=cu_seqlens)
+    check_float(op, q=q, k=k, v=v)
+    check_int32(op, cu_seqlens=cu_seqlens)
     if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or cu_seqlens.ndim != 1:
         raise InputError(f"{op}(): want q [N,Hq,D], k/v [N,Hkv,D], cu_seqlens [S+1]; got "
                          f"{q.shape}, {k.shape}, {v.shape}, {cu_seqlens.shape}")
