@@ -29,8 +29,8 @@ All carry a 300-token byte-level BPE trained here (``<|endoftext|>``, ``<|im_sta
 
 Run (a Python with torch + transformers + tokenizers + gguf; see make_hf_fixtures.py):
 
-    /tmp/hf-oracle/bin/pip install gguf accelerate
-    /tmp/hf-oracle/bin/python scripts/make_gguf_fixture.py
+    make oracle-venv
+    .venv-oracle/bin/python scripts/make_gguf_fixture.py
 
 ``expected.npz`` holds, per variant ``v``: ``{v}_prompt{i}`` ids, ``{v}_logits{i}`` (float32
 ``[T, vocab]``, one forward of transformers' GGUF-loaded model), ``{v}_greedy{i}`` (12 new tokens

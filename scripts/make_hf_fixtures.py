@@ -6,12 +6,11 @@ extra's), and this project's CI reaches PyPI only, where no CPU wheel for Python
 transformers runs once, here, and its logits and greedy tokens are committed next to the
 checkpoints it saved; ``tests/test_hf_models.py`` compares against them with no torch installed.
 
-Run (any Python with torch + transformers + tokenizers; on this project's machines a CPU torch
-for Python 3.11 is available):
+Run (any Python with torch + transformers + tokenizers; ``make oracle-venv`` builds one, Python
+3.11 with torch's CPU build):
 
-    python3.11 -m venv /tmp/hf-oracle
-    /tmp/hf-oracle/bin/pip install torch==2.13.0 transformers tokenizers safetensors numpy
-    /tmp/hf-oracle/bin/python scripts/make_hf_fixtures.py
+    make oracle-venv
+    .venv-oracle/bin/python scripts/make_hf_fixtures.py
 
 Each case directory holds what ``save_pretrained(..., safe_serialization=True)`` wrote (config,
 safetensors — sharded where the case says so —, generation config), a small ``tokenizer.json``

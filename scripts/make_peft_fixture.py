@@ -17,8 +17,8 @@ exactly what peft writes. ``expected.npz`` holds, for the base fixture's prompts
 
 Run (torch + transformers + peft, no network needed once installed):
 
-    /tmp/hf-oracle/bin/pip install peft
-    /tmp/hf-oracle/bin/python scripts/make_peft_fixture.py
+    make oracle-venv
+    .venv-oracle/bin/python scripts/make_peft_fixture.py
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ saves it, ``tokenizer_config.json["chat_template"]`` as 4.x did), several EOS id
 a post-processor. Like the model fixtures, transformers runs once here and its outputs are
 committed, so ``tests/test_hf_text.py`` and ``tests/test_hf_cli.py`` need no torch.
 
-    /tmp/hf-oracle/bin/python scripts/make_text_fixtures.py
+    .venv-oracle/bin/python scripts/make_text_fixtures.py
 
 Cases:
 

@@ -2,15 +2,14 @@
 
 Two oracles. Without torch (CI): an unmodified model exports to exactly the tensors of the
 transformers-saved source (same names, dtypes, bytes) and the same config, and reloads with
-identical logits. With ``/tmp/hf-oracle/bin/python`` (torch + transformers, see
-``scripts/make_hf_fixtures.py``): transformers loads the exported directory and gives the logits
-it gave on the source (skipped where that interpreter is absent).
+identical logits. In the oracle interpreter (``tests/hf_oracle.py``; torch + transformers,
+``make test`` requires it): transformers loads the exported directory and gives the logits it
+gave on the source.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hf_oracle import oracle_python, run_oracle
 
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.models.hf import load_pretrained
@@ -28,7 +28,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 # Every transformers-made checkpoint fixture, including families added later.
 ALL_CASES = sorted(p.parent.name for p in FIXTURES.glob("*/config.json"))
 CASES = ("qwen2_tied", "qwen2_sliding_sharded", "llama3_scaled", "llama_tied_sharded")
-ORACLE = Path("/tmp/hf-oracle/bin/python")
 
 
 def expected(case: str) -> dict[str, np.ndarray]:
@@ -228,12 +227,12 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not ORACLE.exists(), reason="no /tmp/hf-oracle (torch + transformers)")
 def test_transformers_loads_export(tmp_path: Path) -> None:
     """transformers' from_pretrained on our exports of every fixture family: exactly the
     logits of the source directory (same process, same torch) and its parameter dtypes; the fp32
     ones the fixture's logits within 1e-4; a bf16-cast export has bf16 parameters and logits
     near the fp32 ones."""
+    python = oracle_python()
     args = []
     for case in ALL_CASES:
         model, _, _ = load_pretrained(FIXTURES / case)
@@ -244,13 +243,7 @@ def test_transformers_loads_export(tmp_path: Path) -> None:
     bf, _, _ = load_pretrained(FIXTURES / "qwen2_tied", dtype="bfloat16")
     export_pretrained(bf, tmp_path / "bf16", source_dir=FIXTURES / "qwen2_tied")
     args += [str(tmp_path / "bf16"), str(FIXTURES / "qwen2_tied")]
-    script = tmp_path / "oracle.py"
-    script.write_text(ORACLE_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(ORACLE), str(script), *args], capture_output=True, text=True,
-                          env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_oracle(python, ORACLE_SCRIPT, args, tmp_path)
     for case in ALL_CASES:  # the very logits transformers gives on the source, same torch
         got = res[str(tmp_path / case)]
         assert got["dtypes"] == got["source_dtypes"] and got["vs_source"] == 0.0, (case, got)

@@ -3,7 +3,8 @@
 Oracle: ``tests/fixtures/hf/peft_<case>/`` (``scripts/make_peft_fixture.py``, run with torch,
 transformers and peft): the adapter directory peft saved for a LoRA with non-zero A and B on a
 checkpoint fixture, with peft's logits (adapter active), ``merge_and_unload()``'s logits and the
-base logits. Where ``/tmp/hf-oracle`` has peft, transformers + peft also load our exports.
+base logits. transformers + peft also load our exports, in the oracle interpreter
+(``tests/hf_oracle.py``; ``make test`` requires it).
 
 Tolerance: float32 logits here reach ~58, where one float32 ulp is 3.8e-6, and peft's own
 merged and unmerged forwards differ by up to 1.9e-5 on these fixtures (``merged{i}`` vs
@@ -14,14 +15,13 @@ merged and unmerged forwards differ by up to 1.9e-5 on these fixtures (``merged{
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_oracle import oracle_python, run_oracle
 from safetensors.numpy import load_file, save_file
 
 from jaxrl_sym import init_model, preset
@@ -33,7 +33,6 @@ from jaxrl_sym.weights.peft import export_merged, export_peft, load_peft
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 CASES = ("qwen2_tied", "llama_tied_sharded")
-ORACLE = Path("/tmp/hf-oracle/bin/python")
 MODULES = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
@@ -235,17 +234,10 @@ print(json.dumps(out))
 """
 
 
-def _oracle_has_peft() -> bool:
-    if not ORACLE.exists():
-        return False
-    return subprocess.run([str(ORACLE), "-c", "import peft, transformers"],
-                          capture_output=True, timeout=120).returncode == 0
-
-
-@pytest.mark.skipif(not _oracle_has_peft(), reason="no /tmp/hf-oracle with torch+transformers+peft")
 def test_transformers_and_peft_load_our_exports(tmp_path: Path) -> None:
     """transformers + peft load our adapter exports (the fixture's adapters, and new ones on a
     subset of modules with a non-integer scale) and the merged export, and give our logits."""
+    python = oracle_python("peft")
     case = "qwen2_tied"
     base, _, _ = load_pretrained(FIXTURES / case)
     _, plan, adapters = load_peft(FIXTURES / f"peft_{case}", base)
@@ -259,16 +251,12 @@ def test_transformers_and_peft_load_our_exports(tmp_path: Path) -> None:
     export_merged(plan, adapters, base, tmp_path / "merged", source_dir=FIXTURES / case)
     exp = expected(case)
     np.savez(tmp_path / "prompts.npz", prompt0=exp["prompt0"], prompt1=exp["prompt1"])
-    (tmp_path / "oracle.py").write_text(ORACLE_SCRIPT)
     runs = {"fixture_ad": ("peft", merged_model(base, plan, adapters)),
             "sub_ad": ("peft", merged_model(base, sub, sub_ads)),
             "merged": ("full", merged_model(base, plan, adapters))}
     args = [a for name, (kind, _) in runs.items() for a in (kind, str(tmp_path / name))]
-    proc = subprocess.run([str(ORACLE), str(tmp_path / "oracle.py"), str(FIXTURES / case),
-                           str(tmp_path / "prompts.npz"), *args], capture_output=True,
-                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_oracle(python, ORACLE_SCRIPT, [str(FIXTURES / case),
+                                             str(tmp_path / "prompts.npz"), *args], tmp_path)
     for name, (_, ours) in runs.items():
         for i in (0, 1):
             theirs = np.asarray(res[str(tmp_path / name)][i], np.float32)

@@ -110,10 +110,18 @@ def restore_policy(checkpoint_dir: str | Path, step: int | None = None
     The source model (its ``model_dir`` in the checkpoint) gives the structure; the checkpoint's
     fingerprint, the parameters' digest and finiteness are verified as on resume, and the newest
     step is used unless ``step`` is given (a step that fails verification is an error naming it).
+    A LoRA run's checkpoint holds adapters, not weights: its policy is the run's base with them
+    merged in (the model its merged export holds).
     """
     import jax
     from flax import nnx
 
+    lora = _lora_meta(checkpoint_dir, step)
+    if lora is not None:
+        from jaxrl_sym.weights.lora import merged_model
+
+        base, plan, adapters, meta, _ = _lora_parts(checkpoint_dir, lora, merging=True)
+        return merged_model(base, plan, adapters), meta
     model, meta = _host_policy(checkpoint_dir, step, None)
     for _, var in nnx.to_flat_state(nnx.state(model)):
         var.set_value(jax.device_put(var.get_value()))  # one tensor at a time
@@ -184,19 +192,35 @@ def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: st
                  ) -> tuple[list[str], dict[str, Any]]:
     """A LoRA run's export: the source model (its frozen base) with the checkpoint's adapters
     merged in (a plain Hugging Face directory), or with ``peft`` a PEFT adapter directory."""
+    from jaxrl_sym.weights.peft import export_merged
+
+    base, plan, adapters, meta, source = _lora_parts(checkpoint_dir, lora, merging=not peft)
+    if peft:
+        return _export_peft(plan, adapters, base, out_dir, source, dtype=dtype,
+                            overwrite=overwrite), meta
+    if dtype is not None:
+        raise InputError("--dtype: a LoRA run's merged export keeps the base model's dtype; "
+                         "drop --dtype (or load the export and cast it)")
+    return export_merged(plan, adapters, base, out_dir, source_dir=source,
+                         overwrite=overwrite, max_shard_bytes=max_shard_bytes), meta
+
+
+def _lora_parts(checkpoint_dir: str | Path, lora: tuple[int, dict], *, merging: bool
+                ) -> tuple[Any, Any, Any, dict[str, Any], str]:
+    """A LoRA run's frozen base (from the run's own model file: a GGUF's weights are not in
+    its rebuilt source directory), LoRA plan, adapters, step metadata and source directory.
+    ``merging``: the adapters go into the base, which must then hold the weights the run
+    trained on (its digest is checked against the checkpoint's)."""
     from jaxrl_sym.models.contract import model_fingerprint
     from jaxrl_sym.models.hf import load_pretrained
     from jaxrl_sym.rl.run.checkpoint import Checkpointer
     from jaxrl_sym.weights.lora import plan_lora
     from jaxrl_sym.weights.lora_config import LoraConfig
-    from jaxrl_sym.weights.peft import export_merged
 
     step, meta = lora
     hp = meta["hparams"]
-    source = _source_dir(checkpoint_dir, hp)
-    # the run's frozen base, from its own file (a GGUF's weights are not in ``source``)
     base = load_pretrained(hp["model_dir"], dtype=hp.get("model_dtype"))[0]
-    if not peft and hp.get("base_sha256") not in (None, model_digest(base)):
+    if merging and hp.get("base_sha256") not in (None, model_digest(base)):
         raise InputError(f"--checkpoint-dir {checkpoint_dir}: the run's base model "
                          f"{hp['model_dir']} holds other weights than the run trained on (its "
                          "digest differs from the one the checkpoint recorded); merging the "
@@ -209,14 +233,7 @@ def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: st
     fp = {k: v for k, v in model_fingerprint(base).items() if k != "params"}
     meta, params = Checkpointer(checkpoint_dir, create=False).restore_params(
         step, {"model": fp, "params": shapes})
-    if peft:
-        return _export_peft(plan, params["lm"], base, out_dir, source, dtype=dtype,
-                            overwrite=overwrite), meta
-    if dtype is not None:
-        raise InputError("--dtype: a LoRA run's merged export keeps the base model's dtype; "
-                         "drop --dtype (or load the export and cast it)")
-    return export_merged(plan, params["lm"], base, out_dir, source_dir=source,
-                         overwrite=overwrite, max_shard_bytes=max_shard_bytes), meta
+    return base, plan, params["lm"], meta, _source_dir(checkpoint_dir, hp)
 
 
 def _export_peft(plan: Any, adapters: Any, base: Any, out_dir: str | Path, source: str, *,
