@@ -5,11 +5,11 @@ read it from there.
 Why: the same knob was given a default in up to three places (the dataclass field, the flag,
 ``train()``'s signature), and they drifted. The test walks the dataclasses, the CLI's parser and
 ``train()``'s signature: no knob is defined twice (a field name in two dataclasses has a default
-in one at most); every field of RLConfig's parts has exactly one flag — generated from the field
-— or says why it has none; every RunConfig field has one flag or is listed below with a reason;
-a flag or keyword that sets a field has that field's default (or None: "the library decides"),
-and its source spells no literal of its own — a literal equal to the field's default today is
-the next drift.
+in one at most); every field of RLConfig's parts and of RunConfig has exactly one flag —
+generated from the field, its name, default, help and choices read from there — or says why it
+has none; a flag or keyword that sets a field has that field's default (or None: "the library
+decides"), and its source spells no literal of its own — a literal equal to the field's default
+today is the next drift.
 """
 
 from __future__ import annotations
@@ -31,8 +31,15 @@ from jaxrl_sym.rl.config import (
     RLConfig,
     RunConfig,
 )
-from jaxrl_sym.rl.knobs import AlgorithmConfig, ExecutionConfig, OptimizerConfig, flag_of
-from jaxrl_sym.rl.run.config_flags import knob_flags
+from jaxrl_sym.rl.knobs import (
+    AlgorithmConfig,
+    ExecutionConfig,
+    OptimizerConfig,
+    choices_of,
+    flag_of,
+    knob_type,
+)
+from jaxrl_sym.rl.run.config_flags import RUN_TITLE, UNSET, knob_flags, run_flags
 from jaxrl_sym.rl.run.trackers import ReportConfig
 from jaxrl_sym.rl.step.sampling import SamplingConfig
 from jaxrl_sym.weights.lora_config import LoraConfig
@@ -48,18 +55,8 @@ OTHER_FLAGS: dict[str, tuple[type, str]] = {
     "--log-completions-every": (ReportConfig, "completions_every"),
     "--log-dir": (ReportConfig, "log_dir"),
 }
-# RunConfig fields no single flag sets, and why
-RUN_NOT_FLAGS: dict[str, str] = {
-    "model": "overrides of the built-in model's fields: train(model={...}) only",
-    "partial": "a PartialConfig from --partial-rollout/--partial-segment/--partial-max-carry",
-    "speculation": "a Speculation from --speculate/--speculate-adaptive",
-    "engine": "the engine's options: train(engine=EngineOptions(...)) only",
-    "lora": "a LoraConfig from --lora-rank/--lora-alpha/--lora-targets",
-}
-# RunConfig flags that are not resume keys (train.FLAGS names those that are)
-RUN_FLAGS: dict[str, str] = {"--steps": "steps", "--model": "model_dir", "--mesh": "mesh",
-                             "--device-memory": "device_memory",
-                             "--eval-prompts": "eval_prompts"}
+# RunConfig fields no single flag sets (each says why in its metadata)
+RUN_NOT_FLAGS = {"model", "partial", "speculation", "engine", "lora"}
 # train() keywords named otherwise than their field
 OTHER_KEYWORDS: dict[str, tuple[type, str]] = {
     "checkpoint_dir": (CheckpointConfig, "directory"),
@@ -76,12 +73,7 @@ def _field(cls: type, name: str) -> dataclasses.Field[Any]:
 
 def _run_flags() -> dict[str, tuple[type, str]]:
     """flag -> (RunConfig, field) for RunConfig's single-flag fields."""
-    from jaxrl_sym.rl.run.identity import FLAGS
-
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    out = {flag: (RunConfig, name) for name, flag in FLAGS.items()
-           if name in fields and name not in RUN_NOT_FLAGS and "/" not in flag and " " not in flag}
-    return out | {flag: (RunConfig, name) for flag, name in RUN_FLAGS.items()}
+    return {flag: (RunConfig, f.name) for flag, f in run_flags().items()}
 
 
 def _owners() -> dict[str, tuple[type, str]]:
@@ -151,10 +143,60 @@ def test_every_knob_has_exactly_one_flag_or_says_why_not() -> None:
         == {"--group", "--clip-low", "--clip-high"}
 
 
-def test_every_run_field_has_one_flag_or_a_reason() -> None:
-    flagged = {name for _, name in _run_flags().values()}
+def test_every_run_field_is_one_generated_flag_or_says_why_not() -> None:
+    """RunConfig's fields as the step's knobs: each is one flag whose name, default, help,
+    choices, metavar and type are read from the field (its default is the field's: no recipe
+    sets a run's fields; :data:`UNSET`'s, None: "not given", each with its reason), in the
+    ``run`` argument group; the five that several flags (or none) build say why."""
+    parser = _train_parser()
+    by_flag = {o: a for a in parser._actions for o in a.option_strings}
+    group = next(g for g in parser._action_groups if g.title == RUN_TITLE[0])
+    in_group = {o for a in group._group_actions for o in a.option_strings}
+    flagged = set()
     for f in dataclasses.fields(RunConfig):
-        assert (f.name in flagged) != (f.name in RUN_NOT_FLAGS), f"RunConfig.{f.name}"
+        flag = flag_of(RunConfig, f.name)
+        if flag is None:
+            assert len(f.metadata["not_a_flag"]) > 20, f"RunConfig.{f.name}: say why"
+            assert "help" not in f.metadata
+            continue
+        flagged.add(f.name)
+        a = by_flag[flag]
+        assert flag in in_group and a.dest == flag[2:].replace("-", "_"), flag
+        assert f.metadata.get("flag", f.name.replace("_", "-")) == flag[2:]
+        assert a.help.startswith(f.metadata["help"]), flag
+        want = None if f.name in UNSET else f.default
+        assert a.default == want and type(a.default) is type(want), (flag, a.default)
+        assert a.choices == choices_of(f) and a.metavar == f.metadata.get("metavar"), flag
+        kind = knob_type(RunConfig, f.name)[0]
+        assert a.type is (None if kind is str else kind), (flag, a.type)
+        if f.default is not None and "default:" not in f.metadata["help"]:
+            assert a.help.endswith(f"(default: {f.default})"), flag
+    assert flagged == {f.name for f in dataclasses.fields(RunConfig)} - RUN_NOT_FLAGS
+    assert all(len(why) > 20 and name in flagged for name, why in UNSET.items())
+    # the flags older than their fields keep their names; the choices are the library's sets
+    assert {flag_of(RunConfig, n) for n in ("prompts_per_step", "model_dir")} == \
+        {"--prompts", "--model"}
+    from jaxrl_sym import systems
+    from jaxrl_sym.weights.precision import PRECISIONS
+
+    assert by_flag["--system"].choices == systems.names(trains=True)
+    assert by_flag["--precision"].choices == PRECISIONS
+
+
+def test_no_generated_flag_is_spelled_by_hand() -> None:
+    """cli.py adds none of the flags generated from a field (RunConfig's or a step part's),
+    and the resume check names a field's flag from the field: one name per knob."""
+    from jaxrl_sym.rl.run.identity import FLAGS
+
+    generated = set(run_flags()) | set(knob_flags())
+    for module in ("cli.py", "config_flags.py"):
+        tree = ast.parse((ROOT / "jaxrl_sym/rl/run" / module).read_text())
+        spelled = [node.args[0].value for node in ast.walk(tree)
+                   if isinstance(node, ast.Call) and getattr(node.func, "attr", "") ==
+                   "add_argument" and node.args and isinstance(node.args[0], ast.Constant)]
+        assert not set(spelled) & generated, (module, set(spelled) & generated)
+    named = {f.name for f in dataclasses.fields(RunConfig) if flag_of(RunConfig, f.name)}
+    assert not set(FLAGS) & (named | {f.name for c in PARTS for f in dataclasses.fields(c)})
 
 
 def test_every_flag_that_sets_a_field_has_the_fields_default() -> None:

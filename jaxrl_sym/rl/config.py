@@ -24,13 +24,19 @@ import numpy as np
 
 from jaxrl_sym import systems
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.rl.knobs import AlgorithmConfig, ExecutionConfig, OptimizerConfig
-from jaxrl_sym.rl.names import PG_LOSSES
+from jaxrl_sym.rl.knobs import (
+    AlgorithmConfig,
+    ExecutionConfig,
+    OptimizerConfig,
+    knob,
+    not_a_flag,
+)
+from jaxrl_sym.rl.names import PG_LOSSES, TASK_HELP
 from jaxrl_sym.rl.tasks.text_tasks import FORMAT_WEIGHT, check_format_weight, is_text_task
 from jaxrl_sym.rl.tasks.token_tasks import Task, get_task
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
 from jaxrl_sym.weights.lora_config import LoraConfig
-from jaxrl_sym.weights.precision import Precision
+from jaxrl_sym.weights.precision import PRECISIONS, Precision
 
 __all__ = ["GROUPS", "PG_LOSSES", "TASK_RECIPE", "TASK_REWARD", "AlgorithmConfig",
            "CheckpointConfig", "ExecutionConfig", "OptimizerConfig", "PartialConfig", "RLConfig",
@@ -177,37 +183,65 @@ def _at_least(value: Any, minimum: int, what: str) -> None:
 class RunConfig:
     """A training run on an offline task, besides the step's :class:`RLConfig`.
 
-    task / max_digits / partial_weight: the task (``reverse``, ``copy``, ``sort``, ``add``; with
-    ``model_dir`` a text task) and its reward's weight on partial credit (None: the recipe's).
-    steps / seed / prompts_per_step: the run's length and its prompt and sampling stream.
-    system: the registered system the steps run on. model: overrides of the built-in model's
-    fields; model_dir: a Hugging Face checkpoint to fine-tune instead. eval_prompts: held-out
-    prompts for the final greedy evaluation (0: skip). mesh / device_memory: see
-    :class:`~jaxrl_sym.rl.step.trainer.RLTrainer`. partial: partial rollouts (None: off).
-    speculation: speculative decoding of the rollouts (None: plain; :func:`speculation_of`
-    builds it from ``--speculate``). engine: the generation engine's options (None: the
-    runtime's defaults, ``EngineOptions()``). precision: ``fp32``, ``bf16-mixed`` or ``bf16``
-    (:mod:`jaxrl_sym.weights.precision`; None: bf16-mixed for a checkpoint on an accelerator,
-    else fp32). lora: LoRA adapters over the frozen model (None: full fine-tuning).
+    Each field that one ``train`` flag sets is declared with :func:`~jaxrl_sym.rl.knobs.knob`,
+    as the step's knobs are: its one default, and its flag's help, name (``--prompts``,
+    ``--model``) and choices in the field's metadata, from which
+    :mod:`jaxrl_sym.rl.run.config_flags` generates the flag. Why: these flags were written by
+    hand beside the fields, so a knob had a name, a default and a help in two places. The fields
+    no single flag sets say why (:func:`~jaxrl_sym.rl.knobs.not_a_flag`).
+
+    partial_weight: None is the recipe's (:attr:`reward_weight`). mesh / device_memory: see
+    :class:`~jaxrl_sym.rl.step.trainer.RLTrainer`. precision:
+    :mod:`jaxrl_sym.weights.precision`; None: bf16-mixed for a checkpoint on an accelerator,
+    else fp32.
     """
 
-    task: str = "reverse"
-    steps: int = 400
-    seed: int = 0
-    prompts_per_step: int = 32
-    system: str = systems.REFERENCE
-    max_digits: int = 3
-    partial_weight: float | None = None
-    model: dict[str, Any] | None = None
-    model_dir: str | None = None
-    eval_prompts: int = 256
-    mesh: str | None = None
-    device_memory: str | int | None = None
-    partial: PartialConfig | None = None
-    speculation: Speculation | None = None
-    engine: EngineOptions | None = None
-    precision: str | None = None
-    lora: LoraConfig | None = None
+    task: str = knob("reverse", TASK_HELP)
+    steps: int = knob(400, "RL steps in all (a resumed run continues up to this step)")
+    seed: int = knob(0, "the run's seed: step k's prompts and samples depend on (seed, k) "
+                     "only; it also initialises the built-in model")
+    prompts_per_step: int = knob(32, "prompts per step", flag="prompts")
+    system: str = knob(systems.REFERENCE, "the registered system the steps run on",
+                       choices=lambda: systems.names(trains=True))
+    max_digits: int = knob(3, "a built-in task's longest number, in digits")
+    partial_weight: float | None = knob(
+        None, "task reward: weight of partial credit for a non-exact answer, in [0, 1] "
+        f"(default: {TASK_REWARD['partial_weight']}); with --model, the weight of the '#### N' "
+        f"format in a correct answer's reward, in [0, 0.5) (default: {FORMAT_WEIGHT}; 0: the "
+        "exact answer only)")
+    model: dict[str, Any] | None = not_a_flag(None, "overrides of the built-in model's fields: "
+                                              "train(model={...}) only")
+    model_dir: str | None = knob(None, "fine-tune this Hugging Face checkpoint directory on a "
+                                 "text task: --task word-problems or jsonl:FILE ({prompt, "
+                                 "answer} lines), or --dataset FILE", flag="model",
+                                 metavar="DIR")
+    eval_prompts: int = knob(256, "held-out prompts for the final greedy exact match (0: skip)")
+    mesh: str | None = knob(None, "train on a device mesh, e.g. data=4,model=2 (axes "
+                            "data/fsdp/model; the sizes must multiply to the device count): "
+                            "parameters and optimiser state sharded FSDP-style, batch rows split "
+                            "over data. See README 'Multi-device and multi-host'", metavar="AXES")
+    device_memory: str | int | None = knob(
+        None, "bytes one device may hold, e.g. 16GB or 512MiB: the sharded state and every "
+        "compiled program are checked against it before they run, so a model that does not fit "
+        "fails at once naming the mesh it needs", metavar="SIZE")
+    partial: PartialConfig | None = not_a_flag(None, "partial rollouts: a PartialConfig from "
+                                               "--partial-rollout, --partial-segment and "
+                                               "--partial-max-carry (None: off)")
+    speculation: Speculation | None = not_a_flag(None, "speculative decoding of the rollouts: "
+                                                 "a Speculation from --speculate and "
+                                                 "--speculate-adaptive (speculation_of; None: "
+                                                 "plain)")
+    engine: EngineOptions | None = not_a_flag(None, "the generation engine's options: "
+                                              "train(engine=EngineOptions(...)) only (None: the "
+                                              "runtime's defaults)")
+    precision: str | None = knob(None, "fp32; bf16-mixed (fp32 master weights and Adam state, a "
+                                 "bf16 copy for generation, scoring and the forward/backward); "
+                                 "bf16 (everything bf16: small updates round away) (default: "
+                                 "bf16-mixed for a --model checkpoint on a GPU/TPU, else fp32)",
+                                 choices=PRECISIONS)
+    lora: LoraConfig | None = not_a_flag(None, "LoRA adapters over the frozen model: a "
+                                         "LoraConfig from --lora-rank, --lora-alpha and "
+                                         "--lora-targets (None: full fine-tuning)")
 
     def __post_init__(self) -> None:
         if self.lora is not None and not isinstance(self.lora, LoraConfig):

@@ -10,14 +10,16 @@ Every field is declared with :func:`knob`: its one default, and its ``train`` fl
 choices) in the field's metadata; the flags are generated from these
 (:mod:`jaxrl_sym.rl.run.config_flags`), one per field, named as the field with ``-`` unless the
 metadata names an older flag. A field that is not a flag says why (:func:`not_a_flag`).
-:class:`~jaxrl_sym.rl.config.RLConfig` composes the three.
+:class:`~jaxrl_sym.rl.config.RLConfig` composes the three; the run's own fields
+(:class:`~jaxrl_sym.rl.config.RunConfig`) are declared the same way.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
 from jaxrl_sym.errors import InputError
@@ -25,7 +27,7 @@ from jaxrl_sym.generation import check_sampling_temperature
 from jaxrl_sym.rl.names import ADV_NORMS, ALGOS, LOSS_AGGS, LR_SCHEDULES, OPTIMIZERS, PG_LOSSES
 
 __all__ = ["DEFAULT_UPDATE_TOKENS", "AlgorithmConfig", "ExecutionConfig", "OptimizerConfig",
-           "flag_label", "flag_of", "knob", "knob_type", "not_a_flag"]
+           "choices_of", "flag_label", "flag_of", "knob", "knob_type", "not_a_flag"]
 
 DEFAULT_UPDATE_TOKENS = 4096
 """Token slots per training micro-batch of a system with fixed micro-batches (sym) when
@@ -42,10 +44,13 @@ micro-batch runs at the next power of two of its rows instead
 
 
 def knob(default: Any, help: str, *, flag: str | None = None,
-         choices: tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
+         choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
+         metavar: str | None = None) -> Any:
     """A config field: its one default, and what its ``train`` flag says (``help``; ``flag``:
     the flag's name without ``--`` where it predates the field's name; ``choices``: the values
-    the field takes, checked by the dataclass and offered by the flag)."""
+    the field takes, offered by the flag and checked by the dataclass (:func:`choices_of`)).
+    ``choices`` may be a function for a set known only when the flag is built: the registry's
+    systems that train, which a plugin adds to after this module is imported."""
     meta = {"help": help, "flag": flag, "choices": choices, "metavar": metavar}
     return field(default=default, metadata={k: v for k, v in meta.items() if v is not None})
 
@@ -89,10 +94,17 @@ def _refuse(cfg: Any, name: str, why: str) -> InputError:
                       f"{f' ({flag})' if flag else ''}{sep}{why}")
 
 
+def choices_of(f: Field[Any]) -> tuple[str, ...] | None:
+    """The values field ``f`` takes (its metadata's ``choices``, called if a function), or None
+    for a field of any value."""
+    choices = f.metadata.get("choices")
+    return choices() if callable(choices) else choices
+
+
 def _check_choices(cfg: Any) -> None:
     """Every field with ``choices`` in its metadata holds one of them."""
     for f in fields(cfg):
-        choices = f.metadata.get("choices")
+        choices = choices_of(f)
         if choices is not None and getattr(cfg, f.name) not in choices:
             raise _refuse(cfg, f.name, f"is not one of {', '.join(choices)}")
 

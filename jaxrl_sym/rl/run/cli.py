@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from jaxrl_sym import jsonl, systems
+from jaxrl_sym import jsonl
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.rl.config import (
     CheckpointConfig,
@@ -25,8 +25,7 @@ from jaxrl_sym.rl.config import (
     speculation_of,
     task_rl_config,
 )
-from jaxrl_sym.rl.names import TASK_HELP
-from jaxrl_sym.rl.run.config_flags import add_knob_flags, knobs_of
+from jaxrl_sym.rl.run.config_flags import add_knob_flags, add_run_flags, knobs_of, run_fields_of
 from jaxrl_sym.rl.run.eval_cli import add_row_flags
 from jaxrl_sym.rl.run.pretrained import setup as setup_pretrained
 from jaxrl_sym.rl.run.trackers import ReportConfig  # JAX-free
@@ -34,7 +33,6 @@ from jaxrl_sym.rl.tasks.rewards import text_options
 from jaxrl_sym.rl.tasks.text_tasks import DATASET_TASK
 from jaxrl_sym.sharding import Distributed  # JAX-free at import
 from jaxrl_sym.weights.lora_config import LoraConfig
-from jaxrl_sym.weights.precision import PRECISIONS
 
 
 def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -42,9 +40,6 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     t = subparsers.add_parser("train", help="RL fine-tuning (GRPO/RLOO/PPO) on an offline task")
     # a knob's default is its config field's, read from there (one default per knob: the
     # library's; tests/test_one_default.py)
-    t.add_argument("--task", default=None, help=f"{TASK_HELP} (default: {RunConfig.task})")
-    t.add_argument("--steps", type=int, default=RunConfig.steps)
-    t.add_argument("--seed", type=int, default=RunConfig.seed)
     t.add_argument("--checkpoint-dir", default=None, help="orbax checkpoints go here")
     t.add_argument("--checkpoint-every", type=int, default=CheckpointConfig.every,
                    help="save every K steps (and always at the end)")
@@ -87,62 +82,36 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _add_run_flags(t: argparse.ArgumentParser) -> None:
-    """The run's flags (RunConfig's): prompts, system, task size, reward weight, model,
-    devices, partial rollouts, speculation."""
-    t.add_argument("--prompts", type=int, default=RunConfig.prompts_per_step,
-                   help="prompts per step")
-    t.add_argument("--system", choices=systems.names(trains=True), default=RunConfig.system)
-    t.add_argument("--max-digits", type=int, default=RunConfig.max_digits)
-    t.add_argument("--partial-weight", type=float, default=None,
-                   help="task reward: weight of partial credit for a non-exact answer, in [0, 1] "
-                        "(default: 0.5); with --model, the weight of the '#### N' format in a "
-                        "correct answer's reward, in [0, 0.5) (default: 0.2; 0: the exact answer "
-                        "only)")
-    t.add_argument("--model", default=None, metavar="DIR",
-                   help="fine-tune this Hugging Face checkpoint directory on a text task: "
-                        "--task word-problems or jsonl:FILE ({prompt, answer} lines), or "
-                        "--dataset FILE")
-    t.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="fp32; bf16-mixed (fp32 master weights and Adam state, a bf16 copy for "
-                        "generation, scoring and the forward/backward); bf16 (everything bf16: "
-                        "small updates round away). Default: bf16-mixed for a --model checkpoint "
-                        "on a GPU/TPU, else fp32")
-    t.add_argument("--lora-rank", type=int, default=None, metavar="R",
+    """The run's flags: one per RunConfig field that one flag sets, generated from the field
+    (:func:`~jaxrl_sym.rl.run.config_flags.add_run_flags`: its name, default, help and
+    choices live there), then the flags that build a field together (LoRA, devices across
+    processes, partial rollouts, speculation)."""
+    g = add_run_flags(t)
+    g.add_argument("--lora-rank", type=int, default=None, metavar="R",
                    help="train LoRA adapters of rank R over the frozen model instead of every "
                         "weight (the reference is the frozen base; checkpoints hold the adapters)")
-    t.add_argument("--lora-alpha", type=float, default=None, metavar="A",
+    g.add_argument("--lora-alpha", type=float, default=None, metavar="A",
                    help="LoRA alpha: the adapters are scaled by alpha/R (default 32, TRL's)")
-    t.add_argument("--lora-targets", default=None, metavar="PATTERN",
+    g.add_argument("--lora-targets", default=None, metavar="PATTERN",
                    help="regex over parameter paths, e.g. '.*(q_proj|v_proj).kernel' (default: "
                         "all-linear: every 2-D kernel except the output head)")
-    t.add_argument("--eval-prompts", type=int, default=RunConfig.eval_prompts,
-                   help="held-out prompts for the final greedy exact match (0: skip)")
-    t.add_argument("--mesh", default=None, metavar="AXES",
-                   help="train on a device mesh, e.g. data=4,model=2 (axes data/fsdp/model; "
-                        "the sizes must multiply to the device count): parameters and optimiser "
-                        "state sharded FSDP-style, batch rows split over data. See README "
-                        "'Multi-device and multi-host'")
-    Distributed.add_flags(t, "the metrics, plot and summary")
-    t.add_argument("--device-memory", default=None, metavar="SIZE",
-                   help="bytes one device may hold, e.g. 16GB or 512MiB: the sharded state and "
-                        "every compiled program are checked against it before they run, so a "
-                        "model that does not fit fails at once naming the mesh it needs")
-    t.add_argument("--partial-rollout", type=float, default=None, metavar="FRACTION",
+    Distributed.add_flags(g, "the metrics, plot and summary")
+    g.add_argument("--partial-rollout", type=float, default=None, metavar="FRACTION",
                    help="partial rollouts: a step stops generating once this share of its rows "
                         "finished, trains the complete groups and carries the rest into the "
                         "next step (default: off)")
-    t.add_argument("--partial-segment", type=int, default=PartialConfig.segment, metavar="N",
+    g.add_argument("--partial-segment", type=int, default=PartialConfig.segment, metavar="N",
                    help="with --partial-rollout on a system that cannot stop mid-generation "
                         "(padded): tokens per row per generation call; sym stops its one call "
                         "by itself, a decode tile after the rule holds")
-    t.add_argument("--partial-max-carry", type=int, default=PartialConfig.max_carry,
+    g.add_argument("--partial-max-carry", type=int, default=PartialConfig.max_carry,
                    metavar="K",
                    help="with --partial-rollout: steps a row may be carried")
-    t.add_argument("--speculate", type=int, default=None, metavar="K",
+    g.add_argument("--speculate", type=int, default=None, metavar="K",
                    help="speculative decoding, a prompt-lookup draft proposes up to "
                         "K tokens per row and the policy verifies them (same sampling "
                         "distribution; the metrics report acceptance_rate). Default 0: off")
-    t.add_argument("--speculate-adaptive", action="store_true", default=None,
+    g.add_argument("--speculate-adaptive", action="store_true", default=None,
                    help="with --speculate (sym): k per verify from {1, 2, 4, ..., K} by "
                         "measured acceptance and verify cost")
 
@@ -315,13 +284,9 @@ def train_configs(args: argparse.Namespace
     before JAX's import)."""
     partial = None if args.partial_rollout is None else PartialConfig(
         args.partial_rollout, args.partial_segment, args.partial_max_carry)
-    run = RunConfig(task=_task(args), steps=args.steps, seed=args.seed,
-                    prompts_per_step=args.prompts, system=args.system,
-                    max_digits=args.max_digits, partial_weight=args.partial_weight,
-                    model_dir=args.model, eval_prompts=args.eval_prompts, mesh=args.mesh,
-                    device_memory=args.device_memory, partial=partial,
+    run = RunConfig(**{**run_fields_of(args), "task": _task(args)}, partial=partial,
                     speculation=speculation_of(args.speculate, args.speculate_adaptive),
-                    precision=args.precision, lora=lora_of(args))
+                    lora=lora_of(args))
     checkpoints = CheckpointConfig(args.checkpoint_dir, args.checkpoint_every, args.keep,
                                    args.resume, args.resume_or_start, args.resume_anyway)
     rl = knobs_of(args)  # the knobs given; the others are the recipe's, then the fields'

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from jaxrl_sym.rl.config import FIELD_GROUP, GROUPS, RLConfig, RunConfig, nest_hparams
 from jaxrl_sym.rl.errors import CheckpointError
-from jaxrl_sym.rl.knobs import flag_label
+from jaxrl_sym.rl.knobs import flag_label, flag_of
 
 if TYPE_CHECKING:
     from jaxrl_sym.rl.run.checkpoint import Checkpointer
@@ -36,15 +37,14 @@ __all__ = ["FLAGS", "ResumeMismatchError", "defines_run", "flat_hparams", "hpara
 
 log = logging.getLogger(__name__)
 
-# The run's own recorded keys (not a step's knobs, whose flags come from their fields) and the
-# ``jaxrl-sym train`` flag that sets each: a refused resume names the flag the user typed.
+# The run's recorded keys that are not a field with one flag (a step's knob or a RunConfig field
+# such as ``task`` or ``prompts_per_step``: those are named by the flag their field declares), and
+# the ``jaxrl-sym train`` flag that sets each: a refused resume names the flag the user typed.
 # ``speculate`` and ``speculate_adaptive`` are the run's Speculation (RLConfig fields before;
 # same keys, so a checkpoint written then compares as before).
 FLAGS: dict[str, str] = {
-    "task": "--task", "seed": "--seed", "max_digits": "--max-digits", "system": "--system",
-    "prompts_per_step": "--prompts", "partial_weight": "--partial-weight",
     "partial": "--partial-rollout", "speculate": "--speculate",
-    "speculate_adaptive": "--speculate-adaptive", "precision": "--precision",
+    "speculate_adaptive": "--speculate-adaptive",
     "lora": "--lora-rank/--lora-alpha/--lora-targets",
     # a --model run's own data and rewards (jaxrl_sym.rl.tasks.data.TextOptions.hparams)
     "dataset": "--dataset", "prompt_field": "--prompt-field", "answer_field": "--answer-field",
@@ -54,6 +54,9 @@ FLAGS: dict[str, str] = {
     "reward_weights": "--reward-weights", "reward_sha256": "--reward (its module's source)",
     "base_sha256": "--model (its weights)", "task_sha256": "--task jsonl:FILE (its contents)",
 }
+
+
+_RUN_FIELDS = {f.name for f in fields(RunConfig)}
 
 
 class ResumeMismatchError(CheckpointError):
@@ -114,10 +117,12 @@ def defines_run(key: str) -> bool:
 
 
 def _label(key: str) -> str:
-    """How a difference is named: the flag that sets the key, else ``config['key']``."""
+    """How a difference is named: the flag that sets the key (declared by its field, else
+    :data:`FLAGS`), else ``config['key']``."""
     if key in FLAGS:
         return f"{FLAGS[key]} ({key})"
-    flag = flag_label(GROUPS[FIELD_GROUP[key]], key) if key in FIELD_GROUP else None
+    flag = (flag_of(RunConfig, key) if key in _RUN_FIELDS else
+            flag_label(GROUPS[FIELD_GROUP[key]], key) if key in FIELD_GROUP else None)
     return f"{flag} ({key})" if flag else f"config[{key!r}]"
 
 
