@@ -137,3 +137,21 @@ def test_the_trainer_holds_its_rules_state(name: str, moments: int) -> None:
     n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(tr.params))
     held = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(tr.opt_state))
     assert moments * n <= held <= moments * n + 8, (held, n)
+
+
+def test_the_step_reports_the_rate_its_update_used() -> None:
+    """``current_lr`` (each step's ``lr`` metric) reads the rate injected into the optimiser
+    state: during a 2-step warm-up to 2e-3, the first update's rate is 1e-3, the second's
+    1.5e-3 (optax's linear schedule from lr / warm-up)."""
+    import jax.numpy as jnp
+
+    from jaxrl_sym.rl.step.state import current_lr
+
+    tx = make_optimizer(RLConfig.of(lr=2e-3, warmup_steps=2).optim, 1)
+    params = {"w": jnp.zeros(3)}
+    state = tx.init(params)
+    rates = []
+    for _ in range(2):
+        _, state = tx.update({"w": jnp.ones(3)}, state, params)
+        rates.append(current_lr(state))
+    assert rates == pytest.approx([1e-3, 1.5e-3], rel=1e-6)

@@ -140,8 +140,13 @@ def clip_by_global_norm(grads: Any, max_norm: float | None) -> tuple[jax.Array, 
 
 
 def current_lr(opt_state: Any) -> float | None:
-    """The learning rate the last update used (None for an optimiser without injected ones)."""
-    for part in opt_state if isinstance(opt_state, tuple) else (opt_state,):
+    """The learning rate the last update used (None for an optimiser without injected ones).
+
+    The state itself is looked at first: optax's injected state is a NamedTuple, so taking
+    every tuple for a chain of states looked only at its fields, and every step reported
+    ``lr`` None."""
+    parts = opt_state if isinstance(opt_state, tuple) else ()
+    for part in (opt_state, *parts):
         hp = getattr(part, "hyperparams", None)
         if hp is not None and "learning_rate" in hp:
             return float(hp["learning_rate"])
