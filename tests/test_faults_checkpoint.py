@@ -259,26 +259,29 @@ def test_keep_k_newest(trainer: RLTrainer, tmp_path: Path) -> None:
 def test_resume_with_changed_settings_is_refused_unless_overridden(
         finished: tuple[Path, str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     d = copy_run(finished, tmp_path / "run")
-    changed = {**RUN, "prompts_per_step": 8}
+    changed = {**RUN, "prompts_per_step": 8, "config": {"entropy_coef": 0.05}}
     with pytest.raises(ResumeMismatchError) as err:
         train("grpo", "reverse", steps=STEPS + 1, seed=SEED, checkpoint_dir=str(d),
-              resume=True, lr=3e-3, **changed)
-    assert err.value.diffs == [("--lr (lr)", 0.001, 0.003),
+              resume=True, **changed)
+    assert err.value.diffs == [("--entropy-coef (entropy_coef)", 0.01, 0.05),
                                ("--prompts (prompts_per_step)", 4, 8)]
     msg = str(err.value)
-    assert "--lr (lr): checkpoint 0.001, given 0.003" in msg and "--resume-anyway" in msg
+    assert ("--entropy-coef (entropy_coef): checkpoint 0.01, given 0.05" in msg
+            and "--resume-anyway" in msg)
     assert steps_in(d) == ["2", "4"]
     with caplog.at_level(logging.WARNING):
         out = train("grpo", "reverse", steps=STEPS + 1, seed=SEED, checkpoint_dir=str(d),
-                    resume=True, resume_anyway=True, lr=3e-3, **changed)
+                    resume=True, resume_anyway=True, **changed)
     assert out["resumed_from"] == 4 and out["steps"] == 5
-    assert out["changed_on_resume"][0] == {"flag": "--lr (lr)", "checkpoint": 0.001,
-                                           "given": 0.003}
+    assert out["changed_on_resume"][0] == {"flag": "--entropy-coef (entropy_coef)",
+                                           "checkpoint": 0.01, "given": 0.05}
     assert "no longer the run that was checkpointed" in warnings_text(caplog)
     # the new checkpoint carries the new settings and the record of the change
     meta = json.loads((d / "5" / "meta" / "metadata").read_text())
-    assert meta["hparams"]["optim"]["lr"] == 0.003 and meta["lineage"][0]["step"] == 4
-    with pytest.raises(ResumeMismatchError, match=r"--lr \(lr\): checkpoint 0.003, given 0.001"):
+    assert meta["hparams"]["algorithm"]["entropy_coef"] == 0.05
+    assert meta["lineage"][0]["step"] == 4
+    with pytest.raises(ResumeMismatchError, match=r"--entropy-coef \(entropy_coef\): "
+                                                  r"checkpoint 0.05, given 0.01"):
         train("grpo", "reverse", steps=STEPS + 1, seed=SEED, checkpoint_dir=str(d),
               resume=True, **RUN)
     with pytest.raises(InputError, match=r"--resume-anyway .* only applies when resuming"):

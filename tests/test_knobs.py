@@ -1,10 +1,12 @@
 """RLConfig by concern (issue 48 item 5): its three parts, the flags generated from their fields,
-checkpoints written before the split, and ``--resume`` taking a changed execution knob.
+checkpoints written before the split, and ``--resume`` taking a changed execution or optimiser
+knob.
 
-What each part means decides the resume rule: the algorithm and the optimiser define the run (a
-change is refused), the execution knobs only how a step is computed (a change is taken and
-reported). A checkpoint written while the knobs were one flat dataclass records them flat; it
-must still resume and compare knob by knob.
+What each part means decides the resume rule: the algorithm defines the run (a change is
+refused), the execution knobs only how a step is computed and the optimiser's hyper-parameters
+how the gradient becomes an update (a change is taken and reported) — but the optimiser's rule,
+whose state the checkpoint holds, is refused. A checkpoint written while the knobs were one flat
+dataclass records them flat; it must still resume and compare knob by knob.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from jaxrl_sym.errors import InputError
@@ -97,9 +101,14 @@ def test_an_old_flat_record_maps_onto_the_parts() -> None:
     assert hparam_diffs(OLD_FLAT, new) == []
     assert flat_hparams(new) == {k: v for k, v in OLD_FLAT.items() if k != "gen_max_pad_fraction"}
     bigger = run_hparams(RLConfig.of(**{**knobs, "update_tokens": 16, "lr": 0.002}), **run)
-    assert hparam_diffs(OLD_FLAT, bigger, run_only=True) == [("--lr (lr)", 0.001, 0.002)]
-    assert hparam_diffs(OLD_FLAT, bigger, run_only=False) == [
+    assert hparam_diffs(OLD_FLAT, bigger, rule="run") == []
+    assert hparam_diffs(OLD_FLAT, bigger, rule="optim") == [("--lr (lr)", 0.001, 0.002)]
+    assert hparam_diffs(OLD_FLAT, bigger, rule="execution") == [
         ("--update-tokens (update_tokens)", None, 16)]
+    other = run_hparams(RLConfig.of(**{**knobs, "optimizer": "sgd", "beta": 0.1}), **run)
+    assert hparam_diffs(OLD_FLAT, other, rule="state") == [
+        ("--optimizer (optimizer)", "adam", "sgd")]
+    assert hparam_diffs(OLD_FLAT, other, rule="run") == [("--beta (beta)", 0.0, 0.1)]
 
 
 def _train_args(*flags: str) -> argparse.Namespace:
@@ -149,7 +158,7 @@ def test_none_round_trips_through_a_config_file(tmp_path: Path,
 def test_resume_with_a_changed_update_tokens_continues(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """The issue's done-when, from the command line: ``--resume --update-tokens N`` continues
-    the run, saying what changed; a changed optimiser knob is still refused."""
+    the run, saying what changed; a changed algorithm knob is still refused."""
     from jaxrl_sym.cli import main
 
     d = str(tmp_path / "ck")
@@ -166,8 +175,9 @@ def test_resume_with_a_changed_update_tokens_continues(tmp_path: Path,
     assert summary["changed_on_resume"] == [
         {"flag": "--update-tokens (update_tokens)", "checkpoint": None, "given": 16}]
     assert main([*base, "--steps", "3", "--resume", "--update-tokens", "16",
-                 "--max-grad-norm", "none"]) == 2
-    assert "--max-grad-norm (max_grad_norm): checkpoint 1.0, given None" in capsys.readouterr().err
+                 "--entropy-coef", "0.05"]) == 2
+    assert ("--entropy-coef (entropy_coef): checkpoint 0.01, given 0.05"
+            in capsys.readouterr().err)
 
 
 def test_a_checkpoint_with_flat_hparams_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -196,3 +206,97 @@ def test_a_checkpoint_with_flat_hparams_resumes(tmp_path: Path, monkeypatch: pyt
     assert out["resumed_from"] == 1 and out["steps"] == 2
     assert [c["flag"] for c in out["changed_on_resume"]] == ["--logprob-chunk (logprob_chunk)"]
     assert "changed execution settings" in caplog.text
+
+
+def _params(directory: Path, step: int) -> list[np.ndarray]:
+    """The policy's arrays a checkpoint holds at ``step`` (host arrays, in tree order)."""
+    import jax
+    from etils import epath
+
+    from jaxrl_sym.rl.run.checkpoint import read_params
+
+    tree = read_params(epath.Path(directory) / str(step) / "state")
+    return [np.asarray(x, np.float64) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_resume_with_a_changed_lr_continues_at_the_new_rate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--resume --lr``: the optimiser's rate is tuned as a run goes, so the run continues,
+    warns naming ``--lr``, records the change in the lineage, and the resumed step's update
+    uses the new rate (the restored optimiser state does not bring the old one back).
+
+    Oracle: two resumes of the same checkpoint, one at its rate (1e-3) and one at 3e-3, start
+    from identical parameters and optimiser state and sample the same rows (each step's prompts
+    and samples depend on (seed, step) only), so they take the same gradient; Adam's update
+    ``lr * m_hat / (sqrt(v_hat) + eps)`` is linear in the rate (the moments do not depend on
+    it), so the resumed step moves every parameter 3x as far. Then a changed ``--optimizer`` is
+    refused, with ``--resume-anyway`` too, naming the flag and the state, and nothing moved."""
+    from jaxrl_sym.cli import main
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer
+
+    base = ["train", "--prompts", "2", "--group", "2", "--max-digits", "1", "--eval-prompts",
+            "0", "--no-progress"]
+    first, same, faster = (tmp_path / n for n in ("first", "same", "faster"))
+    assert main([*base, "--steps", "1", "--checkpoint-dir", str(first)]) == 0
+    shutil.copytree(first, same)
+    shutil.copytree(first, faster)
+    capsys.readouterr()
+    assert main([*base, "--steps", "2", "--checkpoint-dir", str(same), "--resume"]) == 0
+    assert "changed" not in capsys.readouterr().err
+    metrics = tmp_path / "faster.jsonl"
+    assert main([*base, "--steps", "2", "--checkpoint-dir", str(faster), "--resume", "--lr",
+                 "0.003", "--json", "--metrics", str(metrics)]) == 0
+    out = capsys.readouterr()
+    assert ("with changed optimiser settings: --lr (lr): checkpoint 0.001, given 0.003 (they "
+            "apply from this step on") in out.err
+    change = {"flag": "--lr (lr)", "checkpoint": 0.001, "given": 0.003}
+    assert json.loads(out.out.strip().splitlines()[-1])["changed_on_resume"] == [change]
+    meta = Checkpointer(faster, create=False)._read_meta(2)
+    assert meta["lineage"] == [{"step": 1, "optim": [["--lr (lr)", 0.001, 0.003]]}]
+    assert meta["hparams"]["optim"]["lr"] == 0.003
+    last = json.loads(metrics.read_text().strip().splitlines()[-1])
+    assert last["step"] == 2 and last["lr"] == pytest.approx(0.003, rel=1e-6)
+
+    start, slow, fast = _params(first, 1), _params(same, 2), _params(faster, 2)
+    d_slow = np.concatenate([(b - a).ravel() for a, b in zip(start, slow, strict=True)])
+    d_fast = np.concatenate([(b - a).ravel() for a, b in zip(start, fast, strict=True)])
+    assert np.linalg.norm(d_slow) > 1e-3  # the step moved the policy: the oracle is not vacuous
+    np.testing.assert_allclose(d_fast, 3 * d_slow, rtol=1e-3, atol=1e-6)
+
+    for anyway in ([], ["--resume-anyway"]):
+        assert main([*base, "--steps", "3", "--checkpoint-dir", str(faster), "--resume",
+                     "--lr", "0.003", "--optimizer", "adamw", *anyway]) == 2
+        err = capsys.readouterr().err
+        assert "--optimizer (optimizer): checkpoint 'adam', given 'adamw'" in err, err
+        assert "optimiser state is its rule's" in err and "--resume-anyway cannot" in err
+    assert sorted(p.name for p in faster.iterdir() if not p.name.startswith(".")) == ["1", "2"]
+
+
+def test_a_restore_keeps_the_configs_weight_decay(tmp_path: Path) -> None:
+    """The optimiser state holds its plain hyper-parameters (``weight_decay``), which optax reads
+    back from the state at every update: a restore must put the resuming config's there, not
+    bring the checkpoint's back, while the moments and counts stay the checkpoint's."""
+    import jax
+
+    from jaxrl_sym.models.lm import init_model, preset
+    from jaxrl_sym.rl import RLTrainer
+    from jaxrl_sym.rl.run.checkpoint import Checkpointer, fingerprint
+    from jaxrl_sym.rl.tasks.token_tasks import get_task
+
+    def trainer(wd: float) -> RLTrainer:
+        cfg = RLConfig.of(group_size=2, optimizer="adamw", weight_decay=wd)
+        return RLTrainer(init_model(preset("tiny"), 0), get_task("reverse").reward, cfg,
+                         system="padded")
+
+    saved, resumed = trainer(0.1), trainer(0.5)
+    moved = jax.tree_util.tree_map(lambda x: x + 1, saved.opt_state.inner_state)
+    saved.opt_state = saved.opt_state._replace(inner_state=moved)  # moments the fresh lack
+    ck = Checkpointer(tmp_path / "ck")
+    ck.save(1, saved, {"fingerprint": fingerprint(saved), "hparams": {}})
+    ck.restore(resumed, fingerprint(resumed))
+    hp = resumed.opt_state.hyperparams
+    assert float(hp["weight_decay"]) == 0.5
+    assert float(hp["learning_rate"]) == float(saved.opt_state.hyperparams["learning_rate"])
+    for a, b in zip(jax.tree_util.tree_leaves(resumed.opt_state.inner_state),
+                    jax.tree_util.tree_leaves(moved), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

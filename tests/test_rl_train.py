@@ -182,7 +182,8 @@ def test_a_diverging_run_stops_and_says_so(tmp_path, capsys) -> None:
 def test_resume_takes_changed_execution_settings_and_refuses_the_rest(tmp_path, caplog) -> None:
     """``--update-tokens`` (and the other execution knobs) decide how a step is computed, not
     what (their equivalence: test_remat, test_rl_step): a run that ran out of memory resumes
-    with a smaller one and is told what changed; ``--lr`` is still refused."""
+    with a smaller one and is told what changed; an algorithm knob (``--epochs``) is still
+    refused."""
     import logging
 
     from jaxrl_sym.rl.run.train import ResumeMismatchError
@@ -201,9 +202,9 @@ def test_resume_takes_changed_execution_settings_and_refuses_the_rest(tmp_path, 
     assert {c["flag"] for c in resumed["changed_on_resume"]} == {
         "--update-tokens (update_tokens)", "--logprob-chunk (logprob_chunk)",
         "--remat/--no-remat (remat)"}
-    with pytest.raises(ResumeMismatchError, match=r"--lr \(lr\): checkpoint 0\.001, given 0\.002"):
+    with pytest.raises(ResumeMismatchError, match=r"--epochs \(epochs\): checkpoint 1, given 2"):
         train("grpo", "reverse", steps=6, seed=5, checkpoint_dir=ckpt, resume=True,
-              eval_prompts=0, lr=2e-3, **RUN)
+              eval_prompts=0, epochs=2, **RUN)
 
 
 def test_health_flags_steps_without_a_learning_signal() -> None:

@@ -2,7 +2,9 @@
 
 * :class:`AlgorithmConfig`: what a step computes — the rollouts it learns from and the
   objective. Part of the run's identity: ``--resume`` refuses a change.
-* :class:`OptimizerConfig`: how the gradient becomes an update. Part of the run's identity too.
+* :class:`OptimizerConfig`: how the gradient becomes an update. ``--resume`` takes a changed
+  rate, schedule, decay or clip and says what changed; another rule (``--optimizer``) is refused,
+  since the checkpoint's optimiser state is the old rule's.
 * :class:`ExecutionConfig`: how a step is computed (memory, layout, overlap), not what: the same
   update up to float rounding, so ``--resume`` takes a change and says what changed.
 
@@ -252,8 +254,14 @@ class OptimizerConfig:
     in RL steps: each of the ``epochs`` updates of a step uses that step's rate), weight decay and
     the gradient clip.
 
-    Why a group: these define the run as the algorithm does (another rate, rule or schedule is
-    another trajectory; another rule another optimiser state), so ``--resume`` refuses a change.
+    Why a group: these are tuned while a run goes (a rate lowered after a spike, a schedule
+    stretched for a longer run), not what defines it, so ``--resume`` takes a change, warns
+    naming it and records it in the checkpoint's lineage: the rate's schedule and the gradient
+    clip are built from this config when the trainer is, and a restore keeps this config's weight
+    decay (:func:`jaxrl_sym.rl.step.state.with_config_hyperparams`). The rule (``optimizer``) is
+    the exception: its optimiser state has its own structure (Adam's two moments, Lion's one),
+    which a checkpoint of another rule does not hold, so a resume refuses a change even with
+    ``--resume-anyway`` (:mod:`jaxrl_sym.rl.run.identity`).
 
     lr / warmup_steps / lr_schedule / total_steps / min_lr_ratio: the rate is reached linearly
     over ``warmup_steps``, then held (``constant``) or decayed to ``min_lr_ratio * lr`` at

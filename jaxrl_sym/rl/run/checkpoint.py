@@ -49,7 +49,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from jaxrl_sym.rl.errors import CheckpointError
-from jaxrl_sym.rl.step.state import params_sha256
+from jaxrl_sym.rl.step.state import params_sha256, with_config_hyperparams
 from jaxrl_sym.rl.step.trainer import RLTrainer
 from jaxrl_sym.sharding import to_host
 
@@ -444,10 +444,12 @@ class Checkpointer:
             lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x), t)
         old = trainer.state
         ref = to_dev(state["ref"]) if "ref" in state else old.ref
+        opt_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(old.opt_state),
+                                                 to_dev(state["opt_state"]))
         trainer.commit(old.replace(  # the bound systems (the sym runtime) get the weights too
             params=to_dev(state["params"]),
-            opt_state=jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(old.opt_state),
-                                                   to_dev(state["opt_state"])),
+            # a weight decay changed on resume is the trainer's, not the checkpoint's
+            opt_state=with_config_hyperparams(opt_state, old.opt_state),
             ref=ref, step=int(meta["step"])))
 
 

@@ -48,8 +48,9 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "older one when the newest fails verification")
     t.add_argument("--resume", action="store_true",
                    help="continue from the newest good checkpoint in --checkpoint-dir (an error "
-                        "when it holds none, or when a setting below differs from the "
-                        "checkpoint's)")
+                        "when it holds none, or when a setting that defines the run differs "
+                        "from the checkpoint's; the optimizer and execution groups' settings "
+                        "may change, with a warning, except --optimizer)")
     t.add_argument("--resume-or-start", action="store_true",
                    help="like --resume, but start a new run when --checkpoint-dir holds no "
                         "checkpoint")

@@ -42,8 +42,9 @@ NONE = "none"
 TITLES: dict[str, tuple[str, str]] = {
     "algorithm": ("algorithm", "what a step computes; part of the run's identity: --resume "
                                "refuses a change"),
-    "optim": ("optimizer", "how the gradient becomes an update; part of the run's identity: "
-                           "--resume refuses a change"),
+    "optim": ("optimizer", "how the gradient becomes an update: --resume takes a changed rate, "
+                           "schedule, decay or clip and says what changed; another --optimizer "
+                           "is refused (the checkpoint's optimiser state is its rule's)"),
     "execution": ("execution and memory", "how a step is computed, not what (the same update "
                                           "up to float rounding): --resume takes a change and "
                                           "says what changed"),

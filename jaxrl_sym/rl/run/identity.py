@@ -3,14 +3,25 @@
 A checkpoint records the run's hyper-parameters (:func:`hparams_of`): the task, data, model and
 seed, the system, and the step's knobs by part (``algorithm``, ``optim``, ``execution``:
 :mod:`jaxrl_sym.rl.knobs`). A resume compares them with the new run's before any array is read
-(:func:`resume_checked`):
+(:func:`resume_checked`), and each recorded key falls under one rule (:func:`resume_rule`):
 
-* the run's own keys and the ``algorithm`` and ``optim`` parts define the run: a difference is
-  refused (:class:`ResumeMismatchError`) unless ``--resume-anyway`` accepts it, and then logged
-  and kept in the checkpoint's lineage;
-* the ``execution`` part decides how a step is computed, not what: a difference is accepted,
-  logged as a warning and kept in the lineage (a run that ran out of memory resumes with a
-  smaller ``--update-tokens``).
+* ``run``: the run's own keys and the ``algorithm`` part define the run (another task, data,
+  model, seed or objective is another experiment): a difference is refused
+  (:class:`ResumeMismatchError`) unless ``--resume-anyway`` accepts it, and then logged and kept
+  in the checkpoint's lineage;
+* ``optim``: the optimiser's hyper-parameters (learning rate, its schedule, weight decay, the
+  gradient clip) are how the gradient becomes an update, tuned as a run goes: a difference is
+  accepted, logged as a warning and kept in the lineage. It takes effect: the rate's schedule and
+  the clip are built from the new config when the trainer is (only the schedule's step count is
+  restored), and a restore puts the new weight decay into the restored state
+  (:func:`~jaxrl_sym.rl.step.state.with_config_hyperparams`);
+* ``state``: the optimiser's rule (``--optimizer``) decides the structure of the optimiser state
+  a checkpoint holds (Adam's two moments, Lion's one, SGD's none), and a resume restores that
+  state into the new rule's: a difference is refused even with ``--resume-anyway``
+  (:class:`OptimizerStateMismatchError`), since no flag restarts the optimiser state;
+* ``execution``: how a step is computed, not what: a difference is accepted, logged as a
+  warning and kept in the lineage (a run that ran out of memory resumes with a smaller
+  ``--update-tokens``).
 
 A checkpoint written before the step's knobs were split into parts recorded them flat;
 :func:`~jaxrl_sym.rl.config.nest_hparams` reads it into the parts, so it compares knob by knob.
@@ -32,8 +43,9 @@ if TYPE_CHECKING:
     from jaxrl_sym.rl.run.checkpoint import Checkpointer
     from jaxrl_sym.rl.step.trainer import RLTrainer
 
-__all__ = ["FLAGS", "ResumeMismatchError", "defines_run", "flat_hparams", "hparam_diffs",
-           "hparams_of", "resume_checked", "run_hparams"]
+__all__ = ["FLAGS", "RULES", "STATE_KEYS", "OptimizerStateMismatchError", "ResumeMismatchError",
+           "defines_run", "flat_hparams", "hparam_diffs", "hparams_of", "resume_checked",
+           "resume_rule", "run_hparams"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +68,19 @@ FLAGS: dict[str, str] = {
 }
 
 
+STATE_KEYS: tuple[str, ...] = ("optimizer",)
+"""Optimiser knobs whose change makes the checkpoint's optimiser state unusable: the rule
+decides the state's structure (Adam's two moments, Lion's one, SGD's none), which the other
+knobs (rate, schedule, decay, clip) do not."""
+
+RULES: dict[str, str] = {
+    "run": "defines the run: refused unless --resume-anyway",
+    "state": "shapes the saved optimiser state: refused",
+    "optim": "the optimiser's hyper-parameters: taken from the resume on, with a warning",
+    "execution": "how a step is computed, not what: taken, with a warning",
+}
+"""What a resume does with a changed key of each rule (:func:`resume_rule`)."""
+
 _RUN_FIELDS = {f.name for f in fields(RunConfig)}
 
 
@@ -70,6 +95,23 @@ class ResumeMismatchError(CheckpointError):
             "(its params_sha256 would differ from an uninterrupted one). Pass the checkpoint's "
             "values to continue it, or add --resume-anyway (resume_anyway=True) to continue "
             "from its weights as a changed run.")
+        self.diffs = diffs
+
+
+class OptimizerStateMismatchError(ResumeMismatchError):
+    """``--resume`` with another optimiser rule than the checkpoint's: its saved optimiser state
+    has another structure than this rule's, and a resume restores it, so no flag continues the
+    run (``--resume-anyway`` neither: it accepts another trajectory, not another state)."""
+
+    def __init__(self, directory: str, step: int, diffs: list[tuple[str, Any, Any]]) -> None:
+        CheckpointError.__init__(
+            self, f"--checkpoint-dir {directory} (step {step}) was written with another "
+            f"optimiser: {describe(diffs)}. It cannot be resumed with this one: the "
+            "checkpoint's optimiser state is its rule's (Adam's two moments, Lion's one, "
+            "SGD's none...), a resume restores that state, and this rule's state has another "
+            "structure. --resume-anyway cannot change that (a resume never starts the "
+            "optimiser state anew). Resume with the checkpoint's value, or start a new run in "
+            "another --checkpoint-dir.")
         self.diffs = diffs
 
 
@@ -111,9 +153,20 @@ def flat_hparams(hparams: dict[str, Any]) -> dict[str, Any]:
             **{k: v for g in GROUPS for k, v in nested[g].items()}}
 
 
+def resume_rule(key: str) -> str:
+    """What a resume does with a change of the recorded ``key``: one of :data:`RULES`
+    (``state`` for :data:`STATE_KEYS`, the knob's part for the other optimiser and execution
+    knobs, else ``run``)."""
+    if key in STATE_KEYS:
+        return "state"
+    part = FIELD_GROUP.get(key)
+    return part if part in ("optim", "execution") else "run"
+
+
 def defines_run(key: str) -> bool:
-    """Whether a recorded key is part of the run's identity: all but the execution knobs."""
-    return FIELD_GROUP.get(key) != "execution"
+    """Whether a recorded key is part of the run's identity (a change is refused unless
+    ``--resume-anyway``): neither an optimiser nor an execution knob."""
+    return resume_rule(key) == "run"
 
 
 def _label(key: str) -> str:
@@ -126,46 +179,52 @@ def _label(key: str) -> str:
     return f"{flag} ({key})" if flag else f"config[{key!r}]"
 
 
-def hparam_diffs(saved: dict[str, Any], given: dict[str, Any], *, run_only: bool | None = None
+def hparam_diffs(saved: dict[str, Any], given: dict[str, Any], *, rule: str | None = None
                  ) -> list[tuple[str, Any, Any]]:
     """``(flag, checkpoint value, given value)`` for each setting both know and that differs
-    (a record flat or by part: :func:`flat_hparams`); ``run_only`` True: only those that
-    define the run (:func:`defines_run`), False: only the execution knobs.
+    (a record flat or by part: :func:`flat_hparams`); ``rule``: only the keys of that
+    :func:`resume_rule` (``run``, ``state``, ``optim``, ``execution``).
 
     A key only one side knows (a field added or removed by a library upgrade) is not a
     difference of the user's making, so it is not reported.
     """
     a, b = flat_hparams(saved), flat_hparams(given)
     return [(_label(k), a[k], b[k]) for k in sorted(set(a) & set(b))
-            if a[k] != b[k] and (run_only is None or defines_run(k) == run_only)]
+            if a[k] != b[k] and (rule is None or resume_rule(k) == rule)]
 
 
 def resume_checked(ckpt: Checkpointer, trainer: RLTrainer, meta: dict[str, Any], anyway: bool
                    ) -> tuple[int, list[tuple[str, Any, Any]], list[dict[str, Any]]]:
     """Restore the newest good checkpoint after comparing its hyper-parameters with this run's
-    (before any array is read). Returns the step, the differences taken (execution knobs, and
-    with ``anyway`` the run's own) and the lineage that later checkpoints carry (each change,
-    with its step)."""
+    (before any array is read). Returns the step, the differences taken (the run's own with
+    ``anyway``, then the optimiser's and the execution knobs) and the lineage that later
+    checkpoints carry (each change, with its step)."""
     found: dict[str, Any] = {}
 
     def check(saved: dict[str, Any]) -> None:
         old, new = saved.get("hparams", {}), meta["hparams"]
-        diffs = hparam_diffs(old, new, run_only=True)
-        if diffs and not anyway:
-            raise ResumeMismatchError(ckpt.directory, int(saved["step"]), diffs)
+        diffs = {rule: hparam_diffs(old, new, rule=rule) for rule in RULES}
+        if diffs["state"]:  # first: no flag resumes it, so naming the others would mislead
+            raise OptimizerStateMismatchError(ckpt.directory, int(saved["step"]),
+                                              diffs["state"])
+        if diffs["run"] and not anyway:
+            raise ResumeMismatchError(ckpt.directory, int(saved["step"]), diffs["run"])
         found["diffs"], found["lineage"] = diffs, list(saved.get("lineage", []))
-        found["how"] = hparam_diffs(old, new, run_only=False)
 
     saved = ckpt.restore(trainer, meta["fingerprint"], check_meta=check)
     step, diffs, lineage = int(saved["step"]), found["diffs"], found["lineage"]
-    if found["how"]:
-        log.warning("resuming %s at step %d with changed execution settings: %s (how a step is "
-                    "computed, not what: the same run up to float rounding)", ckpt.directory,
-                    step, describe(found["how"]))
-        lineage.append({"step": step, "execution": [list(d) for d in found["how"]]})
-    if diffs:
+    notes = {"optim": ("optimiser settings", "they apply from this step on, over the restored "
+                       "optimiser state; the trajectory is no longer the uninterrupted run's"),
+             "execution": ("execution settings", "how a step is computed, not what: the same "
+                           "run up to float rounding")}
+    for rule, (what, why) in notes.items():
+        if diffs[rule]:
+            log.warning("resuming %s at step %d with changed %s: %s (%s)", ckpt.directory,
+                        step, what, describe(diffs[rule]), why)
+            lineage.append({"step": step, rule: [list(d) for d in diffs[rule]]})
+    if diffs["run"]:
         log.warning("resuming %s at step %d with changed settings (--resume-anyway): %s; this "
                     "is no longer the run that was checkpointed", ckpt.directory, step,
-                    describe(diffs))
-        lineage.append({"step": step, "changed": [list(d) for d in diffs]})
-    return step, diffs + found["how"], lineage
+                    describe(diffs["run"]))
+        lineage.append({"step": step, "changed": [list(d) for d in diffs["run"]]})
+    return step, diffs["run"] + diffs["optim"] + diffs["execution"], lineage

@@ -176,7 +176,8 @@ def train_run(run: RunConfig, rl: dict[str, Any] | RLConfig,
     (greedy decoding of the final policy on ``eval_prompts`` held-out prompts; a function of the
     parameters alone, so an interrupted and resumed run reports the same value as an
     uninterrupted one), ``skipped_checkpoints`` (steps rejected on resume, with reasons),
-    ``changed_on_resume`` (settings that differ from the checkpoint's: execution knobs,
+    ``changed_on_resume`` (settings that differ from the checkpoint's: optimiser and execution
+    knobs, :class:`~jaxrl_sym.rl.knobs.OptimizerConfig` but its rule and
     :class:`~jaxrl_sym.rl.knobs.ExecutionConfig`, and any with ``resume_anyway``;
     :mod:`jaxrl_sym.rl.run.identity`), ``partial_left_rows`` (carried
     rows never trained; not checkpointed) and ``eval_source`` (a text run's: where the

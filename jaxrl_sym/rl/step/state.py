@@ -153,6 +153,25 @@ def current_lr(opt_state: Any) -> float | None:
     return None
 
 
+def with_config_hyperparams(restored: Any, fresh: Any) -> Any:
+    """The restored optimiser state ``restored`` with the plain hyper-parameters of ``fresh``
+    (a state this trainer's optimiser initialised: its config's).
+
+    Why: :func:`make_optimizer` injects its hyper-parameters into the state. The learning rate is
+    a schedule, recomputed from the restored step count at every update by the schedule the
+    trainer built from its config, so a rate changed on resume takes effect by itself; a plain
+    number (``weight_decay``, Adam's betas) is kept in the state as it was at ``init`` and read
+    back from it at every update, so a restore would bring the checkpoint's back. The moments
+    and counts stay the restored ones. A state without injected hyper-parameters is returned
+    as it is."""
+    hp = getattr(restored, "hyperparams", None)
+    scheduled = getattr(restored, "hyperparams_states", None)
+    if hp is None or scheduled is None:
+        return restored
+    own = {k: (v if k in scheduled else fresh.hyperparams[k]) for k, v in hp.items()}
+    return restored._replace(hyperparams=own)
+
+
 def init_state(lm: Any, cfg: AlgorithmConfig, tx: optax.GradientTransformation,
                vocab_size: int, reference: list[Any] | None = None,
                frozen: list[Any] | None = None) -> TrainState:
