@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import subprocess
 import sys
 from functools import cache
@@ -240,7 +241,9 @@ def test_train_help_shows_defaults(capsys) -> None:
         main(["train", "--help"])
     assert exit_.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "--steps STEPS (default: 400)" in out and "(default: grpo)" in out
+    # the flag's own help (from RunConfig's field) sits between the flag and its default
+    assert re.search(r"--steps STEPS [^-]*\(default: 400\)", out), out
+    assert "(default: grpo)" in out
 
 
 def test_preset_choices_match_the_model_presets() -> None:
