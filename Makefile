@@ -17,7 +17,8 @@ demo: setup
 # on their children, workers wait on I/O); measured on a 2-core machine, the whole suite took
 # 879 s with three against 1003 s with two (2026-11-26; 2026-11-28d, 1,365 tests: 2,512 s of
 # pytest, ~2,770 s with set-up, from a clean clone: over the 20-minute target; the 4k-token packed
-# update, the two-process sharding run, the learning run and the GPU plan's dry run lead).
+# update, the two-process sharding run, the learning run and the GPU plan's dry run lead;
+# 2026-11-29, with the oracle tests: 3,065 s on a machine busy with other work half the time).
 # Whole files go to one worker so module fixtures are built once. TEST_WORKERS=0 runs in one process.
 # --no-loadscope-reorder keeps tests/conftest.py's longest-files-first order: by default xdist
 # hands out files with the most tests first, which left the one-test 2-minute learning run and
