@@ -62,14 +62,15 @@ def digest(*arrays: Any) -> str:
 
 def generation() -> dict[str, Any]:
     """Sharded generation across processes gives the single-device tokens and log-probs:
-    7 prompts of ragged limits (an uneven row count, rounded up to the data axis), greedy and
-    sampled, stores split over devices that belong to different processes. On the Gemma-like
-    zoo model (soft-capped logits, its own layer layout), not the project's DecoderLM."""
+    7 prompts of ragged limits (an uneven row count, rounded up to the data axis), sampled on
+    the data x model mesh, stores split over devices that belong to different processes
+    (greedy and the other meshes: ``tests/sharding_checks.py``, 8 devices of one process). On
+    the Gemma-like zoo model (soft-capped logits, its own layer layout), not the DecoderLM."""
     model = GemmaishLM(GemmaishConfig(), rngs=nnx.Rngs(4 + 3))  # zoo(4)["gemmaish"], alone
     vocab = SymbolicLM(model).vocab_size
     prompts, limits = ragged_request(vocab, seed=13)
     out: dict[str, Any] = {}
-    for spec, temp in zip(meshes(), (0.0, 1.0), strict=True):
+    for spec, temp in ((meshes()[-1], 1.0),):  # (the data mesh: rl_step's sym layout)
         gen = GenerationConfig(max_new_tokens=limits, temperature=temp, seed=5, eos_id=None)
         options = EngineOptions(max_pad_fraction=1.0, compact_min_rows=1)
         lm = SymbolicLM(model, options, mesh=MeshConfig.parse(spec).build())
@@ -92,7 +93,7 @@ def rl_step() -> dict[str, Any]:
     """Loss and gradients of a trainer on the cross-process mesh equal one device's on the same
     samples: the sym layout on the data mesh, the padded one on the data x model mesh (every
     layout on every mesh is ``tests/sharding_checks.py``'s, on 8 devices of one process); then
-    full steps, and a checkpoint of the sharded state."""
+    a full step, and a checkpoint of the sharded state."""
     single = RLTrainer(init_model(MODEL, 0), TASK.reward, CFG)
     rollout = single.generate(TASK.sample(np.random.default_rng(0), 5), seed=3)  # 20 samples
     rewards = compute_rewards(TASK.reward, rollout.prompts, rollout.responses)
@@ -114,17 +115,16 @@ def rl_step() -> dict[str, Any]:
             assert abs(loss1 - loss2) <= 1e-5 and diff <= 1e-5, (spec, system, loss1, diff)
             res.update(loss_single=loss1, max_grad_diff=diff)
     assert tr is not None
-    for s in range(2):
-        metrics = tr.step(TASK.sample(np.random.default_rng(1 + s), 2), seed=4 + s)
-        assert np.isfinite(metrics["loss"])
-    Checkpointer(OUT / "ckpt").save(2, tr, {"fingerprint": fingerprint(tr)})
+    metrics = tr.step(TASK.sample(np.random.default_rng(1), 2), seed=4)  # Adam moments non-zero
+    assert np.isfinite(metrics["loss"])
+    Checkpointer(OUT / "ckpt").save(1, tr, {"fingerprint": fingerprint(tr)})
     out["saved"] = {"mesh": meshes()[-1], "params_sha256": params_sha256(tr.params),
                     "opt_sha256": params_sha256(tr.opt_state)}
     back = RLTrainer(init_model(MODEL, 1), TASK.reward, CFG, mesh=MeshConfig.parse(
         meshes()[0]).build())  # restored onto the other cross-process mesh
     Checkpointer(OUT / "ckpt", create=False).restore(back, fingerprint(back))
     assert params_sha256(back.params) == out["saved"]["params_sha256"]
-    assert back.steps_done == 2
+    assert back.steps_done == 1
     return out
 
 

@@ -135,7 +135,7 @@ def test_budget_refuses_a_program_over_it_naming_the_program() -> None:
 @pytest.mark.slow
 def test_sharded_generation_tokens_equal_single_device(eight_devices: dict[str, Any]) -> None:
     out = check(eight_devices, "generation")
-    assert set(out) == {"data=2,T=0.0", "data=8,T=1.0", "data=4,model=2,T=0.0"}
+    assert set(out) == {"data=8,T=1.0", "data=4,model=2,T=0.0"}
     for res in out.values():
         assert res["programs_with_split_stores"] >= 1 and res["weights_sharded"] >= 1
 
@@ -144,12 +144,12 @@ def test_sharded_generation_tokens_equal_single_device(eight_devices: dict[str, 
 def test_sharded_rl_step_loss_and_grads_equal_single_device(
         eight_devices: dict[str, Any]) -> None:
     out = check(eight_devices, "rl_step")
-    for key in ("data=8,sym", "data=8,padded", "data=4,model=2,sym", "data=4,model=2,padded"):
+    for key in ("data=8,padded", "data=4,model=2,sym"):
         assert out[key]["max_grad_diff"] <= 1e-5
         assert abs(out[key]["loss"] - out[key]["loss_single"]) <= 1e-5
         assert out[key]["kl"] > 1e-6  # the KL term is exercised
     # the rows were padded to a multiple of the data axis with empty rows
-    assert out["data=8,sym"]["rows_single_vs_mesh"][1] % 8 == 0
+    assert out["data=4,model=2,sym"]["rows_single_vs_mesh"][1] % 4 == 0
     assert out["data=8,padded"]["rows_single_vs_mesh"] == [20, 24]
 
 
@@ -215,7 +215,7 @@ def test_two_processes_generate_and_train_as_one_device_and_restore_on_one(
         assert p.returncode == 0, err[-4000:]
     out = json.loads((tmp_path / "result.json").read_text())
     assert (out["processes"], out["devices"], out["local_devices"]) == (2, 4, 2)
-    assert set(out["generation"]) == {"data=4,T=0.0", "data=2,model=2,T=1.0"}
+    assert set(out["generation"]) == {"data=2,model=2,T=1.0"}
     assert all(g["weights_across_processes"] > 0 for g in out["generation"].values())
     for key in ("data=4,sym", "data=2,model=2,padded"):
         assert out["rl_step"][key]["max_grad_diff"] <= 1e-5 and out["rl_step"][key]["kl"] > 1e-6
@@ -236,7 +236,7 @@ def test_two_processes_generate_and_train_as_one_device_and_restore_on_one(
     Checkpointer(tmp_path / "ckpt", create=False).restore(one, fingerprint(one))
     saved = out["rl_step"]["saved"]
     assert params_sha256(one.params) == saved["params_sha256"]
-    assert params_sha256(one.opt_state) == saved["opt_sha256"] and one.steps_done == 2
+    assert params_sha256(one.opt_state) == saved["opt_sha256"] and one.steps_done == 1
 
 
 def _cli(args: list[str], devices: int, **extra: str) -> subprocess.CompletedProcess[str]:
