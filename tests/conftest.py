@@ -105,6 +105,21 @@ def _share_compiles(request: pytest.FixtureRequest,
 
 
 @pytest.fixture
+def child_compile_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Environment variables that give a child process (a CLI run, a ``python -c`` child) the
+    persistent compilation cache of a ``share_compiles`` module, so a child that runs the
+    programs the test process or an earlier child compiled loads them instead of compiling them
+    again (most of a small training child's time). Empty outside such modules: there a child
+    compiles from scratch, as compile-counting tests need."""
+    if request.node.get_closest_marker("share_compiles") is None:
+        return {}
+    where = str(jax.config.jax_compilation_cache_dir)
+    return {"JAXRL_SYM_COMPILE_CACHE": where, "JAX_COMPILATION_CACHE_DIR": where,
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+@pytest.fixture
 def unwritable_dir(tmp_path: Path) -> Path:
     """A directory this process cannot create files in (as root, mode 0o555 does not stop
     writes, so pseudo filesystems are tried next); skips when there is none."""

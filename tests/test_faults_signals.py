@@ -57,13 +57,13 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> str:
         "params_sha256"]
 
 
-def _interrupt(tmp: Path, sig: int, every: int, delay: float, twice: bool
-               ) -> tuple[int, str, Path]:
+def _interrupt(tmp: Path, sig: int, every: int, delay: float, twice: bool,
+               cache_env: dict[str, str]) -> tuple[int, str, Path]:
     """Start a checkpointed run, wait for its first metrics line, then ``delay`` seconds,
     then send ``sig`` (again at once when ``twice``). Returns (exit code, stderr, run dir)."""
     d, m = tmp / "run", tmp / "m.jsonl"
     code = _CHILD.format(tests=str(Path(__file__).parent), d=str(d), m=str(m), every=every)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **cache_env}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 300
@@ -81,14 +81,17 @@ def _interrupt(tmp: Path, sig: int, every: int, delay: float, twice: bool
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_at_a_random_moment_saves_and_resume_matches_the_uninterrupted_run(
-        sig: int, uninterrupted: str, tmp_path: Path) -> None:
+        sig: int, uninterrupted: str, tmp_path: Path, child_compile_env: dict[str, str]
+) -> None:
     rng = np.random.default_rng(int(sig))
+    interrupted = 0
     for trial in range(TRIALS):
         # every=0: only the end would be saved, so the interruption's save is the only one
         every, twice = int(rng.choice([0, 3])), bool(trial % 2)
         tmp = tmp_path / str(trial)
         tmp.mkdir()
-        rc, err, d = _interrupt(tmp, sig, every, float(rng.uniform(0, 1.0)), twice)
+        rc, err, d = _interrupt(tmp, sig, every, float(rng.uniform(0, 0.5)), twice,
+                               child_compile_env)
         done = (tmp / "m.jsonl").read_text().count("\n") == STEPS
         if done and rc in (0, -sig):  # the run ended (and saved) before the signal landed
             continue
@@ -104,6 +107,10 @@ def test_signal_at_a_random_moment_saves_and_resume_matches_the_uninterrupted_ru
                     checkpoint_every=every, resume=True, keep=100, **RUN)
         assert out["resumed_from"] == step
         assert out["params_sha256"] == uninterrupted, (trial, every, twice, step)
+        interrupted += 1
+    # not vacuous: the children load their programs from the module's compile cache, so a
+    # step takes ~0.1 s and 16 outlast the signal's delay of at most 0.5 s after the first
+    assert interrupted >= 1, "every run ended before its signal: nothing was interrupted"
 
 
 def test_a_second_run_on_a_locked_directory_is_refused_naming_the_holder(tmp_path: Path
@@ -137,7 +144,9 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1],
                          ids=["SIGTERM", "SIGHUP", "SIGUSR1"])
-def test_cli_signal_is_one_line_and_exit_128_plus_signal(tmp_path: Path, sig: int) -> None:
+def test_cli_signal_is_one_line_and_exit_128_plus_signal(tmp_path: Path, sig: int,
+                                                         child_compile_env: dict[str, str]
+                                                         ) -> None:
     """The command line as a scheduler (SIGTERM, Slurm's SIGUSR1 notice) or a closed terminal
     (SIGHUP) sees it: one line naming the checkpoint, exit code 128 + signal, no traceback;
     --resume continues from the step it names."""
@@ -145,7 +154,8 @@ def test_cli_signal_is_one_line_and_exit_128_plus_signal(tmp_path: Path, sig: in
     cmd = [sys.executable, "-m", "jaxrl_sym.cli", "train", "--task", "reverse", "--steps", "40",
            "--prompts", "2", "--group", "2", "--max-digits", "2", "--eval-prompts", "0",
            "--checkpoint-dir", str(d), "--metrics", str(m), "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **child_compile_env})
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and not (
             m.exists() and m.read_text().count("\n") >= 2):
