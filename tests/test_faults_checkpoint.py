@@ -384,7 +384,7 @@ train("grpo", "reverse", steps={steps}, seed=SEED, checkpoint_dir={d!r}, checkpo
 
 
 def test_sigkill_during_saves_resumes_to_the_uninterrupted_run(
-        finished: tuple[Path, str], tmp_path: Path) -> None:
+        finished: tuple[Path, str], tmp_path: Path, child_compile_env: dict[str, str]) -> None:
     """A training process killed with SIGKILL while it writes checkpoints (every step) loses at
     most the step being written: resume skips any half-written step and the run ends with the
     digest of the uninterrupted run."""
@@ -396,7 +396,7 @@ def test_sigkill_during_saves_resumes_to_the_uninterrupted_run(
     d = tmp_path / "run"
     code = _CHILD.format(tests=str(Path(__file__).parent), steps=STEPS, d=str(d))
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env={**os.environ, **child_compile_env})
     deadline = time.time() + 300
     try:  # kill as soon as a save of step >= 2 is under way (or the second step dir appears)
         while time.time() < deadline and proc.poll() is None:
