@@ -80,8 +80,9 @@ def test_blocks_give_the_references_gradients(seed: int, t: int, queries: int) -
                           softcap=0.0) * w)
 
     blocked = lambda *a, **kw: bounded_reference(*a, **kw, budget=4 * 2 * 4 * t * queries)
-    got = jax.grad(lambda *a: loss(blocked, *a), argnums=(0, 1, 2))(q, k, v)
-    want = jax.grad(lambda *a: loss(reference_attention, *a), argnums=(0, 1, 2))(q, k, v)
+    got = jax.jit(jax.grad(lambda *a: loss(blocked, *a), argnums=(0, 1, 2)))(q, k, v)
+    want = jax.jit(jax.grad(lambda *a: loss(reference_attention, *a), argnums=(0, 1, 2)))(
+        q, k, v)
     for g_, w_ in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g_), np.asarray(w_), rtol=1e-4, atol=1e-5)
 

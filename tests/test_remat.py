@@ -47,7 +47,7 @@ def test_loss_and_gradients_equal_the_plain_model(layers: int, rows: int, length
     tokens = jnp.asarray(rng.integers(0, 64, (rows, length)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (rows, length))
     targets = jnp.asarray(rng.integers(0, 64, (rows, length)), jnp.int32)
-    want = jax.value_and_grad(loss)(leaves, tokens, positions, targets)
+    want = jax.jit(jax.value_and_grad(loss))(leaves, tokens, positions, targets)
     got = jax.jit(jax.value_and_grad(remat_between_attention(loss)))(
         leaves, tokens, positions, targets)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
@@ -73,7 +73,7 @@ def test_zoo_models_gradients(name: str) -> None:
     loss, leaves = _loss(zoo.zoo()[name])
     t = jnp.asarray(np.arange(12).reshape(2, 6) % 7, jnp.int32)
     p = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
-    want = jax.grad(loss)(leaves, t, p, t)
+    want = jax.jit(jax.grad(loss))(leaves, t, p, t)
     got = jax.jit(jax.grad(remat_between_attention(loss)))(leaves, t, p, t)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6)

@@ -134,7 +134,7 @@ def test_filler_rows_and_micro_batches_keep_the_plain_models_loss_and_gradients(
         return -sum(a * jnp.sum(lp) for a, lp in zip(adv, lps, strict=True)) / sum(
             len(r) for r in rollout.responses)
 
-    want = jax.tree_util.tree_leaves(jax.grad(objective)(params))
+    want = jax.tree_util.tree_leaves(jax.jit(jax.grad(objective))(params))
     trainer = RLTrainer(init_model(MODEL, 0), lambda p, r: 0.0, cfg)
     layout, arrays = trainer.prepare(rollout, rewards)
     chunks = stages.micro_batches(cfg.execution, layout, arrays)
