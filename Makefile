@@ -20,7 +20,7 @@ demo: setup
 # update, the two-process sharding run, the learning run and the GPU plan's dry run lead;
 # 2026-11-29, with the oracle tests: 3,065 s on a machine busy with other work half the time;
 # 2026-11-29b, clean clones, nothing else running: 2,476 s of pytest at 8b39cef and 2,694 s at
-# babac95 after cuts worth ~5% of the summed test time: run-to-run noise on this machine is
+# babac95 after cuts estimated (from solo runs) at ~5% of the summed test time: run-to-run noise is
 # ~10%, and ~89% of a test's time is tracing and compiling programs no other test shares).
 # Whole files go to one worker so module fixtures are built once. TEST_WORKERS=0 runs in one process.
 # --no-loadscope-reorder keeps tests/conftest.py's longest-files-first order: by default xdist
