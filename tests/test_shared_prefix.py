@@ -84,10 +84,32 @@ def test_groups_share_their_prompt_once_per_row() -> None:
     assert tight.useful_tokens > lay.useful_tokens
 
 
-def test_rows_too_long_for_segment_ids_are_refused() -> None:
-    prompts, responses = _samples([(3, [2, 2])], 0)
-    with pytest.raises(InputError, match="share_prompts=False"):
-        shared_prefix_layout(prompts, responses, row_len=1 << 15)
+def test_rows_with_more_segments_than_ids_encode_are_refused() -> None:
+    # 10,923 groups of 3 one-token responses behind 2-token prompts (equal prompts merge
+    # groups): more than 32,767 segments, all in one row
+    groups = 10_923
+    prompts, responses = _samples([(2, [1, 1, 1])] * groups, 0)
+    with pytest.raises(InputError,
+                       match=r"row would hold \d{5} sequences.*at most 32767.*share_prompts"):
+        shared_prefix_layout(prompts, responses, row_len=7 * groups)
+
+
+def test_a_reasoning_length_row_past_32k_slots_shares_its_prompt() -> None:
+    """A 34,816-slot row (cap 32k: the row that broke the cap-32k projection) holds a few
+    segments; every response slot still sees exactly its own prompt and response prefix."""
+    rng = np.random.default_rng(3)
+    p = rng.integers(1, 50, size=40, dtype=np.int32)
+    responses = [rng.integers(1, 50, size=n, dtype=np.int32) for n in (33_000, 900, 17)]
+    lay = shared_prefix_layout([p] * 3, responses)
+    tokens, pos, segs = lay.inputs
+    assert lay.shape[1] > (1 << 15) and lay.shape[0] == 1
+    assert lay.useful_tokens == 39 + sum(1 + len(r) for r in responses)  # one prompt copy
+    for (row, first, n), r in zip(lay.spans, responses, strict=True):
+        np.testing.assert_array_equal(lay.targets[row, first:first + n], r)
+        for j in (0, n // 2, n - 1):  # slot first + j predicts r[j] from prompt + r[:j]
+            keys = _visible(segs[row], pos[row], first + j)
+            keys = keys[np.argsort(pos[row, keys])]
+            np.testing.assert_array_equal(tokens[row, keys], np.concatenate([p, r[:j]]))
 
 
 MODELS = {

@@ -141,9 +141,11 @@ def packed_layout(
                   sum(len(s) for s in seqs))
 
 
-MAX_SHARED_ROW = (1 << 15) - 2
-"""Longest row of a shared-prompt layout: every segment id of a row is below its length, and
-:func:`~jaxrl_sym.ops.attention.child_segment` takes parents below 2**15 - 1."""
+MAX_SHARED_SEGMENTS = (1 << 15) - 1
+"""Most sequences (parents and members) one shared-prompt row may hold: a row numbers its
+segments from 0 and :func:`~jaxrl_sym.ops.attention.child_segment` takes parents below
+2**15 - 1. The row's length is not bounded: a reasoning-length row of 34,816 slots holds a
+handful of segments (it was refused while the bound was on the length, issue 47)."""
 
 
 def shared_prefix_layout(
@@ -169,10 +171,6 @@ def shared_prefix_layout(
     _check(prompts, responses)
     longest = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
     row_len = _row_len(longest, row_len)
-    if row_len > MAX_SHARED_ROW:
-        raise InputError(f"pack_row_len={row_len}: shared-prompt rows hold at most "
-                         f"{MAX_SHARED_ROW} slots (a segment id encodes its parent's); lower "
-                         "it or set ExecutionConfig.share_prompts=False (--no-share-prompts)")
     units = sorted(_units(prompts, responses, row_len),
                    key=lambda u: -_unit_len(u, prompts, responses))
     fill: list[int] = []  # first-fit decreasing, as PackedBatch.build
@@ -183,6 +181,7 @@ def shared_prefix_layout(
         fill.extend([0] * (r == len(fill)))
         where.append(r)
         fill[r] += n
+    _check_segments(units, where, row_len)
     rows = length_bucket(len(fill), per_octave=16, minimum=1)
     tokens, positions, segs, spans = _write_units(units, where, (rows, row_len), prompts,
                                                   responses)
@@ -190,6 +189,18 @@ def shared_prefix_layout(
     for (r, s, n), resp in zip(spans, responses, strict=True):
         targets[r, s:s + n] = resp
     return Layout(None, (tokens, positions, segs), targets, tuple(spans), sum(fill))
+
+
+def _check_segments(units: list[list[int]], where: list[int], row_len: int) -> None:
+    """Refuse a packing whose row holds more segments than a segment id encodes."""
+    count = [0] * (max(where, default=0) + 1)
+    for members, r in zip(units, where, strict=True):
+        count[r] += len(members) + (len(members) > 1)  # its members, and their parent
+    if max(count) > MAX_SHARED_SEGMENTS:
+        raise InputError(f"pack_row_len={row_len}: a shared-prompt row would hold {max(count)} "
+                         f"sequences, and its segment ids encode at most {MAX_SHARED_SEGMENTS} "
+                         "(each encodes its parent's); lower it or set "
+                         "ExecutionConfig.share_prompts=False (--no-share-prompts)")
 
 
 def _write_units(units: list[list[int]], where: list[int], shape: tuple[int, int],
