@@ -113,10 +113,11 @@ def child_compile_env(request: pytest.FixtureRequest) -> dict[str, str]:
     compiles from scratch, as compile-counting tests need."""
     if request.node.get_closest_marker("share_compiles") is None:
         return {}
-    where = str(jax.config.jax_compilation_cache_dir)
-    return {"JAXRL_SYM_COMPILE_CACHE": where, "JAX_COMPILATION_CACHE_DIR": where,
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    from jaxrl_sym import compile_cache
+
+    env = {compile_cache.ENV: str(jax.config.jax_compilation_cache_dir)}
+    compile_cache.configure_environment(env)  # the library's own variables and thresholds
+    return env
 
 
 @pytest.fixture
