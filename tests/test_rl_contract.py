@@ -63,7 +63,41 @@ def test_ppo_on_a_gpt2_like_model() -> None:
 
 
 def test_a_training_step_runs_on_both_systems() -> None:
+    """Each system takes a step; given the same prompts and seed they sample the same tokens
+    (the step's ``responses_sha256``), and a different seed samples others."""
+    digests = {}
     for system in ("sym", "padded"):
         trainer = RLTrainer(_model(1), TASK.reward, CFG, system=system)
         m = trainer.step(TASK.sample(np.random.default_rng(2), 2), seed=3)
         assert np.isfinite(m["loss"]) and trainer.steps_done == 1
+        digests[system] = m["responses_sha256"]
+    assert digests["sym"] == digests["padded"]
+    other = trainer.step(TASK.sample(np.random.default_rng(2), 2), seed=4)
+    assert other["responses_sha256"] != digests["padded"]
+
+
+def test_the_responses_digest_is_of_the_tokens_and_their_split() -> None:
+    """``Rollout.responses_sha256`` against hashlib over the tokens as the test lays them out:
+    one changed token, or a token moved from one response to the next, changes it; the dtype
+    the tokens came in does not."""
+    import hashlib
+
+    from jaxrl_sym.rl.step.rollout import Rollout
+
+    def digest(responses: list[list[int]]) -> str:
+        h = hashlib.sha256()
+        for r in responses:
+            h.update(len(r).to_bytes(8, "little", signed=True))
+            h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in r))
+        return h.hexdigest()
+
+    def rollout(responses: list[list[int]], dtype: type = np.int32) -> Rollout:
+        return Rollout([np.zeros(1, np.int32)] * len(responses),
+                       [np.asarray(r, dtype) for r in responses],
+                       [np.zeros(len(r), np.float32) for r in responses], group_size=1)
+
+    base = [[5, 6, 7], [8], []]
+    assert rollout(base).responses_sha256 == digest(base)
+    assert rollout(base, np.int64).responses_sha256 == digest(base)
+    for other in ([[5, 6, 9], [8], []], [[5, 6], [7, 8], []], [[5, 6, 7], [], [8]]):
+        assert rollout(other).responses_sha256 == digest(other) != digest(base)

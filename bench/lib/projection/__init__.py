@@ -177,7 +177,7 @@ def measure_step(args: Namespace, trainer: Any) -> dict[str, Any]:
         m = trainer.step(prompts, seed=2, limits=limits)
     return {"rss_before": s.before, "rss_peak": s.peak, "rise": s.rise,
             "seconds": m["seconds"], "compiles": m["compiles"],
-            "layout_shape": m["layout_shape"]}
+            "layout_shape": m["layout_shape"], "responses_sha256": m["responses_sha256"]}
 
 
 def roofline(row: dict[str, Any], dev: dict[str, Any]) -> dict[str, Any]:
@@ -301,14 +301,21 @@ def _measured(report: dict[str, Any]) -> list[str]:
         return []
     out = ["", "Ledger vs this machine (RSS rise during the measured step vs the ledger's peak "
                 "minus the state held before it):", "",
-           "| system | ledger transient GB | measured rise GB | ledger ÷ measured |",
-           "|---|---:|---:|---:|"]
+           "| system | ledger transient GB | measured rise GB | ledger ÷ measured "
+           "| RSS peak GB | step s | responses sha256 |",
+           "|---|---:|---:|---:|---:|---:|---|"]
     for name, r in rows:
-        pk = r["ledger"]["peak"]
+        pk, m = r["ledger"]["peak"], r["measured"]
         transient = pk["total"] - sum(pk["by_kind"].get(k, 0) for k in _STATE)
-        rise = r["measured"]["rise"]
+        rise = m["rise"]
         out.append(f"| {name} | {transient / GB:.3f} | {rise / GB:.3f} | "
-                   f"{transient / rise if rise else float('nan'):.2f} |")
+                   f"{transient / rise if rise else float('nan'):.2f} | "
+                   f"{m['rss_peak'] / GB:.3f} | {m['seconds']['total']:.1f} | "
+                   f"{m.get('responses_sha256', '-')[:12]} |")
+    digests = {r["measured"].get("responses_sha256") for _, r in rows}
+    if len(rows) > 1 and None not in digests:
+        out += ["", "Same tokens on every system (same prompts and seed): "
+                + ("**yes**" if len(digests) == 1 else "**NO**")]
     return out
 
 

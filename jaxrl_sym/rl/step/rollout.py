@@ -7,6 +7,7 @@ computed on the host from exact token arrays either way.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -40,6 +41,18 @@ class Rollout:
     @property
     def useful_tokens(self) -> int:
         return int(sum(len(p) + len(r) for p, r in zip(self.prompts, self.responses, strict=True)))
+
+    @property
+    def responses_sha256(self) -> str:
+        """A digest of every response's tokens, in order, each with its length. Why: two systems
+        (or two runs) given the same prompts and seed must sample the same tokens; comparing
+        digests checks that without keeping or shipping the tokens."""
+        h = hashlib.sha256()
+        for r in self.responses:
+            a = np.asarray(r, np.int64)
+            h.update(np.int64(a.size).tobytes())
+            h.update(a.tobytes())
+        return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -417,6 +417,7 @@ def metrics(ctx: StepContext, state: TrainState, rollout: Rollout, layout: Layou
         "response_len_max": int(max(lengths)),
         "samples": len(lengths),
         "generated_tokens": int(sum(lengths)),
+        "responses_sha256": rollout.responses_sha256,  # same prompts + seed: same on every system
         "useful_tokens": useful,
         "useful_tokens_per_s": useful / sec["total"],
         "padding_fraction": layout.padding_fraction,
