@@ -81,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=presets.at_least(1), default=None,
                    help="prompts per step (the preset's otherwise)")
     p.add_argument("--group", type=presets.at_least(2), default=None, help="samples per prompt")
+    p.add_argument("--seed", type=presets.at_least(0), default=None,
+                   help="the workload's draw: prompts and response lengths (the preset's: 0)")
     p.add_argument("--cap", type=presets.at_least(16), default=None,
                    help="the reasoning-length workload at this response cap instead of "
                         "rlft_step's (jaxrl_sym.workloads.reasoning: log-normal responses, "
