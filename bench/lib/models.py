@@ -56,7 +56,9 @@ def build(name: str, seed: int = 0, attention: str | None = None) -> Any:
     import zoo
 
     if name == "zoo-gpt2":
-        cfg = zoo.GPTConfig(vocab=512, n_embd=128, n_head=4, n_layer=4, block_size=4096)
+        # 16,384 learned positions: reasoning-length steps (bench/results/cpu/reasoning_measured)
+        # run a 510-token prompt plus a 4,096-token response, past a 4,096-slot table
+        cfg = zoo.GPTConfig(vocab=512, n_embd=128, n_head=4, n_layer=4, block_size=16384)
         return zoo.GPT2Like(cfg, rngs=nnx.Rngs(seed))
     cfg = zoo.GemmaishConfig(num_embed=1024, embed_dim=128, num_heads=4, num_kv_heads=1,
                              head_dim=64, hidden_dim=512, sliding_window_size=64)
