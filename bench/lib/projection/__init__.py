@@ -315,7 +315,9 @@ def _measured(report: dict[str, Any]) -> list[str]:
     digests = {r["measured"].get("responses_sha256") for _, r in rows}
     if len(rows) > 1 and None not in digests:
         out += ["", "Same tokens on every system (same prompts and seed): "
-                + ("**yes**" if len(digests) == 1 else "**NO**")]
+                + ("**yes**" if len(digests) == 1 else
+                   "**no** (a sampling near-tie tips one token and its sample's continuation; "
+                   "compare the samples to tell it from a bug)")]
     return out
 
 

@@ -45,8 +45,9 @@ class Rollout:
     @property
     def responses_sha256(self) -> str:
         """A digest of every response's tokens, in order, each with its length. Why: two systems
-        (or two runs) given the same prompts and seed must sample the same tokens; comparing
-        digests checks that without keeping or shipping the tokens."""
+        (or two runs) given the same prompts and seed sample the same tokens, up to a sampling
+        near-tie that float summation order can tip (``bench/results/cpu/reasoning_measured/``);
+        comparing digests checks that without keeping or shipping the tokens."""
         h = hashlib.sha256()
         for r in self.responses:
             a = np.asarray(r, np.int64)
