@@ -32,12 +32,13 @@ class InputError(SymError):
     """A runtime input (prompt, limit, dtype, shape) is invalid."""
 
 
-def source_line(eqn: object) -> str:
+def source_line(eqn: object, *, installed: bool = True) -> str:
     """Best-effort 'file:line (function)' of the user code that produced a jaxpr equation.
 
     JAX's own frames are skipped, and so are this library's op layer (``jaxrl_sym/ops/``): for
     the attention primitive the innermost non-JAX frame is ``attend`` itself, and the user needs
-    the line in their model that called it.
+    the line in their model that called it. ``installed=False`` also skips installed packages
+    (``site-packages``: Flax's ``Embed``), for a message about the model's own line.
     """
     try:
         import os
@@ -47,7 +48,8 @@ def source_line(eqn: object) -> str:
         ops_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops") + os.sep
         si = eqn.source_info  # type: ignore[attr-defined]
         for frame in source_info_util.user_frames(si.traceback):
-            if not os.path.abspath(frame.file_name).startswith(ops_dir):
+            path = os.path.abspath(frame.file_name)
+            if not path.startswith(ops_dir) and (installed or "site-packages" not in path):
                 return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
         return "<unknown source>"
     except Exception:  # pragma: no cover - defensive: never fail while building an error

@@ -84,7 +84,8 @@ class SymbolicLM:
                  mesh: Any = None) -> None:
         self.options = engine_options(options)
         resolve_backend(self.options.backend)  # refused before any tracing
-        check_model(model)  # the contract, stated, before any symbolic-shape tracing
+        # the contract, stated, before any symbolic-shape tracing
+        self.model_name = check_model(model).name
         self.program, self.graphdef, state = trace_model(model)
         self.plan: GenerationPlan = self._compile(mesh)
         self.cache = ProgramCache()
@@ -214,6 +215,8 @@ class SymbolicLM:
         """
         prompts = validate_prompts(prompts, self.vocab_size, cfg)
         limits = row_limits(cfg, len(prompts))
+        if self.program.position_limit is not None:  # a table read by position: refuse overruns
+            self.program.position_limit.check(self.model_name, [len(p) for p in prompts], limits)
         meter = MemoryMeter()
         out = Outputs([[] for _ in prompts], [[] for _ in prompts],
                       [[] for _ in prompts] if cfg.return_logits else None,

@@ -22,7 +22,7 @@ from jaxrl_sym.baselines.padded import padded_forward, padded_generate
 from jaxrl_sym.baselines.padded_ledger import padded_ledger
 from jaxrl_sym.baselines.padded_speculative import padded_speculative_generate
 from jaxrl_sym.errors import InputError
-from jaxrl_sym.generation import GenerationConfig, GenerationResult
+from jaxrl_sym.generation import GenerationConfig, GenerationResult, row_limits
 from jaxrl_sym.runtime.memory.estimate import Estimate, estimate_padded
 from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger
 from jaxrl_sym.systems.bound import block_work, max_limit
@@ -31,6 +31,7 @@ from jaxrl_sym.systems.layout import Layout, padded_layout
 from jaxrl_sym.systems.spec import BindOptions, SystemSpec
 from jaxrl_sym.systems.sym import check_draft
 from jaxrl_sym.systems.trainable import TrainableSystem, TrainBound
+from jaxrl_sym.tracer.trace import model_position_limit
 
 NO_DRAFT_MODEL = "none: the padded baseline has no draft model (plain decoding)"
 
@@ -63,6 +64,7 @@ class PaddedBound(TrainBound):
     comparison against sym's draft model still runs."""
 
     def generate(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig) -> GenerationResult:
+        self._check_positions(prompts, cfg)
         k, draft = self.options.speculate, self.options.draft
         if k and isinstance(draft, str):
             return padded_speculative_generate(self.model, prompts, cfg, speculate=k)
@@ -70,6 +72,16 @@ class PaddedBound(TrainBound):
         if k:
             res.stats["draft"] = NO_DRAFT_MODEL
         return res
+
+    def _check_positions(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig) -> None:
+        """Refuse rows that would read past the model's position table, as sym's engine does
+        (read once per bound model: the table's extent does not change with the weights)."""
+        if not hasattr(self, "_position_limit"):
+            self._position_limit = model_position_limit(self.model)
+        if self._position_limit is not None:
+            lens = [len(np.asarray(p).reshape(-1)) for p in prompts]
+            self._position_limit.check(type(self.model).__qualname__, lens,
+                                       row_limits(cfg, len(lens)))
 
     def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
         return estimate_padded(self.model, len(prompt_lens), int(max(prompt_lens)),

@@ -27,6 +27,7 @@ from jaxrl_sym.ops.attention import Pattern
 from jaxrl_sym.pdg.ir import PDG, Edge, Node
 from jaxrl_sym.symbols import IndexExpr, Point, Range, SymbolTable
 from jaxrl_sym.tracer.flatten import attention_eqns, call_body, flatten
+from jaxrl_sym.tracer.position_limit import PositionLimit, position_limit
 from jaxrl_sym.tracer.rules import EqnView, check_equation
 from jaxrl_sym.tracer.static_slice import as_slice, fold
 
@@ -272,6 +273,8 @@ class TracedProgram:
     consts: tuple[tuple[int, Any], ...]  # (node id, value) for captured constants
     bindings: tuple[tuple[str, int], ...]  # pattern symbols (w, b, …) -> values
     patterns: tuple[Pattern, ...]
+    # how far the model's position tables reach (None: none read by position, e.g. RoPE)
+    position_limit: PositionLimit | None = None
 
     @property
     def binding_dict(self) -> dict[str, int]:
@@ -328,6 +331,9 @@ def trace_function(
     # Loops over layers become one attention equation per layer; the patterns are read from
     # those equations (the model declares nothing).
     closed = flatten(closed)
+    roles = [s.role for s in seq_inputs]
+    limit = (position_limit(closed, len(leaves) + roles.index("positions"))
+             if "positions" in roles else None)
     found = tuple(dict.fromkeys(e.params["pattern"] for e in attention_eqns(closed.jaxpr)))
     patterns = tuple(dict.fromkeys((*found, *(patterns or ()))))
     table, ranges = _base_table(patterns)
@@ -352,7 +358,18 @@ def trace_function(
         outputs.append(ref[0])
     pdg = PDG(tuple(b.nodes), tuple(b.edges), table, tuple(inputs), tuple(outputs), DOMAIN)
     return TracedProgram(pdg, treedef, tuple(b.consts.items()),
-                         tuple(pattern_bindings(table, patterns).items()), tuple(patterns))
+                         tuple(pattern_bindings(table, patterns).items()), tuple(patterns), limit)
+
+
+MODEL_INPUTS = (SeqInput("tokens", "B, T"), SeqInput("positions", "B, T"),
+                SeqInput("segment_ids", "B, T"))
+
+
+def _model_fn(graphdef: Any) -> Callable[..., Any]:
+    def fn(st: Any, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> Any:
+        return nnx.merge(graphdef, st)(tokens, positions, segment_ids)
+
+    return fn
 
 
 def trace_model(model: nnx.Module) -> tuple[TracedProgram, Any, Any]:
@@ -362,13 +379,15 @@ def trace_model(model: nnx.Module) -> tuple[TracedProgram, Any, Any]:
     feeds, so training can swap in new parameters without re-tracing.
     """
     graphdef, state = nnx.split(model)
-
-    def fn(st: Any, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array) -> Any:
-        return nnx.merge(graphdef, st)(tokens, positions, segment_ids)
-
-    prog = trace_function(
-        fn, state,
-        [SeqInput("tokens", "B, T"), SeqInput("positions", "B, T"),
-         SeqInput("segment_ids", "B, T")],
-    )
+    prog = trace_function(_model_fn(graphdef), state, MODEL_INPUTS)
     return prog, graphdef, state
+
+
+def model_position_limit(model: nnx.Module) -> PositionLimit | None:
+    """How far ``model``'s position tables reach (:mod:`jaxrl_sym.tracer.position_limit`), for
+    a system that runs the model without the PDG (the padded baseline). Traces, compiles
+    nothing."""
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    closed = flatten(_symbolic_jaxpr(_model_fn(graphdef), leaves, treedef, MODEL_INPUTS))
+    return position_limit(closed, len(leaves) + 1)
