@@ -128,6 +128,11 @@ class Analysed:
     def cost_analysis(self) -> Any:
         return self.here.cost_analysis()
 
+    def runtime_executable(self) -> Any:
+        """This machine's executable: its optimised modules go with its counts (the loops
+        :func:`~jaxrl_sym.runtime.memory.loop_cost.loop_aware_cost` counts)."""
+        return self.here.runtime_executable()
+
 
 def compiler(target: str) -> Any:
     """``compiler(build)`` for the ledgers (:func:`jaxrl_sym.rl.step.ledger.step_ledger`,

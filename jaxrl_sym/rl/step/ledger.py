@@ -159,7 +159,7 @@ def _here(build: Build) -> Any:
 
 def _compile(compiler: Compiler, name: str, fn: Any, held_bytes: int, *args: Any
              ) -> ProgramSize:
-    size = ProgramSize.of(name, compiler(Build(fn, args)))
+    size = ProgramSize.of(name, compiler(Build(fn, args)), loops=True)
     return size.with_batch(max(0, size.args - held_bytes))
 
 

@@ -25,6 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_sym.runtime.memory.loop_cost import loop_aware_cost
+
 KINDS = ("weights", "optimizer", "reference", "gradients", "store", "batch", "program_args",
          "program_temp", "program_out", "queued", "host")
 """What a buffer is, for grouping a peak into the terms a user can act on."""
@@ -63,11 +65,18 @@ class ProgramSize:
     batch: int = 0  # argument bytes that are this call's own (the rest the caller holds)
 
     @staticmethod
-    def of(name: str, compiled: Any) -> ProgramSize:
-        """Read a compiled executable's analyses (``jax.stages.Compiled``)."""
+    def of(name: str, compiled: Any, *, loops: bool = False) -> ProgramSize:
+        """Read a compiled executable's analyses (``jax.stages.Compiled``). ``loops``: count
+        each loop XLA proved a trip count for that many times
+        (:func:`~jaxrl_sym.runtime.memory.loop_cost.loop_aware_cost`); without it a loop body
+        counts once, as XLA counts it (the generation ledger multiplies a decode tile's one
+        step by the steps each dispatch ran)."""
         ma = compiled.memory_analysis()
-        ca = compiled.cost_analysis()
-        ca = ca[0] if isinstance(ca, list | tuple) else (ca or {})
+        if loops:
+            ca = loop_aware_cost(compiled)
+        else:
+            ca = compiled.cost_analysis()
+            ca = ca[0] if isinstance(ca, list | tuple) else (ca or {})
         return ProgramSize(name, int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes),
                            int(ma.alias_size_in_bytes), int(ma.temp_size_in_bytes),
                            float(ca.get("flops", 0.0)), float(ca.get("bytes accessed", 0.0)))
