@@ -398,7 +398,7 @@ def test_store_capacities_stay_within_one_and_a_half_of_what_they_hold(n, need, 
 @given(n=st.integers(1, 1 << 17), m=st.integers(1, 1 << 17))
 def test_packed_row_len_is_a_monotone_tight_grid(n, m) -> None:
     """The packed training row above ``n`` tokens: at least 64 and ``n``, monotone, at most
-    1/4 over ``n`` up to 8k (four steps an octave, as before) and 1/16 above (the finer grid a
+    1/4 over ``n`` up to 4k (four steps an octave, as before) and 1/16 above (the finer grid a
     reasoning-length update needs: 16,826 tokens get 17,408 slots, not 20,480), and few
     distinct lengths an octave — the programs a run may compile."""
     from jaxrl_sym.runtime.policy import FINE_ROW_FROM, packed_row_len
@@ -415,9 +415,10 @@ def test_packed_row_len_is_a_monotone_tight_grid(n, m) -> None:
 
 def test_packed_row_len_at_reasoning_and_1k_lengths() -> None:
     """The 1k workloads keep their rows (the quarter-octave grid); cap 16,384's longest
-    sample (16,826 tokens) gets 17,408 slots."""
+    sample (16,826 tokens) gets 17,408 slots, cap 4,096's (4,606) 4,608, not 5,120."""
     from jaxrl_sym.runtime.policy import length_bucket, packed_row_len
 
-    assert [packed_row_len(n) for n in (10, 100, 1500, 2049, 8192)] == [
-        length_bucket(max(n, 64)) for n in (10, 100, 1500, 2049, 8192)]
+    assert [packed_row_len(n) for n in (10, 100, 1500, 2049, 4096)] == [
+        length_bucket(max(n, 64)) for n in (10, 100, 1500, 2049, 4096)]
     assert packed_row_len(16826) == 17408 and packed_row_len(8193) == 8704
+    assert packed_row_len(4606) == 4608 and packed_row_len(4097) == 4352

@@ -73,7 +73,7 @@ def length_bucket(n: int, *, per_octave: int = 4, minimum: int = 8) -> int:
     return -(-n // step) * step
 
 
-FINE_ROW_FROM = 8192
+FINE_ROW_FROM = 4096
 """Packed training rows longer than this use a finer grid (:func:`packed_row_len`)."""
 
 FINE_ROW_PER_OCTAVE = 16
@@ -85,14 +85,16 @@ def packed_row_len(n: int) -> int:
     sequence of ``n`` tokens: at least 64 and ``n``, on :func:`length_bucket`'s grid — four
     steps per octave up to :data:`FINE_ROW_FROM`, :data:`FINE_ROW_PER_OCTAVE` above it.
 
-    Why finer above 8k: the update's peak grows with its row (at reasoning lengths, more than
+    Why finer above 4k: the update's peak grows with its row (at reasoning lengths, more than
     linearly), and a quarter octave there is thousands of slots. At cap 16,384 the longest
     sample (16,826 tokens) got a 20,480-slot row; padded's row is the exact 16,826, and sym's
     update peak was 1.4x padded's (``bench/results/projection/reasoning/README.md``); now the
-    row is 17,408. Why not finer everywhere: every distinct row length is one more update and
-    reference program to compile, and at the 1k workloads (rows ≤ 8k) nothing changes. A run
-    compiles at most 4 row lengths per octave up to 8k and 16 per octave above — in practice
-    one or two at a cap, where the longest row is the longest prompt plus the cap."""
+    row is 17,408. At cap 4,096 (measured on the CPU, ``bench/results/cpu/reasoning_measured``)
+    the one 4,606-token sample got 5,120 slots and sym's update rose 1.24x padded's, the square
+    of 5,120 / 4,606; now 4,608. Why not finer everywhere: every distinct row length is one more
+    update and reference program to compile, and at the 1k workloads (rows ≤ 4k) nothing
+    changes. A run compiles at most 4 row lengths per octave up to 4k and 16 per octave above —
+    in practice one or two at a cap, where the longest row is the longest prompt plus the cap."""
     n = max(int(n), 64)
     if n <= FINE_ROW_FROM:
         return length_bucket(n)

@@ -109,7 +109,7 @@ def _check(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> No
 
 def _row_len(longest: int, row_len: int | None) -> int:
     """``row_len`` checked against the longest sequence, or (None) the packed-row grid's length
-    above it (:func:`~jaxrl_sym.runtime.policy.packed_row_len`: at least 64, finer above 8k)."""
+    above it (:func:`~jaxrl_sym.runtime.policy.packed_row_len`: at least 64, finer above 4k)."""
     if row_len is None:
         return packed_row_len(longest)
     if row_len < longest:
