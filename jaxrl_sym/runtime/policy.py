@@ -89,9 +89,9 @@ def packed_row_len(n: int) -> int:
     linearly), and a quarter octave there is thousands of slots. At cap 16,384 the longest
     sample (16,826 tokens) got a 20,480-slot row; padded's row is the exact 16,826, and sym's
     update peak was 1.4x padded's (``bench/results/projection/reasoning/README.md``); now the
-    row is 17,408. At cap 4,096 (measured on the CPU, ``bench/results/cpu/reasoning_measured``)
-    the one 4,606-token sample got 5,120 slots and sym's update rose 1.24x padded's, the square
-    of 5,120 / 4,606; now 4,608. Why not finer everywhere: every distinct row length is one more
+    row is 17,408. At cap 4,096 the one 4,606-token sample got 5,120 slots, and sym's update
+    rose above padded's by the square of 5,120 / 4,606 (``bench/results/cpu/reasoning_measured``);
+    now 4,608. Why not finer everywhere: every distinct row length is one more
     update and reference program to compile, and at the 1k workloads (rows ≤ 4k) nothing
     changes. A run compiles at most 4 row lengths per octave up to 4k and 16 per octave above —
     in practice one or two at a cap, where the longest row is the longest prompt plus the cap."""
