@@ -11,6 +11,7 @@ steps for every row (finished rows keep decoding).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -31,6 +32,7 @@ from jaxrl_sym.systems.layout import Layout, padded_layout
 from jaxrl_sym.systems.spec import BindOptions, SystemSpec
 from jaxrl_sym.systems.sym import check_draft
 from jaxrl_sym.systems.trainable import TrainableSystem, TrainBound
+from jaxrl_sym.tracer.position_limit import PositionLimit
 from jaxrl_sym.tracer.trace import model_position_limit
 
 NO_DRAFT_MODEL = "none: the padded baseline has no draft model (plain decoding)"
@@ -73,15 +75,18 @@ class PaddedBound(TrainBound):
             res.stats["draft"] = NO_DRAFT_MODEL
         return res
 
+    @functools.cached_property
+    def position_limit(self) -> PositionLimit | None:
+        """How far the model's position tables reach, read once per bound model (the tables'
+        extents do not change with the weights)."""
+        return model_position_limit(self.model)
+
     def _check_positions(self, prompts: Sequence[np.ndarray], cfg: GenerationConfig) -> None:
-        """Refuse rows that would read past the model's position table, as sym's engine does
-        (read once per bound model: the table's extent does not change with the weights)."""
-        if not hasattr(self, "_position_limit"):
-            self._position_limit = model_position_limit(self.model)
-        if self._position_limit is not None:
+        """Refuse rows that would read past the model's position table, as sym's engine does."""
+        if self.position_limit is not None:
             lens = [len(np.asarray(p).reshape(-1)) for p in prompts]
-            self._position_limit.check(type(self.model).__qualname__, lens,
-                                       row_limits(cfg, len(lens)))
+            self.position_limit.check(type(self.model).__qualname__, lens,
+                                      row_limits(cfg, len(lens)))
 
     def estimate(self, prompt_lens: Sequence[int], cfg: GenerationConfig) -> Estimate:
         return estimate_padded(self.model, len(prompt_lens), int(max(prompt_lens)),
