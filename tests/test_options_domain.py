@@ -102,6 +102,7 @@ ENGINE_BAD: dict[str, st.SearchStrategy] = {
     "compact_min_rows": _COUNT_BAD,
     "compact_early": not_flag(),
     "defer_compiles": not_flag(),
+    "compile_threads": st.one_of(below(0), not_int(none_ok=True)),
     "refill": not_flag(),
     "refill_min_free": _COUNT_BAD,
 }
@@ -124,6 +125,7 @@ def engine_options(draw: st.DrawFn) -> dict:
         "compact_min_rows": draw(ints(1)),
         "compact_early": draw(flag),
         "defer_compiles": draw(flag),
+        "compile_threads": draw(st.none() | ints(0, 64)),
         "refill": draw(flag),
         "refill_min_free": draw(ints(1)),
     }

@@ -88,7 +88,7 @@ class SymbolicLM:
         self.model_name = check_model(model).name
         self.program, self.graphdef, state = trace_model(model)
         self.plan: GenerationPlan = self._compile(mesh)
-        self.cache = ProgramCache()
+        self.cache = ProgramCache(threads=max(1, self.plan.compile_threads))
         self.leaves = self.plan.place(jax.tree_util.tree_leaves(state))
         self._hoisted: tuple[jax.Array, ...] | None = None
         self._hoisted_bytes = 0
@@ -221,22 +221,24 @@ class SymbolicLM:
         out = Outputs([[] for _ in prompts], [[] for _ in prompts],
                       [[] for _ in prompts] if cfg.return_logits else None,
                       on_progress, stop_when)
-        since = (self.cache.compiles, self.cache.dispatches, time.perf_counter())
+        since = (self.cache.compiles, self.cache.dispatches, time.perf_counter(), self.cache.ahead)
         self.cache.begin_call()
         with CompileCounter() as cc:
             groups, work = self._run_groups(prompts, limits, cfg, meter, out, on_finished,
                                             stop_live, max_pad_fraction)
         return self._result(out, self._stats(cc, meter, since, groups, work, out))
 
-    def _stats(self, cc: CompileCounter, meter: MemoryMeter, since: tuple[int, int, float],
+    def _stats(self, cc: CompileCounter, meter: MemoryMeter,
+               since: tuple[int, int, float, int],
                groups: int, work: WorkLog, out: Outputs) -> dict[str, Any]:
-        """A call's stats; ``since``: the cache's compiles and dispatches and the clock when
-        it began."""
+        """A call's stats; ``since``: the cache's compiles and dispatches, the clock and the
+        cache's compiles ahead when it began."""
         elapsed = time.perf_counter() - since[2]
         dev_peak = device_peak_bytes()
         return {
             "xla_compiles": cc.count, "compile_cache_hits": cc.cache_hits,
             "program_compiles": self.cache.compiles - since[0],
+            "programs_compiled_ahead": self.cache.ahead - since[3],
             "compile_seconds": cc.seconds,
             "dispatches": self.cache.dispatches - since[1],
             "peak_bytes": dev_peak if dev_peak is not None else meter.peak,

@@ -31,7 +31,7 @@ from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
 from jaxrl_sym.runtime.outputs import OnFinished, Outputs
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
-from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch
+from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch, replay_group
 from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache
 from jaxrl_sym.runtime.prompt_cache import PromptCache, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import Refill, refill_shape
@@ -112,6 +112,7 @@ class DecodeGroup(RefillRows):
                 self.tiling = dataclasses.replace(self.tiling, max=self.tiling.base)
             else:  # 0: the rule cannot hold before this group ends; tiles grow as usual
                 self._stop_live = int(out.stop_live)
+        self.compile_ahead(hoisted)
         last = self.prefill(hoisted) if self.refill is None else None
         while True:
             if last is not None:
@@ -131,6 +132,20 @@ class DecodeGroup(RefillRows):
                 d = ask(compaction=NEVER)
             self.carry_out(d, live)
             last = self.decode(hoisted, d)
+
+    def compile_ahead(self, hoisted: tuple[jax.Array, ...]) -> None:
+        """Start compiling the decode programs this group will run, in the background
+        (``EngineOptions.compile_threads``): the buckets the policy's replay of the group names
+        when its rows run to their limits, in the order it runs them, so the first tile's
+        program compiles while the prefill's does. A refill group runs one bucket."""
+        if self.plan.compile_threads == 0 or self.refill is not None:
+            return
+        live = np.nonzero(~self.done)[0]
+        ds = replay_group(self.shape, [int(self.limits[s]) for s in live], tiling=self.tiling,
+                          need=self.plan.growing_need, row_multiple=self.plan.row_multiple,
+                          compaction=self.plan.compaction)
+        for rows, capacity in dict.fromkeys((d.rows, d.capacity) for d in ds):
+            self.cache.prefetch(*decode_program(self.plan, self.cfg, hoisted, rows, capacity))
 
     def next_dispatch(self, live: np.ndarray, *, steps_done: int, remaining: int, tile: int,
                       compaction: Compaction | None = None, grow_with_compaction: bool = True,

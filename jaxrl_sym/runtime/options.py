@@ -14,6 +14,7 @@ import json
 import math
 import numbers
 import operator
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,9 @@ _DOMAINS: dict[str, tuple[Check, str]] = {
                          "the platform's default"),
     "compact_early": (_flag, "must be True or False"),
     "defer_compiles": (_flag, "must be True or False"),
+    "compile_threads": (_or_none(_count(0)), "must be an int >= 0 or None; give the threads "
+                        "that compile a call's decode programs ahead (0: each on first use), "
+                        "or None for the platform's default"),
     "refill": (_flag, "must be True or False"),
     "refill_min_free": (_count(), "must be a positive int; give the free rows a refill waits "
                         "for (1: refill each freed row at once)"),
@@ -162,6 +166,16 @@ class EngineOptions:
       waited for the background compiles, so two steps gained little; steady state is the
       same (``bench/results/headline.md``). It pays where spare cores compile while the step's
       reference and update run.
+    compile_threads: threads that compile a call's decode programs *ahead*: when a group
+      starts, the policy's replay of it (:func:`~jaxrl_sym.runtime.policy.replay_group`, rows
+      running to their limits) names the (rows, capacity) buckets it will decode at, and their
+      programs compile in the background while the prefill compiles and runs and the first
+      tiles decode; a bucket the replay did not name (rows ending early at EOS) compiles on
+      first use, as without it. Tokens and the buckets a call uses do not change, only when
+      programs compile. 0: every program on first use. None: the platform's default
+      (:meth:`compile_ahead`): on a GPU, where a decode program took ~8 s to compile on the
+      H100 (31 of them in sym's first RL step), up to 4 threads as the host's cores allow; 0
+      elsewhere, where the compiles would take the cores the programs run on.
     refill: with ``microbatch_rows`` R below the request's rows, one group of R resident rows
       runs the whole request: as rows finish, waiting samples take them (their prompts' keys
       and values copied from the prompt cache, :mod:`jaxrl_sym.runtime.prompt_cache`), so the
@@ -185,6 +199,7 @@ class EngineOptions:
     compact_min_rows: int | None = None
     compact_early: bool = False
     defer_compiles: bool = False
+    compile_threads: int | None = None
     refill: bool = False
     refill_min_free: int = 1
 
@@ -261,6 +276,13 @@ class EngineOptions:
         construction; None: the platform's default)."""
         return Compaction.default(platform, self.compact_at, self.compact_min_rows,
                                   self.compact_early)
+
+    def compile_ahead(self, platform: str = "cpu") -> int:
+        """Threads compiling a call's decode programs ahead on ``platform`` (see
+        ``compile_threads``; None: 4 on a GPU, as the host's cores allow, else 0)."""
+        if self.compile_threads is not None:
+            return self.compile_threads
+        return min(4, os.cpu_count() or 1) if platform == "gpu" else 0
 
     def refill_policy(self) -> Refill | None:
         """The refill rule these options ask for (None: no refill; its knob checked on

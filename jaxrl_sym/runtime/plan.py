@@ -64,6 +64,8 @@ class GenerationPlan:
     mesh's data axes; 1 without one). tiling / compaction: the host policies. growing: the
     growing stores' names; growing_need(t): their live slots after writing slot t (None: none
     grows). speculation: the speculative decoding it was planned for (None: plain decoding).
+    compile_threads: threads compiling a call's decode programs ahead (0: none;
+    ``EngineOptions.compile_threads``, resolved for the platform).
     """
 
     options: EngineOptions
@@ -79,6 +81,7 @@ class GenerationPlan:
     growing: tuple[str, ...]
     growing_need: Callable[[int], int] | None
     speculation: Speculation | None = None
+    compile_threads: int = 0
 
     @property
     def stores(self) -> tuple[StorePlan, ...]:
@@ -171,6 +174,8 @@ def compile_generation(program: TracedProgram, options: EngineOptions | None = N
     mesh = make_mesh(mesh)
     here = platform if platform is not None else platform_of(mesh)
     tiling, compaction = options.tiling(here), options.compaction(here)
+    # a mesh's programs are built for placed stores; speculation runs verify tiles, not decode's
+    ahead = options.compile_ahead(here) if mesh is None and speculation is None else 0
     vocab = int(program.pdg.node(program.pdg.outputs[0]).shape[-1])
     pdg = add_generation_loop(program.pdg)
     storage = plan_storage(pdg, max_len=options.max_len)
@@ -187,4 +192,5 @@ def compile_generation(program: TracedProgram, options: EngineOptions | None = N
     # live slots of the growing stores after writing slot t (None: nothing grows)
     need = (lambda t: max(int(f(t)[0]) for f in fns)) if fns else None
     return GenerationPlan(options, pdg, storage, specs, builder, backend, vocab,
-                          data_size(builder.mesh), tiling, compaction, growing, need, speculation)
+                          data_size(builder.mesh), tiling, compaction, growing, need, speculation,
+                          ahead)

@@ -387,28 +387,37 @@ def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
            need: Callable[[int], int] | None = lambda t: t + 1,
            microbatch_rows: int | None = None, compaction: Compaction = Compaction(),
            ) -> list[tuple[GroupShape, list[Dispatch]]]:
-    """The dispatches a request costs when every row runs to its limit (no EOS), per group.
-
-    The same functions the engine calls, driven by row counters instead of device outputs: a row
-    that has emitted ``e`` of its ``limit`` tokens emits ``min(tile, limit - e)`` more per
-    dispatch. ``need`` defaults to the growing store's live count (t + 1).
-    """
+    """The dispatches a request costs when every row runs to its limit (no EOS), per group
+    (:func:`replay_group` for each of its aligned microbatches)."""
     out = []
     for group in microbatches(prompt_lens, limits, max_rows=microbatch_rows,
                               max_pad_fraction=max_pad_fraction):
         shape = GroupShape.plan([prompt_lens[i] for i in group], [limits[i] for i in group],
                                 min_capacity=min_capacity)
-        left = [int(limits[i]) - 1 for i in group]  # tokens still to emit after the prefill's
-        rows, cap, done, ds, tile = shape.rows, shape.capacity, 0, [], tiling.first()
-        while any(x > 0 for x in left):
-            live = [x for x in left if x > 0]
-            d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
-                              remaining=max(live), tile=tile, need=need,
-                              compaction=compaction, check=tiling.check)
-            d = d.ran(tiling.ran(d.tile, live, d.stop))  # the device's early stop
-            ds.append(d)
-            rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
-            left = [max(0, x - d.tile) for x in left]
-            tile = tiling.after(d.tile, sum(x > 0 for x in left) < len(live))
-        out.append((shape, ds))
+        out.append((shape, replay_group(shape, [limits[i] for i in group], tiling=tiling,
+                                        need=need, compaction=compaction)))
     return out
+
+
+def replay_group(shape: GroupShape, limits: Sequence[int], *, tiling: Tiling = Tiling(),
+                 need: Callable[[int], int] | None = lambda t: t + 1, row_multiple: int = 1,
+                 compaction: Compaction = Compaction()) -> list[Dispatch]:
+    """The dispatches one group of ``shape`` costs when each row runs to its limit (no EOS).
+
+    The same functions the engine calls, driven by row counters instead of device outputs: a row
+    that has emitted ``e`` of its ``limit`` tokens emits ``min(tile, limit - e)`` more per
+    dispatch. ``need`` defaults to the growing store's live count (t + 1). The engine reads it
+    too, to compile a call's decode programs ahead (``EngineOptions.compile_threads``)."""
+    left = [int(n) - 1 for n in limits]  # tokens still to emit after the prefill's
+    rows, cap, done, ds, tile = shape.rows, shape.capacity, 0, [], tiling.first()
+    while any(x > 0 for x in left):
+        live = [x for x in left if x > 0]
+        d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
+                          remaining=max(live), tile=tile, need=need, row_multiple=row_multiple,
+                          compaction=compaction, check=tiling.check)
+        d = d.ran(tiling.ran(d.tile, live, d.stop))  # the device's early stop
+        ds.append(d)
+        rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
+        left = [max(0, x - d.tile) for x in left]
+        tile = tiling.after(d.tile, sum(x > 0 for x in left) < len(live))
+    return ds

@@ -56,10 +56,11 @@ class Build:
 class ProgramCache:
     """AOT-compiled executables keyed by (name, shape key); counts compiles and dispatches.
 
-    A program may also be compiled *ahead* (:meth:`prefetch`) on one background thread owned by
-    the cache: the runtime asks for programs it will want later — a compaction's smaller row
-    bucket — without waiting for them, and :meth:`get` waits for a pending one only when it is
-    actually run. XLA's compiler releases the GIL, so the compile overlaps the host loop and
+    A program may also be compiled *ahead* (:meth:`prefetch`) on ``threads`` background threads
+    owned by the cache: the runtime asks for programs it will want later — a group's decode
+    buckets, a compaction's smaller bucket — without waiting for them, and :meth:`get` waits for
+    a pending one only when it is actually run. XLA's compiler releases the GIL, so the
+    compiles overlap each other (tracing and lowering, in Python, do not), the host loop and
     the device work of the current dispatch.
     """
 
@@ -67,10 +68,12 @@ class ProgramCache:
     temp_bytes: dict[tuple, int] = field(default_factory=dict)
     compiles: int = 0
     dispatches: int = 0
+    ahead: int = 0  # compiles that were started by prefetch before they were needed
     budget: Any = None  # a jaxrl_sym.sharding.MemoryBudget: every new program is checked
     device_bytes: dict[tuple, int] = field(default_factory=dict)  # per-device, when checked
     pending: dict[tuple, Future] = field(default_factory=dict)  # prefetched, maybe compiling
     settled: frozenset[tuple] = frozenset()  # requested before the current call (begin_call)
+    threads: int = 1  # background compile threads (prefetch)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def get(self, key: tuple, build: Callable[[], Any]) -> Any:
@@ -78,6 +81,7 @@ class ProgramCache:
         if exe is None:
             fut = self.pending.pop(key, None)
             exe = build() if fut is None else fut.result()
+            self.ahead += fut is not None
             trim_host_heap()  # the compiler's freed working memory (see trim_host_heap)
             if self.budget is not None:
                 self.device_bytes[key] = self.budget.check_program(exe, str(key[0]))
@@ -101,7 +105,7 @@ class ProgramCache:
         if self.requested(key):
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="jaxrl-sym-compile")
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="jaxrl-sym-compile")
         self.pending[key] = self._pool.submit(build)
 
     def run(self, key: tuple, build: Callable[[], Any], *args: Any) -> Any:
