@@ -106,9 +106,35 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if fitted is not None:
             row["generation_projected_s"] = dispatch_ledger.price(row, dev["bandwidth"],
                                                            fitted["per"])
+            row["first_call_s"] = _first_call(row, dev["bandwidth"], fitted["per"], engine)
     return {"systems": rows, "fitted": fitted, "device": args.device,
             "precision": args.precision, "engine": engine,
             "command_buffers": args.command_buffers, "check": args.check}
+
+
+AHEAD_THREADS = 4
+"""sym's default ``compile_threads`` on a GPU host with four cores or more (the H100 hosts
+have 16): the first call is projected with it (this CPU would resolve fewer)."""
+
+
+def _first_call(row: dict[str, Any], bandwidth: float, per: dict[str, float],
+                engine: dict[str, Any]) -> dict[str, float]:
+    """The first generation call's wall seconds, compiles included (each at this CPU's
+    seconds for the target), with every program compiled on first use and — for a system that
+    compiles ahead — with its decode programs on ``compile_threads`` background threads."""
+    from bench.lib.projection import dispatch_ledger, thunks
+
+    progs = [dispatch_ledger.ProgramCount(**{**p, "counts": thunks.Counts(**p["counts"])})
+             for p in row["programs"]]
+    run_s = [dispatch_ledger.run_seconds(p, bandwidth, per) for p in progs]
+    each = row["compile_s_each"]
+    out = {"on_first_use": dispatch_ledger.first_call(progs, each, run_s, 0)}
+    if row["compiles_ahead"]:
+        threads = engine.get("compile_threads")
+        threads = AHEAD_THREADS if threads is None else threads
+        out[f"ahead_{threads}"] = dispatch_ledger.first_call(progs, each, run_s, threads)
+    out["run_only"] = sum(run_s)
+    return out
 
 
 def _fitted() -> dict[str, Any] | None:
@@ -160,15 +186,25 @@ def render(report: dict[str, Any]) -> str:
     lines = [f"# Dispatch ledger: generation compiled for {report['device']} "
              f"({report['precision']}, command buffers {report['command_buffers']})", "",
              "| system | launches/step | kernels/step | host syncs/token | captured | "
-             "cold programs | read s | floor s | projected s |", "|---|" + "---:|" * 8]
+             "cold programs | read s | floor s | projected s | first call s |",
+             "|---|" + "---:|" * 9]
     for name, r in report["systems"].items():
         proj = r.get("generation_projected_s")
         lines.append(f"| {name} | {r['launches_per_step']:.2f} | {r['kernels_per_step']:.1f} | "
                      f"{r['host_syncs_per_token']:.3f} | {r['captured']:.0%} | "
                      f"{r['cold_programs']} | {r['generation_read_s']:.2f} | "
                      f"{r['generation_floor_s']:.2f} | "
-                     f"{'—' if proj is None else f'{proj:.2f}'} |")
+                     f"{'—' if proj is None else f'{proj:.2f}'} | {_first(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def _first(row: dict[str, Any]) -> str:
+    """The first call's seconds, compiles included: on first use, and ahead where it is."""
+    f = row.get("first_call_s")
+    if f is None:
+        return "—"
+    return " / ".join(f"{v:.1f} ({k.replace('_', ' ')})" for k, v in f.items()
+                      if k != "run_only")
 
 
 def main(argv: list[str] | None = None) -> int:

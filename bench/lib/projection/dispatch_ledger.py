@@ -89,6 +89,7 @@ class ProgramCount:
     loops: list[tuple[int, int | None, bool]]
     custom_calls: list[tuple[str, bool]]
     kernels: list[tuple[str, bool]]  # the runtime's own kernels (:data:`KERNELS`), captured?
+    program: int = 0  # which compiled program it runs (the recorder's compile order)
 
 
 def program_count(run: Any, tree: tuple[thunks.Thunk, ...], check: int | None,
@@ -115,10 +116,13 @@ def ledger_counts(runs: Sequence[Any], sizes: dict[tuple, Any], trees: list[Any]
     """Each run of a generation ledger with its program's thunk tree: ``sizes`` (the ledger's
     compiled sizes by cache key, in compile order) and ``trees`` (the recorder's, same order);
     ``read(key)``: what one step of that program reads in the layout (None: cost analysis)."""
-    by_size = {id(size): (key, tree) for (key, size), tree in zip(sizes.items(), trees,
-                                                                   strict=True)}
-    return [program_count(r, by_size[id(r.size)][1], check, read(by_size[id(r.size)][0]))
-            for r in runs]
+    by_size = {id(size): (i, key, tree) for i, ((key, size), tree) in
+               enumerate(zip(sizes.items(), trees, strict=True))}
+    out = []
+    for r in runs:
+        i, key, tree = by_size[id(r.size)]
+        out.append(dataclasses.replace(program_count(r, tree, check, read(key)), program=i))
+    return out
 
 
 def totals(progs: Sequence[ProgramCount], decode_steps: int, tokens: int) -> dict[str, Any]:
@@ -143,6 +147,37 @@ def totals(progs: Sequence[ProgramCount], decode_steps: int, tokens: int) -> dic
 
 TERMS = ("kernels", "launches", "syncs")
 """The counts the time model prices beyond the bytes (``t_kernel``, ``t_launch``, ``t_sync``)."""
+
+
+def first_call(progs: Sequence[ProgramCount], compile_s: Sequence[float],
+               run_s: Sequence[float], threads: int) -> float:
+    """Wall seconds of a system's first generation call, its compiles included: each program
+    compiles on the host thread at its first use, except sym's decode programs when it compiles
+    them ahead (``EngineOptions.compile_threads`` = ``threads``): those are queued when the call
+    starts, in the order of first use, each to the background thread that frees first, and a
+    dispatch waits only for its own. ``compile_s``: each compiled program's seconds (the
+    recorder's order); ``run_s``: each entry of ``progs``' projected seconds. Assumes a core per
+    compile thread beside the host's (an H100 host has 16 or more)."""
+    lanes, ready = [0.0] * threads, {}
+    for p in progs:
+        if threads and p.stage == "decode" and p.program not in ready:
+            k = min(range(threads), key=lanes.__getitem__)
+            lanes[k] += compile_s[p.program]
+            ready[p.program] = lanes[k]
+    t = 0.0
+    for p, s in zip(progs, run_s, strict=True):
+        if p.program in ready:
+            t = max(t, ready[p.program])
+        else:
+            t += compile_s[p.program]
+            ready[p.program] = 0.0  # compiled here, now: later uses wait for nothing
+        t += s
+    return t
+
+
+def run_seconds(p: ProgramCount, bandwidth: float, per: dict[str, float]) -> float:
+    """One entry's projected seconds (:func:`price` of its own counts)."""
+    return price({"read": p.read, **{t: getattr(p.counts, t) for t in TERMS}}, bandwidth, per)
 
 
 def price(row: dict[str, Any], bandwidth: float, per: dict[str, float]) -> float:
@@ -179,6 +214,7 @@ def generation_rows(model: Any, state: Any, prompts: list[np.ndarray], limits: l
         progs, steps, ran = walk.programs(model, state, prompts, limits, engine, rec, check)
         out[name] = {**totals(progs, steps, tokens), "cold_programs": len(ran),
                      "compile_s": sum(rec.seconds[i] for i in ran),
+                     "compile_s_each": list(rec.seconds), "compiles_ahead": walk.engine,
                      "programs": [{**dataclasses.asdict(p), "counts": dataclasses.asdict(
                          p.counts)} for p in progs]}
         progress(f"{name}: {len(rec.trees)} programs compiled for {target}")
