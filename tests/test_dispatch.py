@@ -155,6 +155,41 @@ def test_thunk_counts_by_hand() -> None:
         == 0
 
 
+def _entry(program: int, stage: str):
+    from bench.lib.projection import dispatch_ledger, thunks
+
+    return dispatch_ledger.ProgramCount(stage, f"p{program}", 1, 1, 0.0, 0.0, 0.0,
+                                        thunks.Counts(), [], [], [], program)
+
+
+def test_first_call_by_hand() -> None:
+    """A prefill (program 0, 5 s to compile), decode tiles 1 and 2 (10 s and 4 s), a compaction
+    (3, 1 s), tile 2 twice; each entry runs 2 s. On first use everything compiles on the host:
+    5+2 + 10+2 + 1+2 + 4+2 + 2 = 30. Two threads compile tiles 1 and 2 from t = 0 (ready at 10
+    and 4): prefill 5+2 = 7, tile 1 waits to 10, +2 = 12, compaction 12+1+2 = 15, tile 2
+    ready: 17, 19. One thread: tile 1 ready at 10, tile 2 at 14: 7 → 12 → 15 → 17 → 19 as
+    well. With tile 1 taking 20 s, one thread: 7 → 22 → 25 → tile 2 (ready at 24) 27 → 29;
+    two threads the same (tile 2 ready at 4): the first tile is the critical path."""
+    from bench.lib.projection.dispatch_ledger import first_call
+
+    progs = [_entry(0, "prefill"), _entry(1, "decode"), _entry(3, "compact"),
+             _entry(2, "decode"), _entry(2, "decode")]
+    run = [2.0] * 5
+    each = [5.0, 10.0, 4.0, 1.0]
+    assert first_call(progs, each, run, 0) == 5 + 2 + 10 + 2 + 1 + 2 + 4 + 2 + 2
+    assert first_call(progs, each, run, 2) == 10 + 2 + 1 + 2 + 2 + 2
+    assert first_call(progs, each, run, 1) == 19
+    slow = [5.0, 20.0, 4.0, 1.0]
+    assert first_call(progs, slow, run, 1) == 20 + 2 + 1 + 2 + 2 + 2
+    assert first_call(progs, slow, run, 2) == 29
+    # where the second thread pays: tiles of 6 s, entries of 1 s, a free compaction. One
+    # thread: 2 → tile 1 at 6: 7 → 8 → tile 2 at 12: 13 → 14; two: tile 2 at 6: 7 → 8 → 9 → 10
+    quick = [1.0, 6.0, 6.0, 0.0]
+    assert first_call(progs, quick, [1.0] * 5, 0) == 18
+    assert first_call(progs, quick, [1.0] * 5, 1) == 14
+    assert first_call(progs, quick, [1.0] * 5, 2) == 10
+
+
 @cache
 def _dispatch_quick(setting: str, engine: str | None = None) -> dict:
     """sym's row of ``python -m bench dispatch --preset quick`` in a fresh process (the CUDA
