@@ -175,7 +175,10 @@ class EngineOptions:
       programs compile. 0: every program on first use. None: the platform's default
       (:meth:`compile_ahead`): on a GPU, where a decode program took ~8 s to compile on the
       H100 (31 of them in sym's first RL step), up to 4 threads as the host's cores allow; 0
-      elsewhere, where the compiles would take the cores the programs run on.
+      elsewhere, where the compiles would take the cores the programs run on. On a GPU XLA
+      autotunes while it compiles, on the device: a compile ahead then holds its scratch
+      buffers beside the running step's (the step's ``MemoryBudget`` does not see them); give
+      0 where the step runs near the device's memory.
     refill: with ``microbatch_rows`` R below the request's rows, one group of R resident rows
       runs the whole request: as rows finish, waiting samples take them (their prompts' keys
       and values copied from the prompt cache, :mod:`jaxrl_sym.runtime.prompt_cache`), so the
