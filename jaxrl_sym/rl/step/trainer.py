@@ -65,6 +65,7 @@ from jaxrl_sym.rl.step.state import (
     place_state,
     state_shardings,
 )
+from jaxrl_sym.rl.step.stopwatch import OnStage
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.memory.ledger import tree_nbytes
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
@@ -364,7 +365,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ the step
     def step(self, prompts: Sequence[np.ndarray | Sequence[int]], *, seed: int,
              limits: Sequence[int] | None = None,
-             on_stage: stages.OnStage | None = None) -> dict[str, Any]:
+             on_stage: OnStage | None = None) -> dict[str, Any]:
         """Run one full RL step and commit it; returns the step's metrics
         (:func:`jaxrl_sym.rl.step.stages.run_step`; ``on_stage`` hears each stage start and end).
 
