@@ -66,3 +66,27 @@ def test_compile_threads_checked_and_defaulted_by_platform():
     assert 1 <= EngineOptions().compile_ahead("gpu") <= 4
     assert EngineOptions(compile_threads=3).compile_ahead("cpu") == 3
     assert EngineOptions(compile_threads=0).compile_ahead("gpu") == 0
+
+
+def test_rl_step_compiles_the_overlapped_reference_program_ahead():
+    """With the engine compiling ahead, the reference chunks' program compiles before any row
+    ends; the rollout (tokens, sampling and reference log-probs) is the one without it."""
+    from jaxrl_sym.models.lm import init_model, preset
+    from jaxrl_sym.rl import RLConfig, RLTrainer, get_task
+    from jaxrl_sym.rl.tasks.token_tasks import EOS, VOCAB_SIZE
+
+    task = get_task("reverse", max_digits=3)
+    cfg = RLConfig.of(algo="grpo", group_size=4, beta=0.1, eos_id=EOS,
+                      max_new_tokens=task.max_new_tokens, overlap_reference=True)
+    prompts = task.sample(np.random.default_rng(0), 3)
+    runs = {}
+    for threads in (0, 1):
+        trainer = RLTrainer(init_model(preset("tiny", vocab_size=VOCAB_SIZE), 0), task.reward,
+                            cfg, engine=EngineOptions(compile_threads=threads))
+        runs[threads] = trainer.generate(prompts, seed=3), trainer.programs.cache
+    (plain, plain_cache), (ahead, ahead_cache) = runs[0], runs[1]
+    assert plain_cache.ahead == 0 and ahead_cache.ahead == 1  # the one chunk program
+    assert ahead.stats["ref_chunks"] >= 1
+    for name in ("responses", "old_logprobs", "ref_logprobs"):
+        for a, b in zip(getattr(plain, name), getattr(ahead, name), strict=True):
+            np.testing.assert_array_equal(a, b)

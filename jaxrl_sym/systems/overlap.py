@@ -90,6 +90,15 @@ class ReferenceOverlap:
         self._chunks: list[tuple[list[int], Layout, Any]] = []
         self.overlapped_samples = 0
 
+    def chunk_layout(self, rows: int) -> Layout:
+        """A layout of the shape every full chunk during generation has: ``rows`` packed rows
+        of ``row_len`` slots (what to compile the scoring program at before any row ends)."""
+        n = max(1, self.row_len - len(self.prompts[0]))
+        lay = packed_layout([self.prompts[0]] * rows, [np.zeros(n, np.int32)] * rows,
+                            row_len=self.row_len)
+        assert lay.shape[0] == rows, (lay.shape, rows)  # each sample fills its own row
+        return lay
+
     def on_finished(self, ids: list[int], responses: list[np.ndarray]) -> None:
         """The engine's hook: queue finished rows; dispatch the chunks they fill."""
         self._pending.extend(zip(ids, responses, strict=True))

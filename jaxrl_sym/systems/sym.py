@@ -129,12 +129,18 @@ class SymBound(TrainBound):
                                 max_pad_fraction=1.0)
 
     def generate_scoring(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                         score: ScoreFn, *, row_len: int | None, rows_per_chunk: ChunkRows
+                         score: ScoreFn, *, row_len: int | None, rows_per_chunk: ChunkRows,
+                         ahead: Callable[[Layout], None] | None = None
                          ) -> tuple[GenerationResult, ReferenceOverlap | None]:
         """Finished rows are packed into chunks whose reference forward is dispatched while the
         remaining rows still decode (see :mod:`jaxrl_sym.systems.overlap`): a row's reference
         log-probs depend only on its own tokens, which exact-length stores make available the
-        moment it ends."""
+        moment it ends.
+
+        When the engine compiles ahead (``EngineOptions.compile_threads``), the chunks' program
+        starts compiling before generation (``ahead``, at one chunk of the step's row length):
+        else the first chunk compiles on the host thread between two decode tiles, with no tile
+        in flight, and the device waits for it."""
         # One row length for the whole step (the longest possible prompt + response), so the
         # chunks reuse a handful of compiled programs.
         limits = gcfg.max_new_tokens
@@ -142,9 +148,10 @@ class SymBound(TrainBound):
                                                   else int(limits))
         row_len = row_len or packed_row_len(longest)  # the update's rows (layout)
         # full chunks of one row (at most the forward's budget) as rows finish: min_rows unused
-        overlap = ReferenceOverlap(prompts, row_len, score, min_rows=1,
-                                   max_rows=min(OVERLAP_ROWS, rows_per_chunk(row_len) or
-                                                OVERLAP_ROWS))
+        rows = min(OVERLAP_ROWS, rows_per_chunk(row_len) or OVERLAP_ROWS)
+        overlap = ReferenceOverlap(prompts, row_len, score, min_rows=1, max_rows=rows)
+        if ahead is not None and self.lm.plan.compile_threads:
+            ahead(overlap.chunk_layout(rows))
         return self.lm.generate(prompts, gcfg, on_finished=overlap.on_finished), overlap
 
     def logits_fn(self) -> LogitsFn:

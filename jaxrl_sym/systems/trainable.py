@@ -191,7 +191,8 @@ class TrainBound(BoundSystem):
         return None
 
     def generate_scoring(self, prompts: list[np.ndarray], gcfg: GenerationConfig,
-                         score: ScoreFn, *, row_len: int | None, rows_per_chunk: ChunkRows
+                         score: ScoreFn, *, row_len: int | None, rows_per_chunk: ChunkRows,
+                         ahead: Callable[[Layout], None] | None = None
                          ) -> tuple[GenerationResult, ReferenceOverlap | None]:
         """Generate, and score the reference *during* generation where the system can.
 
@@ -199,7 +200,9 @@ class TrainBound(BoundSystem):
         log-probs, or None when this system cannot overlap — then the step runs one reference
         pass after generation (the default, and what a padded RL library does). ``row_len``:
         the config's packed row length (None: from the batch); ``rows_per_chunk``: the rows one
-        scoring forward may hold.
+        scoring forward may hold; ``ahead(layout)``: starts compiling, in the background, the
+        program ``score`` will run on chunks of ``layout``'s shape (a system that compiles
+        ahead calls it before generating).
         """
         return self.generate(prompts, gcfg), None
 

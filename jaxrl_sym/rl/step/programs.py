@@ -65,11 +65,22 @@ class Programs:
     def compiles(self) -> int:
         return self.cache.compiles
 
-    def run(self, name: str, fn: Any, *args: Any, resident: int = 0) -> Any:
+    @staticmethod
+    def key(name: str, args: tuple[Any, ...]) -> tuple:
+        """The cache key of ``name`` at ``args`` (pytree structure, shapes and dtypes)."""
         leaves, tdef = jax.tree_util.tree_flatten(args)
-        key = (name, tdef, tuple((np.shape(x), np.result_type(x).str) for x in leaves))
+        return (name, tdef, tuple((np.shape(x), np.result_type(x).str) for x in leaves))
+
+    def prefetch(self, name: str, fn: Any, *args: Any) -> None:
+        """Start compiling ``fn`` at ``args``' shapes on the cache's background thread: a later
+        :meth:`run` of ``name`` at those shapes waits only for what is left of the compile
+        (:meth:`ProgramCache.prefetch`)."""
+        self.cache.prefetch(self.key(name, args), lambda: fn.lower(*lowerable(args)).compile())
+
+    def run(self, name: str, fn: Any, *args: Any, resident: int = 0) -> Any:
+        key = self.key(name, args)
         out = self.cache.run(key, lambda: fn.lower(*lowerable(args)).compile(), *args)
-        held = resident + sum(int(x.nbytes) for x in leaves)
+        held = resident + sum(int(x.nbytes) for x in jax.tree_util.tree_leaves(args))
         self.peak = max(self.peak, held + self.cache.temp_bytes[key] + tree_bytes(out))
         return out
 

@@ -100,9 +100,14 @@ def generate(ctx: StepContext, state: TrainState, prompts: Sequence[np.ndarray |
             return ctx.programs.run(f"ref-{name}", ref_fn, state.ref, lay.inputs, lay.targets,
                                     resident=tree_bytes(state.params) + state.resident_bytes())
 
+        def ahead(lay: Layout) -> None:  # the program ``score`` will run at this chunk's shape
+            lay = ctx.system.pad_rows(lay, ctx.row_multiple)
+            ctx.programs.prefetch(f"ref-{name}", ref_fn, state.ref, lay.inputs, lay.targets)
+
         res, overlap = ctx.system.generate_scoring(expanded, gcfg, score,
                                                    row_len=ctx.cfg.execution.pack_row_len,
-                                                   rows_per_chunk=ctx.rows_per_chunk)
+                                                   rows_per_chunk=ctx.rows_per_chunk,
+                                                   ahead=ahead)
     else:
         res, overlap = ctx.system.generate(expanded, gcfg), None
     stats = dict(res.stats)
