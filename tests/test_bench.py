@@ -129,3 +129,32 @@ def test_recalibrate_rewrites_the_device_rows_and_keeps_the_hand_note(tmp_path) 
     assert "2026-11-26b/plan.jsonl (rl_step_bf16mixed_lora16, tree b0d2181)" in md
     got = json.loads((tmp_path / "p.json").read_text())
     assert got["config"]["precision"] == "bf16-mixed" and got["config"]["lora_rank"] == 16
+
+
+def test_reprice_prices_every_device_at_its_own_roofline(tmp_path) -> None:
+    """``bench reasoning --reprice``: each device's stage seconds are the programs' roofline on
+    that device (max of flops over its float32 flops and bytes over its bandwidth, plus its
+    dispatch cost, times the count) and "fits" is its own memory's JAX share, by hand from
+    ``bench/devices.json``; the run's own command stays first in its .md."""
+    import json
+
+    from bench.experiments import reasoning
+    from bench.lib.projection import devices
+
+    row = {"programs": [{"stage": "update", "count": 3, "flops": 4e14, "bytes_accessed": 2e12}],
+           "decode": {"weights_bytes": 1e9, "kv_bytes": 1e9},
+           "ledger": {"peak": {"total": 50e9}}, "largest_batch": {"h100": 7, "a100-40gb": 2},
+           "projection": {"seconds": {"update": -1.0}, "fits": False}}
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps({"cap": 512, "device": "a100-40gb", "precision": "fp32",
+                               "lora_rank": None, "samples": 4, "generation": "none",
+                               "project": {"systems": {"sym": row}}, "dispatch": None}))
+    out.with_suffix(".md").write_text("`the run's command`\n")
+    assert bench_main(["reasoning", "--reprice", str(out)]) == 0
+    got = json.loads(out.read_text())["by_device"]
+    for name, dev in devices().items():
+        t = max(4e14 / dev["flops"]["float32"], 2e12 / dev["bandwidth"]) + dev["dispatch_s"]
+        assert got[name]["sym"]["other_stages_s"]["update"] == round(3 * t, 3)
+        assert got[name]["sym"]["fits"] == (50e9 <= dev["memory"] * dev["jax_fraction"])
+    assert got["h100"]["sym"]["fits"] and not got["a100-40gb"]["sym"]["fits"]
+    assert out.with_suffix(".md").read_text().startswith("`the run's command`, re-priced by")

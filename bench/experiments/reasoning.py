@@ -39,7 +39,7 @@ from typing import Any
 
 from bench import presets
 from bench.lib import child
-from bench.lib.projection import devices
+from bench.lib.projection import devices, roofline
 
 DISPATCH = child.ROOT / "bench" / "results" / "projection" / "dispatch"
 GB = 1e9
@@ -78,6 +78,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dispatch-from", default=None, metavar="OUT_JSON", type=_report_file,
                    help="take generation's dispatch ledger from an earlier run's OUT.json of "
                         "the same cap, batch and precision instead of compiling it again")
+    p.add_argument("--reprice", default=None, metavar="OUT_JSON", type=_repriceable,
+                   help="price a committed run's OUT.json again (each device's roofline, the "
+                        "current calibration) from its own compiled report; nothing compiles; "
+                        "OUT.json and OUT.md are rewritten")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--out", default=None, help="OUT.json (summary + project's report), OUT.md")
     return presets.parse(p, PRESETS, argv)
@@ -93,6 +97,19 @@ def _report_file(text: str) -> str:
     if not isinstance(old, dict) or not old.get("dispatch"):
         raise argparse.ArgumentTypeError(f"{text!r} holds no dispatch rows (a reasoning "
                                          "OUT.json written with the compile-only packages)")
+    return text
+
+
+def _repriceable(text: str) -> str:
+    """``--reprice``: a reasoning OUT.json holding its project report."""
+    try:
+        old = json.loads(Path(text).read_text())
+    except (OSError, ValueError) as err:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a reasoning report: "
+                                         f"{err}") from None
+    if not isinstance(old, dict) or not isinstance(old.get("project"), dict):
+        raise argparse.ArgumentTypeError(f"{text!r} holds no project report (a reasoning "
+                                         "OUT.json written by --out)")
     return text
 
 
@@ -165,12 +182,12 @@ def summarise(report: dict[str, Any], gen: dict[str, Any] | None, device: str
         if "error" in row:
             out[name] = {"error": row["error"]}
             continue
-        stages = {k: v for k, v in row["projection"]["seconds"].items()
-                  if k != "generation floor"}
+        priced = roofline(row, dev)  # this device's, not the one project was run for
+        stages = {k: v for k, v in priced["seconds"].items() if k != "generation floor"}
         g = generation_seconds((gen or {}).get(name), dev, per)
         d = row["decode"]
         out[name] = {"peak_gb": round(row["ledger"]["peak"]["total"] / GB, 3),
-                     "fits": row["projection"]["fits"],
+                     "fits": priced["fits"],
                      "largest_batch": row["largest_batch"].get(device),
                      "largest_batch_from": (row.get("largest_batch_from") or {}).get("used"),
                      "step_s": None if g is None else round(sum(stages.values()) + g, 3),
@@ -181,10 +198,10 @@ def summarise(report: dict[str, Any], gen: dict[str, Any] | None, device: str
     return out
 
 
-def markdown(summary: dict[str, Any], args: argparse.Namespace, argv: list[str]) -> str:
+def markdown(summary: dict[str, Any], argv: list[str]) -> str:
     lines = [f"`{presets.command('reasoning', argv)}`", "",
-             f"cap {args.cap}, {args.prompts} x {args.group} samples, {args.device}, "
-             f"{args.precision or 'fp32'}, LoRA {args.lora_rank or 'off'}", "",
+             f"cap {summary['cap']}, {summary['samples']} samples, {summary['device']}, "
+             f"{summary['precision']}, LoRA {summary['lora_rank'] or 'off'}", "",
              "| system | peak GB (fixed batch) | fits | largest batch | step s | generation s "
              "| generation floor s |", "|---|---:|---|---:|---:|---:|---:|"]
     for name, r in summary["systems"].items():
@@ -204,8 +221,30 @@ def markdown(summary: dict[str, Any], args: argparse.Namespace, argv: list[str])
     return "\n".join(lines)
 
 
+def reprice(path: Path, argv: list[str]) -> int:
+    """``--reprice``: a committed run's summary and ``by_device`` priced again from its own
+    project report and dispatch rows (each device's roofline and the current calibration);
+    nothing is compiled. Its ``.json`` and ``.md`` are rewritten in place."""
+    old = json.loads(path.read_text())
+    report, gen = old["project"], old.get("dispatch")
+    summary = {k: old[k] for k in ("cap", "device", "precision", "lora_rank", "samples",
+                                   "generation")}
+    summary["systems"] = summarise(report, gen, summary["device"])
+    every = {d: summarise(report, gen, d) for d in devices()}
+    path.write_text(json.dumps({**summary, "by_device": every, "project": report,
+                                "dispatch": gen}, indent=1))
+    md = path.with_suffix(".md")
+    ran = md.read_text().splitlines()[0] if md.exists() else "(its command: unknown)"
+    text = markdown(summary, argv)
+    md.write_text(f"{ran}, re-priced by\n\n{text}\n")  # the run's own command first
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.reprice:
+        return reprice(Path(args.reprice), argv or sys.argv[1:])
     from bench.experiments import project
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                "generation": "dispatch ledger (H100 compile, fitted per-kernel time)"
                if gen is not None else "not priced: no compile-only CUDA packages",
                "systems": summarise(report, gen, args.device)}
-    text = markdown(summary, args, argv or [])
+    text = markdown(summary, argv or [])
     print(json.dumps(summary) if args.json else text)
     if args.out:
         path = Path(args.out)
