@@ -96,7 +96,10 @@ PLAN: tuple[Item, ...] = (
          "(static inner loops): 0.27 host round-trips per decode step where there was one "
          "(bench dispatch) — generation s against 3.71 (2026-11-26b) and the dispatch "
          "ledger's projection; compaction now (0.5, 16) on a GPU: 9-11 generation programs "
-         "instead of 21 (cold programs and compile s of the first step)",
+         "instead of 21 (cold programs and compile s of the first step); decode programs and "
+         "the overlapped reference's program now compile ahead on 4 threads "
+         "(EngineOptions.compile_threads): bench dispatch projects sym's first generation "
+         "at 25.6 s with them, 93.4 s without, padded's 43.1 s",
          _BF16,
          _BF16_DRY,
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
