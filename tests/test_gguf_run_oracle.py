@@ -113,6 +113,8 @@ def check_exports(python: Path, run: Path, gguf: Path, prompt: list[int], tmp_pa
     export_checkpoint(run, tmp_path / "merged")
     files, _ = export_checkpoint(run, tmp_path / "peft", peft=True)
     assert {"adapter_config.json", "adapter_model.safetensors"} <= set(files)
+    recorded = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
+    assert recorded["base_model_name_or_path"] == str(Path(gguf).resolve())  # not the cache
     policy, _ = restore_policy(run)
     base, _, _ = load_pretrained(gguf)
     ours, plain = _ours(policy, prompt, new), _ours(base, prompt, new)

@@ -196,13 +196,28 @@ def _export_lora(checkpoint_dir: str | Path, lora: tuple[int, dict], out_dir: st
 
     base, plan, adapters, meta, source = _lora_parts(checkpoint_dir, lora, merging=not peft)
     if peft:
-        return _export_peft(plan, adapters, base, out_dir, source, dtype=dtype,
-                            overwrite=overwrite), meta
+        return _export_peft(plan, adapters, base, out_dir, _peft_base(meta["hparams"], source),
+                            dtype=dtype, overwrite=overwrite), meta
     if dtype is not None:
         raise InputError("--dtype: a LoRA run's merged export keeps the base model's dtype; "
                          "drop --dtype (or load the export and cast it)")
     return export_merged(plan, adapters, base, out_dir, source_dir=source,
                          overwrite=overwrite, max_shard_bytes=max_shard_bytes), meta
+
+
+def _peft_base(hparams: dict[str, Any], source: str) -> str:
+    """What a PEFT adapter names as its base (``base_model_name_or_path``): the model the run
+    trained from. For a GGUF run that is the file itself, whose weights the adapters were
+    trained on; ``source`` is then the directory of its rebuilt config and tokenizer under the
+    user's cache, which holds no weights. :func:`~jaxrl_sym.weights.peft.load_peft` checks an
+    adapter against either."""
+    from jaxrl_sym.models.hf.gguf import find_gguf
+
+    root = Path(hparams["model_dir"])
+    if (root / "config.json").is_file():
+        return source
+    g = find_gguf(root)
+    return str(Path(g).resolve()) if g is not None else source
 
 
 def _lora_parts(checkpoint_dir: str | Path, lora: tuple[int, dict], *, merging: bool
