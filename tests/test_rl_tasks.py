@@ -140,6 +140,33 @@ def test_reward_validation_names_the_sample() -> None:
                                   [3, 4, 5])
 
 
+class _Batch:
+    """A batch reward recording its calls: ``values(responses)`` gives what it returns."""
+
+    def __init__(self, values):
+        self.values, self.calls = values, []
+
+    def score_batch(self, prompts, responses):
+        self.calls.append(len(responses))
+        return self.values(responses)
+
+
+def test_a_batch_reward_is_called_once_per_step_and_checked_per_sample() -> None:
+    ps = [np.array([1, 2], np.int32)] * 3
+    rs = [np.array([3], np.int32), np.array([4], np.int32), np.array([5], np.int32)]
+    batch = _Batch(lambda rs: [float(r[0]) * 2 for r in rs])
+    np.testing.assert_array_equal(compute_rewards(batch, ps, rs), [6, 8, 10])
+    assert batch.calls == [3]
+    with pytest.raises(RewardError, match=r"returned nan on sample 1"):
+        compute_rewards(_Batch(lambda rs: [0.0, float("nan"), 0.0]), ps, rs)
+    with pytest.raises(RewardError, match=r"returned 2 rewards for 3 samples"):
+        compute_rewards(_Batch(lambda rs: [0.0, 1.0]), ps, rs)
+    with pytest.raises(RewardError, match=r"raised on the step's 3 samples: KeyError"):
+        compute_rewards(_Batch(lambda rs: {}["x"]), ps, rs)
+    with pytest.raises(RewardError, match=r"shape \(2,\).*sample 2"):
+        compute_rewards(_Batch(lambda rs: [0.0, 0.0, np.zeros(2)]), ps, rs)
+
+
 def test_config_validation() -> None:
     with pytest.raises(InputError, match="algo='dpo'"):
         RLConfig.of(algo="dpo")

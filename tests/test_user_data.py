@@ -74,8 +74,8 @@ NOT_A_FUNCTION = 3
 CALLS = [0]
 
 def late_nan(prompts, completions, **kw):
-    CALLS[0] += 1
-    return [math.nan if CALLS[0] > 4 else 1.0 for _ in completions]
+    CALLS[0] += 1  # once per step
+    return [math.nan if CALLS[0] > 1 else 1.0 for _ in completions]
 '''
 
 
@@ -266,14 +266,15 @@ def test_cli_runs_your_data_with_your_reward(cwd: Path,
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["eval_source"].startswith("1 of 10 rows of d.jsonl held out")
     calls = [json.loads(line) for line in (cwd / "calls.jsonl").read_text().splitlines()]
-    assert len(calls) == 2 * 2 * 2  # steps x prompts x group, one completion per call
+    # one call per step with its prompts x group completions, as TRL calls it
+    assert [len(c["completions"]) for c in calls] == [4, 4]
     by_prompt = {f"What is {a} + {b}?": r["answer"] for (a, b), r in zip(SUMS, GSM8K, strict=True)}
     for c in calls:
-        assert len(c["completions"]) == 1 and isinstance(c["completions"][0], str)
-        assert c["answer"] == [by_prompt[c["prompts"][0]]]  # the row's own raw answer field
+        assert all(isinstance(x, str) for x in c["completions"])
+        assert c["answer"] == [by_prompt[p] for p in c["prompts"]]  # each row's own raw answer
     metrics = [json.loads(line) for line in (cwd / "m.jsonl").read_text().splitlines()]
     for k, m in enumerate(metrics):
-        mine = [float(len(c["completions"][0]) % 3) for c in calls[4 * k:4 * k + 4]]
+        mine = [float(len(x) % 3) for x in calls[k]["completions"]]
         assert m["reward/udrw_rec:score"] == pytest.approx(np.mean(mine))
         assert m["reward"] == pytest.approx(np.mean(mine) + 0.5 * m["reward/format"])
     # the same run in TensorBoard (its event files read back by tests/tb_events.py)

@@ -149,6 +149,15 @@ class TokenTextTask:
             return self.rewards.score_one(problem, text)
         return reward(text, problem.answer, self.format_weight)
 
+    def score_batch(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
+                    ) -> list[float]:
+        """The step's rewards in one call of each ``--reward`` function
+        (:class:`~jaxrl_sym.rl.step.rollout.BatchReward`); the task's own reward per sample."""
+        if self.rewards is None:
+            return [self.reward(p, r) for p, r in zip(prompts, responses, strict=True)]
+        return self.rewards.score_next([self._problem(p) for p in prompts],
+                                       [self.response_text(r) for r in responses])
+
     def reward_metrics(self) -> dict[str, float]:
         """``reward/<name>`` means of the latest step (none without ``--reward``)."""
         return {} if self.rewards is None else self.rewards.step_metrics()

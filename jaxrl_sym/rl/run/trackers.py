@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from jaxrl_sym.errors import InputError
+from jaxrl_sym.rl.step.rollout import BatchReward
 
 # name -> (module to import, what to install)
 PACKAGES: dict[str, tuple[str, str]] = {
@@ -233,6 +234,29 @@ def markdown_config(config: Mapping[str, Any]) -> str:
     return "\n".join(f"- `{k}`: `{v}`" for k, v in sorted(config.items()))
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A batch reward whose scored samples are handed to ``keep`` (the completion table)."""
+
+    task: Any
+    keep: Callable[[Any, Any, Any], None]
+
+    def score_batch(self, prompts: Any, responses: Any) -> list[float]:
+        out = self.task.score_batch(prompts, responses)
+        self.keep(prompts, responses, out)
+        return out
+
+
+def _kept_one(reward: Callable[[Any, Any], float], keep: Callable[[Any, Any, Any], None]
+              ) -> Callable[[Any, Any], float]:
+    """A per-sample reward whose scored samples are handed to ``keep``."""
+    def scored(prompt: Any, response: Any) -> float:
+        r = reward(prompt, response)
+        keep([prompt], [response], [r])
+        return r
+    return scored
+
+
 class Report:
     """The trackers of one run: :meth:`step` logs a step's metrics (and its samples when due),
     :meth:`close` flushes them. Built from a :class:`ReportConfig` (nothing when it names no
@@ -247,21 +271,23 @@ class Report:
             name = cfg.run_name or self.dir.name
             self.trackers = [_start(n, self.dir, config, name) for n in cfg.report_to]
 
-    def scored(self, task: Any) -> Callable[[Any, Any], float]:
-        """``task.reward`` with each scored sample kept for the step's completion table (the
-        task itself when no table is asked for). A text task shows its decoded text
-        (``response_text``), a token task its token ids."""
+    def scored(self, task: Any) -> Any:
+        """The reward the trainer calls: the task's (its ``score_batch`` where it scores a
+        step at once, a :class:`~jaxrl_sym.rl.step.rollout.BatchReward`; else ``task.reward``
+        per sample), with the first scored samples kept for the step's completion table when
+        one is asked for. A text task shows its decoded text (``response_text``), a token task
+        its token ids."""
+        batch = isinstance(task, BatchReward)
         if not (self.trackers and self.cfg.completions_every):
-            return task.reward
+            return task if batch else task.reward
         text = getattr(task, "response_text", None) or (lambda ids: " ".join(map(str, ids)))
 
-        def reward(prompt: Any, response: Any) -> float:
-            r = task.reward(prompt, response)
-            if len(self.pending) < SAMPLES_SHOWN:
-                ids = lambda xs: [int(t) for t in xs]
-                self.pending.append(Sample(text(ids(prompt)), text(ids(response)), float(r)))
-            return r
-        return reward
+        def keep(prompts: Any, responses: Any, rewards: Any) -> None:
+            ids = lambda xs: [int(t) for t in xs]
+            for p, r, v in zip(prompts, responses, rewards, strict=True):
+                if len(self.pending) < SAMPLES_SHOWN:
+                    self.pending.append(Sample(text(ids(p)), text(ids(r)), float(v)))
+        return _Kept(task, keep) if batch else _kept_one(task.reward, keep)
 
     def log(self, step: int, values: Mapping[str, Any]) -> None:
         """Scalars at ``step`` (the metrics' numeric fields, :func:`scalars`)."""

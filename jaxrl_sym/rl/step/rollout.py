@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -19,9 +19,21 @@ from jaxrl_sym.generation import GenerationConfig, validate_prompts
 from jaxrl_sym.rl.errors import RewardError
 from jaxrl_sym.rl.step.sampling import SamplingConfig
 
-RewardFn = Callable[[np.ndarray, np.ndarray], float]
-"""``reward_fn(prompt_tokens, response_tokens) -> float``; the response includes the EOS token
-when the row ended on one."""
+
+@runtime_checkable
+class BatchReward(Protocol):
+    """A reward that scores a step's samples in one call: ``score_batch(prompts, responses)``
+    returns one number per sample, in order. Why: a reward model, an LLM judge or a batched
+    verifier pays per call, and TRL-style reward functions take the step's completions as one
+    list; called per sample they ran B times a step with lists of one."""
+
+    def score_batch(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]
+                    ) -> Sequence[float]: ...
+
+
+RewardFn = Callable[[np.ndarray, np.ndarray], float] | BatchReward
+"""``reward_fn(prompt_tokens, response_tokens) -> float`` per sample, or a :class:`BatchReward`;
+the response includes the EOS token when the row ended on one."""
 
 
 @dataclass
@@ -95,29 +107,48 @@ def sampling_batch(cfg: SamplingConfig, prompts: Sequence[np.ndarray | Sequence[
 
 def compute_rewards(fn: RewardFn, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray],
                     *, what: str = "reward function") -> np.ndarray:
-    """Call ``fn`` per sample and insist on one finite real number each.
+    """Score every sample (one call for a :class:`BatchReward`, else one per sample) and insist
+    on one finite real number each.
 
     Why so strict: a NaN or a vector reward would silently poison the group statistics and then
     every parameter; failing here, before the update, keeps the model intact and names the sample.
     """
-    out = np.zeros(len(prompts), np.float64)
-    for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+    if isinstance(fn, BatchReward):
         try:
-            v = fn(p, r)
+            values = list(fn.score_batch(list(prompts), list(responses)))
+        except RewardError:
+            raise
         except Exception as e:
-            raise RewardError(
-                f"{what} raised on sample {i} (prompt {p.tolist()}, response {r.tolist()}): "
-                f"{type(e).__name__}: {e}. The step was not applied.", i) from e
-        a = np.asarray(v)
-        if a.shape != () or a.dtype == bool or not np.issubdtype(a.dtype, np.number) \
-                or np.iscomplexobj(a):
-            raise RewardError(
-                f"{what} returned {type(v).__name__} of shape {a.shape} and dtype {a.dtype} on "
-                f"sample {i}; it must return one real number per (prompt, response). The step "
-                "was not applied.", i)
-        if not np.isfinite(a):
-            raise RewardError(f"{what} returned {float(a)} on sample {i} (prompt {p.tolist()}, "
-                              f"response {r.tolist()}); rewards must be finite. The step was not "
-                              "applied.", i)
-        out[i] = float(a)
-    return out
+            raise RewardError(f"{what} raised on the step's {len(prompts)} samples: "
+                              f"{type(e).__name__}: {e}. The step was not applied.", 0) from e
+        if len(values) != len(prompts):
+            raise RewardError(f"{what} returned {len(values)} rewards for {len(prompts)} "
+                              "samples; it must return one per sample. The step was not "
+                              "applied.", 0)
+    else:
+        values = []
+        for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+            try:
+                values.append(fn(p, r))
+            except Exception as e:
+                raise RewardError(
+                    f"{what} raised on sample {i} (prompt {p.tolist()}, response {r.tolist()}): "
+                    f"{type(e).__name__}: {e}. The step was not applied.", i) from e
+    return np.array([_one_reward(v, i, p, r, what) for i, (v, p, r) in
+                     enumerate(zip(values, prompts, responses, strict=True))], np.float64)
+
+
+def _one_reward(v: Any, i: int, p: np.ndarray, r: np.ndarray, what: str) -> float:
+    """Sample ``i``'s reward ``v`` as a float, or a :class:`RewardError` naming the sample."""
+    a = np.asarray(v)
+    if a.shape != () or a.dtype == bool or not np.issubdtype(a.dtype, np.number) \
+            or np.iscomplexobj(a):
+        raise RewardError(
+            f"{what} returned {type(v).__name__} of shape {a.shape} and dtype {a.dtype} on "
+            f"sample {i}; it must return one real number per (prompt, response). The step "
+            "was not applied.", i)
+    if not np.isfinite(a):
+        raise RewardError(f"{what} returned {float(a)} on sample {i} (prompt {p.tolist()}, "
+                          f"response {r.tolist()}); rewards must be finite. The step was not "
+                          "applied.", i)
+    return float(a)

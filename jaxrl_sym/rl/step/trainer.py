@@ -55,7 +55,7 @@ from jaxrl_sym.rl.step import stages
 from jaxrl_sym.rl.step.context import Forwards, RolloutSource, StepContext
 from jaxrl_sym.rl.step.partial import Carried, PartialBuffer, PartialConfig
 from jaxrl_sym.rl.step.programs import Programs
-from jaxrl_sym.rl.step.rollout import RewardFn, Rollout, compute_rewards
+from jaxrl_sym.rl.step.rollout import BatchReward, RewardFn, Rollout, compute_rewards
 from jaxrl_sym.rl.step.sampling import SamplingConfig
 from jaxrl_sym.rl.step.state import (
     TrainState,
@@ -88,7 +88,8 @@ class RLTrainer:
     Args:
       model: the policy (its current weights are the starting point and, with ``beta > 0``, the
         reference).
-      reward_fn: ``(prompt, response) -> float`` per sample.
+      reward_fn: ``(prompt, response) -> float`` per sample, or a
+        :class:`~jaxrl_sym.rl.step.rollout.BatchReward` (one ``score_batch`` call a step).
       cfg: the step's knobs (:class:`RLConfig`: algorithm, optimiser, execution).
       system: the name of a registered system that trains (``jaxrl_sym.systems.names(
         trains=True)``) — ``sym`` (exact lengths) or ``padded`` (baseline), or one added with
@@ -148,9 +149,9 @@ class RLTrainer:
     ) -> None:
         self.system: TrainableSystem = trainable(system)
         _check_options(self.system, engine, speculation)
-        if not callable(reward_fn):
-            raise InputError(f"reward_fn must be callable (prompt, response) -> float, got "
-                             f"{type(reward_fn).__name__}")
+        if not (callable(reward_fn) or isinstance(reward_fn, BatchReward)):
+            raise InputError(f"reward_fn must be callable (prompt, response) -> float or have "
+                             f"score_batch(prompts, responses), got {type(reward_fn).__name__}")
         self.cfg = cfg
         self.reward_fn = reward_fn
         self.metric_fn = metric_fn

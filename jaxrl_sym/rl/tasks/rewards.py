@@ -12,14 +12,16 @@ see :mod:`jaxrl_sym.rl.tasks.text_tasks`, so give it a small weight). The step's
 ``sum(w_i * r_i)`` (``--reward-weights``, default 1 each); each ``r_i``'s mean is logged per step
 as ``reward/<name>``.
 
-The trainer scores samples one at a time (:func:`jaxrl_sym.rl.step.rollout.compute_rewards`), so a
-function is called once per sample with lists of one. What it returns is checked: an exception,
-a non-number, NaN/inf or a list of the wrong length is an InputError naming the function and the
-sample (its index in the step's batch), and the loop saves the last finished step first when the
-run has a checkpoint directory (:func:`reward_failure`). ``module:function`` is imported at the
-start (the current directory first on ``sys.path``, as TRL and verl do), before JAX is; a
-missing module or function is refused then, and the module's source digest is part of the run's
-identity (a resume with edited reward code is a changed run).
+The trainer scores a step's samples in one call (:meth:`RewardSet.score_next`, through
+:class:`~jaxrl_sym.rl.step.rollout.BatchReward`), so a function is called once per step with
+every completion of it, as TRL calls it (evaluation still calls it per sample). What it returns
+is checked: an exception, a non-number, NaN/inf or a list of the wrong length is an InputError
+naming the function and the sample (its index in the step's batch), and the loop saves the last
+finished step first when the run has a checkpoint directory (:func:`reward_failure`).
+``module:function`` is imported at the start (the current directory first on ``sys.path``, as
+TRL and verl do), before JAX is; a missing module or function is refused then, and the
+module's source digest is part of the run's identity (a resume with edited reward code is a
+changed run).
 """
 
 from __future__ import annotations
@@ -242,16 +244,23 @@ class RewardSet:
         self._calls, self._parts = 0, {}
 
     def score_one(self, problem: Problem, completion: str) -> float:
-        """The weighted reward of the step's next sample (the trainer scores them in order)."""
-        i, self._calls = self._calls, self._calls + 1
-        prompt: Any = ([{"role": r, "content": c} for r, c in problem.messages]
-                       if problem.messages else problem.prompt)
-        fields = (problem.fields if problem.fields is not None
-                  else {"answer": format_answer(problem.answer)})
-        total, parts = self.score([prompt], [completion], [problem.answer], [fields], first=i)
+        """The weighted reward of the step's next sample (evaluation scores them one by one)."""
+        return self.score_next([problem], [completion])[0]
+
+    def score_next(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        """The weighted rewards of the step's next samples, each reward function called once
+        for all of them (the trainer passes a step's whole batch); errors name a sample by its
+        index in the step."""
+        i, self._calls = self._calls, self._calls + len(problems)
+        prompts: list[Any] = [[{"role": r, "content": c} for r, c in p.messages]
+                              if p.messages else p.prompt for p in problems]
+        fields = [p.fields if p.fields is not None else {"answer": format_answer(p.answer)}
+                  for p in problems]
+        total, parts = self.score(prompts, completions, [p.answer for p in problems], fields,
+                                  first=i)
         for name, vals in parts.items():
             self._parts.setdefault(name, []).extend(vals)
-        return total[0]
+        return total
 
     def step_metrics(self) -> dict[str, float]:
         """``reward/<name>``: each reward's mean over the step's samples so far."""
