@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from jaxrl_sym.rl.errors import CheckpointError, RewardError
     from jaxrl_sym.rl.knobs import AlgorithmConfig, ExecutionConfig, OptimizerConfig
     from jaxrl_sym.rl.names import TASK_NAMES
+    from jaxrl_sym.rl.step.rollout import BatchReward
     from jaxrl_sym.rl.step.sampling import SamplingConfig
     from jaxrl_sym.rl.step.trainer import RLTrainer, Rollout, compute_rewards, params_sha256
     from jaxrl_sym.rl.tasks.token_tasks import Task, get_task
@@ -42,6 +43,7 @@ _HOME = {
     **dict.fromkeys(("AlgorithmConfig", "ExecutionConfig", "OptimizerConfig"),
                     "jaxrl_sym.rl.knobs"),
     "SamplingConfig": "jaxrl_sym.rl.step.sampling",
+    "BatchReward": "jaxrl_sym.rl.step.rollout",
     "CheckpointError": "jaxrl_sym.rl.errors",
     "RewardError": "jaxrl_sym.rl.errors",
     "TASK_NAMES": "jaxrl_sym.rl.names",
@@ -53,6 +55,7 @@ _HOME = {
 __all__ = [
     "TASK_NAMES",
     "AlgorithmConfig",
+    "BatchReward",
     "CheckpointConfig",
     "CheckpointError",
     "ExecutionConfig",
