@@ -90,3 +90,35 @@ def test_rl_step_compiles_the_overlapped_reference_program_ahead():
     for name in ("responses", "old_logprobs", "ref_logprobs"):
         for a, b in zip(getattr(plain, name), getattr(ahead, name), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_cancel_drops_only_programs_whose_compile_has_not_started():
+    """One background thread: the first prefetched build blocks (started), the second waits
+    in the queue. Cancelling both drops the queued one alone; asked for later, it is built on
+    demand; the started one is the compile ``get`` then returns."""
+    import threading
+
+    from jaxrl_sym.runtime.programs import ProgramCache
+
+    started, release, built = threading.Event(), threading.Event(), []
+
+    def slow():
+        started.set()
+        release.wait(timeout=30)
+        built.append("a")
+        return "exe-a"
+
+    def queued():
+        built.append("b")
+        return "exe-b"
+
+    cache = ProgramCache(threads=1)
+    cache.prefetch(("a",), slow)
+    cache.prefetch(("b",), queued)
+    assert started.wait(timeout=30)
+    cache.cancel([("a",), ("b",)])
+    assert set(cache.pending) == {("a",)}
+    release.set()
+    assert cache.get(("a",), lambda: "never") == "exe-a"
+    assert cache.get(("b",), queued) == "exe-b"
+    assert built == ["a", "b"] and cache.ahead == 1 and cache.compiles == 2

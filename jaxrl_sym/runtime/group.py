@@ -112,7 +112,14 @@ class DecodeGroup(RefillRows):
                 self.tiling = dataclasses.replace(self.tiling, max=self.tiling.base)
             else:  # 0: the rule cannot hold before this group ends; tiles grow as usual
                 self._stop_live = int(out.stop_live)
-        self.compile_ahead(hoisted)
+        ahead = self.compile_ahead(hoisted)
+        try:
+            self._loop(hoisted, out, on_finished)
+        finally:  # what the replay named and this group did not start is not compiled
+            self.cache.cancel(ahead)
+
+    def _loop(self, hoisted: tuple[jax.Array, ...], out: Outputs,
+              on_finished: OnFinished | None) -> None:
         last = self.prefill(hoisted) if self.refill is None else None
         while True:
             if last is not None:
@@ -133,19 +140,25 @@ class DecodeGroup(RefillRows):
             self.carry_out(d, live)
             last = self.decode(hoisted, d)
 
-    def compile_ahead(self, hoisted: tuple[jax.Array, ...]) -> None:
+    def compile_ahead(self, hoisted: tuple[jax.Array, ...]) -> list[tuple]:
         """Start compiling the decode programs this group will run, in the background
         (``EngineOptions.compile_threads``): the buckets the policy's replay of the group names
         when its rows run to their limits, in the order it runs them, so the first tile's
-        program compiles while the prefill's does. A refill group runs one bucket."""
+        program compiles while the prefill's does. A refill group runs one bucket. Returns
+        the programs' keys (the group cancels those not started when it ends: rows that ended
+        early at EOS never reached their buckets, and a process would wait for them at exit)."""
         if self.plan.compile_threads == 0 or self.refill is not None:
-            return
+            return []
         live = np.nonzero(~self.done)[0]
         ds = replay_group(self.shape, [int(self.limits[s]) for s in live], tiling=self.tiling,
                           need=self.plan.growing_need, row_multiple=self.plan.row_multiple,
                           compaction=self.plan.compaction)
+        keys = []
         for rows, capacity in dict.fromkeys((d.rows, d.capacity) for d in ds):
-            self.cache.prefetch(*decode_program(self.plan, self.cfg, hoisted, rows, capacity))
+            key, build = decode_program(self.plan, self.cfg, hoisted, rows, capacity)
+            self.cache.prefetch(key, build)
+            keys.append(key)
+        return keys
 
     def next_dispatch(self, live: np.ndarray, *, steps_done: int, remaining: int, tile: int,
                       compaction: Compaction | None = None, grow_with_compaction: bool = True,

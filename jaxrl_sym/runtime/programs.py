@@ -9,7 +9,7 @@ for the peak-bytes accounting.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +107,14 @@ class ProgramCache:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="jaxrl-sym-compile")
         self.pending[key] = self._pool.submit(build)
+
+    def cancel(self, keys: Sequence[tuple]) -> None:
+        """Drop the prefetched programs among ``keys`` whose compile has not started (one
+        that has runs to its end; a later :meth:`get` compiles a dropped one on demand)."""
+        for key in keys:
+            fut = self.pending.get(key)
+            if fut is not None and fut.cancel():
+                del self.pending[key]
 
     def run(self, key: tuple, build: Callable[[], Any], *args: Any) -> Any:
         exe = self.get(key, build)
