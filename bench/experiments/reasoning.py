@@ -87,30 +87,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return presets.parse(p, PRESETS, argv)
 
 
-def _report_file(text: str) -> str:
-    """``--dispatch-from``: an earlier run's OUT.json holding its dispatch rows."""
+def _reasoning_report(text: str, needs: str, what: str) -> str:
+    """``text``: an earlier reasoning OUT.json holding a non-empty ``needs`` field."""
     try:
         old = json.loads(Path(text).read_text())
     except (OSError, ValueError) as err:
         raise argparse.ArgumentTypeError(f"cannot read {text!r} as a reasoning report: "
                                          f"{err}") from None
-    if not isinstance(old, dict) or not old.get("dispatch"):
-        raise argparse.ArgumentTypeError(f"{text!r} holds no dispatch rows (a reasoning "
-                                         "OUT.json written with the compile-only packages)")
+    if not isinstance(old, dict) or not old.get(needs):
+        raise argparse.ArgumentTypeError(f"{text!r} holds no {what}")
     return text
+
+
+def _report_file(text: str) -> str:
+    """``--dispatch-from``: an earlier run's OUT.json holding its dispatch rows."""
+    return _reasoning_report(text, "dispatch", "dispatch rows (a reasoning OUT.json written "
+                             "with the compile-only packages)")
 
 
 def _repriceable(text: str) -> str:
     """``--reprice``: a reasoning OUT.json holding its project report."""
-    try:
-        old = json.loads(Path(text).read_text())
-    except (OSError, ValueError) as err:
-        raise argparse.ArgumentTypeError(f"cannot read {text!r} as a reasoning report: "
-                                         f"{err}") from None
-    if not isinstance(old, dict) or not isinstance(old.get("project"), dict):
-        raise argparse.ArgumentTypeError(f"{text!r} holds no project report (a reasoning "
-                                         "OUT.json written by --out)")
-    return text
+    return _reasoning_report(text, "project", "project report (a reasoning OUT.json written "
+                             "by --out)")
 
 
 def project_argv(args: argparse.Namespace, out: Path) -> list[str]:
