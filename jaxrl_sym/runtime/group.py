@@ -31,10 +31,11 @@ from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
 from jaxrl_sym.runtime.outputs import OnFinished, Outputs
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
-from jaxrl_sym.runtime.policy import Compaction, Dispatch, Tiling, next_dispatch, replay_group
-from jaxrl_sym.runtime.programs import DEAD_POSITION, ProgramCache
+from jaxrl_sym.runtime.policy import Compaction, Cursor, Dispatch, Tiling, replay_group
+from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.runtime.prompt_cache import PromptCache, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import Refill, refill_shape
+from jaxrl_sym.runtime.rows import RowState
 from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket
@@ -66,36 +67,44 @@ class DecodeGroup(RefillRows):
             self.shape = plan.group_shape([len(prompts[i]) for i in group],
                                           [limits[i] for i in group])
         self.all_limits = limits
-        self.rows, self.capacity, self.steps_done = self.shape.rows, self.shape.capacity, 0
-        self.buffer = plan.tile_buffer(cfg)  # steps the tile program's output buffers hold
-        self.tiling = Tiling(plan.tiling.base, self.buffer, plan.tiling.check)
-        self.tile = self.tiling.first()  # steps the next dispatch asks for
+        # the tile program's output buffers hold plan.tile_buffer(cfg) steps: tiles grow to it
+        self.at = Cursor.start(self.shape, Tiling(plan.tiling.base, plan.tile_buffer(cfg),
+                                                  plan.tiling.check))
         b = self.shape.rows
-        self.ids = np.full((b,), -1, np.int64)
-        self.limits = np.zeros((b,), np.int64)
         if self.refill is not None:  # every row starts free: the cache fills them (run)
             self.waiting, group = [*group, *self.waiting], []
             budget = cache_budget(self.shape.prompt_slots, b, self.capacity)
             self.feed = PromptCache(plan_chunks(self.waiting, prompts, budget,
                                                 vocab=plan.vocab_size,
                                                 logits_bytes=cfg.prefill_logits_bytes))
-        self.ids[:len(group)] = group
-        self.limits[:len(group)] = [limits[i] for i in group]
-        self.done = self.ids < 0
-        self.fed = np.zeros((b,), np.int32)  # each row's last sampled token (its next input)
+        self.state = RowState.empty(b).seat(range(len(group)), group,
+                                            [limits[i] for i in group],
+                                            [len(prompts[i]) for i in group], off=0)
         self.prompts = prompts
         self.work = WorkLog()
         self._tile = 0  # steps of the dispatch whose tokens ``collect`` reads next (0: prefill)
         self._ran: Any = None  # the tile program's count of steps run (a device scalar)
-        self._stop_live = 0  # > 0: tiles end on device once live rows fall to it (stop_live)
         self.seed = jax.device_put(np.uint32(cfg.seed))
-        self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
-        self.pos0_h = np.full((b,), DEAD_POSITION, np.int32)
-        self.pos0_h[:len(group)] = [len(prompts[i]) for i in group]
-        self.pos0 = jax.device_put(self.pos0_h)
-        self.off = np.zeros((b,), np.int32)  # group steps before each row's sample began
+        self.put_rows()
         self.stores = cache.run(("init", b, self.capacity), lambda: jax.jit(
             plan.builder.init_stores, static_argnums=(0, 1)).lower(b, self.capacity).compile())
+
+    @property
+    def rows(self) -> int:
+        return self.at.rows
+
+    @property
+    def capacity(self) -> int:
+        return self.at.capacity
+
+    @property
+    def steps_done(self) -> int:
+        return self.at.steps_done
+
+    def put_rows(self) -> None:
+        """The device copies of the rows' first positions and row ids (decode arguments)."""
+        self.pos0 = jax.device_put(self.state.pos0)
+        self.row_ids = jax.device_put(self.state.row_id)
 
     # ------------------------------------------------------------------ the loop
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
@@ -109,9 +118,11 @@ class DecodeGroup(RefillRows):
         rule is asked exactly there; past it, tiles stay at the base."""
         if out.stop_when is not None:
             if out.stop_live is None:
-                self.tiling = dataclasses.replace(self.tiling, max=self.tiling.base)
+                tiling = self.at.tiling
+                self.at = dataclasses.replace(self.at, tiling=dataclasses.replace(
+                    tiling, max=tiling.base))
             else:  # 0: the rule cannot hold before this group ends; tiles grow as usual
-                self._stop_live = int(out.stop_live)
+                self.at = dataclasses.replace(self.at, stop_live=int(out.stop_live))
         ahead = self.compile_ahead(hoisted)
         try:
             self._loop(hoisted, out, on_finished)
@@ -127,12 +138,11 @@ class DecodeGroup(RefillRows):
             while self.waiting and not out.should_stop() and self.refill_rows(hoisted, out,
                                                                               on_finished):
                 pass  # a refilled row may end at its token 0, freeing its row again
-            if self.done.all() or out.should_stop():
+            if self.state.done.all() or out.should_stop():
                 return
-            live = np.nonzero(~self.done)[0]
-            remaining = max(int(self.limits[s]) - len(out.toks[int(self.ids[s])]) for s in live)
-            ask = partial(self.next_dispatch, live, steps_done=self.steps_done,
-                          remaining=remaining, tile=self.tile,
+            live, st = self.state.live(), self.state
+            remaining = max(int(st.limits[s]) - len(out.toks[int(st.ids[s])]) for s in live)
+            ask = partial(self.next_dispatch, live, remaining=remaining,
                           compaction=NEVER if self.waiting else None)
             d = ask()
             if d.rows < self.rows and self._defer(d, hoisted):
@@ -149,8 +159,9 @@ class DecodeGroup(RefillRows):
         early at EOS never reached their buckets, and a process would wait for them at exit)."""
         if self.plan.compile_threads == 0 or self.refill is not None:
             return []
-        live = np.nonzero(~self.done)[0]
-        ds = replay_group(self.shape, [int(self.limits[s]) for s in live], tiling=self.tiling,
+        live = self.state.live()
+        ds = replay_group(self.shape, [int(self.state.limits[s]) for s in live],
+                          tiling=self.at.tiling,
                           need=self.plan.growing_need, row_multiple=self.plan.row_multiple,
                           compaction=self.plan.compaction)
         keys = []
@@ -160,20 +171,16 @@ class DecodeGroup(RefillRows):
             keys.append(key)
         return keys
 
-    def next_dispatch(self, live: np.ndarray, *, steps_done: int, remaining: int, tile: int,
-                      compaction: Compaction | None = None, grow_with_compaction: bool = True,
-                      check: int | None = None) -> Dispatch:
-        """The policy's next dispatch for this group (:func:`next_dispatch`): the group
-        asks, it does not decide. ``check``: steps between the tile program's live-row tests
-        (the tiling's ``check``; 1 for a program that takes exactly the steps asked)."""
-        return next_dispatch(self.shape, steps_done=steps_done, rows=self.rows,
-                             capacity=self.capacity, live=len(live), remaining=remaining,
-                             tile=tile,
-                             need=None if self.refill is not None else self.plan.growing_need,
-                             row_multiple=self.plan.row_multiple,
-                             compaction=compaction or self.plan.compaction,
-                             grow_with_compaction=grow_with_compaction,
-                             check=self.tiling.check if check is None else check)
+    def next_dispatch(self, live: np.ndarray, *, remaining: int,
+                      compaction: Compaction | None = None, **over: int | bool) -> Dispatch:
+        """The policy's next dispatch for this group (:meth:`Cursor.ask`): the group asks, it
+        does not decide. ``over``: the speculative group's own terms (``steps_done``,
+        ``tile``, ``check`` — 1 for a program that takes exactly the steps asked — and
+        ``grow_with_compaction``)."""
+        return self.at.ask(self.shape, live=len(live), remaining=remaining,
+                           need=None if self.refill is not None else self.plan.growing_need,
+                           row_multiple=self.plan.row_multiple,
+                           compaction=compaction or self.plan.compaction, **over)
 
     def carry_out(self, d: Dispatch, live: np.ndarray) -> None:
         """The compaction and growth ``d`` decided, before its program runs."""
@@ -206,7 +213,7 @@ class DecodeGroup(RefillRows):
     def packed_prefill(self, hoisted: tuple[jax.Array, ...]) -> tuple[Any, ...]:
         """The prompts bin-packed into rows (:mod:`jaxrl_sym.runtime.prefill`): no prompt
         padding and no filler row is computed, only the packing's tail."""
-        prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
+        prompts = [self.prompts[i] if i >= 0 else None for i in self.state.ids]
         pk = PackedPrompts.build(prompts, self.shape.prompt_slots, vocab=self.plan.vocab_size,
                                  logits_bytes=self.cfg.prefill_logits_bytes)
         self.work.computed += pk.positions_computed  # a repeated prompt is needed once
@@ -229,12 +236,12 @@ class DecodeGroup(RefillRows):
         b, pcap = self.shape.rows, self.shape.prompt_slots
         tok_in = np.zeros((b, pcap), np.int32)
         pos_in = np.full((b, pcap), -1, np.int32)
-        for slot, i in enumerate(self.ids):
+        for slot, i in enumerate(self.state.ids):
             if i >= 0:
                 p = self.prompts[i]
                 tok_in[slot, pcap - len(p):] = p
                 pos_in[slot, pcap - len(p):] = np.arange(len(p))
-        lens = [len(self.prompts[i]) for i in self.ids if i >= 0]
+        lens = [len(self.prompts[i]) for i in self.state.ids if i >= 0]
         self.work.computed += b * pcap
         self.work.needed += sum(lens)
         self.work.add("prompt_alignment", sum(pcap - n for n in lens))
@@ -255,21 +262,19 @@ class DecodeGroup(RefillRows):
         """One decode program: a single step, or a tile of ``d.tile`` steps."""
         self._tile, self._dispatch = d.tile, d
         args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
-                self.row_ids, self.seed, self.off)
+                self.row_ids, self.seed, self.state.off)
         name, tiled, static = self._program()
         ran = None
         if tiled:  # each row's last step (its last response index + off); -1: ended or filler
-            last = np.where(self.done, -1, self.off + self.limits - 1).astype(np.int32)
-            stop = max(d.stop, self._stop_live,
+            stop = max(d.stop, self.at.stop_live,
                        self.refill.stop_live(self.rows, len(self.waiting)) if self.waiting else 0)
-            args = (*args, np.int32(d.tile), last, np.int32(stop))
+            args = (*args, np.int32(d.tile), self.state.last_steps(), np.int32(stop))
             (self.stores, tok, lp, lg, ran), key = self.plan.run(self.cache, name, self.cfg,
                                                                  *args, **static)
         else:
             (self.stores, tok, lp, lg), key = self.plan.run(self.cache, name, self.cfg, *args)
         self._ran = ran
-        self.steps_done = d.step + d.tile - 1
-        self._observe(key, step=self.steps_done)
+        self._observe(key, step=d.step + d.tile - 1)
         return tok, lp, lg if self.cfg.return_logits else None, tiled
 
     # ------------------------------------------------------------------ host side
@@ -281,44 +286,53 @@ class DecodeGroup(RefillRows):
         # host copies with a leading step axis (added on the host: no device op, no compile)
         tok_h, lp_h, lg_h = (None if x is None else to_host(x) if tiled
                              else to_host(x)[None] for x in arrays)
-        finished: list[int] = []
-        live = np.nonzero(~self.done)[0]
-        before = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
+        live = self.state.live()
+        before = {int(s): len(out.toks[int(self.state.ids[s])]) for s in live}
         if self._tile and self._ran is not None:  # the steps the tile program ran
             self._tile = int(self._ran)
             self._dispatch = self._dispatch.ran(self._tile)
-            self.steps_done = self._dispatch.step + self._tile - 1
-        for j in range(self._tile or 1):
-            for slot in np.nonzero(~self.done)[0]:
-                i = int(self.ids[slot])
-                out.toks[i].append(int(tok_h[j, slot]))
-                out.lps[i].append(float(lp_h[j, slot]))
-                self.fed[slot] = tok_h[j, slot]
-                if out.logits is not None and lg_h is not None:
-                    out.logits[i].append(lg_h[j, slot])
-                eos = int(tok_h[j, slot]) in self.cfg.eos_ids
-                if eos or len(out.toks[i]) >= self.limits[slot]:
-                    self.done[slot] = True
-                    out.finished[i] = True
-                    finished.append(i)
-        if self._stop_live and int((~self.done).sum()) <= self._stop_live:
-            self._stop_live = 0  # the bound is reached: the rule is asked every base tile now
-            self.tiling = dataclasses.replace(self.tiling, max=self.tiling.base)
+        finished = self._append(tok_h, lp_h, lg_h, out)
+        now = len(self.state.live())
         if self._tile:  # a decode dispatch: each emitted token was one needed position
             self._book(out, before)
-            self.tile = self.tiling.after(self._tile, bool(finished))
+            self.at = self.at.ran(self._dispatch, ended=bool(finished), live=now)
+        else:
+            self.at = self.at.settle(now)
         if out.progress is not None:
             out.progress(sum(len(t) for t in out.toks))
         if finished and on_finished is not None:
             on_finished(finished, [np.asarray(out.toks[i], np.int32) for i in finished])
 
+    def _append(self, tok_h: np.ndarray, lp_h: np.ndarray, lg_h: np.ndarray | None,
+                out: Outputs) -> list[int]:
+        """Append the ``self._tile or 1`` steps read back to each live row's outputs, step by
+        step (a row ends at EOS or its limit; its later steps are overrun); returns the
+        request rows that ended."""
+        finished: list[int] = []
+        for j in range(self._tile or 1):
+            live, st = self.state.live(), self.state
+            ended = []
+            for slot in live:
+                i = int(st.ids[slot])
+                out.toks[i].append(int(tok_h[j, slot]))
+                out.lps[i].append(float(lp_h[j, slot]))
+                if out.logits is not None and lg_h is not None:
+                    out.logits[i].append(lg_h[j, slot])
+                ended.append(int(tok_h[j, slot]) in self.cfg.eos_ids
+                             or len(out.toks[i]) >= st.limits[slot])
+                if ended[-1]:
+                    out.finished[i] = True
+                    finished.append(i)
+            self.state = st.emitted(live, tok_h[j, live], ended)
+        return finished
+
     def _book(self, out: Outputs, before: dict[int, int]) -> None:
         """Book a decode dispatch's token positions by cause (:class:`WorkLog`), for the
         steps it ran."""
         d = self._dispatch
-        emitted = {s: len(out.toks[int(self.ids[s])]) - n for s, n in before.items()}
+        emitted = {s: len(out.toks[int(self.state.ids[s])]) - n for s, n in before.items()}
         used = sum(emitted.values())
-        filler = int((self.ids < 0).sum())
+        filler = int((self.state.ids < 0).sum())
         self.work.computed += d.rows * d.tile
         self.work.needed += used
         self.work.add("row_bucket", filler * d.tile)
@@ -333,12 +347,12 @@ class DecodeGroup(RefillRows):
                          sp.kind.slots(sp, sp.kind.capacity(sp, d.capacity)))
                         for sp in self.plan.specs.values())
         per_step = sum(n * size for (_, size), n in sizes.items())
-        filler = int((self.ids < 0).sum())
+        filler = int((self.state.ids < 0).sum())
         self.work.add_keys("row_bucket", filler * d.tile * per_step)
         self.work.add_keys("finished_rows", (d.rows - filler - len(emitted)) * d.tile * per_step)
         pcap = self.shape.prompt_slots
         for slot, u in emitted.items():
-            plen = len(self.prompts[int(self.ids[slot])])
+            plen = len(self.prompts[int(self.state.ids[slot])])
             self.work.add_keys("tile_overrun", (d.tile - u) * per_step)
             for (aligned, size), n in sizes.items():
                 pad = pcap - plen if aligned else 0
@@ -363,21 +377,17 @@ class DecodeGroup(RefillRows):
         store is all that is added (the numbers: ``bench/results/projection.md``)."""
         keep, filler = self.kept(live, rows)
         kept = jax.device_put(keep.astype(np.int32))
-        self.fed = self.fed[keep]
+        self.state = self.state.take(keep, filler)
         for name in list(self.stores):  # one store per program (why: the docstring)
             if self._slot_from_host(name):
                 continue
             key, build = compact_store_program(self.plan, self.stores[name], kept)
             self.stores[name] = self.cache.run(key, build, self.stores[name], kept)
             del build  # it holds the store's old rows: free them before the next store
-        # the per-row arrays from their host copies, no program: ``keep`` names live rows only,
-        # whose row id is their sample's (fillers repeat one, as the stores do)
-        row_ids = np.maximum(self.ids, 0)[keep].astype(np.int32)
-        self.ids = np.where(filler, -1, self.ids[keep])
-        self.pos0_h = np.where(filler, DEAD_POSITION, self.pos0_h[keep]).astype(np.int32)
-        self.pos0, self.row_ids = jax.device_put(self.pos0_h), jax.device_put(row_ids)
-        self.off = np.where(filler, 0, self.off[keep]).astype(np.int32)
-        self.limits, self.done, self.rows = self.limits[keep], filler.copy(), rows
+        # the rows' device arrays from their host copies, no program: ``keep`` names live rows
+        # only, whose row id is their sample's (fillers repeat one, as the stores do)
+        self.put_rows()
+        self.at = dataclasses.replace(self.at, rows=rows)
 
     def _slot_from_host(self, name: str) -> bool:
         """Whether store ``name`` is a feedback edge of lag 1, now rebuilt from the host's copy
@@ -387,7 +397,7 @@ class DecodeGroup(RefillRows):
         if sp is None or sp.lag != 1:
             return False
         old = self.stores[name]["tok"]
-        self.stores[name] = {"tok": jax.device_put(self.fed[:, None], old.sharding)}
+        self.stores[name] = {"tok": jax.device_put(self.state.fed[:, None], old.sharding)}
         return True
 
     def grow(self, capacity: int) -> None:
@@ -407,7 +417,7 @@ class DecodeGroup(RefillRows):
             del build  # it holds the old store
             self.meter.observe(self.weights_bytes + tree_bytes(self.stores) + old_bytes,
                                self.cache.temp_bytes[key], step=self.steps_done)
-        self.capacity = capacity
+        self.at = dataclasses.replace(self.at, capacity=capacity)
 
     def _observe(self, key: tuple, step: int) -> None:
         cached = self.feed.nbytes if self.refill is not None else 0

@@ -30,19 +30,18 @@ class RefillRows:
         """Give free rows (finished, or not yet used) waiting samples when the refill policy
         says so — one refill from the prompt cache (:meth:`fill_rows`) — and read their token
         0; returns whether it refilled. With no live row left every free row is refilled."""
-        free = np.nonzero(self.done)[0]
-        n = (self.refill.take(len(free), len(self.waiting)) if len(free) < len(self.done)
+        free = np.nonzero(self.state.done)[0]
+        n = (self.refill.take(len(free), len(self.waiting)) if len(free) < len(self.state)
              else min(len(free), len(self.waiting)))
         if n == 0:
             return False
         n = self.feed.servable(self.waiting[:n])  # one cache chunk per refill
         slots, new = free[:n], self.waiting[:n]
         self.waiting = self.waiting[n:]
-        self.ids[slots], self.limits[slots] = new, self.all_limits[new]
-        self.done[slots], self.off[slots] = False, self.steps_done
-        self.pos0_h[slots] = [len(self.prompts[i]) - self.steps_done for i in new]
-        self.pos0 = jax.device_put(self.pos0_h)
-        self.row_ids = jax.device_put(np.maximum(self.ids, 0).astype(np.int32))
+        self.state = self.state.seat(slots, new, self.all_limits[new],
+                                     [len(self.prompts[i]) - self.steps_done for i in new],
+                                     off=self.steps_done)
+        self.put_rows()
         self._first_tokens(slots, *self.fill_rows(hoisted, slots, new), out, on_finished)
         if not self.waiting:  # the last refill: the cache's memory goes back for the tail
             self.feed.loaded(self.feed.at, None, None)
@@ -87,16 +86,19 @@ class RefillRows:
         tok_h, lp_h = to_host(tok), to_host(lp)
         lg_h = to_host(lg) if self.cfg.return_logits and out.logits is not None else None
         finished: list[int] = []
+        ended = []
         for r in slots:
-            i = int(self.ids[r])
+            i = int(self.state.ids[r])
             out.toks[i].append(int(tok_h[r]))
             out.lps[i].append(float(lp_h[r]))
-            self.fed[r] = tok_h[r]
             if lg_h is not None:
                 out.logits[i].append(lg_h[r])
-            if int(tok_h[r]) in self.cfg.eos_ids or len(out.toks[i]) >= self.limits[r]:
-                self.done[r] = out.finished[i] = True
+            ended.append(int(tok_h[r]) in self.cfg.eos_ids
+                         or len(out.toks[i]) >= self.state.limits[r])
+            if ended[-1]:
+                out.finished[i] = True
                 finished.append(i)
+        self.state = self.state.emitted(slots, tok_h[slots], ended)
         if out.progress is not None:
             out.progress(sum(len(t) for t in out.toks))
         if finished and on_finished is not None:

@@ -381,6 +381,54 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
     return Dispatch(step, k, write, rows, capacity, compaction.stop_at(rows, row_multiple))
 
 
+@dataclass(frozen=True)
+class Cursor:
+    """Where a decode group stands between dispatches, advanced by the same two functions in
+    the engine (:class:`~jaxrl_sym.runtime.group.DecodeGroup`) and in :func:`replay_group`.
+
+    rows / capacity: the row bucket and growing capacity it runs at; tiling: how its tiles
+    grow; steps_done: decode steps run so far; tile: the steps :class:`Tiling` asks for next;
+    stop_live: > 0 while its tiles end on device once the live rows fall to it (a ``stop_when``
+    rule's bound: until then tiles grow as usual, after it they stay at the base).
+    """
+
+    rows: int
+    capacity: int
+    tiling: Tiling
+    steps_done: int = 0
+    tile: int = 0
+    stop_live: int = 0
+
+    @classmethod
+    def start(cls, shape: GroupShape, tiling: Tiling) -> Cursor:
+        return cls(shape.rows, shape.capacity, tiling, 0, tiling.first())
+
+    def ask(self, shape: GroupShape, *, live: int, remaining: int,
+            need: Callable[[int], int] | None, row_multiple: int = 1,
+            compaction: Compaction = Compaction(), **over: int | bool) -> Dispatch:
+        """The next dispatch from here (:func:`next_dispatch`); ``over``: its other keywords
+        (``grow_with_compaction``, and ``steps_done``/``tile``/``check`` where a speculative
+        group asks in its own terms)."""
+        at = {"steps_done": self.steps_done, "tile": self.tile, "check": self.tiling.check}
+        return next_dispatch(shape, rows=self.rows, capacity=self.capacity, live=live,
+                             remaining=remaining, need=need, row_multiple=row_multiple,
+                             compaction=compaction, **(at | over))
+
+    def settle(self, live: int) -> Cursor:
+        """Past a ``stop_live`` bound (``live`` rows left, at most it): tiles stay at the base."""
+        if not self.stop_live or live > self.stop_live:
+            return self
+        return dataclasses.replace(self, stop_live=0,
+                                   tiling=dataclasses.replace(self.tiling, max=self.tiling.base))
+
+    def ran(self, d: Dispatch, *, ended: bool, live: int) -> Cursor:
+        """After ``d`` ran (``d.tile``: the steps it ran), ``ended``: a row ended in it,
+        ``live``: rows left."""
+        at = dataclasses.replace(self.settle(live), rows=d.rows, capacity=d.capacity,
+                                 steps_done=d.step + d.tile - 1)
+        return dataclasses.replace(at, tile=at.tiling.after(d.tile, ended))
+
+
 def replay(prompt_lens: Sequence[int], limits: Sequence[int], *,
            min_capacity: int = DEFAULT_MIN_CAPACITY,
            max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION, tiling: Tiling = Tiling(),
@@ -409,15 +457,14 @@ def replay_group(shape: GroupShape, limits: Sequence[int], *, tiling: Tiling = T
     dispatch. ``need`` defaults to the growing store's live count (t + 1). The engine reads it
     too, to compile a call's decode programs ahead (``EngineOptions.compile_threads``)."""
     left = [int(n) - 1 for n in limits]  # tokens still to emit after the prefill's
-    rows, cap, done, ds, tile = shape.rows, shape.capacity, 0, [], tiling.first()
+    at, ds = Cursor.start(shape, tiling), []
     while any(x > 0 for x in left):
         live = [x for x in left if x > 0]
-        d = next_dispatch(shape, steps_done=done, rows=rows, capacity=cap, live=len(live),
-                          remaining=max(live), tile=tile, need=need, row_multiple=row_multiple,
-                          compaction=compaction, check=tiling.check)
+        d = at.ask(shape, live=len(live), remaining=max(live), need=need,
+                   row_multiple=row_multiple, compaction=compaction)
         d = d.ran(tiling.ran(d.tile, live, d.stop))  # the device's early stop
         ds.append(d)
-        rows, cap, done = d.rows, d.capacity, d.step + d.tile - 1
         left = [max(0, x - d.tile) for x in left]
-        tile = tiling.after(d.tile, sum(x > 0 for x in left) < len(live))
+        now = sum(x > 0 for x in left)
+        at = at.ran(d, ended=now < len(live), live=now)
     return ds

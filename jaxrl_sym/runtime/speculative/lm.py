@@ -22,6 +22,7 @@ Compiles: one verify program per (row bucket, store capacity, k); k comes from a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from functools import partial
 from typing import Any
@@ -109,7 +110,7 @@ class SpeculativeGroup(DecodeGroup):
         """The target's prefill, then the draft model's from the same packed prompts."""
         out = super().prefill(hoisted)
         if self.draft is not None:
-            prompts = [self.prompts[i] if i >= 0 else None for i in self.ids]
+            prompts = [self.prompts[i] if i >= 0 else None for i in self.state.ids]
             pk = PackedPrompts.build(prompts, self.shape.prompt_slots,
                                      vocab=self.plan.vocab_size,
                                      logits_bytes=self.cfg.prefill_logits_bytes)
@@ -134,17 +135,17 @@ class SpeculativeGroup(DecodeGroup):
             on_finished: OnFinished | None) -> None:
         self.collect(self.prefill(hoisted), out, on_finished)
         log, m = self.log, self.speculation.verify_tile
-        while not self.done.all() and not out.should_stop():
-            live = np.nonzero(~self.done)[0]
+        while not self.state.done.all() and not out.should_stop():
+            live = self.state.live()
             k = choose_k(log, self.speculation.ks, self.rows)
-            top = max(len(out.toks[int(self.ids[s])]) for s in live)
+            top = max(len(out.toks[int(self.state.ids[s])]) for s in live)
             # a tile writes up to m (k + 1) slots past the longest row's last token
             span = m * (k + 1) + 1
             d = self.next_dispatch(live, steps_done=top - 1, remaining=span, tile=span,
                                    grow_with_compaction=False, check=1)
             self.carry_out(d, live)
-            live = np.nonzero(~self.done)[0]
-            emitted = {int(s): len(out.toks[int(self.ids[s])]) for s in live}
+            live = self.state.live()
+            emitted = {int(s): len(out.toks[int(self.state.ids[s])]) for s in live}
             t0, compiles = time.perf_counter(), self.cache.compiles
             res = self._verify(hoisted, self._inputs(out, emitted, k), k, m)
             self._collect_verified(res, out, on_finished, emitted, k)
@@ -163,11 +164,11 @@ class SpeculativeGroup(DecodeGroup):
         length, done = np.ones((b,), np.int32), np.ones((b,), bool)
         n_out, offset = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
         for s, n in emitted.items():
-            i = int(self.ids[s])
+            i = int(self.state.ids[s])
             p = self.prompts[i]
             hist[s, :len(p)], hist[s, len(p):len(p) + n] = p, out.toks[i]
             length[s], n_out[s], offset[s], done[s] = len(p) + n, n, pcap - len(p), False
-        return hist, length, n_out, self.limits.astype(np.int32), offset, done
+        return hist, length, n_out, self.state.limits.astype(np.int32), offset, done
 
     def _verify(self, hoisted: tuple[jax.Array, ...], inputs: tuple[np.ndarray, ...], k: int,
                 m: int) -> tuple[Any, ...]:
@@ -194,13 +195,13 @@ class SpeculativeGroup(DecodeGroup):
                           emitted: dict[int, int], k: int) -> None:
         """Append each step's kept tokens per row (the device already cut at EOS/limit)."""
         tok, lp, keep, acc, lg = (to_host(x) for x in res)
-        log, finished = self.log, []
+        log, finished, ended = self.log, [], []
         for j in range(tok.shape[0]):
             for s in emitted:
                 n = int(keep[j, s])
                 if not n:
                     continue
-                i = int(self.ids[s])
+                i = int(self.state.ids[s])
                 log.proposed[i] = log.proposed.get(i, 0) + k
                 log.accepted[i] = log.accepted.get(i, 0) + int(acc[j, s])
                 out.toks[i].extend(int(t) for t in tok[j, s, :n])
@@ -208,12 +209,14 @@ class SpeculativeGroup(DecodeGroup):
                 if out.logits is not None:
                     out.logits[i].extend(lg[j, s, :n])
                 if int(tok[j, s, n - 1]) in self.cfg.eos_ids or \
-                        len(out.toks[i]) >= self.limits[s]:
-                    self.done[s] = True
+                        len(out.toks[i]) >= self.state.limits[s]:
+                    ended.append(s)
                     out.finished[i] = True
                     finished.append(i)
-        self.work.needed += sum(len(out.toks[int(self.ids[s])]) - n for s, n in emitted.items())
-        self.steps_done += 1
+        self.state = self.state.end(ended)
+        self.work.needed += sum(len(out.toks[int(self.state.ids[s])]) - n
+                                for s, n in emitted.items())
+        self.at = dataclasses.replace(self.at, steps_done=self.steps_done + 1)
         if out.progress is not None:
             out.progress(sum(len(t) for t in out.toks))
         if finished and on_finished is not None:
