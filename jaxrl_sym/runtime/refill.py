@@ -43,6 +43,8 @@ from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.policy import (
     DEFAULT_MIN_CAPACITY,
     Compaction,
+    Cursor,
+    Dispatch,
     GroupShape,
     Tiling,
     grown_capacity,
@@ -201,8 +203,9 @@ def _group(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: 
     lens = [len(p) for p in prompts]
     shape, st, waiting, feed, capacity = _start(prompts, limits, rows, refill, min_capacity, out)
     pcap, b = shape.prompt_slots, shape.rows
-    step, tile = 1, tiling.first()
+    at = Cursor(b, capacity, tiling, 0, tiling.first())  # the engine's cursor, advanced alike
     while True:
+        step = at.steps_done + 1
         w = pcap + step - 1  # the slot decode step ``step`` writes
         while waiting:  # as the engine: a refilled row may end at its token 0, freed again
             left = _refill(out, st, waiting, refill, w, lens, limits, feed)
@@ -212,7 +215,7 @@ def _group(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: 
         live = st.live()
         if not live:
             return out
-        k = tiling.whole(min(tile, max(st.left[r] for r in live)))
+        k = tiling.whole(min(at.tile, max(st.left[r] for r in live)))
         if waiting:  # the tile ends once enough rows are free to refill (Refill.stop_live)
             k = tiling.ran(k, [st.left[r] for r in live], refill.stop_live(b, len(waiting)))
         else:  # the tail: compaction as without refill
@@ -233,8 +236,8 @@ def _group(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: 
         _decode(out, st, k, capacity)
         ended = any(0 < st.left[r] <= k for r in live)
         st.left = [max(0, x - k) for x in st.left]
-        step += k
-        tile = tiling.after(k, ended)
+        at = at.ran(Dispatch(step, k, w, len(st.sample), capacity), ended=ended,
+                    live=len(st.live()))
 
 
 def _start(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: Refill | None,
