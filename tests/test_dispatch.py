@@ -26,7 +26,7 @@ from zoo import naive_generate, zoo
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.group_programs import decode_program
+from jaxrl_sym.runtime.group.programs_by_shape import decode_program
 from jaxrl_sym.runtime.options import EngineOptions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,6 +21,7 @@ PKG = Path(__file__).resolve().parents[1] / "jaxrl_sym"
 BENCH = PKG.parent / "bench"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
+MAX_FOLDER_MODULES = 15  # a room a newcomer reads at a glance (``__init__.py`` not counted)
 
 
 def _module_name(path: Path) -> str:
@@ -145,6 +146,14 @@ def test_no_module_over_the_limit(pkg: Path) -> None:
 def test_no_function_over_the_limit(pkg: Path) -> None:
     long = [x for f in sorted(pkg.rglob("*.py")) for x in _long_functions(f)]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_no_folder_of_the_package_over_the_limit() -> None:
+    """A folder with more modules than this is several rooms: give them sub-folders."""
+    counts = Counter(f.parent.relative_to(PKG.parent) for f in PKG.rglob("*.py")
+                     if f.name != "__init__.py")
+    crowded = {str(d): n for d, n in counts.items() if n > MAX_FOLDER_MODULES}
+    assert not crowded, f"folders over {MAX_FOLDER_MODULES} modules: {crowded}"
 
 
 def test_bench_module_names_are_unique() -> None:

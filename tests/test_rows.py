@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jaxrl_sym.runtime.group.rows import RowState
 from jaxrl_sym.runtime.policy import Cursor, Dispatch, GroupShape, Tiling
 from jaxrl_sym.runtime.programs import DEAD_POSITION
-from jaxrl_sym.runtime.rows import RowState
 
 
 @st.composite

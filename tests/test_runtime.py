@@ -203,7 +203,7 @@ def test_growth_is_one_store_at_a_time_and_frees_each_old_store() -> None:
 
     import jax
 
-    from jaxrl_sym.runtime.group import DecodeGroup
+    from jaxrl_sym.runtime.group.loop import DecodeGroup
     from jaxrl_sym.runtime.metrics import MemoryMeter, tree_bytes
 
     cfg = replace(preset("tiny"), n_layers=4, patterns=(Causal(),) * 4)

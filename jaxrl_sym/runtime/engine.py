@@ -26,7 +26,8 @@ from jaxrl_sym.generation import (
 )
 from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.passes.stores import StoreSpec
-from jaxrl_sym.runtime.group import DecodeGroup
+from jaxrl_sym.runtime.group.loop import DecodeGroup
+from jaxrl_sym.runtime.group.outputs import Outputs
 from jaxrl_sym.runtime.memory.estimate import Estimate, plan_estimate
 from jaxrl_sym.runtime.memory.ledger_generation import GenerationLedger, sym_ledger
 from jaxrl_sym.runtime.metrics import (
@@ -37,7 +38,6 @@ from jaxrl_sym.runtime.metrics import (
     tree_bytes,
 )
 from jaxrl_sym.runtime.options import EngineOptions
-from jaxrl_sym.runtime.outputs import Outputs
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation, resolve_backend
 from jaxrl_sym.runtime.policy import length_bucket, microbatches, next_pow2
 from jaxrl_sym.runtime.programs import ProgramCache, StepBuilder

@@ -196,7 +196,7 @@ class WorkLog:
     """Token positions and decode key slots the decode groups pushed through the model, and why
     each wasted one was.
 
-    Written by the engine while it runs (:class:`jaxrl_sym.runtime.group.DecodeGroup`), not
+    Written by the engine while it runs (:class:`jaxrl_sym.runtime.group.loop.DecodeGroup`), not
     replayed: one entry per prefill and per decode dispatch. A token position is one
     (row slot, position) of a program's batch. Needed: each row's prompt tokens and every token
     it emitted after the first (each was fed back once). Every other position is wasted, by cause:

@@ -4,7 +4,7 @@ What a generation request costs on the symbolic runtime is decided here — how 
 into aligned microbatches, each group's row bucket and prompt block, the initial capacity of its
 growing stores, and before every dispatch: how many decode steps it tiles, which slot it writes,
 whether finished rows are compacted away and whether the growing stores grow. The engine's
-decode group (:mod:`jaxrl_sym.runtime.group`) executes these decisions on device arrays;
+decode group (:mod:`jaxrl_sym.runtime.group.loop`) executes these decisions on device arrays;
 ``bench/lib/suite/suite_padding.py`` replays the very same functions on lengths alone to count
 the work each request costs. Keeping one copy is the point: a benchmark that re-implements a
 policy drifts from it (it did, when decode tiles changed growth look-ahead).
@@ -384,7 +384,7 @@ def next_dispatch(shape: GroupShape, *, steps_done: int, rows: int, capacity: in
 @dataclass(frozen=True)
 class Cursor:
     """Where a decode group stands between dispatches, advanced by the same two functions in
-    the engine (:class:`~jaxrl_sym.runtime.group.DecodeGroup`) and in :func:`replay_group`.
+    the engine (:class:`~jaxrl_sym.runtime.group.loop.DecodeGroup`) and in :func:`replay_group`.
 
     rows / capacity: the row bucket and growing capacity it runs at; tiling: how its tiles
     grow; steps_done: decode steps run so far; tile: the steps :class:`Tiling` asks for next;

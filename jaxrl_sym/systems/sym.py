@@ -162,7 +162,8 @@ class SymBound(TrainBound):
     def work(self, prompt_lens: Sequence[int], response_lens: Sequence[int],
              cfg: GenerationConfig) -> dict[str, Any]:
         """The policy's dispatches for rows that end at ``response_lens`` (plain decoding; every
-        prompt distinct), booked as :class:`~jaxrl_sym.runtime.group.DecodeGroup` books them."""
+        prompt distinct), booked as :class:`~jaxrl_sym.runtime.group.loop.DecodeGroup` books
+        them."""
         plan, lens = self.lm.plan, [int(p) for p in prompt_lens]
         limits = [int(n) for n in response_lens]
         row_limits(cfg, len(lens))  # the request is checked as generate checks it

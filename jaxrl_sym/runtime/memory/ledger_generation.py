@@ -12,7 +12,7 @@ dispatches. Both systems are walked the way they run:
   old copy beside the new one (one store per program, as ``DecodeGroup.grow``), while a group
   compacts its old stores beside the new ones, when a new group starts the previous group's
   stores, and the running program's XLA temporaries and fresh outputs. The programs are the
-  engine's own (:func:`~jaxrl_sym.runtime.group_programs.decode_program`,
+  engine's own (:func:`~jaxrl_sym.runtime.group.programs_by_shape.decode_program`,
   ``packed_prefill_program``, ``grow_program``, ``compact_program``), compiled — never run —
   at those shapes, once per distinct program (the engine's cache key).
 * **padded** — its one program per call, in :mod:`jaxrl_sym.baselines.padded_ledger` (the
@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from jaxrl_sym.generation import GenerationConfig, row_limits
-from jaxrl_sym.runtime.group_programs import (
+from jaxrl_sym.runtime.group.programs_by_shape import (
     compact_store_program,
     decode_program,
     grow_program,

@@ -34,10 +34,10 @@ from flax import nnx
 from jaxrl_sym.errors import InputError
 from jaxrl_sym.generation import GenerationConfig, GenerationResult
 from jaxrl_sym.runtime.engine import SymbolicLM
-from jaxrl_sym.runtime.group import DecodeGroup
+from jaxrl_sym.runtime.group.loop import DecodeGroup
+from jaxrl_sym.runtime.group.outputs import OnFinished, Outputs
 from jaxrl_sym.runtime.metrics import MemoryMeter
 from jaxrl_sym.runtime.options import EngineOptions, Speculation
-from jaxrl_sym.runtime.outputs import OnFinished, Outputs
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan, compile_generation
 from jaxrl_sym.runtime.policy import next_pow2

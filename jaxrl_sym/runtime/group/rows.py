@@ -9,7 +9,7 @@ refill one :meth:`RowState.seat`, a read-back one :meth:`RowState.emitted`, each
 value; the arrays are read-only, so a change made in place fails instead of drifting.
 
 Plain NumPy: the device copies the decode programs take (first positions, row ids) are made
-from it by the group (:mod:`jaxrl_sym.runtime.group`).
+from it by the group (:mod:`jaxrl_sym.runtime.group.loop`).
 """
 
 from __future__ import annotations

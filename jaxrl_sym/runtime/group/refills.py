@@ -1,10 +1,10 @@
 """A decode group's refills: free rows take waiting samples, their prompts copied in from the
 prompt cache (:mod:`jaxrl_sym.runtime.prompt_cache`).
 
-Why apart from :mod:`jaxrl_sym.runtime.group`: the group's loop asks, between dispatches,
+Why apart from :mod:`jaxrl_sym.runtime.group.loop`: the group's loop asks, between dispatches,
 whether to refill; what a refill does — which rows and samples, the cache chunk to build, the
 one refill program, the host's bookkeeping of the new rows and their token 0 — is this room.
-:class:`RefillRows` is mixed into :class:`~jaxrl_sym.runtime.group.DecodeGroup` and works on
+:class:`RefillRows` is mixed into :class:`~jaxrl_sym.runtime.group.loop.DecodeGroup` and works on
 its state (rows, stores, the work log); the policy itself (when, how many) is
 :class:`~jaxrl_sym.runtime.refill.Refill`'s.
 """
@@ -16,13 +16,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_sym.runtime.group_programs import prompt_cache_program, refill_program
-from jaxrl_sym.runtime.outputs import OnFinished, Outputs
+from jaxrl_sym.runtime.group.outputs import OnFinished, Outputs
+from jaxrl_sym.runtime.group.programs_by_shape import prompt_cache_program, refill_program
 from jaxrl_sym.sharding import to_host
 
 
 class RefillRows:
-    """Refilling a :class:`~jaxrl_sym.runtime.group.DecodeGroup`'s free rows (see the module
+    """Refilling a :class:`~jaxrl_sym.runtime.group.loop.DecodeGroup`'s free rows (see the module
     docstring); every attribute it reads is the group's."""
 
     def refill_rows(self, hoisted: tuple[jax.Array, ...], out: Outputs,

@@ -1,5 +1,5 @@
 """The programs a decode group runs, by shape: one definition of each, built from arrays or
-``jax.ShapeDtypeStruct``s alike. The group (:mod:`jaxrl_sym.runtime.group`) runs them, and the
+``jax.ShapeDtypeStruct``s alike. The group (:mod:`jaxrl_sym.runtime.group.loop`) runs them, and the
 generation ledger (:mod:`jaxrl_sym.runtime.memory.ledger_generation`) compiles the same functions at
 shapes that never run (``python -m bench project --workload decode``), so a projection cannot
 drift from the engine. Each returns the program's cache key and its

@@ -19,23 +19,23 @@ import numpy as np
 
 from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.passes.stores import GrowingStore
-from jaxrl_sym.runtime.group_programs import (
+from jaxrl_sym.runtime.group.outputs import OnFinished, Outputs
+from jaxrl_sym.runtime.group.programs_by_shape import (
     compact_store_program,
     decode_kind,
     decode_program,
     grow_program,
     packed_prefill_program,
 )
-from jaxrl_sym.runtime.group_refill import RefillRows
+from jaxrl_sym.runtime.group.refills import RefillRows
+from jaxrl_sym.runtime.group.rows import RowState
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
-from jaxrl_sym.runtime.outputs import OnFinished, Outputs
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Cursor, Dispatch, Tiling, replay_group
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.runtime.prompt_cache import PromptCache, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import Refill, refill_shape
-from jaxrl_sym.runtime.rows import RowState
 from jaxrl_sym.sharding import to_host
 
 NEVER = Compaction(share=0.0)  # a deferred compaction: the group decodes on at its bucket

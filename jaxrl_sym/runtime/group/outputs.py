@@ -1,5 +1,5 @@
 """What a generation emitted so far, per request row, on the host: the one object a decode group
-(:mod:`jaxrl_sym.runtime.group`), its refills (:mod:`jaxrl_sym.runtime.group_refill`) and the
+(:mod:`jaxrl_sym.runtime.group.loop`), its refills (:mod:`jaxrl_sym.runtime.group.refills`) and the
 speculative loop append to, and the engine turns into a result."""
 
 from __future__ import annotations
