@@ -236,7 +236,7 @@ def test_the_engine_estimate_prices_the_refilling_group(monkeypatch: pytest.Monk
     """``SymbolicLM.estimate`` with refill: the stores of one group of R rows at the refill
     shape — equal to the bytes of the stores the run allocates (read off the group), and below
     the estimate of the same request without refill (every row resident)."""
-    from jaxrl_sym.runtime import group as group_mod
+    from jaxrl_sym.runtime.group import loop as group_mod
 
     held: list[int] = []
     real_init = group_mod.DecodeGroup.__init__
