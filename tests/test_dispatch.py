@@ -150,6 +150,9 @@ def test_thunk_counts_by_hand() -> None:
         assert c.kernels == 2 + 2 * (u + 1) + u * 26 + 1
         assert c.captured == 2 + u * 24
         assert c.syncs == u + 1
+    # one decode step: the known-trip loop's body, its command buffer opened
+    assert thunks.step_kernels(tree) == ["gemm_fusion_dot", "triton_softmax", "loop_add_fusion"]
+    assert thunks.step_kernels(tree[:1]) == []  # no step loop: a prefill
     # inside a CUDA graph (+WHILE) the loop test runs on device: no round-trip
     assert thunks.count((thunks.Thunk("kCommandBuffer", 0, "", {"children": tree}),), 5).syncs \
         == 0

@@ -192,6 +192,30 @@ def _where(thunks: tuple[Thunk, ...], keep: Any) -> list[tuple[str, bool]]:
     return out
 
 
+def step_kernels(thunks: tuple[Thunk, ...]) -> list[str]:
+    """The kernels of one decode step, in launch order: the body of the innermost loop with a
+    known trip count (a decode tile's steps, :meth:`StepBuilder.decode_tile`), command buffers
+    opened; [] for a program without one. Why: the fit prices each kernel a step at ~5.5 µs,
+    so which kernels a layer launches is where generation's time goes."""
+    def inner(ts: tuple[Thunk, ...]) -> tuple[Thunk, ...] | None:
+        for t in ts:
+            for v in t.sections.values():
+                deeper = inner(v)
+                if deeper is not None:
+                    return deeper
+            if t.kind == "kWhile" and t.trips is not None:
+                return t.sections.get("body", ())
+        return None
+
+    def names(ts: tuple[Thunk, ...]) -> list[str]:
+        return [n for t in ts for n in (names(t.sections.get("children", ()))
+                                        if t.kind == "kCommandBuffer" else
+                                        [] if t.kind in STRUCTURE else [t.name])]
+
+    body = inner(thunks)
+    return [] if body is None else names(body)
+
+
 def loops(thunks: tuple[Thunk, ...]) -> list[tuple[int, int | None, bool]]:
     """Every while loop: (thunk id, known trip count or None, inside a CUDA graph)."""
     out: list[tuple[int, int | None, bool]] = []
