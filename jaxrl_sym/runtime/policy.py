@@ -414,12 +414,21 @@ class Cursor:
                              remaining=remaining, need=need, row_multiple=row_multiple,
                              compaction=compaction, **(at | over))
 
+    def bounded(self, stop_live: int | None) -> Cursor:
+        """Under a ``stop_when`` rule: with its ``stop_live`` bound, tiles grow as usual and
+        end on device once the live rows fall to it (0: the rule cannot hold before the group
+        ends); without one (None), tiles stay at the base, so the rule is asked every base
+        tile."""
+        if stop_live is None:
+            return dataclasses.replace(self, stop_live=0, tiling=dataclasses.replace(
+                self.tiling, max=self.tiling.base))
+        return dataclasses.replace(self, stop_live=int(stop_live))
+
     def settle(self, live: int) -> Cursor:
         """Past a ``stop_live`` bound (``live`` rows left, at most it): tiles stay at the base."""
         if not self.stop_live or live > self.stop_live:
             return self
-        return dataclasses.replace(self, stop_live=0,
-                                   tiling=dataclasses.replace(self.tiling, max=self.tiling.base))
+        return self.bounded(None)
 
     def ran(self, d: Dispatch, *, ended: bool, live: int) -> Cursor:
         """After ``d`` ran (``d.tile``: the steps it ran), ``ended``: a row ended in it,

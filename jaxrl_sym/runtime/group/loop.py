@@ -117,12 +117,7 @@ class DecodeGroup(RefillRows):
         the step the live rows fall to the bound — the first step the rule can hold — so the
         rule is asked exactly there; past it, tiles stay at the base."""
         if out.stop_when is not None:
-            if out.stop_live is None:
-                tiling = self.at.tiling
-                self.at = dataclasses.replace(self.at, tiling=dataclasses.replace(
-                    tiling, max=tiling.base))
-            else:  # 0: the rule cannot hold before this group ends; tiles grow as usual
-                self.at = dataclasses.replace(self.at, stop_live=int(out.stop_live))
+            self.at = self.at.bounded(out.stop_live)
         ahead = self.compile_ahead(hoisted)
         try:
             self._loop(hoisted, out, on_finished)

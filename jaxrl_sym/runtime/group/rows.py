@@ -53,11 +53,15 @@ class RowState:
     def __post_init__(self) -> None:
         n = None
         for f in dataclasses.fields(self):
-            a = np.array(getattr(self, f.name), self.DTYPES[f.name])  # a copy: never a view
+            a = getattr(self, f.name)
+            kept = isinstance(a, np.ndarray) and a.dtype == self.DTYPES[f.name] \
+                and not a.flags.writeable  # another RowState's array: shared, never copied
+            if not kept:
+                a = np.array(a, self.DTYPES[f.name])  # a copy: never a view of the caller's
+                a.setflags(write=False)
             if a.ndim != 1 or (n is not None and len(a) != n):
                 raise ValueError(f"RowState.{f.name}: one entry per slot, got shape {a.shape}")
             n = len(a)
-            a.setflags(write=False)
             object.__setattr__(self, f.name, a)
 
     @classmethod
@@ -71,6 +75,10 @@ class RowState:
         return len(self.ids)
 
     def _with(self, **arrays: np.ndarray) -> RowState:
+        """A new value with ``arrays`` (fresh arrays this class made, frozen here so the new
+        value keeps them instead of copying them again)."""
+        for a in arrays.values():
+            a.setflags(write=False)
         return dataclasses.replace(self, **arrays)
 
     def seat(self, slots: Sequence[int] | np.ndarray, samples: Sequence[int],
