@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import shards
 from hypothesis import settings
 
 # CLI processes the tests start would share the user's persistent compilation cache and report
@@ -149,6 +150,26 @@ LONGEST_FIRST = ("test_long_packed_update.py", "test_sharding.py", "test_learnin
                  "test_prefill.py", "test_rl_train.py", "test_hf_train.py")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: file order otherwise
+    _take_shard(config, items)
+
+
+def _shard() -> shards.Shard:
+    try:
+        return shards.Shard.parse(os.environ.get(shards.ENV))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def _take_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the heavy tests of other shards (``tests/shards.py``: CI's rotation)."""
+    skipped = shards.Table.load().skipped((it.nodeid for it in items), _shard())
+    if skipped:
+        config.hook.pytest_deselected(items=[it for it in items if it.nodeid in skipped])
+        items[:] = [it for it in items if it.nodeid not in skipped]
+
+
+def pytest_report_header() -> str:
+    return f"jaxrl_sym: {_shard().describe()}"
