@@ -163,9 +163,26 @@ def _shard() -> shards.Shard:
         raise pytest.UsageError(str(e)) from None
 
 
+def _module_fixture_users(items: list[pytest.Item]) -> list[list[str]]:
+    """The tests of each module-, class- or package-scoped fixture defined in a test module:
+    they rotate together, since the fixture runs wherever one of them runs."""
+    users: dict[tuple[str, str], list[str]] = {}
+    for it in items:
+        info = getattr(it, "_fixtureinfo", None)  # pytest's own record of the item's fixtures
+        for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+            d = defs[-1]
+            if d.scope != "function" and d.baseid.endswith(".py"):
+                users.setdefault((d.baseid, name), []).append(it.nodeid)
+    return list(users.values())
+
+
 def _take_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave out the heavy tests of other shards (``tests/shards.py``: CI's rotation)."""
-    skipped = shards.Table.load().skipped((it.nodeid for it in items), _shard())
+    shard = _shard()
+    if shard.count == 0:
+        return
+    skipped = shards.Table.load().skipped((it.nodeid for it in items), shard,
+                                          _module_fixture_users(items))
     if skipped:
         config.hook.pytest_deselected(items=[it for it in items if it.nodeid in skipped])
         items[:] = [it for it in items if it.nodeid not in skipped]

@@ -10,9 +10,10 @@ consecutive commits walk through all K. ``make test-all`` runs everything; sessi
 they land.
 
 The heavy tests and their seconds are ``tests/heavy_tests.json``, written from a clean-clone run's
-JUnit XML by ``scripts/heavy_tests.py``. The shards are balanced by those seconds (longest first,
-each to the lightest shard), so every shard costs about the same. Nothing here imports pytest:
-``tests/test_shards.py`` checks it against a naive loop.
+JUnit XML by ``scripts/heavy_tests.py``. Tests that share a module fixture rotate as one unit (the
+fixture runs wherever one of them does). The shards are balanced by the units' seconds (longest
+first, each to the lightest shard), so every shard costs about the same. Nothing here imports
+pytest: ``tests/test_shards.py`` checks it against naive loops.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Shard:
 def partition(seconds: Mapping[str, float], count: int) -> list[list[str]]:
     """``count`` shards of the test ids, balanced by their seconds: longest first, each to the
     shard with the fewest seconds so far (ties: the lower shard; equal seconds: by id), so the
-    result depends only on the table."""
+    result depends only on its input."""
     shards: list[list[str]] = [[] for _ in range(count)]
     load = [0.0] * count
     for test in sorted(seconds, key=lambda t: (-seconds[t], t)):
@@ -77,11 +78,40 @@ class Table:
         data = json.loads(path.read_text())
         return Table(data["seconds"], tuple(data["pinned_files"]))
 
-    def skipped(self, test_ids: Iterable[str], shard: Shard) -> set[str]:
-        """The ids among ``test_ids`` that ``shard`` leaves out: heavy, not pinned, and in
-        another shard."""
+    def skipped(self, test_ids: Iterable[str], shard: Shard,
+                together: Iterable[Iterable[str]] = ()) -> set[str]:
+        """The ids among ``test_ids`` that ``shard`` leaves out: not pinned, and in a unit of
+        another shard. A unit is the tests ``together`` links (they share a module fixture,
+        whose cost the table charged to whichever of them ran first: the 8-device child of
+        ``tests/test_sharding.py`` is ~220 s), or a test alone; a unit with no heavy test in it
+        always runs."""
         if shard.count == 0:
             return set()
-        mine = set(partition(self.seconds, shard.count)[shard.index])
-        return {t for t in test_ids if t in self.seconds and t not in mine
-                and t.split("::")[0] not in self.pinned}
+        ids = [t for t in test_ids if t.split("::")[0] not in self.pinned]
+        unit = units(ids, together)
+        cost: dict[str, float] = {}
+        for t in ids:
+            if t in self.seconds:
+                cost[unit[t]] = cost.get(unit[t], 0.0) + self.seconds[t]
+        mine = set(partition(cost, shard.count)[shard.index])
+        return {t for t in ids if unit[t] in cost and unit[t] not in mine}
+
+
+def units(test_ids: Iterable[str], together: Iterable[Iterable[str]]) -> dict[str, str]:
+    """Each test's unit: the smallest id among the tests ``together``'s groups link to it,
+    directly or through others (union-find); a test in no group is its own unit."""
+    parent = {t: t for t in test_ids}
+
+    def find(t: str) -> str:
+        while parent[t] != t:
+            parent[t] = parent[parent[t]]
+            t = parent[t]
+        return t
+
+    for group in together:
+        members = [t for t in group if t in parent]
+        for t in members[1:]:
+            a, b = find(t), find(members[0])
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return {t: find(t) for t in parent}

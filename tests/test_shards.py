@@ -50,6 +50,45 @@ def test_every_light_pinned_or_new_test_runs_and_each_heavy_one_in_one_shard(
     assert table.skipped(collected, shards.Shard.parse("all")) == set()
 
 
+def _components(tests: list[str], groups: list[list[str]]) -> list[set[str]]:
+    """Connected groups by merging sets until none overlap (not union-find)."""
+    comps = [{t} for t in tests]
+    for g in groups:
+        if g:
+            comps.append(set(g))
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(comps)):
+            for j in range(i + 1, len(comps)):
+                if comps[i] & comps[j]:
+                    comps[i] |= comps.pop(j)
+                    merged = True
+                    break
+            if merged:
+                break
+    return comps
+
+
+@given(ids, st.data(), st.integers(1, 5))
+def test_tests_sharing_a_module_fixture_rotate_as_one_unit(tests, data, count: int) -> None:
+    heavy = data.draw(st.sets(st.sampled_from(tests))) if tests else set()
+    groups = data.draw(st.lists(st.lists(st.sampled_from(tests), max_size=4), max_size=4)
+                       ) if tests else []
+    table = shards.Table({t: 20.0 for t in heavy}, ())
+    runs_in = {t: set() for t in tests}
+    for i in range(count):
+        left_out = table.skipped(tests, shards.Shard(i, count), groups)
+        for t in tests:
+            if t not in left_out:
+                runs_in[t].add(i)
+    for comp in _components(tests, groups):
+        shard_sets = {frozenset(runs_in[t]) for t in comp}
+        assert len(shard_sets) == 1, comp  # a unit runs together
+        (where,) = shard_sets
+        assert len(where) == (1 if comp & heavy else count), comp
+
+
 def test_the_shard_variable_is_checked() -> None:
     assert shards.Shard.parse(" 3/8 ") == shards.Shard(3, 8)
     assert shards.Shard.parse(None) == shards.Shard.parse("") == shards.Shard(0, 0)
