@@ -25,6 +25,7 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.models.contract import check_model
 from jaxrl_sym.runtime.engine import SymbolicLM
 from jaxrl_sym.runtime.options import EngineOptions
+from jaxrl_sym.runtime.programs import DecodeRows
 
 # engines and trainers here rebuild the same programs (no test counts compiles): compile once
 pytestmark = pytest.mark.share_compiles
@@ -294,9 +295,9 @@ def test_the_feedback_edge_is_a_slot_store_the_step_program_reads() -> None:
     assert int(stores[str(tokens_id)]["tok"][0, 0]) == int(tok0[0])
     planted = (int(tok0[0]) + 7) % 47
     stores[str(tokens_id)] = {"tok": jnp.full((1, 1), planted, jnp.int32)}
-    stores, tok1, _, logits = lm.builder.decode(hoisted, stores, jnp.asarray([3], jnp.int32),
-                                                jnp.int32(1), jnp.int32(3), rows, seed, rows,
-                                                **kw)
+    one = DecodeRows(pos0=jnp.asarray([3], jnp.int32), row_id=rows, off=rows, last=rows)
+    stores, tok1, _, logits = lm.builder.decode(hoisted, stores, one, jnp.int32(1), jnp.int32(3),
+                                                seed, **kw)
     seq = jnp.asarray([[5, 9, 2, planted]], jnp.int32)
     want = model(seq, jnp.arange(4, dtype=jnp.int32)[None], jnp.zeros_like(seq))[0, -1]
     np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(want), atol=1e-4, rtol=0)

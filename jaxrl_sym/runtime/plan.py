@@ -137,6 +137,7 @@ class GenerationPlan:
         ``jax.ShapeDtypeStruct``s) and the function that compiles it."""
         stores = args[1]
         caps = tuple(sorted((k, s["pos"].shape[1]) for k, s in stores.items() if "pos" in s))
+        # args[2]: the rows (DecodeRows) of a decode program, the prompt block of a prefill
         key = (name, args[2].shape, caps, cfg.temperature, cfg.return_logits,
                *sorted(static.items()))
         jit = {"static_argnames": ("temperature", "want_logits", *static), "donate_argnums": (1,)}

@@ -52,6 +52,37 @@ class Build:
         return self.jitted.lower(*self.args, **dict(self.kwargs)).compile()
 
 
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class DecodeRows:
+    """The per-row arrays a decode program takes, as one argument: the device half of a decode
+    group's host state (:class:`~jaxrl_sym.runtime.group.rows.RowState`, which makes it).
+
+    Why one value: the decode programs took them as four positional arrays among eleven, and
+    every caller (the group, the ledger's abstract arguments, compile-ahead) spelled them again.
+    ``pos0 [B]``: the position of each row's response token 0, less ``off``; ``row_id [B]``: the
+    id its sampling draws with; ``off [B]``: the group step before its first decode step (a
+    refilled row starts late); ``last [B]``: its last group step, -1 for an ended or filler row
+    (the tile program's per-row stop). Arrays, or ``jax.ShapeDtypeStruct``s (:meth:`abstract`).
+    """
+
+    pos0: Any
+    row_id: Any
+    off: Any
+    last: Any
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(rows,)``: what distinguishes the decode programs over these rows."""
+        return tuple(self.pos0.shape)
+
+    @staticmethod
+    def abstract(rows: int) -> DecodeRows:
+        """The shapes alone, for compiling a program that has not run (a ledger, compile-ahead)."""
+        i32 = jax.ShapeDtypeStruct((rows,), jnp.int32)
+        return DecodeRows(i32, i32, i32, i32)
+
+
 @dataclass
 class ProgramCache:
     """AOT-compiled executables keyed by (name, shape key); counts compiles and dispatches.
@@ -271,22 +302,22 @@ class StepBuilder:
                                                                       dtype=jnp.int32))
         return stores, toks[-1], lps[-1], lgs[-1]
 
-    def decode(self, hoisted, stores, pos0, step, write_index, row_ids, seed, off, *,
+    def decode(self, hoisted, stores, rows: DecodeRows, step, write_index, seed, *,
                temperature: float, want_logits: bool):
         """Decode step ``step`` (>= 1): its tokens input is the feedback edge, read from the slot
         store (the token step ``step-1`` sampled); returns (stores, tokens, log-probs, logits).
 
-        ``off [B]``: the group step before each row's first decode step (0, but for a row a
+        ``rows.off``: the group step before each row's first decode step (0, but for a row a
         refill gave a sample mid-group), so a row samples its response token ``step - off``
-        under that index's key whatever step of the group it runs at; ``pos0`` is likewise its
-        prompt length minus ``off``."""
-        positions = (pos0 + (step - 1))[:, None]
-        return self._chunk(hoisted, stores, None, positions, write_index, row_ids, seed,
+        under that index's key whatever step of the group it runs at; ``rows.pos0`` is likewise
+        its prompt length minus ``off``."""
+        positions = (rows.pos0 + (step - 1))[:, None]
+        return self._chunk(hoisted, stores, None, positions, write_index, rows.row_id, seed,
                            step=step, temperature=temperature, want_logits=want_logits,
-                           off=off)
+                           off=rows.off)
 
-    def decode_tile(self, hoisted, stores, pos0, step, write_index, row_ids, seed, off, n, last,
-                    stop, *, temperature: float, want_logits: bool, k: int, check: int = 1,
+    def decode_tile(self, hoisted, stores, rows: DecodeRows, step, write_index, seed, n, stop,
+                    *, temperature: float, want_logits: bool, k: int, check: int = 1,
                     eos: tuple[int, ...] = ()):
         """Decode steps ``step ..`` in one program: whole checks of ``check`` steps, at most
         ``n`` steps (``n <= k``, a run-time argument; the host asks for whole checks).
@@ -305,7 +336,7 @@ class StepBuilder:
         (``xla/backends/gpu/runtime/while_thunk.cc``):
         a test per step was a host round-trip per generated token; per check it is one per
         ``check`` steps, and none inside (counted by ``python -m bench dispatch``). The outer
-        loop ends once at most ``stop`` rows are live: ``last[b]`` is the response index of
+        loop ends once at most ``stop`` rows are live: ``rows.last[b]`` is the group step of
         row b's last allowed token (-1: a finished or filler row), ``eos`` the end tokens —
         with ``stop`` 0 a group's last tile ends at the check after its last row ends, and
         with the compaction's threshold the host compacts there. The host guarantees capacity
@@ -313,7 +344,7 @@ class StepBuilder:
         [k, B], logits [k, …], steps run); entries past the steps run are zeros.
         """
         def one(st, i):
-            return self.decode(hoisted, st, pos0, step + i, write_index + i, row_ids, seed, off,
+            return self.decode(hoisted, st, rows, step + i, write_index + i, seed,
                                temperature=temperature, want_logits=want_logits)
 
         shapes = jax.eval_shape(lambda: one(stores, jnp.zeros((), jnp.int32))[1:])
@@ -326,7 +357,7 @@ class StepBuilder:
                 st, *got = one(st, i)
                 outs = tuple(lax.dynamic_update_index_in_dim(b, x, i, 0)
                              for b, x in zip(outs, got, strict=True))
-                hit = step + i >= last
+                hit = step + i >= rows.last
                 for e in eos:
                     hit = hit | (got[0] == e)
                 return st, ended | hit, outs
@@ -337,7 +368,7 @@ class StepBuilder:
             i, _, ended, _ = carry
             return (i < n) & (jnp.sum(~ended) > stop)
 
-        carry = (jnp.zeros((), jnp.int32), stores, last < step, bufs)
+        carry = (jnp.zeros((), jnp.int32), stores, rows.last < step, bufs)
         ran, stores, _, (toks, lps, lgs) = lax.while_loop(cond, steps, carry)
         return stores, toks, lps, lgs, ran
 

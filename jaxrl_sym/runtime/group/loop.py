@@ -33,7 +33,7 @@ from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Cursor, Dispatch, Tiling, replay_group
-from jaxrl_sym.runtime.programs import ProgramCache
+from jaxrl_sym.runtime.programs import DecodeRows, ProgramCache
 from jaxrl_sym.runtime.prompt_cache import PromptCache, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import Refill, refill_shape
 from jaxrl_sym.sharding import to_host
@@ -85,7 +85,7 @@ class DecodeGroup(RefillRows):
         self._tile = 0  # steps of the dispatch whose tokens ``collect`` reads next (0: prefill)
         self._ran: Any = None  # the tile program's count of steps run (a device scalar)
         self.seed = jax.device_put(np.uint32(cfg.seed))
-        self.put_rows()
+        self._put: tuple[RowState, DecodeRows] | None = None  # see on_device
         self.stores = cache.run(("init", b, self.capacity), lambda: jax.jit(
             plan.builder.init_stores, static_argnums=(0, 1)).lower(b, self.capacity).compile())
 
@@ -101,10 +101,17 @@ class DecodeGroup(RefillRows):
     def steps_done(self) -> int:
         return self.at.steps_done
 
-    def put_rows(self) -> None:
-        """The device copies of the rows' first positions and row ids (decode arguments)."""
-        self.pos0 = jax.device_put(self.state.pos0)
-        self.row_ids = jax.device_put(self.state.row_id)
+    @property
+    def on_device(self) -> DecodeRows:
+        """The rows' arrays the programs take, put on the device once per state value: the
+        state is immutable, so a new value is the only way the rows change."""
+        if self._put is None or self._put[0] is not self.state:
+            self._put = (self.state, jax.device_put(self.state.decode_rows()))
+        return self._put[1]
+
+    @property
+    def row_ids(self) -> jax.Array:
+        return self.on_device.row_id
 
     # ------------------------------------------------------------------ the loop
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
@@ -256,14 +263,14 @@ class DecodeGroup(RefillRows):
     def decode(self, hoisted: tuple[jax.Array, ...], d: Dispatch) -> tuple[Any, ...]:
         """One decode program: a single step, or a tile of ``d.tile`` steps."""
         self._tile, self._dispatch = d.tile, d
-        args = (hoisted, self.stores, self.pos0, np.int32(d.step), np.int32(d.write),
-                self.row_ids, self.seed, self.state.off)
+        args = (hoisted, self.stores, self.on_device, np.int32(d.step), np.int32(d.write),
+                self.seed)
         name, tiled, static = self._program()
         ran = None
-        if tiled:  # each row's last step (its last response index + off); -1: ended or filler
+        if tiled:
             stop = max(d.stop, self.at.stop_live,
                        self.refill.stop_live(self.rows, len(self.waiting)) if self.waiting else 0)
-            args = (*args, np.int32(d.tile), self.state.last_steps(), np.int32(stop))
+            args = (*args, np.int32(d.tile), np.int32(stop))
             (self.stores, tok, lp, lg, ran), key = self.plan.run(self.cache, name, self.cfg,
                                                                  *args, **static)
         else:
@@ -379,9 +386,8 @@ class DecodeGroup(RefillRows):
             key, build = compact_store_program(self.plan, self.stores[name], kept)
             self.stores[name] = self.cache.run(key, build, self.stores[name], kept)
             del build  # it holds the store's old rows: free them before the next store
-        # the rows' device arrays from their host copies, no program: ``keep`` names live rows
-        # only, whose row id is their sample's (fillers repeat one, as the stores do)
-        self.put_rows()
+        # the rows' device arrays come from the new state (on_device), no program: ``keep``
+        # names live rows only, whose row id is their sample's (fillers repeat one, as stores do)
         self.at = dataclasses.replace(self.at, rows=rows)
 
     def _slot_from_host(self, name: str) -> bool:

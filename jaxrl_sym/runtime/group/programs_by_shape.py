@@ -18,7 +18,7 @@ from jaxrl_sym.generation import GenerationConfig
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.prefill import cache_prompts, packed_prefill, refill_from_cache
-from jaxrl_sym.runtime.programs import Build
+from jaxrl_sym.runtime.programs import Build, DecodeRows
 
 
 def _caps(stores: Any) -> tuple[tuple[str, int], ...]:
@@ -40,12 +40,12 @@ def decode_program(plan: GenerationPlan, cfg: GenerationConfig, hoisted: tuple[A
     """The decode program of a group at ``rows`` and ``capacity``, from abstract arguments (its
     stores as ``init_stores`` makes them; ``hoisted`` arrays or ShapeDtypeStructs)."""
     stores = jax.eval_shape(lambda: plan.builder.init_stores(rows, capacity))
-    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, np.int32)
-    args = (hoisted, stores, i32(rows), i32(), i32(), i32(rows),
-            jax.ShapeDtypeStruct((), np.uint32), i32(rows))
+    i32 = jax.ShapeDtypeStruct((), np.int32)
+    args = (hoisted, stores, DecodeRows.abstract(rows), i32, i32,
+            jax.ShapeDtypeStruct((), np.uint32))
     name, tiled, static = decode_kind(plan, cfg)
     if tiled:
-        args = (*args, i32(), i32(rows), i32())
+        args = (*args, i32, i32)
     return plan.program(name, cfg, *args, **static)
 
 

@@ -41,7 +41,6 @@ class RefillRows:
         self.state = self.state.seat(slots, new, self.all_limits[new],
                                      [len(self.prompts[i]) - self.steps_done for i in new],
                                      off=self.steps_done)
-        self.put_rows()
         self._first_tokens(slots, *self.fill_rows(hoisted, slots, new), out, on_finished)
         if not self.waiting:  # the last refill: the cache's memory goes back for the tail
             self.feed.loaded(self.feed.at, None, None)

@@ -8,8 +8,10 @@ and repeated the filler rules at each site. Here a compaction is one :meth:`RowS
 refill one :meth:`RowState.seat`, a read-back one :meth:`RowState.emitted`, each returning a new
 value; the arrays are read-only, so a change made in place fails instead of drifting.
 
-Plain NumPy: the device copies the decode programs take (first positions, row ids) are made
-from it by the group (:mod:`jaxrl_sym.runtime.group.loop`).
+Plain NumPy: the device copies the decode programs take (:class:`~jaxrl_sym.runtime.programs.
+DecodeRows`: first positions, row ids, offsets, last steps) are made from it by
+:meth:`RowState.decode_rows`, and put on the device by the group
+(:mod:`jaxrl_sym.runtime.group.loop`) once per state value.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from jaxrl_sym.runtime.programs import DEAD_POSITION
+from jaxrl_sym.runtime.programs import DEAD_POSITION, DecodeRows
 
 
 @dataclass(frozen=True)
@@ -124,3 +126,8 @@ class RowState:
         """Each row's last group step (its last response index + ``off``); -1: ended or a
         filler (the tile program's per-row stop)."""
         return np.where(self.done, -1, self.off + self.limits - 1).astype(np.int32)
+
+    def decode_rows(self) -> DecodeRows:
+        """What the decode programs take of this state (host arrays; the group puts them on
+        its device once per state value)."""
+        return DecodeRows(self.pos0, self.row_id, self.off, self.last_steps())

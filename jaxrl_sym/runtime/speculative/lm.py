@@ -127,8 +127,8 @@ class SpeculativeGroup(DecodeGroup):
             keep, filler = self.kept(live, rows)
             self.draft_stores = self.draft.compact(self.cache, self.draft_stores,
                                                    jax.device_put(keep.astype(np.int32)),
-                                                   jax.device_put(filler), self.pos0,
-                                                   self.row_ids)
+                                                   jax.device_put(filler),
+                                                   self.on_device.pos0, self.row_ids)
         super().compact(live, rows)
 
     def run(self, hoisted: tuple[jax.Array, ...], out: Outputs,
