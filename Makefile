@@ -13,16 +13,9 @@ setup-gpu: setup
 demo: setup
 	.venv/bin/jaxrl-sym decode --attention window --window 32 --tokens 256 --batch 4 --systems sym,padded
 
-# Three pytest workers on CI's 2 cores: two left ~15% of the cores idle (subprocess tests wait
-# on their children, workers wait on I/O); measured on a 2-core machine, the whole suite took
-# 879 s with three against 1003 s with two (2026-11-26; 2026-11-28d, 1,365 tests: 2,512 s of
-# pytest, ~2,770 s with set-up, from a clean clone: over the 20-minute target; the 4k-token packed
-# update, the two-process sharding run, the learning run and the GPU plan's dry run lead;
-# 2026-11-29, with the oracle tests: 3,065 s on a machine busy with other work half the time;
-# 2026-11-29b, clean clones, nothing else running: 2,476 s of pytest at 8b39cef and 2,694 s at
-# babac95 after cuts estimated (from solo runs) at ~5% of the summed test time: run-to-run noise is
-# ~10%, and ~89% of a test's time is tracing and compiling programs no other test shares).
-# Whole files go to one worker so module fixtures are built once. TEST_WORKERS=0 runs in one process.
+# Three pytest workers on CI's 2 cores: two left ~15% of the cores idle (subprocess tests wait on
+# their children); the times are in bench/results/cpu/suite_time.md. Whole files go to one worker
+# so module fixtures are built once. TEST_WORKERS=0 runs in one process.
 # --no-loadscope-reorder keeps tests/conftest.py's longest-files-first order: by default xdist
 # hands out files with the most tests first, which left the one-test 2-minute learning run and
 # the two-test prefill file to start last, alone on one worker.
@@ -35,15 +28,15 @@ oracle-venv:
 	@scripts/oracle_venv.sh
 
 # CI's gate (`make test`): every test under 10 s, the oracle files, and one of TEST_SHARDS shards
-# of the heavy tests, picked by the commit (its count of commits modulo TEST_SHARDS), so
-# consecutive commits walk through all of them (tests/shards.py, bench/results/cpu/suite_time.md).
+# of the heavy tests, picked by the commit (scripts/test_shard.sh: its count of commits modulo
+# TEST_SHARDS, so consecutive commits walk through all of them; tests/shards.py).
 # `make test-all` runs every test; run it before landing. TEST_SHARD=all or i/K overrides.
 TEST_SHARDS ?= 12
-TEST_SHARD ?= $(shell n=$$(git rev-list --count HEAD 2>/dev/null) && echo $$((n % $(TEST_SHARDS)))/$(TEST_SHARDS) || echo all)
+TEST_SHARD ?= $(shell scripts/test_shard.sh $(TEST_SHARDS))
 PYTEST_ALL = JAXRL_SYM_REQUIRE_HF_ORACLE=$(if $(filter skip,$(HF_ORACLE)),0,1) \
 	.venv/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST) --durations=20 tests
 
-# The two environments are built side by side (two pip installs: ~130 s on 2 cores, not ~230).
+# The two environments are built side by side (two pip installs; suite_time.md has the times).
 test-deps:
 	@$(MAKE) --no-print-directory -j2 setup $(if $(filter skip,$(HF_ORACLE)),,oracle-venv)
 

@@ -5,9 +5,9 @@ two tests share, and its ~290 tests of 10 s or more hold ~89% of its time
 (``bench/results/cpu/suite_time.md``). ``make test`` (CI's gate) therefore runs every test under
 10 s, every test of the pinned files (the transformers/PEFT oracles), every test the table does
 not know yet (a new test runs every time until the table is refreshed), and **one of K shards** of
-the heavy ones, the shard picked by the commit under test (its count of commits, modulo K), so
-consecutive commits walk through all K. ``make test-all`` runs everything; sessions run it before
-they land.
+the heavy ones, the shard picked by the commit under test (``scripts/test_shard.sh``: its count
+of commits modulo K), so consecutive commits walk through all K. ``make test-all`` runs
+everything; sessions run it before they land.
 
 The heavy tests and their seconds are ``tests/heavy_tests.json``, written from a clean-clone run's
 JUnit XML by ``scripts/heavy_tests.py``. Tests that share a module fixture rotate as one unit (the
