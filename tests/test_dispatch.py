@@ -104,10 +104,12 @@ _MODEL = zoo(0)["gemmaish"]  # window rings and growing stores, soft-caps (not D
 
 @cache
 def _engine(base: int, top: int) -> SymbolicLM:
-    """One engine per tiling (its programs compile once for every example)."""
+    """One engine per tiling (its programs compile once for every example), with a GPU's
+    policy: checks of ``base`` steps and early compaction, so tiles keep growing while rows
+    end and stop on device at each compaction (``Tiling.shrink`` off)."""
     return SymbolicLM(_MODEL, EngineOptions(
         decode_tile=base, max_decode_tile=top, decode_check=base, min_capacity=8,
-        compact_min_rows=1))
+        compact_min_rows=1, compact_early=True))
 
 
 THUNKS = """\

@@ -64,9 +64,11 @@ def not_real(*, none_ok: bool = False) -> st.SearchStrategy:
     return st.one_of(st.booleans(), junk, st.sampled_from(["0.5", complex(0.5, 0)]))
 
 
-def not_flag() -> st.SearchStrategy:
-    """Truthy or falsy non-bools: an int or a string must not be read as a flag."""
-    return st.one_of(st.integers(), st.floats(), _JUNK, st.sampled_from(["True", "false", ""]))
+def not_flag(*, none_ok: bool = False) -> st.SearchStrategy:
+    """Truthy or falsy non-bools: an int or a string must not be read as a flag (None too,
+    unless it means the default)."""
+    junk = _JUNK.filter(lambda x: x is not None) if none_ok else _JUNK
+    return st.one_of(st.integers(), st.floats(), junk, st.sampled_from(["True", "false", ""]))
 
 
 def not_choice(choices: tuple[str, ...], *, none_ok: bool = False) -> st.SearchStrategy:
@@ -104,7 +106,7 @@ ENGINE_BAD: dict[str, st.SearchStrategy] = {
     "compact_at": st.one_of(_NON_FINITE, st.floats(max_value=0.0),  # None: the platform's
                             st.floats(min_value=1.0, exclude_min=True), not_real(none_ok=True)),
     "compact_min_rows": _OPTIONAL_COUNT_BAD,  # None: the platform's
-    "compact_early": not_flag(),
+    "compact_early": not_flag(none_ok=True),  # None: the platform's
     "defer_compiles": not_flag(),
     "compile_threads": st.one_of(below(0), not_int(none_ok=True)),
     "refill": not_flag(),
@@ -127,7 +129,7 @@ def engine_options(draw: st.DrawFn) -> dict:
         "prefill": draw(st.sampled_from(PREFILLS)),
         "compact_at": draw(st.floats(0.0, 1.0, exclude_min=True) | st.sampled_from([1])),
         "compact_min_rows": draw(ints(1)),
-        "compact_early": draw(flag),
+        "compact_early": draw(st.none() | flag),
         "defer_compiles": draw(flag),
         "compile_threads": draw(st.none() | ints(0, 64)),
         "refill": draw(flag),
@@ -293,9 +295,17 @@ def test_compaction_defaults_are_the_platforms() -> None:
 
     opts = EngineOptions()
     assert opts.compaction("gpu") == Compaction(*GPU_COMPACTION)
-    assert opts.compaction("cpu") == opts.compaction() == Compaction(COMPACT_AT, COMPACT_MIN_ROWS)
+    cpu = Compaction(COMPACT_AT, COMPACT_MIN_ROWS, False)
+    assert opts.compaction("cpu") == opts.compaction() == cpu
     assert GPU_COMPACTION[0] < COMPACT_AT and GPU_COMPACTION[1] > COMPACT_MIN_ROWS
     assert EngineOptions(compact_at=0.9).compaction("gpu").share == 0.9
+    # early on a GPU, where tiles then keep their length while rows end (the tile program
+    # ends itself at the compaction); a value given wins, and the tiling follows it
+    assert opts.compaction("gpu").early and not opts.compaction("cpu").early
+    assert not opts.tiling("gpu").shrink and opts.tiling("cpu").shrink
+    late = EngineOptions(compact_early=False)
+    assert not late.compaction("gpu").early and late.tiling("gpu").shrink
+    assert EngineOptions(compact_early=True).compaction("cpu").early
 
 
 @pytest.mark.parametrize("make,bad,base", [(EngineOptions, ENGINE_BAD, {}),

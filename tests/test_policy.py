@@ -120,20 +120,23 @@ def test_compaction_target_is_a_bucket_between_the_floor_and_the_rows(rows, live
         assert rows == 1 or smaller > share * rows or smaller >= rows
 
 
-@pytest.mark.parametrize("floor,early", [(8, False), (1, False), (1, True)])
-def test_engine_dispatches_what_the_policy_replays(floor: int, early: bool) -> None:
+@pytest.mark.parametrize("floor,early,check", [(8, False, 1), (1, False, 1), (1, True, 1),
+                                               (1, True, 4)])
+def test_engine_dispatches_what_the_policy_replays(floor: int, early: bool, check: int) -> None:
     """Prefill, decode tiles, compactions and growths of the engine, counted, equal the replay.
 
     A GPT-2-like zoo model (learned positions, LayerNorm, biases: full attention, so its stores
     grow), ragged prompts and limits so that rows finish at different steps; no compaction
     (the default floor), compaction at tile ends, and early compaction (tiles end on device at
-    the step the live rows fall to the share: fewer positions computed than at tile ends)."""
+    the step the live rows fall to the share: fewer positions computed than at tile ends);
+    and a GPU's policy (checks of 4 steps, early compaction: tiles keep growing while rows
+    end, ``Tiling.shrink`` off)."""
     m = zoo()["gpt2"]
     rng = np.random.default_rng(0)
     lens, limits = [3, 9, 5, 12, 4], [2, 30, 7, 19, 11]
     prompts = [rng.integers(0, 50, n).astype(np.int32) for n in lens]
     lm = SymbolicLM(m, EngineOptions(min_capacity=8, decode_tile=4, compact_min_rows=floor,
-                                     compact_early=early))
+                                     compact_early=early, decode_check=check))
     cfg = GenerationConfig(max_new_tokens=tuple(limits))
     lm.generate(prompts, cfg)  # warm: hoist and programs compiled
     d0 = lm.cache.dispatches

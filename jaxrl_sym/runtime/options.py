@@ -116,7 +116,7 @@ _DOMAINS: dict[str, tuple[Check, str]] = {
     "compact_min_rows": (_or_none(_count()), "must be a positive int or None; give the fewest "
                          "rows a group is compacted to (1: down to single rows), or None for "
                          "the platform's default"),
-    "compact_early": (_flag, "must be True or False"),
+    "compact_early": (_or_none(_flag), "must be True, False or None (the platform's default)"),
     "defer_compiles": (_flag, "must be True or False"),
     "compile_threads": (_or_none(_count(0)), "must be an int >= 0 or None; give the threads "
                         "that compile a call's decode programs ahead (0: each on first use), "
@@ -155,7 +155,9 @@ class EngineOptions:
       ``block`` (the right-aligned ``[rows, prompt block]`` rectangle, in chunks).
     compact_at / compact_min_rows / compact_early: when finished rows are compacted away
       (:class:`~jaxrl_sym.runtime.policy.Compaction`); None: the platform's default
-      (:meth:`~jaxrl_sym.runtime.policy.Compaction.default`: coarser on a GPU).
+      (:meth:`~jaxrl_sym.runtime.policy.Compaction.default`: coarser and early on a GPU).
+      With early compaction the tile keeps its length while rows end
+      (:attr:`~jaxrl_sym.runtime.policy.Tiling.shrink`).
     defer_compiles: a compaction whose smaller bucket has no decode program yet does not wait
       for it: the program is compiled on a background thread and the group decodes on at its
       current bucket; a later compaction to that bucket (in a later call) waits for it if it is
@@ -200,7 +202,7 @@ class EngineOptions:
     prefill: str = "packed"
     compact_at: float | None = None
     compact_min_rows: int | None = None
-    compact_early: bool = False
+    compact_early: bool | None = None
     defer_compiles: bool = False
     compile_threads: int | None = None
     refill: bool = False
@@ -272,7 +274,7 @@ class EngineOptions:
                              "decode_tile); raise it or give None")
         check = self.decode_check if self.decode_check is not None else (
             self.decode_tile if platform == "gpu" else 1)
-        return Tiling(self.decode_tile, top, check)
+        return Tiling(self.decode_tile, top, check, shrink=not self.compaction(platform).early)
 
     def compaction(self, platform: str = "cpu") -> Compaction:
         """The compaction rule these options ask for on ``platform`` (its knobs checked on

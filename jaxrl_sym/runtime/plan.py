@@ -115,6 +115,11 @@ class GenerationPlan:
         checks, so its buffers hold them."""
         return self.tiling.whole(self.tiling.base if cfg.return_logits else self.tiling.max)
 
+    def group_tiling(self, cfg: GenerationConfig) -> Tiling:
+        """The tiling a decode group of ``cfg`` runs: tiles grow to :meth:`tile_buffer` (the
+        one home of that rule: the engine, the ledgers and the replays take it from here)."""
+        return dataclasses.replace(self.tiling, max=self.tile_buffer(cfg))
+
     # ------------------------------------------------------------------ weights
     def place(self, leaves: list[Any]) -> list[Any]:
         """On a mesh, weights go where the sharding rule puts them (a no-op when a trainer on

@@ -132,14 +132,22 @@ compiles cost far more than the decode time they saved (the numbers:
 the flat range is wider: :data:`GPU_COMPACTION` raises it there.
 (``SymbolicLM(model, EngineOptions(compact_min_rows=...))``)."""
 
-GPU_COMPACTION = (0.5, 16)
-"""``(share, min_rows)`` of compaction on a GPU (``EngineOptions`` left at None). Why coarser
+GPU_COMPACTION = (0.5, 16, True)
+"""``(share, min_rows, early)`` of compaction on a GPU (``EngineOptions`` left at None). Why
+early there: a decode tile tests its rows only once per ``check`` steps on a GPU (each test is
+a host round-trip), and a tile that ends itself at the compaction's step lets tiles keep their
+length while rows end (:attr:`Tiling.shrink`): the RL step's generation at the H100 shape then
+runs 19 tiles instead of 74, at the same buckets and row-steps (share 0.5 visits each
+power-of-two bucket either way). Why coarser
 there: a decode step's time on the H100 is its ~400-500 kernels at ~5.5 µs each, nearly the
 same at 128 rows as at 16, so dropping finished rows saves little, while every bucket is a
 decode program and a compaction program to compile (~8 s each on the H100). The dispatch
 ledger, compiled for the H100 at the RL step's request (pallas backend): 21 programs at
 (0.75, 8), 9 at (0.5, 16), for 1.8% more projected generation
 (``bench/results/projection/dispatch/README.md``)."""
+
+CPU_COMPACTION = (COMPACT_AT, COMPACT_MIN_ROWS, False)
+"""``(share, min_rows, early)`` of compaction elsewhere (see :class:`Compaction` for ``early``)."""
 
 
 @dataclass(frozen=True)
@@ -161,18 +169,28 @@ class Tiling:
     tests once per ``base`` steps there; elsewhere (XLA:CPU runs the loop test on the host
     thread that drives the loop, a TPU on the device) a test costs nothing, and testing every
     step runs no step past a row's end (:meth:`~jaxrl_sym.runtime.options.EngineOptions.tiling`).
+
+    ``shrink``: after a tile in which a row ended, the next is ``base`` steps. Off where the
+    tile program itself ends at the step the host has work — compaction with ``early``
+    (:meth:`Compaction.stop_at`), refill's free rows, a ``stop_when`` bound: there a short tile
+    would only add host round-trips and dispatches, and rows ended inside a long one run at the
+    bucket they would have run at anyway. What it costs: finished rows reach ``on_finished``
+    and the progress callback at the tile's end, up to ``max`` steps later.
     """
 
     base: int = DEFAULT_DECODE_TILE
     max: int = DEFAULT_MAX_DECODE_TILE
     check: int = 1
+    shrink: bool = True
 
     def first(self) -> int:
         return self.base
 
     def after(self, previous: int, ended: bool) -> int:
         """The tile that follows a dispatch of ``previous`` steps in which a row ``ended``."""
-        return self.base if ended else min(self.max, max(self.base, 2 * previous))
+        if ended and self.shrink:
+            return self.base
+        return min(self.max, max(self.base, 2 * previous))
 
     def whole(self, steps: int) -> int:
         """The steps a tile asked for ``steps`` runs: whole checks of ``check`` steps.
@@ -202,8 +220,9 @@ class Compaction:
       early: end a decode tile at the step the live rows fall to the share (:meth:`stop_at`),
       so the compaction runs then rather than at the tile's end.
 
-    Why ``early`` is off by default: compacting at the threshold step lands on every bucket the
-    share allows, where a tile's end usually jumps past some. On the CPU step's generation it
+    Why ``early`` is off by default on the CPU (on a GPU it is on: :data:`GPU_COMPACTION`):
+    compacting at the threshold step lands on every bucket the share allows, where a tile's
+    end usually jumps past some. On the CPU step's generation it
     cut the token-position waste by about a third and a call's time a little, but compiled
     more programs, seconds more on the first call of a process with a cold cache (the
     numbers: ``bench/results/waste.md``).
@@ -215,13 +234,12 @@ class Compaction:
 
     @classmethod
     def default(cls, platform: str, share: float | None = None, min_rows: int | None = None,
-                early: bool = False) -> Compaction:
+                early: bool | None = None) -> Compaction:
         """The rule on ``platform`` (``jax.Device.platform``), each knob given or (None) the
-        platform's: :data:`GPU_COMPACTION` on a GPU, :data:`COMPACT_AT` /
-        :data:`COMPACT_MIN_ROWS` elsewhere."""
-        base = GPU_COMPACTION if platform == "gpu" else (COMPACT_AT, COMPACT_MIN_ROWS)
-        return cls(base[0] if share is None else share,
-                   base[1] if min_rows is None else min_rows, early)
+        platform's: :data:`GPU_COMPACTION` on a GPU, :data:`CPU_COMPACTION` elsewhere."""
+        base = GPU_COMPACTION if platform == "gpu" else CPU_COMPACTION
+        return cls(*(b if v is None else v for b, v in zip(base, (share, min_rows, early),
+                                                          strict=True)))
     early: bool = False
 
     def stop_at(self, rows: int, multiple: int = 1) -> int:

@@ -218,9 +218,10 @@ def _group(prompts: list[np.ndarray], limits: Sequence[int], rows: int, refill: 
         k = tiling.whole(min(at.tile, max(st.left[r] for r in live)))
         if waiting:  # the tile ends once enough rows are free to refill (Refill.stop_live)
             k = tiling.ran(k, [st.left[r] for r in live], refill.stop_live(b, len(waiting)))
-        else:  # the tail: compaction as without refill
-            st = _compact(out, st, compaction, capacity)
+        else:  # the tail: compaction as without refill, the tile ending at the next one
+            st = _compact(out, st, compaction, capacity)  # (Compaction.stop_at: with early)
             live = st.live()
+            k = tiling.ran(k, [st.left[r] for r in live], compaction.stop_at(len(st.sample)))
         if refill is not None and refill.layout == "ring":  # fixed: no live span may wrap
             need = ring_need([st.first[r] for r in live],
                              [w + min(k, st.left[r]) - 1 for r in live])

@@ -279,14 +279,12 @@ def _refill_runs(plan: Any, runs: Sequence[Any], prompts: list[np.ndarray], limi
     replay`, the engine's own policy over the request, a GRPO group's samples sharing their
     prompt). Calls of a kind are shared evenly among its programs (one each for a GRPO step)."""
     from jaxrl_sym.runtime import refill
-    from jaxrl_sym.runtime.policy import Tiling
 
     opts, seen = plan.options, {}
     ids = [seen.setdefault(p.tobytes(), len(seen)) for p in prompts]
     run = refill.replay([len(p) for p in prompts], limits, rows=opts.microbatch_rows,
                         refill=opts.refill_policy(), compaction=plan.compaction,
-                        tiling=Tiling(plan.tiling.base, plan.tile_buffer(gcfg),
-                                      plan.tiling.check),
+                        tiling=plan.group_tiling(gcfg),
                         min_capacity=opts.min_capacity, prompt_ids=ids)
     total = {"prompt_cache": (run.prefill_dispatches, run.prefill_dispatches),
              "refill": (run.refill_dispatches, run.refill_dispatches),

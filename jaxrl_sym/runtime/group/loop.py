@@ -32,7 +32,7 @@ from jaxrl_sym.runtime.group.rows import RowState
 from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
-from jaxrl_sym.runtime.policy import Compaction, Cursor, Dispatch, Tiling, replay_group
+from jaxrl_sym.runtime.policy import Compaction, Cursor, Dispatch, replay_group
 from jaxrl_sym.runtime.programs import DecodeRows, ProgramCache
 from jaxrl_sym.runtime.prompt_cache import PromptCache, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import Refill, refill_shape
@@ -68,8 +68,7 @@ class DecodeGroup(RefillRows):
                                           [limits[i] for i in group])
         self.all_limits = limits
         # the tile program's output buffers hold plan.tile_buffer(cfg) steps: tiles grow to it
-        self.at = Cursor.start(self.shape, Tiling(plan.tiling.base, plan.tile_buffer(cfg),
-                                                  plan.tiling.check))
+        self.at = Cursor.start(self.shape, plan.group_tiling(cfg))
         b = self.shape.rows
         if self.refill is not None:  # every row starts free: the cache fills them (run)
             self.waiting, group = [*group, *self.waiting], []

@@ -48,7 +48,7 @@ from jaxrl_sym.runtime.group.programs_by_shape import (
 from jaxrl_sym.runtime.memory.ledger import Buffer, Ledger, Moment, ProgramSize, moment, tree_nbytes
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
-from jaxrl_sym.runtime.policy import Dispatch, Tiling, replay
+from jaxrl_sym.runtime.policy import Dispatch, replay
 from jaxrl_sym.runtime.programs import Build
 from jaxrl_sym.runtime.prompt_cache import CacheChunk, cache_budget, plan_chunks
 from jaxrl_sym.runtime.refill import refill_shape
@@ -147,8 +147,7 @@ def sym_ledger(plan: GenerationPlan, leaves: Sequence[Any], prompts: Sequence[np
     if opts.refill and opts.microbatch_rows is not None and len(prompts) > opts.microbatch_rows:
         return _refill_ledger(plan, cfg, args, held, progs, list(prompts), limits)
     # as DecodeGroup sizes its tiles
-    tiling = Tiling(plan.tiling.base, plan.tile_buffer(cfg), plan.tiling.check)
-    plans = replay(lens, limits, min_capacity=opts.min_capacity, tiling=tiling,
+    plans = replay(lens, limits, min_capacity=opts.min_capacity, tiling=plan.group_tiling(cfg),
                    need=plan.growing_need, max_pad_fraction=opts.max_pad_fraction,
                    microbatch_rows=opts.microbatch_rows, compaction=plan.compaction)
     moments: list[Moment] = []
