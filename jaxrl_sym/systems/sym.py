@@ -168,7 +168,7 @@ class SymBound(TrainBound):
         limits = [int(n) for n in response_lens]
         row_limits(cfg, len(lens))  # the request is checked as generate checks it
         o = plan.options
-        plans = replay(lens, limits, min_capacity=o.min_capacity, tiling=plan.tiling,
+        plans = replay(lens, limits, min_capacity=o.min_capacity, tiling=plan.group_tiling(cfg),
                        need=plan.growing_need, max_pad_fraction=o.max_pad_fraction,
                        microbatch_rows=o.microbatch_rows, compaction=plan.compaction)
         log = WorkLog()
