@@ -44,7 +44,7 @@ from jaxrl_sym.runtime.policy import next_pow2
 from jaxrl_sym.runtime.programs import ProgramCache
 from jaxrl_sym.runtime.speculative.draft import DraftModel
 from jaxrl_sym.runtime.speculative.rules import SpecLog
-from jaxrl_sym.runtime.speculative.tile import verify_tile
+from jaxrl_sym.runtime.speculative.tile import VerifyRows, verify_tile
 from jaxrl_sym.sharding import to_host
 
 DRAFTS = ("ngram",)
@@ -154,9 +154,9 @@ class SpeculativeGroup(DecodeGroup):
                 log.verify_seconds[k] = log.verify_seconds.get(k, 0.0) + time.perf_counter() - t0
                 log.timed[k] = log.timed.get(k, 0) + m
 
-    def _inputs(self, out: Outputs, emitted: dict[int, int], k: int) -> tuple[np.ndarray, ...]:
-        """Host arrays for one verify tile, per row: token history (prompt + response, the
-        device draft reads it), its length, tokens emitted, limit, slot offset, done."""
+    def _inputs(self, out: Outputs, emitted: dict[int, int], k: int) -> VerifyRows:
+        """One verify tile's rows, host arrays: token history (prompt + response, the device
+        draft reads it), its length, tokens emitted, limit, slot offset, done, sampling id."""
         b, pcap = self.rows, self.shape.prompt_slots
         # any row's prompt + response + a step's overhang; a power of two: fewer programs
         size = next_pow2(self.shape.total + k + 1)
@@ -168,24 +168,25 @@ class SpeculativeGroup(DecodeGroup):
             p = self.prompts[i]
             hist[s, :len(p)], hist[s, len(p):len(p) + n] = p, out.toks[i]
             length[s], n_out[s], offset[s], done[s] = len(p) + n, n, pcap - len(p), False
-        return hist, length, n_out, self.state.limits.astype(np.int32), offset, done
+        return VerifyRows(hist, length, n_out, self.state.limits.astype(np.int32), offset, done,
+                          self.state.row_id)
 
-    def _verify(self, hoisted: tuple[jax.Array, ...], inputs: tuple[np.ndarray, ...], k: int,
+    def _verify(self, hoisted: tuple[jax.Array, ...], rows: VerifyRows, k: int,
                 m: int) -> tuple[Any, ...]:
         plan, cfg, dm = self.plan, self.cfg, self.draft
         if plan.mesh is not None:
             self.stores = plan.builder.place_stores(self.stores)
-        args = (hoisted, self.stores, *(jax.device_put(x) for x in inputs), self.row_ids,
-                self.seed, () if dm is None else dm.hoisted(), self.draft_stores)
+        args = (hoisted, self.stores, jax.device_put(rows), self.seed,
+                () if dm is None else dm.hoisted(), self.draft_stores)
         caps = lambda st: tuple(sorted((n, s["pos"].shape[1]) for n, s in st.items()
                                        if "pos" in s))
-        key = ("verify_tile", self.rows, k, m, inputs[0].shape[1], caps(self.stores),
+        key = ("verify_tile", self.rows, k, m, rows.hist.shape[1], caps(self.stores),
                caps(self.draft_stores), cfg.temperature, cfg.return_logits, cfg.eos_ids)
         fn = partial(verify_tile, plan.builder, temperature=cfg.temperature,
                      want_logits=cfg.return_logits, k=k, m=m, eos=cfg.eos_ids,
                      draft=None if dm is None else dm.plan.builder)
         self.stores, self.draft_stores, *res = self.cache.run(
-            key, lambda a=args: jax.jit(fn, donate_argnums=(1, 11)).lower(*a).compile(), *args)
+            key, lambda a=args: jax.jit(fn, donate_argnums=(1, 5)).lower(*a).compile(), *args)
         del args
         self.work.computed += self.rows * (k + 1) * m
         self._observe(key, step=self.steps_done)

@@ -13,6 +13,8 @@ limit inside the tile (later steps leave it untouched, its outputs are ignored).
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -22,6 +24,29 @@ from jax import lax
 from jaxrl_sym.runtime.evaluate import evaluate
 from jaxrl_sym.runtime.programs import StepBuilder
 from jaxrl_sym.runtime.speculative.rules import accept, device_ngram_draft
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class VerifyRows:
+    """The per-row state a verify tile takes and advances, as one argument (the speculative
+    twin of :class:`~jaxrl_sym.runtime.programs.DecodeRows`).
+
+    Why one value: :func:`verify_tile` took these as seven positional arrays among fourteen,
+    and its scan carried four of them by position. ``hist [B, H]``: each row's tokens so far,
+    prompt first (the device draft reads them); ``length [B]``: how many; ``emitted [B]`` /
+    ``limit [B]``: response tokens so far / at most; ``offset [B]``: slot minus position (the
+    store layout); ``done [B]``: rows to leave alone; ``row_id [B]``: the id sampling draws
+    with. Arrays (host or device).
+    """
+
+    hist: Any
+    length: Any
+    emitted: Any
+    limit: Any
+    offset: Any
+    done: Any
+    row_id: Any
 
 
 def forward_at(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
@@ -87,44 +112,43 @@ def model_draft(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: di
 
 
 def verify_tile(builder: StepBuilder, hoisted: tuple[jax.Array, ...], stores: dict,
-                hist: jax.Array, length: jax.Array, emitted: jax.Array, limit: jax.Array,
-                offset: jax.Array, done: jax.Array, row_ids: jax.Array, seed: jax.Array,
-                draft_hoisted: tuple[jax.Array, ...] = (), draft_stores: dict | None = None, *,
-                temperature: float, want_logits: bool, k: int, m: int,
-                eos: tuple[int, ...], draft: StepBuilder | None = None) -> tuple[Any, ...]:
-    """``m`` draft + verify steps. Per row: ``hist``/``length`` its tokens so far (prompt first),
-    ``emitted`` / ``limit`` its response tokens so far / at most, ``offset`` slot minus position
-    (the store layout), ``done`` rows to leave alone. ``draft``: a draft model's step builder
-    (its weights and stores in ``draft_hoisted`` / ``draft_stores``); None: prompt lookup.
+                rows: VerifyRows, seed: jax.Array, draft_hoisted: tuple[jax.Array, ...] = (),
+                draft_stores: dict | None = None, *, temperature: float, want_logits: bool,
+                k: int, m: int, eos: tuple[int, ...], draft: StepBuilder | None = None
+                ) -> tuple[Any, ...]:
+    """``m`` draft + verify steps over ``rows`` (:class:`VerifyRows`; a row stops at its EOS
+    or limit, later steps leave it alone). ``draft``: a draft model's step builder (its
+    weights and stores in ``draft_hoisted`` / ``draft_stores``); None: prompt lookup.
     Returns (stores, draft stores, then per step: tokens ``[m, B, k+1]``, log-probs, tokens
     kept ``[m, B]`` (0: the row was done), accepted drafts ``[m, B]``, logits)."""
     ar = jnp.arange(k + 1, dtype=jnp.int32)[None]
 
     def body(carry, _):
-        stores, dstores, hist, length, emitted, done = carry
+        stores, dstores, r = carry
         if draft is None:
-            drafts = device_ngram_draft(hist, length, k)
+            drafts = device_ngram_draft(r.hist, r.length, k)
         else:
-            drafts, dstores = model_draft(draft, draft_hoisted, dstores, hist, length, offset,
-                                          done, k)
-        last = jnp.take_along_axis(hist, jnp.maximum(length - 1, 0)[:, None], axis=1)
+            drafts, dstores = model_draft(draft, draft_hoisted, dstores, r.hist, r.length,
+                                          r.offset, r.done, k)
+        last = jnp.take_along_axis(r.hist, jnp.maximum(r.length - 1, 0)[:, None], axis=1)
         tokens = jnp.concatenate([last, drafts], axis=1)
-        positions = jnp.where(done[:, None], -1, (length - 1)[:, None] + ar)
-        slots = jnp.where(done[:, None], -1, positions + offset[:, None])
+        positions = jnp.where(r.done[:, None], -1, (r.length - 1)[:, None] + ar)
+        slots = jnp.where(r.done[:, None], -1, positions + r.offset[:, None])
         stores, tok, lp, acc, lg = verify_program(
-            builder, hoisted, stores, tokens, positions, slots, row_ids, seed, emitted,
+            builder, hoisted, stores, tokens, positions, slots, r.row_id, seed, r.emitted,
             temperature=temperature, want_logits=want_logits)
-        keep = jnp.minimum(acc + 1, limit - emitted)
+        keep = jnp.minimum(acc + 1, r.limit - r.emitted)
         hit = jnp.isin(tok, jnp.asarray(eos or (-1,), jnp.int32)) & (ar < keep[:, None])
         keep = jnp.where(hit.any(axis=1), jnp.argmax(hit, axis=1) + 1, keep)
-        keep = jnp.where(done, 0, keep)
-        cols = jnp.where(ar < keep[:, None], length[:, None] + ar, hist.shape[1])
-        rows = jnp.broadcast_to(jnp.arange(hist.shape[0])[:, None], cols.shape)
-        hist = hist.at[rows, cols].set(tok, mode="drop")
-        done = done | hit.any(axis=1) | (emitted + keep >= limit)
-        return (stores, dstores, hist, length + keep, emitted + keep, done), \
-            (tok, lp, keep, acc, lg)
+        keep = jnp.where(r.done, 0, keep)
+        cols = jnp.where(ar < keep[:, None], r.length[:, None] + ar, r.hist.shape[1])
+        at = jnp.broadcast_to(jnp.arange(r.hist.shape[0])[:, None], cols.shape)
+        r = dataclasses.replace(
+            r, hist=r.hist.at[at, cols].set(tok, mode="drop"), length=r.length + keep,
+            emitted=r.emitted + keep,
+            done=r.done | hit.any(axis=1) | (r.emitted + keep >= r.limit))
+        return (stores, dstores, r), (tok, lp, keep, acc, lg)
 
-    carry = (stores, draft_stores or {}, hist, length, emitted, done)
+    carry = (stores, draft_stores or {}, rows)
     (stores, dstores, *_), outs = lax.scan(body, carry, None, length=m)
     return (stores, dstores, *outs)
