@@ -84,6 +84,14 @@ PLAN: tuple[Item, ...] = (
          "the next item's sym in the same tree — if it pays, pallas becomes the GPU default",
          (*_BF16, "--systems", "sym", "--engine", '{"backend": "pallas"}'),
          (*_BF16_DRY, "--systems", "sym", "--engine", '{"backend": "pallas"}')),
+    Item("rl_step_sym_late_compaction", 3.5,
+         "sym's bf16-mixed + LoRA 16 step with compaction at tile ends (compact_early false): "
+         "tiles shrink to 8 steps while rows end, as every GPU run so far measured (bench "
+         "dispatch: 74 tiles, 0.27 host round-trips a decode step); the next item's sym runs "
+         "the new GPU default, early compaction with tiles that keep their length (19 tiles, "
+         "0.16) at the same buckets and row-steps — generation s, this change alone",
+         (*_BF16, "--systems", "sym", "--engine", '{"compact_early": false}'),
+         (*_BF16_DRY, "--systems", "sym", "--engine", '{"compact_early": false}')),
     Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded at sym's defaults (128 resident rows), bf16-mixed + LoRA 16, in one run: "
          "since the last (2026-11-26b: 8.44 vs 10.09 GB) the stores are heads-major (the H100 "
@@ -93,7 +101,8 @@ PLAN: tuple[Item, ...] = (
          "row, one in flight, and the stores start at 768 slots (a 1.5x capacity grid); "
          "projected sym 2.60 vs padded 5.37 GB (bench/results/projection/"
          "rl_step_gpu_h100_bf16mixed_lora16.md); decode tiles test their rows once per 8 steps "
-         "(static inner loops): 0.27 host round-trips per decode step where there was one "
+         "(static inner loops) and, with early compaction (the GPU default), tiles keep their "
+         "length while rows end: 0.16 host round-trips per decode step where there was one "
          "(bench dispatch) — generation s against 3.71 (2026-11-26b) and the dispatch "
          "ledger's projection; compaction now (0.5, 16) on a GPU: 9-11 generation programs "
          "instead of 21 (cold programs and compile s of the first step); decode programs and "
