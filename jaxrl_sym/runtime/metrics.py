@@ -187,6 +187,22 @@ WASTE_CAUSES = ("prompt_alignment", "packing", "row_bucket", "finished_rows", "t
 KEY_CAUSES = ("prompt_alignment", "capacity", "row_bucket", "finished_rows", "tile_overrun")
 
 
+def capped_sum(cap: int, first: int, count: int) -> int:
+    """``sum(min(cap, first + s) for s in range(count))`` in closed form: the key slots a row's
+    ``count`` decode steps read from a store of ``cap`` slots, starting at ``first`` live
+    entries. Why: the work log books this per row and store kind after every tile, and the
+    loop over steps ran in the host's turn between tiles."""
+    if count <= 0:
+        return 0
+    last = first + count - 1
+    if last <= cap:
+        return (first + last) * count // 2
+    if first >= cap:
+        return cap * count
+    m = cap - first + 1  # the terms first .. cap, then cap for the rest
+    return (first + cap) * m // 2 + cap * (count - m)
+
+
 def _zeros(causes: tuple[str, ...]) -> dict[str, int]:
     return dict.fromkeys(causes, 0)
 

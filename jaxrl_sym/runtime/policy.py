@@ -15,6 +15,7 @@ compiled once by the planner (:func:`jaxrl_sym.passes.storage.live_count_fn`).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -249,8 +250,11 @@ class Compaction:
         meanwhile would be computed for nothing). 0 unless ``early``."""
         if not self.early:
             return 0
-        return max((n for n in range(rows) if self.target(rows, n, multiple) < rows),
-                   default=0)
+        # compacting pays for the fewest live rows first, then never again (the bucket only
+        # grows with them): bisect for the first count where it does not
+        first_not = bisect.bisect_left(range(rows), True,
+                                       key=lambda n: self.target(rows, n, multiple) >= rows)
+        return max(first_not - 1, 0)
 
     def target(self, rows: int, live: int, multiple: int = 1) -> int:
         """The row bucket a group at ``rows`` runs at next with ``live`` unfinished rows

@@ -29,7 +29,7 @@ from jaxrl_sym.runtime.group.programs_by_shape import (
 )
 from jaxrl_sym.runtime.group.refills import RefillRows
 from jaxrl_sym.runtime.group.rows import RowState
-from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, tree_bytes
+from jaxrl_sym.runtime.metrics import MemoryMeter, WorkLog, capped_sum, tree_bytes
 from jaxrl_sym.runtime.packing import PackedPrompts
 from jaxrl_sym.runtime.plan import GenerationPlan
 from jaxrl_sym.runtime.policy import Compaction, Cursor, Dispatch, replay_group
@@ -306,25 +306,19 @@ class DecodeGroup(RefillRows):
 
     def _append(self, tok_h: np.ndarray, lp_h: np.ndarray, lg_h: np.ndarray | None,
                 out: Outputs) -> list[int]:
-        """Append the ``self._tile or 1`` steps read back to each live row's outputs, step by
-        step (a row ends at EOS or its limit; its later steps are overrun); returns the
-        request rows that ended."""
-        finished: list[int] = []
-        for j in range(self._tile or 1):
-            live, st = self.state.live(), self.state
-            ended = []
-            for slot in live:
-                i = int(st.ids[slot])
-                out.toks[i].append(int(tok_h[j, slot]))
-                out.lps[i].append(float(lp_h[j, slot]))
-                if out.logits is not None and lg_h is not None:
-                    out.logits[i].append(lg_h[j, slot])
-                ended.append(int(tok_h[j, slot]) in self.cfg.eos_ids
-                             or len(out.toks[i]) >= st.limits[slot])
-                if ended[-1]:
-                    out.finished[i] = True
-                    finished.append(i)
-            self.state = st.emitted(live, tok_h[j, live], ended)
+        """Append the ``self._tile or 1`` steps read back to each live row's outputs (a row
+        ends at EOS or its limit; its later steps are overrun: :meth:`Outputs.append_steps`);
+        returns the request rows that ended."""
+        st, steps = self.state, self._tile or 1
+        live = st.live()
+        if not len(live):
+            return []
+        ids = st.ids[live]
+        room = st.limits[live] - np.array([len(out.toks[i]) for i in ids.tolist()], np.int64)
+        n, ended, finished = out.append_steps(
+            ids, tok_h[:steps, live], lp_h[:steps, live],
+            None if lg_h is None else lg_h[:steps, live], room, self.cfg.eos_ids)
+        self.state = st.emitted(live, tok_h[n - 1, live], ended)
         return finished
 
     def _book(self, out: Outputs, before: dict[int, int]) -> None:
@@ -357,7 +351,7 @@ class DecodeGroup(RefillRows):
             self.work.add_keys("tile_overrun", (d.tile - u) * per_step)
             for (aligned, size), n in sizes.items():
                 pad = pcap - plen if aligned else 0
-                need = sum(min(size, plen + s) for s in range(d.step, d.step + u))
+                need = capped_sum(size, plen + d.step, u)
                 self.work.key_needed += n * need
                 self.work.key_computed += n * need
                 self.work.add_keys("prompt_alignment", n * pad * u)
