@@ -135,12 +135,11 @@ the flat range is wider: :data:`GPU_COMPACTION` raises it there.
 
 GPU_COMPACTION = (0.5, 16, True)
 """``(share, min_rows, early)`` of compaction on a GPU (``EngineOptions`` left at None). Why
-early there: a decode tile tests its rows only once per ``check`` steps on a GPU (each test is
-a host round-trip), and a tile that ends itself at the compaction's step lets tiles keep their
-length while rows end (:attr:`Tiling.shrink`): the RL step's generation at the H100 shape then
-runs 19 tiles instead of 74, at the same buckets and row-steps (share 0.5 visits each
-power-of-two bucket either way). Why coarser
-there: a decode step's time on the H100 is its ~400-500 kernels at ~5.5 µs each, nearly the
+early there: a tile tests its rows once per ``check`` steps on a GPU (each test a host
+round-trip), and a tile that ends itself at the compaction's step keeps tiles long while rows
+end (:attr:`Tiling.shrink`): the RL step's generation at the H100 shape runs 19 tiles, not 74,
+at the same buckets and row-steps (share 0.5 visits each power-of-two bucket either way). Why
+coarser: a decode step's time on the H100 is its ~400-500 kernels at ~5.5 µs each, nearly the
 same at 128 rows as at 16, so dropping finished rows saves little, while every bucket is a
 decode program and a compaction program to compile (~8 s each on the H100). The dispatch
 ledger, compiled for the H100 at the RL step's request (pallas backend): 21 programs at
