@@ -84,14 +84,6 @@ PLAN: tuple[Item, ...] = (
          "the next item's sym in the same tree — if it pays, pallas becomes the GPU default",
          (*_BF16, "--systems", "sym", "--engine", '{"backend": "pallas"}'),
          (*_BF16_DRY, "--systems", "sym", "--engine", '{"backend": "pallas"}')),
-    Item("rl_step_sym_late_compaction", 3.5,
-         "sym's bf16-mixed + LoRA 16 step with compaction at tile ends (compact_early false): "
-         "tiles shrink to 8 steps while rows end, as every GPU run so far measured (bench "
-         "dispatch: 74 tiles, 0.27 host round-trips a decode step); the next item's sym runs "
-         "the new GPU default, early compaction with tiles that keep their length (19 tiles, "
-         "0.16) at the same buckets and row-steps — generation s, this change alone",
-         (*_BF16, "--systems", "sym", "--engine", '{"compact_early": false}'),
-         (*_BF16_DRY, "--systems", "sym", "--engine", '{"compact_early": false}')),
     Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded at sym's defaults (128 resident rows), bf16-mixed + LoRA 16, in one run: "
          "since the last (2026-11-26b: 8.44 vs 10.09 GB) the stores are heads-major (the H100 "
@@ -112,6 +104,14 @@ PLAN: tuple[Item, ...] = (
          _BF16,
          _BF16_DRY,
          projection="bench/results/projection/rl_step_gpu_h100_bf16mixed_lora16.json"),
+    Item("rl_step_sym_late_compaction", 3.5,
+         "sym's bf16-mixed + LoRA 16 step with compaction at tile ends (compact_early false): "
+         "tiles shrink to 8 steps while rows end, as every GPU run so far measured (bench "
+         "dispatch: 74 tiles, 0.27 host round-trips a decode step); the previous item's sym runs "
+         "the new GPU default, early compaction with tiles that keep their length (19 tiles, "
+         "0.16) at the same buckets and row-steps — generation s, this change alone",
+         (*_BF16, "--systems", "sym", "--engine", '{"compact_early": false}'),
+         (*_BF16_DRY, "--systems", "sym", "--engine", '{"compact_early": false}')),
     Item("rl_step_sym_memory_knobs", 3.5,
          "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
          "rows with refill, update micro-batches of one 1,280-slot row; 2026-11-27: 5.12 GB "
