@@ -314,3 +314,27 @@ def test_every_refill_runs_one_program_and_each_prompt_once() -> None:
         assert np.array_equal(res.tokens[i], toks), f"sample {i}: plain {toks}, {res.tokens[i]}"
         np.testing.assert_allclose(res.logits[i], logits, atol=1e-4, rtol=0)
     assert_same(engine("gemmaish", None).generate(prompts, cfg), res)
+
+
+@pytest.mark.parametrize("early,check", [(False, 1), (True, 1), (True, 4)])
+def test_the_replay_computes_what_the_refilling_engine_computes(early: bool, check: int) -> None:
+    """Thirteen GRPO-like samples through 8 resident rows with refill, then the tail's
+    compaction: the engine's token positions computed and needed equal the replay's (the
+    policy's own functions over row counters), with compaction at tile ends, early compaction,
+    and a GPU's policy (checks of 4 steps, early compaction, tiles that keep their length). The
+    replay's tail once ran its tiles to their end where the engine's stopped at an early
+    compaction (270 vs 291 positions here)."""
+    rng = np.random.default_rng(3)
+    distinct = [rng.integers(1, 40, n).astype(np.int32) for n in (6, 11, 3, 8)]
+    counts = (4, 3, 4, 2)
+    prompts = [p for p, k in zip(distinct, counts, strict=True) for _ in range(k)]
+    ids = [i for i, k in enumerate(counts) for _ in range(k)]
+    cfg = GenerationConfig(max_new_tokens=tuple(int(x) for x in rng.integers(2, 30, 13)))
+    lm = SymbolicLM(model("gemmaish"), EngineOptions(
+        min_capacity=4, microbatch_rows=8, refill=True, compact_early=early, decode_check=check,
+        compact_min_rows=1))
+    st_ = lm.generate(prompts, cfg).stats
+    run = replay([len(p) for p in prompts], cfg.max_new_tokens, rows=8,
+                 refill=lm.options.refill_policy(), tiling=lm.plan.group_tiling(cfg),
+                 compaction=lm.plan.compaction, min_capacity=4, prompt_ids=ids)
+    assert (st_["token_positions"], st_["needed_positions"]) == (run.computed, run.needed)
