@@ -67,6 +67,14 @@ _RL_DRY = ("bench", "rlft_step", "--preset", "quick", "--out", "{out}")
 # the configuration people run: bf16-mixed + LoRA 16 at the gpu preset (dry: rank 4, quick)
 _BF16 = (*_RL, "--preset", "gpu", "--precision", "bf16-mixed", "--lora-rank", "16")
 _BF16_DRY = (*_RL_DRY, "--precision", "bf16-mixed", "--lora-rank", "4")
+
+
+def _sym_with(engine: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(gpu, dry) argv of sym's bf16-mixed + LoRA 16 step with one engine-options change (JSON):
+    an ablation against the sym-vs-padded item's sym."""
+    return tuple((*base, "--systems", "sym", "--engine", engine) for base in (_BF16, _BF16_DRY))
+
+
 PLAN: tuple[Item, ...] = (
     Item("gpu_tests", 1.2, "compiled Triton kernels against XLA, the decode kernel now reading "
          "heads-major stores [B, Hkv, C, D] (2026-11-26b: 8 passed, 54 s, slots-major); the "
@@ -82,8 +90,7 @@ PLAN: tuple[Item, ...] = (
          "(bench dispatch: 369 kernels a step instead of 513, projected generation 2.77 s "
          "instead of 3.52 at 9 programs); generation s against "
          "the next item's sym in the same tree — if it pays, pallas becomes the GPU default",
-         (*_BF16, "--systems", "sym", "--engine", '{"backend": "pallas"}'),
-         (*_BF16_DRY, "--systems", "sym", "--engine", '{"backend": "pallas"}')),
+         *_sym_with('{"backend": "pallas"}')),
     Item("rl_step_bf16mixed_lora16", 6.5,
          "sym vs padded at sym's defaults (128 resident rows), bf16-mixed + LoRA 16, in one run: "
          "since the last (2026-11-26b: 8.44 vs 10.09 GB) the stores are heads-major (the H100 "
@@ -110,8 +117,7 @@ PLAN: tuple[Item, ...] = (
          "dispatch: 74 tiles, 0.27 host round-trips a decode step); the previous item's sym runs "
          "the new GPU default, early compaction with tiles that keep their length (19 tiles, "
          "0.16) at the same buckets and row-steps — generation s, this change alone",
-         (*_BF16, "--systems", "sym", "--engine", '{"compact_early": false}'),
-         (*_BF16_DRY, "--systems", "sym", "--engine", '{"compact_early": false}')),
+         *_sym_with('{"compact_early": false}')),
     Item("rl_step_sym_memory_knobs", 3.5,
          "sym alone with its memory knobs, bf16-mixed + LoRA 16: generation through 32 resident "
          "rows with refill, update micro-batches of one 1,280-slot row; 2026-11-27: 5.12 GB "
